@@ -1,0 +1,76 @@
+//! Types shared by the eBPF datapath and the user-space plugin.
+//!
+//! Every map key and value is `#[repr(C)]`, `Copy`, has explicit padding and
+//! no `bool`/enum/`Option` fields, so both sides agree on the layout byte for
+//! byte and `bpftool map dump` can print the fields from BTF.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Maximum number of local pods per network (entries of `ENDPOINTS_V4`).
+pub const MAX_ENDPOINTS: u32 = 16384;
+
+/// Pin directory root; each network gets `<root>/<network>/`.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
+
+/// Map and program names, as they appear in the object file and on bpffs.
+pub const MAP_ENDPOINTS_V4: &str = "ENDPOINTS_V4";
+pub const MAP_STATS: &str = "STATS";
+pub const PROG_FROM_POD: &str = "from_pod";
+
+/// IPv4 address in network byte order, as it appears in the packet.
+pub type Ipv4Key = [u8; 4];
+
+/// One local pod, as the datapath needs it to deliver a packet to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    /// Interface index of the pod's host-side veth (redirect target).
+    pub host_ifindex: u32,
+    /// `ENDPOINT_F_*` bits.
+    pub flags: u32,
+    /// MAC of the pod's interface inside its network namespace.
+    pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth: the pod's only neighbour.
+    pub host_mac: [u8; 6],
+    pub _pad: [u8; 4],
+}
+const _: () = assert!(size_of::<Endpoint>() == 24);
+
+/// No flags defined yet; the field reserves room without a map layout change.
+pub const ENDPOINT_F_NONE: u32 = 0;
+
+/// A packet and byte counter; one per action in the per-CPU `STATS` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<Counter>() == 16);
+
+/// Indices into `STATS`: what the datapath did with a packet.
+pub mod action {
+    /// Handed straight to a local pod with `bpf_redirect_peer`.
+    pub const REDIRECTED: u32 = 0;
+    /// Returned to the host stack (pod to host, pod to outside, unknown).
+    pub const PASSED: u32 = 1;
+    /// An ARP request from a pod answered by the datapath itself.
+    pub const ARP_ANSWERED: u32 = 2;
+    /// Dropped by the datapath (malformed where it must not be, redirect failed).
+    pub const DROPPED: u32 = 3;
+    /// Number of actions: the size of `STATS`.
+    pub const COUNT: u32 = 4;
+
+    /// Names in index order, for reports.
+    pub const NAMES: [&str; COUNT as usize] =
+        ["redirected", "passed_to_stack", "arp_answered", "dropped"];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` data with explicit padding, valid for any bit pattern.
+    unsafe impl aya::Pod for super::Endpoint {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Counter {}
+}

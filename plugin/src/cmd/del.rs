@@ -1,0 +1,38 @@
+//! DEL: endpoint out of the map, veth gone, address released. Succeeds when
+//! any of it, or the whole netns, is already gone.
+
+use flatnet_common::MAP_ENDPOINTS_V4;
+
+use super::release_network_if_empty;
+use crate::cni::config::NetConf;
+use crate::cni::env::{CniEnv, Command};
+use crate::cni::error::Result;
+use crate::datapath::Datapath;
+use crate::delegate::Delegate;
+use crate::link::{AttachmentNames, Netlink, ifindex_is_gone};
+use crate::lock::{self, Lock};
+
+pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+    let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
+    let host = Netlink::connect()?;
+    let host_link = host.link_by_name(&names.host_veth).await?;
+    let datapath = Datapath::new(&conf.name);
+
+    if datapath.map_path(MAP_ENDPOINTS_V4).exists() {
+        let _lock = Lock::shared(&lock::network(&conf.name))?;
+        let our_index = host_link.as_ref().map(|link| link.index);
+        // Ours: behind our veth. When the netns was deleted first, the veth
+        // went with it, and the entry points at a vanished ifindex: any such
+        // stale entry (ours or a crashed neighbour's) is swept as well.
+        datapath.remove_endpoints(|_, endpoint| {
+            Some(endpoint.host_ifindex) == our_index || ifindex_is_gone(endpoint.host_ifindex)
+        })?;
+    }
+    if let Some(link) = &host_link {
+        host.delete_link(link.index).await?;
+    }
+    if let Some(kind) = &conf.ipam_type {
+        Delegate::find(kind, &env.path)?.run(Command::Del, stdin)?;
+    }
+    release_network_if_empty(conf, &host).await
+}

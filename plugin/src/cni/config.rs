@@ -1,0 +1,266 @@
+//! flatnet's network configuration (stdin), parsed and validated before anything is touched.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::env::{is_spec_name, validate_ifname};
+use super::error::{Error, Result};
+use super::result::{CniResult, Dns};
+use super::version::SpecVersion;
+
+/// Largest stdin a plugin accepts; real configs are a few KiB.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+/// Network names become bpffs directory names and nftables identifiers.
+pub const MAX_NETWORK_NAME: usize = 128;
+pub const DEFAULT_GATEWAY_DEVICE: &str = "flatnet0";
+/// IPv4 needs at least 68 bytes; veth cannot go past 65535.
+pub const MTU_RANGE: std::ops::RangeInclusive<u32> = 68..=65535;
+
+/// How packets between local pods are switched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DatapathMode {
+    /// tc ingress on the host veth, `bpf_redirect_peer` into the destination pod.
+    #[default]
+    Tc,
+}
+
+/// The fields flatnet reads; unknown keys are ignored, as the spec expects.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RawNetConf {
+    #[serde(default)]
+    pub cni_version: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(rename = "type", default)]
+    pub plugin_type: String,
+    pub bridge: Option<String>,
+    pub mtu: Option<u32>,
+    pub ipam: Option<serde_json::Value>,
+    pub dns: Option<Dns>,
+    pub prev_result: Option<serde_json::Value>,
+    pub datapath: Option<DatapathMode>,
+    pub log_file: Option<PathBuf>,
+    pub ip_masq: Option<bool>,
+}
+
+/// A validated network configuration.
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    pub version: SpecVersion,
+    pub name: String,
+    pub gateway_device: String,
+    pub mtu: Option<u32>,
+    /// `ipam.type`: the plugin binary looked up in CNI_PATH.
+    pub ipam_type: Option<String>,
+    pub dns: Dns,
+    pub prev_result: Option<CniResult>,
+    pub datapath: DatapathMode,
+    pub log_file: Option<PathBuf>,
+}
+
+impl NetConf {
+    /// Parses and validates stdin. `needs_ipam` is false for verbs that can do without.
+    pub fn parse(stdin: &[u8]) -> Result<Self> {
+        if stdin.len() > MAX_CONFIG_BYTES {
+            return Err(Error::config(format!(
+                "stdin is {} bytes; a network configuration may be at most {MAX_CONFIG_BYTES}",
+                stdin.len()
+            )));
+        }
+        if stdin.iter().all(u8::is_ascii_whitespace) {
+            return Err(Error::decode(
+                "network configuration",
+                "stdin is empty; the runtime must pass the network configuration as JSON",
+            ));
+        }
+        let raw: RawNetConf =
+            serde_json::from_slice(stdin).map_err(|e| Error::decode("network configuration", e))?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawNetConf) -> Result<Self> {
+        let version = SpecVersion::parse(&raw.cni_version)?;
+        if raw.name.is_empty() {
+            return Err(Error::config(
+                "\"name\" is missing: give the network a name",
+            ));
+        }
+        if !is_spec_name(&raw.name) || raw.name.len() > MAX_NETWORK_NAME {
+            return Err(Error::config(format!(
+                "\"name\" {:?} is not a valid network name: start with a letter or digit, then letters, digits, '_', '.' or '-', at most {MAX_NETWORK_NAME} characters",
+                raw.name
+            )));
+        }
+        let gateway_device = raw
+            .bridge
+            .unwrap_or_else(|| DEFAULT_GATEWAY_DEVICE.to_string());
+        validate_ifname(&gateway_device)
+            .map_err(|reason| Error::config(format!("\"bridge\": {reason}")))?;
+        if let Some(mtu) = raw.mtu
+            && !MTU_RANGE.contains(&mtu)
+        {
+            return Err(Error::config(format!(
+                "\"mtu\" {mtu} is out of range: use {}..={}",
+                MTU_RANGE.start(),
+                MTU_RANGE.end()
+            )));
+        }
+        let ipam_type = match &raw.ipam {
+            None => None,
+            Some(ipam) => {
+                let kind = ipam
+                    .get("type")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default();
+                if kind.is_empty() {
+                    return Err(Error::config(
+                        "\"ipam.type\" is missing: name the IPAM plugin, e.g. \"flatnet-ipam\"",
+                    ));
+                }
+                if !is_spec_name(kind) {
+                    return Err(Error::config(format!(
+                        "\"ipam.type\" {kind:?} is not a plugin name (letters, digits, '_', '.', '-'; no paths)"
+                    )));
+                }
+                Some(kind.to_string())
+            }
+        };
+        if raw.ip_masq == Some(true) {
+            return Err(Error::UnsupportedField {
+                field: "ipMasq".into(),
+                value: "true".into(),
+                hint:
+                    "masquerade is not implemented in this build; remove the key or set it to false"
+                        .into(),
+            });
+        }
+        let prev_result = raw
+            .prev_result
+            .as_ref()
+            .map(|value| CniResult::from_value(value, "prevResult"))
+            .transpose()?;
+        Ok(NetConf {
+            version,
+            name: raw.name,
+            gateway_device,
+            mtu: raw.mtu,
+            ipam_type,
+            dns: raw.dns.unwrap_or_default(),
+            prev_result,
+            datapath: raw.datapath.unwrap_or_default(),
+            log_file: raw.log_file,
+        })
+    }
+
+    /// The IPAM plugin name, or a config error for verbs that need one.
+    pub fn require_ipam(&self) -> Result<&str> {
+        self.ipam_type
+            .as_deref()
+            .ok_or_else(|| Error::config("\"ipam\" is missing: flatnet needs an IPAM plugin, e.g. {\"type\": \"flatnet-ipam\", ...}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(value: serde_json::Value) -> Result<NetConf> {
+        NetConf::parse(value.to_string().as_bytes())
+    }
+
+    fn base() -> serde_json::Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "pods",
+            "type": "flatnet",
+            "ipam": {"type": "host-local", "subnet": "10.42.0.0/16"}
+        })
+    }
+
+    fn with(key: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut conf = base();
+        conf[key] = value;
+        conf
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let conf = parse(base()).unwrap();
+        assert_eq!(conf.gateway_device, "flatnet0");
+        assert_eq!(conf.datapath, DatapathMode::Tc);
+        assert_eq!(conf.ipam_type.as_deref(), Some("host-local"));
+        assert!(conf.mtu.is_none());
+    }
+
+    #[test]
+    fn all_keys_are_read() {
+        let conf = parse(json!({
+            "cniVersion": "0.4.0", "name": "n.1", "type": "flatnet", "bridge": "flgw0", "mtu": 9000,
+            "datapath": "tc", "dns": {"nameservers": ["1.1.1.1"]},
+            "ipam": {"type": "flatnet-ipam"}, "somethingElse": true
+        }))
+        .unwrap();
+        assert_eq!(conf.gateway_device, "flgw0");
+        assert_eq!(conf.mtu, Some(9000));
+        assert_eq!(conf.dns.nameservers, vec!["1.1.1.1"]);
+    }
+
+    #[test]
+    fn bad_input_gets_the_right_code() {
+        let cases: Vec<(serde_json::Value, u32, &str)> = vec![
+            (with("cniVersion", json!("7.0.0")), 1, "supports"),
+            (with("cniVersion", json!("")), 1, "supports"),
+            (with("name", json!("")), 7, "name"),
+            (with("name", json!("bad name")), 7, "name"),
+            (with("name", json!("x".repeat(200))), 7, "name"),
+            (with("bridge", json!("this-is-way-too-long")), 7, "bridge"),
+            (with("mtu", json!(10)), 7, "mtu"),
+            (with("mtu", json!(70000)), 7, "mtu"),
+            (with("mtu", json!("big")), 6, "network configuration"),
+            (
+                with("ipam", json!({"subnet": "10.0.0.0/8"})),
+                7,
+                "ipam.type",
+            ),
+            (
+                with("ipam", json!({"type": "../../bin/sh"})),
+                7,
+                "ipam.type",
+            ),
+            (with("datapath", json!("dpdk")), 6, "network configuration"),
+            (with("ipMasq", json!(true)), 2, "ipMasq"),
+            (with("prevResult", json!({"ips": "x"})), 6, "prevResult"),
+        ];
+        for (conf, code, needle) in cases {
+            let err = parse(conf.clone()).unwrap_err();
+            assert_eq!(err.code(), code, "{conf}: {err}");
+            assert!(err.to_string().contains(needle), "{conf}: {err}");
+        }
+    }
+
+    #[test]
+    fn empty_and_non_json_stdin_are_decode_errors() {
+        assert_eq!(NetConf::parse(b"").unwrap_err().code(), 6);
+        assert_eq!(NetConf::parse(b"  \n").unwrap_err().code(), 6);
+        assert_eq!(NetConf::parse(b"not json").unwrap_err().code(), 6);
+        assert_eq!(NetConf::parse(b"[1,2]").unwrap_err().code(), 6);
+    }
+
+    #[test]
+    fn oversized_stdin_is_refused_before_parsing() {
+        let big = vec![b' '; MAX_CONFIG_BYTES + 1];
+        assert_eq!(NetConf::parse(&big).unwrap_err().code(), 7);
+    }
+
+    #[test]
+    fn missing_ipam_is_reported_only_when_needed() {
+        let mut conf = base();
+        conf.as_object_mut().unwrap().remove("ipam");
+        let conf = parse(conf).unwrap();
+        assert_eq!(conf.require_ipam().unwrap_err().code(), 7);
+    }
+}

@@ -1,0 +1,127 @@
+//! Runs one CNI invocation: reads env and stdin, calls the verb's handler,
+//! prints the result or the error object on stdout (a human line on stderr),
+//! and turns the outcome into the exit status.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use crate::cmd;
+use crate::cni::config::{MAX_CONFIG_BYTES, NetConf};
+use crate::cni::env::{CniEnv, Command};
+use crate::cni::error::{Error, Result};
+use crate::cni::version::{self, LATEST};
+
+/// What a verb prints on success.
+enum Output {
+    Json(serde_json::Value),
+    Nothing,
+}
+
+/// The `flatnet` binary run by a runtime (CNI_COMMAND set).
+pub fn run_cni() -> ExitCode {
+    let started = Instant::now();
+    let mut version_for_errors = LATEST.to_string();
+    let mut log_file = None;
+    let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    let outcome = read_stdin().and_then(|stdin| {
+        let command = Command::parse(&command)?;
+        if command == Command::Version {
+            let info = version::version_info(&stdin)?;
+            return Ok(Output::Json(serde_json::to_value(info).unwrap_or_default()));
+        }
+        let env = CniEnv::from_process(command)?;
+        let conf = NetConf::parse(&stdin)?;
+        version_for_errors = conf.version.as_str().to_string();
+        log_file = conf.log_file.clone();
+        dispatch(command, &env, &conf, &stdin)
+    });
+    let elapsed = started.elapsed();
+    let mut stdout = std::io::stdout().lock();
+    match outcome {
+        Ok(output) => {
+            if let Output::Json(json) = output {
+                let _ = writeln!(stdout, "{json}");
+            }
+            log(
+                log_file.as_deref(),
+                &format!("{command} ok in {:.1} ms", elapsed.as_secs_f64() * 1e3),
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            let object = err.to_object(&version_for_errors);
+            let _ = writeln!(
+                stdout,
+                "{}",
+                serde_json::to_string(&object).unwrap_or_default()
+            );
+            let line = format!("{command} failed: {err} (CNI error code {})", err.code());
+            eprintln!("flatnet: {line}");
+            log(log_file.as_deref(), &line);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<Output> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the async runtime", e))?;
+    runtime.block_on(async {
+        match command {
+            Command::Add => {
+                let result = cmd::add::add(env, conf, stdin).await?;
+                Ok(Output::Json(result.to_version(conf.version)))
+            }
+            Command::Del => cmd::del::del(env, conf, stdin)
+                .await
+                .map(|()| Output::Nothing),
+            Command::Check => cmd::check::check(env, conf, stdin)
+                .await
+                .map(|()| Output::Nothing),
+            Command::Status | Command::Gc => Err(Error::invalid_env(
+                "CNI_COMMAND",
+                format!(
+                    "{} is not implemented by this build (supported: ADD, DEL, CHECK, VERSION)",
+                    command.as_str()
+                ),
+            )),
+            Command::Version => unreachable!("answered before the configuration is read"),
+        }
+    })
+}
+
+/// Stdin, refusing anything larger than a configuration can be.
+fn read_stdin() -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| Error::io("reading the network configuration from stdin", e))?;
+    Ok(buf)
+}
+
+/// One line per invocation to `logFile`, when configured.
+fn log(file: Option<&std::path::Path>, line: &str) {
+    let Some(path) = file else { return };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    let container = std::env::var("CNI_CONTAINERID").unwrap_or_default();
+    let ifname = std::env::var("CNI_IFNAME").unwrap_or_default();
+    if let Ok(mut out) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(
+            out,
+            "{now:.3} pid={} container={container} ifname={ifname} {line}",
+            std::process::id()
+        );
+    }
+}
