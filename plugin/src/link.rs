@@ -396,6 +396,8 @@ impl Netlink {
                 .await
             {
                 Ok(()) => {
+                    // It only holds IPv4 gateway addresses: no IPv6 autoconf chatter.
+                    set_sysctl(&format!("net/ipv6/conf/{name}/disable_ipv6"), "1")?;
                     // The kernel ignores IFLA_IFALIAS when creating a link.
                     let index = self
                         .link_by_name(name)
@@ -512,6 +514,12 @@ fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
         RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
         _ => None,
     }
+}
+
+/// Writes a sysctl under /proc/sys (of the current thread's namespace).
+pub fn set_sysctl(key: &str, value: &str) -> Result<()> {
+    let path = format!("/proc/sys/{key}");
+    std::fs::write(&path, value).map_err(|e| Error::io(format!("writing {value} to {path}"), e))
 }
 
 /// True when no interface has this index in the current namespace.

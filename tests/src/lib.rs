@@ -1,1 +1,470 @@
+//! Test harness: network namespaces that clean up after themselves, one
+//! thread per namespace, the plugins called like a runtime calls them, and a
+//! per-test network with its own name, subnet, gateway device and IPAM dir.
 
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use flatnet::datapath::Datapath;
+use flatnet::link::AttachmentNames;
+use nix::sched::{CloneFlags, setns};
+use serde_json::{Value, json};
+
+/// Where the built binaries are (xtask sets FLATNET_BIN_DIR).
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("FLATNET_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug"))
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo xtask test`",
+        path.display()
+    );
+    path
+}
+
+/// CNI_PATH for tests: our binaries first, then Debian's reference plugins.
+pub fn cni_path() -> String {
+    format!("{}:/usr/lib/cni", bin_dir().display())
+}
+
+/// False (and a loud line) when not root: the test then returns early.
+pub fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: needs root (network namespaces, veths, BPF)");
+    false
+}
+
+/// A short name unique to this process and call: `<prefix><pid><n>` in hex.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{:x}{n:x}", std::process::id() & 0xfffff)
+}
+
+fn unique_number() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new() -> Self {
+        let name = unique("ftest-");
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Netns { name };
+        // Loopback up, as a runtime would have it.
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// Runs `f` on a thread that has entered this namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let file = File::open(self.path()).expect("open netns");
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+                    f()
+                })
+                .join()
+                .expect("netns thread panicked")
+        })
+    }
+
+    /// Runs a command inside the namespace; panics when it fails.
+    pub fn exec(&self, args: &[&str]) -> String {
+        run_ok(
+            Command::new("ip")
+                .args(["netns", "exec", &self.name])
+                .args(args),
+        )
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What a plugin printed and how it exited.
+#[derive(Debug)]
+pub struct CniOutput {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CniOutput {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    /// Asserts a CNI error object with `code` whose message contains `needle`.
+    pub fn assert_error(&self, code: u64, needle: &str) {
+        assert!(!self.success(), "expected failure, got {self:?}");
+        let obj = self.json();
+        assert_eq!(obj["code"], code, "{self:?}");
+        let msg = obj["msg"].as_str().unwrap_or_default();
+        assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}");
+        assert!(!self.stderr.is_empty(), "a human line belongs on stderr");
+    }
+}
+
+/// One plugin invocation, environment and all.
+#[derive(Debug, Clone, Default)]
+pub struct CniCall {
+    pub command: String,
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub path: String,
+    pub args: String,
+}
+
+impl CniCall {
+    pub fn new(command: &str, container_id: &str, netns: &Path, ifname: &str) -> Self {
+        CniCall {
+            command: command.into(),
+            container_id: container_id.into(),
+            netns: netns.display().to_string(),
+            ifname: ifname.into(),
+            path: cni_path(),
+            args: String::new(),
+        }
+    }
+
+    pub fn run(&self, plugin: &Path, stdin: &[u8]) -> CniOutput {
+        let mut cmd = Command::new(plugin);
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (key, value) in [
+            ("CNI_COMMAND", &self.command),
+            ("CNI_CONTAINERID", &self.container_id),
+            ("CNI_NETNS", &self.netns),
+            ("CNI_IFNAME", &self.ifname),
+            ("CNI_PATH", &self.path),
+            ("CNI_ARGS", &self.args),
+        ] {
+            if !value.is_empty() {
+                cmd.env(key, value);
+            }
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plugin");
+        let mut input = child.stdin.take().expect("stdin");
+        let data = stdin.to_vec();
+        // Written from a thread: a plugin may answer before reading it all.
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("wait plugin");
+        let _ = writer.join();
+        CniOutput {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// A flatnet network of one test: unique name, /24, gateway device and IPAM
+/// state; everything it may leave on the node is removed on drop.
+pub struct Network {
+    pub name: String,
+    pub gateway_device: String,
+    pub subnet_prefix: String,
+    pub ipam_dir: PathBuf,
+    pub conf: Value,
+}
+
+impl Network {
+    /// flatnet with the reference host-local IPAM on a fresh /24.
+    pub fn host_local() -> Self {
+        Self::with_ipam(
+            |subnet, gateway, dir| json!({"type": "host-local", "subnet": subnet, "gateway": gateway, "dataDir": dir}),
+        )
+    }
+
+    /// flatnet with an IPAM section built from (subnet, gateway, data dir).
+    pub fn with_ipam(ipam: impl FnOnce(&str, &str, &str) -> Value) -> Self {
+        let n = unique_number();
+        let prefix = format!("10.{}.{}", 100 + (std::process::id() % 100), n % 250);
+        let name = unique("ft-net-");
+        let ipam_dir = std::env::temp_dir().join(format!("flatnet-test-ipam-{name}"));
+        let subnet = format!("{prefix}.0/24");
+        let gateway = format!("{prefix}.1");
+        let conf = json!({
+            "cniVersion": "1.0.0",
+            "name": name,
+            "type": "flatnet",
+            "bridge": unique("flg"),
+            "ipam": ipam(&subnet, &gateway, &ipam_dir.display().to_string()),
+        });
+        Network {
+            gateway_device: conf["bridge"].as_str().unwrap_or_default().to_string(),
+            name,
+            subnet_prefix: prefix,
+            ipam_dir,
+            conf,
+        }
+    }
+
+    pub fn gateway(&self) -> Ipv4Addr {
+        format!("{}.1", self.subnet_prefix)
+            .parse()
+            .expect("gateway")
+    }
+
+    pub fn stdin(&self) -> Vec<u8> {
+        self.conf.to_string().into_bytes()
+    }
+
+    pub fn datapath(&self) -> Datapath {
+        Datapath::new(&self.name)
+    }
+
+    pub fn call(&self, command: &str, container_id: &str, netns: &Path, ifname: &str) -> CniOutput {
+        CniCall::new(command, container_id, netns, ifname).run(&bin("flatnet"), &self.stdin())
+    }
+
+    /// A new pod attached with ADD (panics if ADD fails); DEL on drop.
+    pub fn pod(&self) -> Pod<'_> {
+        let netns = Netns::new();
+        let container_id = unique("ctr-");
+        let out = self.call("ADD", &container_id, &netns.path(), "eth0");
+        assert!(out.success(), "ADD failed: {out:?}");
+        let result = out.json();
+        Pod {
+            network: self,
+            netns,
+            container_id,
+            ifname: "eth0".into(),
+            result,
+        }
+    }
+
+    pub fn host_veth(&self, container_id: &str, ifname: &str) -> String {
+        AttachmentNames::new(&self.name, container_id, ifname).host_veth
+    }
+
+    /// Allocation records host-local keeps (files named by address).
+    pub fn ipam_allocations(&self) -> Vec<String> {
+        let dir = self.ipam_dir.join(&self.name);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name.parse::<std::net::IpAddr>().is_ok())
+            .collect()
+    }
+
+    pub fn redirected_packets(&self) -> u64 {
+        self.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].packets
+    }
+
+    pub fn action_packets(&self, action: u32) -> u64 {
+        self.datapath().stats().expect("STATS")[action as usize].packets
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.gateway_device])
+            .output();
+        let _ = self.datapath().remove_pins();
+        let _ = std::fs::remove_dir_all(&self.ipam_dir);
+    }
+}
+
+/// A pod: its namespace and ADD result; DEL is called on drop.
+pub struct Pod<'a> {
+    pub network: &'a Network,
+    pub netns: Netns,
+    pub container_id: String,
+    pub ifname: String,
+    pub result: Value,
+}
+
+impl Pod<'_> {
+    pub fn ip(&self) -> Ipv4Addr {
+        let address = self.result["ips"][0]["address"].as_str().expect("address");
+        address
+            .split('/')
+            .next()
+            .and_then(|ip| ip.parse().ok())
+            .expect("IPv4 address")
+    }
+
+    pub fn host_veth(&self) -> String {
+        self.network.host_veth(&self.container_id, &self.ifname)
+    }
+
+    pub fn call(&self, command: &str) -> CniOutput {
+        self.network.call(
+            command,
+            &self.container_id,
+            &self.netns.path(),
+            &self.ifname,
+        )
+    }
+
+    /// The network config with this pod's ADD result as prevResult.
+    pub fn stdin_with_prev_result(&self) -> Vec<u8> {
+        let mut conf = self.network.conf.clone();
+        conf["prevResult"] = self.result.clone();
+        conf.to_string().into_bytes()
+    }
+}
+
+impl Drop for Pod<'_> {
+    fn drop(&mut self) {
+        let out = self.call("DEL");
+        if !out.success() {
+            eprintln!("cleanup DEL of {} failed: {out:?}", self.container_id);
+        }
+    }
+}
+
+pub fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+/// rx and tx packet counters of a host interface.
+pub fn link_packets(name: &str) -> (u64, u64) {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/{what}"))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (read("rx_packets"), read("tx_packets"))
+}
+
+/// The host stack's IPv4 ForwDatagrams counter (/proc/net/snmp).
+pub fn forwarded_datagrams() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").expect("snmp");
+    let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "ForwDatagrams")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Opens a TCP echo server in `server_ns` on `ip`, connects from
+/// `client_ns`, sends `bytes` bytes and checks they all come back intact.
+pub fn tcp_echo(
+    server_ns: Option<&Netns>,
+    ip: Ipv4Addr,
+    client_ns: Option<&Netns>,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    let listener = in_ns(server_ns, || TcpListener::bind((ip, 0)))?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            conn.write_all(&buf[..n])?;
+        }
+    });
+    let payload: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+    let echoed = in_ns(client_ns, || -> anyhow::Result<Vec<u8>> {
+        tcp_client(addr, &payload)
+    })?;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    anyhow::ensure!(
+        echoed == payload,
+        "echo differs: sent {} bytes, got {}",
+        payload.len(),
+        echoed.len()
+    );
+    Ok(())
+}
+
+fn tcp_client(addr: SocketAddr, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut writer = conn.try_clone()?;
+    let data = payload.to_vec();
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        writer.write_all(&data)?;
+        writer.shutdown(std::net::Shutdown::Write)
+    });
+    let mut echoed = Vec::with_capacity(payload.len());
+    conn.read_to_end(&mut echoed)?;
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    Ok(echoed)
+}
+
+/// Runs `f` in `ns` (on a thread that entered it), or here for the host.
+pub fn in_ns<T: Send>(ns: Option<&Netns>, f: impl FnOnce() -> T + Send) -> T {
+    match ns {
+        Some(ns) => ns.run(f),
+        None => f(),
+    }
+}

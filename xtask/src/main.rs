@@ -1,1 +1,57 @@
-fn main() {}
+//! `cargo xtask`: everything around the code — set-up of a fresh machine,
+//! build, install, the live demo, the test suite and the benchmark.
+
+mod demo;
+mod install;
+mod setup;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "flatnet developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (rust-src, bpf-linker, Debian packages).
+    Setup,
+    /// Set up, then build the plugin binaries (the eBPF object is embedded).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build (release) and install the binaries and a conflist.
+    Install(install::InstallArgs),
+    /// Set up, build, install, then run two pods through the eBPF datapath.
+    Demo(install::InstallArgs),
+    /// Set up, build, and run every test (unit, integration as root, lint).
+    Test(test::TestArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::all(),
+        Task::Build { release } => {
+            setup::all()?;
+            util::build(release)
+        }
+        Task::Install(args) => {
+            setup::all()?;
+            install::install(&args)
+        }
+        Task::Demo(args) => {
+            setup::all()?;
+            install::install(&args)?;
+            demo::run(&args)
+        }
+        Task::Test(args) => {
+            setup::all()?;
+            test::run(&args)
+        }
+    }
+}

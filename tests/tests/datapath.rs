@@ -1,0 +1,277 @@
+//! End to end on one node: pods (network namespaces) attached by the real
+//! `flatnet` binary, real TCP traffic, and the BPF maps read back.
+
+use flatnet_common::action;
+use flatnet_tests::*;
+
+#[test]
+fn two_pods_exchange_tcp_both_ways_through_the_redirect() {
+    if !root_or_skip("two_pods_exchange_tcp_both_ways_through_the_redirect") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    let redirected_before = net.redirected_packets();
+    let gateway_before = link_packets(&net.gateway_device);
+    let forwarded_before = forwarded_datagrams();
+
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 2 << 20).expect("a -> b");
+    tcp_echo(Some(&a.netns), a.ip(), Some(&b.netns), 2 << 20).expect("b -> a");
+
+    let redirected = net.redirected_packets() - redirected_before;
+    let forwarded = forwarded_datagrams() - forwarded_before;
+    let gateway_after = link_packets(&net.gateway_device);
+    // 8 MiB crossed (4 MiB each way, echoed): hundreds of segments at least.
+    assert!(
+        redirected > 200,
+        "only {redirected} packets were redirected"
+    );
+    assert_eq!(
+        gateway_after, gateway_before,
+        "packets crossed the gateway device"
+    );
+    // The host stack forwarded none of them (allow stray traffic of other tests).
+    assert!(
+        forwarded * 50 < redirected,
+        "host forwarded {forwarded} datagrams vs {redirected} redirected"
+    );
+}
+
+#[test]
+fn pods_learn_every_neighbour_from_the_datapath_arp_answer() {
+    if !root_or_skip("pods_learn_every_neighbour_from_the_datapath_arp_answer") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    let answered_before = net.action_packets(action::ARP_ANSWERED);
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 1000).expect("a -> b");
+    let host_mac =
+        std::fs::read_to_string(format!("/sys/class/net/{}/address", a.host_veth())).unwrap();
+    let neighbours = a.netns.exec(&["ip", "neigh", "show", &b.ip().to_string()]);
+    assert!(
+        neighbours.contains(host_mac.trim()),
+        "pod a resolved {} to {neighbours:?}, not its host veth {host_mac}",
+        b.ip()
+    );
+    assert!(net.action_packets(action::ARP_ANSWERED) > answered_before);
+}
+
+#[test]
+fn pod_to_host_and_host_to_pod() {
+    if !root_or_skip("pod_to_host_and_host_to_pod") {
+        return;
+    }
+    let net = Network::host_local();
+    let pod = net.pod();
+    let passed_before = net.action_packets(action::PASSED);
+    // Pod to the host: the gateway address lives on the host's gateway device.
+    tcp_echo(None, net.gateway(), Some(&pod.netns), 256 << 10).expect("pod -> host");
+    // Host to pod: the /32 route and permanent neighbour on the host veth.
+    tcp_echo(Some(&pod.netns), pod.ip(), None, 256 << 10).expect("host -> pod");
+    assert!(
+        net.action_packets(action::PASSED) > passed_before,
+        "pod->host goes through the stack"
+    );
+    let routes = run_ok(std::process::Command::new("ip").args([
+        "route",
+        "show",
+        &format!("{}/32", pod.ip()),
+    ]));
+    assert!(routes.contains(&pod.host_veth()), "{routes}");
+}
+
+#[test]
+fn del_twice_succeeds_and_releases_everything() {
+    if !root_or_skip("del_twice_succeeds_and_releases_everything") {
+        return;
+    }
+    let net = Network::host_local();
+    let keep = net.pod();
+    let pod = net.pod();
+    let (veth, ip) = (pod.host_veth(), pod.ip());
+    assert!(link_exists(&veth));
+    assert!(net.datapath().endpoint(ip.octets()).unwrap().is_some());
+    assert_eq!(net.ipam_allocations().len(), 2);
+    for _ in 0..2 {
+        let out = pod.call("DEL");
+        assert!(out.success(), "{out:?}");
+        assert!(out.stdout.trim().is_empty(), "DEL prints nothing: {out:?}");
+    }
+    assert!(!link_exists(&veth));
+    assert!(net.datapath().endpoint(ip.octets()).unwrap().is_none());
+    assert_eq!(net.ipam_allocations(), vec![keep.ip().to_string()]);
+    // The other pod is untouched.
+    tcp_echo(Some(&keep.netns), keep.ip(), None, 1000).expect("host -> remaining pod");
+}
+
+#[test]
+fn del_after_the_netns_is_gone_succeeds() {
+    if !root_or_skip("del_after_the_netns_is_gone_succeeds") {
+        return;
+    }
+    let net = Network::host_local();
+    let _keep = net.pod();
+    let pod = net.pod();
+    let (veth, ip) = (pod.host_veth(), pod.ip());
+    run_ok(std::process::Command::new("ip").args(["netns", "del", &pod.netns.name]));
+    // The kernel destroys a dead namespace's veths asynchronously: wait, so
+    // DEL really meets a pod whose netns and veth are both gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while link_exists(&veth) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!link_exists(&veth), "the veth outlived its namespace");
+    let out = pod.call("DEL");
+    assert!(out.success(), "{out:?}");
+    assert!(
+        net.datapath().endpoint(ip.octets()).unwrap().is_none(),
+        "stale endpoint left"
+    );
+    assert_eq!(net.ipam_allocations().len(), 1, "address not released");
+}
+
+#[test]
+fn check_passes_on_a_healthy_pod_and_names_what_broke() {
+    if !root_or_skip("check_passes_on_a_healthy_pod_and_names_what_broke") {
+        return;
+    }
+    let net = Network::host_local();
+    let check = |pod: &Pod| {
+        CniCall::new("CHECK", &pod.container_id, &pod.netns.path(), &pod.ifname)
+            .run(&bin("flatnet"), &pod.stdin_with_prev_result())
+    };
+    let a = net.pod();
+    let b = net.pod();
+    let out = check(&a);
+    assert!(out.success(), "{out:?}");
+
+    a.netns.exec(&["ip", "addr", "flush", "dev", "eth0"]);
+    check(&a).assert_error(102, &format!("address {}/24 is missing", a.ip()));
+
+    run_ok(std::process::Command::new("ip").args(["link", "del", &b.host_veth()]));
+    check(&b).assert_error(102, &format!("host veth {} of container", b.host_veth()));
+
+    // CHECK without prevResult is a configuration error.
+    let out = CniCall::new("CHECK", &a.container_id, &a.netns.path(), "eth0")
+        .run(&bin("flatnet"), &net.stdin());
+    out.assert_error(7, "prevResult");
+}
+
+#[test]
+fn add_whose_ipam_fails_leaves_nothing_behind() {
+    if !root_or_skip("add_whose_ipam_fails_leaves_nothing_behind") {
+        return;
+    }
+    // A /30 has one address besides the gateway: the second ADD must fail in IPAM.
+    let net = Network::with_ipam(|subnet, gateway, dir| {
+        let subnet = subnet.replace(".0/24", ".0/30");
+        serde_json::json!({"type": "host-local", "subnet": subnet, "gateway": gateway, "dataDir": dir})
+    });
+    let first = net.pod();
+    let endpoints_before = net.datapath().all_endpoints().unwrap();
+    let netns = Netns::new();
+    let out = net.call("ADD", "ipam-fails", &netns.path(), "eth0");
+    assert!(!out.success(), "{out:?}");
+    let msg = out.json()["msg"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("IPAM plugin host-local"), "{msg}");
+    assert!(
+        !link_exists(&net.host_veth("ipam-fails", "eth0")),
+        "veth left behind"
+    );
+    assert!(
+        !netns.exec(&["ip", "-o", "link"]).contains("eth0"),
+        "interface left in the pod"
+    );
+    assert_eq!(net.datapath().all_endpoints().unwrap(), endpoints_before);
+    assert_eq!(net.ipam_allocations(), vec![first.ip().to_string()]);
+}
+
+#[test]
+fn add_that_fails_after_ipam_gives_the_address_back() {
+    if !root_or_skip("add_that_fails_after_ipam_gives_the_address_back") {
+        return;
+    }
+    let net = Network::host_local();
+    let first = net.pod();
+    // Same netns, same ifname, another container: the veth cannot be named eth0 there.
+    let out = net.call("ADD", "second", &first.netns.path(), "eth0");
+    out.assert_error(100, "already exists");
+    assert!(!link_exists(&net.host_veth("second", "eth0")));
+    assert_eq!(
+        net.ipam_allocations(),
+        vec![first.ip().to_string()],
+        "address not given back"
+    );
+    assert_eq!(net.datapath().all_endpoints().unwrap().len(), 1);
+}
+
+#[test]
+fn the_last_del_removes_the_networks_datapath_and_gateway() {
+    if !root_or_skip("the_last_del_removes_the_networks_datapath_and_gateway") {
+        return;
+    }
+    let net = Network::host_local();
+    let pod = net.pod();
+    assert!(net.datapath().is_loaded());
+    assert!(link_exists(&net.gateway_device));
+    drop(pod);
+    assert!(
+        !net.datapath().exists(),
+        "pins left at {}",
+        net.datapath().pin_dir().display()
+    );
+    assert!(!link_exists(&net.gateway_device), "gateway device left");
+}
+
+#[test]
+fn maps_dump_with_field_names_in_bpftool() {
+    if !root_or_skip("maps_dump_with_field_names_in_bpftool") {
+        return;
+    }
+    let net = Network::host_local();
+    let pod = net.pod();
+    let dump = run_ok(
+        std::process::Command::new("bpftool")
+            .args(["map", "dump", "pinned"])
+            .arg(net.datapath().map_path("ENDPOINTS_V4")),
+    );
+    for field in ["host_ifindex", "pod_mac", "host_mac", "flags"] {
+        assert!(dump.contains(field), "{field} missing from {dump}");
+    }
+    let octets = pod.ip().octets();
+    assert!(
+        dump.contains(&format!(
+            "[{},{},{},{}",
+            octets[0], octets[1], octets[2], octets[3]
+        )),
+        "{dump}"
+    );
+    let stats = run_ok(
+        std::process::Command::new("bpftool")
+            .args(["map", "dump", "pinned"])
+            .arg(net.datapath().map_path("STATS")),
+    );
+    assert!(
+        stats.contains("\"packets\"") && stats.contains("\"bytes\""),
+        "{stats}"
+    );
+}
+
+#[test]
+fn a_second_add_reuses_the_pinned_program() {
+    if !root_or_skip("a_second_add_reuses_the_pinned_program") {
+        return;
+    }
+    let net = Network::host_local();
+    let _a = net.pod();
+    let first_id = net.datapath().program_id().unwrap();
+    let _b = net.pod();
+    assert_eq!(
+        net.datapath().program_id().unwrap(),
+        first_id,
+        "the program was reloaded"
+    );
+}

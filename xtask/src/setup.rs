@@ -1,0 +1,117 @@
+//! Set-up of a fresh machine (see ../shared/toolchain.md), idempotent: each
+//! step checks first and only installs what is missing.
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::util::{self, heading, output, run_cmd, succeeds};
+
+/// Debian packages the build, tests, demo and benchmark use.
+pub const PACKAGES: &[&str] = &[
+    "bpftool",
+    "containernetworking-plugins",
+    "iproute2",
+    "iputils-ping",
+    "iperf3",
+    "sockperf",
+    "nftables",
+    "tcpdump",
+    "ethtool",
+    "podman",
+    "runc",
+    "busybox-static",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn all() -> anyhow::Result<()> {
+    rust_src()?;
+    bpf_linker()?;
+    packages()
+}
+
+/// nightly's rust-src, for `-Z build-std=core`.
+fn rust_src() -> anyhow::Result<()> {
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("the nightly toolchain is needed to build the eBPF object")?;
+    let library = std::path::Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
+    if library.exists() {
+        return Ok(());
+    }
+    heading("rust-src for nightly");
+    run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// bpf-linker in .tools/bin, linked against the libLLVM that ships inside
+/// the nightly toolchain (same LLVM major as rustc; no system LLVM needed).
+fn bpf_linker() -> anyhow::Result<()> {
+    let tools = util::root().join(".tools");
+    let linker = tools.join("bin/bpf-linker");
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let nightly_lib = std::path::Path::new(sysroot.trim()).join("lib");
+    let libllvm = std::fs::read_dir(&nightly_lib)?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.") && n.ends_with("-nightly"))
+        })
+        .with_context(|| format!("no libLLVM.so.*-nightly in {}", nightly_lib.display()))?;
+    let llvm_dir = tools.join("llvm/lib");
+    std::fs::create_dir_all(&llvm_dir)?;
+    let link = llvm_dir.join("libLLVM.so");
+    if std::fs::read_link(&link).ok().as_deref() != Some(libllvm.as_path()) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)?;
+    }
+    if succeeds(Command::new(&linker).arg("--version")) {
+        return Ok(());
+    }
+    heading(&format!(
+        "bpf-linker {BPF_LINKER_VERSION} against {}",
+        libllvm.display()
+    ));
+    let mut cmd = Command::new("cargo");
+    cmd.env("LLVM_PREFIX", tools.join("llvm"))
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args(["--no-default-features", "--features", "llvm-22", "--root"])
+        .arg(&tools);
+    run_cmd(&mut cmd)
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn packages() -> anyhow::Result<()> {
+    let missing: Vec<_> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    heading(&format!("Debian packages: {}", missing.join(" ")));
+    if !util::is_root() {
+        bail!(
+            "installing {} needs root: run this as root",
+            missing.join(" ")
+        );
+    }
+    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_cmd(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing),
+    )
+}
