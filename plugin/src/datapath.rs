@@ -39,7 +39,7 @@ fn datapath_err(context: &str, err: impl std::error::Error) -> Error {
 pub fn ensure_bpffs() -> Result<()> {
     let is_bpffs = || {
         nix::sys::statfs::statfs(BPFFS_MOUNT)
-            .map(|fs| fs.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+            .map(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
             .unwrap_or(false)
     };
     if is_bpffs() {

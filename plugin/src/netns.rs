@@ -31,7 +31,7 @@ pub fn open(path: &Path) -> std::result::Result<File, NetnsProblem> {
     })?;
     let fs =
         nix::sys::statfs::fstatfs(&file).map_err(|e| NetnsProblem::Unreadable(e.to_string()))?;
-    if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
+    if fs.filesystem_type().0 != NSFS_MAGIC {
         return Err(NetnsProblem::NotANamespace);
     }
     // SAFETY: ioctl on an fd we own; NS_GET_NSTYPE takes no argument.

@@ -171,7 +171,9 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
             .arg(&stats),
     )?)?;
     println!("{:<18} {:>10} {:>14}", "action", "packets", "bytes");
-    for entry in dump.as_array().into_iter().flatten() {
+    for raw in dump.as_array().into_iter().flatten() {
+        // With BTF, bpftool's JSON carries the typed view under "formatted".
+        let entry = raw.get("formatted").unwrap_or(raw);
         let key = entry["key"].as_u64().unwrap_or(u64::MAX) as usize;
         let (mut packets, mut bytes) = (0, 0);
         for cpu in entry["values"].as_array().into_iter().flatten() {

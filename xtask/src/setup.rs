@@ -61,10 +61,14 @@ fn bpf_linker() -> anyhow::Result<()> {
         .with_context(|| format!("no libLLVM.so.*-nightly in {}", nightly_lib.display()))?;
     let llvm_dir = tools.join("llvm/lib");
     std::fs::create_dir_all(&llvm_dir)?;
-    let link = llvm_dir.join("libLLVM.so");
-    if std::fs::read_link(&link).ok().as_deref() != Some(libllvm.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&libllvm, &link)?;
+    // LLVM_PREFIX wants lib/libLLVM.so at build time; the built binary asks
+    // for the versioned soname at run time (found through its rpath here).
+    let soname = libllvm.file_name().context("libLLVM has no file name")?;
+    for link in [llvm_dir.join("libLLVM.so"), llvm_dir.join(soname)] {
+        if std::fs::read_link(&link).ok().as_deref() != Some(libllvm.as_path()) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&libllvm, &link)?;
+        }
     }
     if succeeds(Command::new(&linker).arg("--version")) {
         return Ok(());
