@@ -11,4 +11,6 @@ pub mod delegate;
 pub mod link;
 pub mod lock;
 pub mod netns;
+pub mod reaper;
 pub mod runner;
+pub mod trace;

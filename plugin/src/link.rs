@@ -443,14 +443,51 @@ impl Netlink {
         Ok(link.index)
     }
 
-    /// Deletes the gateway device if flatnet created it for `network`.
-    pub async fn remove_gateway_device(&self, name: &str, network: &str) -> Result<()> {
+    /// Takes the gateway device flatnet created for `network` out of use:
+    /// down, and renamed so no later ADD can find it; returns (index, new
+    /// name) for the reaper, or None when there is nothing of ours to remove.
+    pub async fn retire_gateway_device(
+        &self,
+        name: &str,
+        network: &str,
+    ) -> Result<Option<(u32, String)>> {
         match self.link_by_name(name).await? {
             Some(link) if link.alias.as_deref() == Some(gateway_alias(network).as_str()) => {
-                self.delete_link(link.index).await
+                let retired = format!("flgone{:x}", link.index);
+                self.set_down(link.index).await?;
+                self.rename(link.index, &retired).await?;
+                Ok(Some((link.index, retired)))
             }
-            _ => Ok(()),
+            _ => Ok(None),
         }
+    }
+
+    /// Link down: no packet crosses it any more (cheap, unlike a delete).
+    pub async fn set_down(&self, index: u32) -> Result<()> {
+        match self
+            .handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(errno(&e), Some(ENODEV) | Some(ENOENT)) => Ok(()),
+            Err(e) => Err(kernel(format!("taking interface #{index} down"), e)),
+        }
+    }
+
+    pub async fn rename(&self, index: u32, name: &str) -> Result<()> {
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .name(name.to_string())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| kernel(format!("renaming interface #{index} to {name}"), e))
     }
 
     /// IDs of the BPF programs attached as tc ingress filters on `index`.

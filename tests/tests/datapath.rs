@@ -1,8 +1,33 @@
 //! End to end on one node: pods (network namespaces) attached by the real
 //! `flatnet` binary, real TCP traffic, and the BPF maps read back.
 
+use std::time::{Duration, Instant};
+
 use flatnet_common::action;
 use flatnet_tests::*;
+
+/// DEL cuts a link off at once and leaves its unregister (tens of ms of RCU
+/// waiting in the kernel) to a detached reaper: wait for it to vanish.
+fn wait_gone(link: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while link_exists(link) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// True when the link is gone or administratively down.
+fn down_or_gone(link: &str) -> bool {
+    match std::fs::read_to_string(format!("/sys/class/net/{link}/flags")) {
+        Err(_) => true,
+        Ok(flags) => {
+            u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).is_ok_and(|f| f & 1 == 0)
+        }
+    }
+}
 
 #[test]
 fn two_pods_exchange_tcp_both_ways_through_the_redirect() {
@@ -99,8 +124,9 @@ fn del_twice_succeeds_and_releases_everything() {
         let out = pod.call("DEL");
         assert!(out.success(), "{out:?}");
         assert!(out.stdout.trim().is_empty(), "DEL prints nothing: {out:?}");
+        assert!(down_or_gone(&veth), "the pod is still connected after DEL");
     }
-    assert!(!link_exists(&veth));
+    assert!(wait_gone(&veth), "{veth} was never removed");
     assert!(net.datapath().endpoint(ip.octets()).unwrap().is_none());
     assert_eq!(net.ipam_allocations(), vec![keep.ip().to_string()]);
     // The other pod is untouched.
@@ -217,13 +243,27 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
     let pod = net.pod();
     assert!(net.datapath().is_loaded());
     assert!(link_exists(&net.gateway_device));
+    let gateway_index =
+        std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", net.gateway_device)).unwrap();
+    let veth = pod.host_veth();
     drop(pod);
     assert!(
         !net.datapath().exists(),
         "pins left at {}",
         net.datapath().pin_dir().display()
     );
-    assert!(!link_exists(&net.gateway_device), "gateway device left");
+    // Renamed out of the way at once, so a new ADD builds a fresh one...
+    assert!(
+        !link_exists(&net.gateway_device),
+        "gateway device still in use"
+    );
+    // ...and unregistered by the reaper, with the last veth.
+    let retired = format!("flgone{:x}", gateway_index.trim().parse::<u32>().unwrap());
+    assert!(
+        wait_gone(&retired),
+        "retired gateway {retired} was never removed"
+    );
+    assert!(wait_gone(&veth), "{veth} was never removed");
 }
 
 #[test]

@@ -17,6 +17,7 @@ use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, format_mac};
 use crate::lock::{self, Lock};
 use crate::netns;
+use crate::trace::mark;
 
 /// What an ADD has done so far, so a failure can take it back.
 #[derive(Default)]
@@ -61,7 +62,9 @@ async fn add_steps(
 ) -> Result<CniResult> {
     let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
 
+    mark("parse, open netns, connect");
     let answer = ipam.run(Command::Add, stdin)?;
+    mark("IPAM ADD");
     done.ipam = true;
     let answer = answer
         .ok_or_else(|| Error::Delegate(format!("IPAM plugin {} returned no result", ipam.name)))?;
@@ -89,8 +92,10 @@ async fn add_steps(
     })?;
     done.host_veth = Some(host_link.index);
     host.set_up(host_link.index).await?;
+    mark("veth pair created");
 
     let routes = configure_pod(env, netns, &ips, &ipam_result.routes).await?;
+    mark("pod side configured");
 
     // Host side: gateway device, route and neighbour, datapath.
     let datapath = Datapath::new(&conf.name);
@@ -106,6 +111,7 @@ async fn add_steps(
         }
         exclusive
     };
+    mark("bpffs, lock, datapath loaded");
     let gateway_index = host
         .ensure_gateway_device(&conf.gateway_device, &conf.name)
         .await?;
@@ -128,7 +134,9 @@ async fn add_steps(
         host.add_permanent_neighbour(host_link.index, pod_ip, names.pod_mac)
             .await?;
     }
+    mark("gateway, host route, neighbour");
     datapath.attach(&names.host_veth)?;
+    mark("from_pod attached");
     let endpoint = Endpoint {
         host_ifindex: host_link.index,
         flags: ENDPOINT_F_NONE,
@@ -140,6 +148,7 @@ async fn add_steps(
         datapath.insert_endpoint(key, endpoint)?;
         done.endpoints.push(key);
     }
+    mark("endpoint inserted");
 
     let with_mtu = |mtu| {
         if conf.version >= crate::cni::version::SpecVersion::V1_1_0 {

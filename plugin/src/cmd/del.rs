@@ -1,5 +1,5 @@
-//! DEL: endpoint out of the map, veth gone, address released. Succeeds when
-//! any of it, or the whole netns, is already gone.
+//! DEL: endpoint out of the map, veth down and on its way out, address
+//! released. Succeeds when any of it, or the whole netns, is already gone.
 
 use flatnet_common::MAP_ENDPOINTS_V4;
 
@@ -11,12 +11,15 @@ use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, ifindex_is_gone};
 use crate::lock::{self, Lock};
+use crate::reaper;
+use crate::trace::mark;
 
 pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
     let host = Netlink::connect()?;
     let host_link = host.link_by_name(&names.host_veth).await?;
     let datapath = Datapath::new(&conf.name);
+    mark("parse, connect, find veth");
 
     if datapath.map_path(MAP_ENDPOINTS_V4).exists() {
         let _lock = Lock::shared(&lock::network(&conf.name))?;
@@ -28,11 +31,17 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             Some(endpoint.host_ifindex) == our_index || ifindex_is_gone(endpoint.host_ifindex)
         })?;
     }
+    mark("endpoints removed");
     if let Some(link) = &host_link {
-        host.delete_link(link.index).await?;
+        // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
+        // waiting in the kernel) is the reaper's, checked by index and name.
+        host.set_down(link.index).await?;
+        reaper::spawn(link.index, &link.name)?;
     }
+    mark("veth down, reaper started");
     if let Some(kind) = &conf.ipam_type {
         Delegate::find(kind, &env.path)?.run(Command::Del, stdin)?;
     }
+    mark("IPAM DEL");
     release_network_if_empty(conf, &host).await
 }

@@ -12,6 +12,7 @@ use crate::cni::result::IpConfig;
 use crate::datapath::Datapath;
 use crate::link::Netlink;
 use crate::lock::{self, Lock};
+use crate::reaper;
 
 /// The IPv4 addresses of a result, as endpoint-map keys.
 pub fn ipv4_keys(ips: &[IpConfig]) -> Vec<(Ipv4Addr, flatnet_common::Ipv4Key)> {
@@ -24,7 +25,8 @@ pub fn ipv4_keys(ips: &[IpConfig]) -> Vec<(Ipv4Addr, flatnet_common::Ipv4Key)> {
 }
 
 /// Once a network has no endpoint left, removes what only it used: the
-/// pinned datapath and the gateway device flatnet created for it. Runs under
+/// pinned datapath and the gateway device flatnet created for it (taken out
+/// of use here, unregistered by the reaper). Runs under
 /// the network lock held exclusively, so no ADD is half way through.
 pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
     let datapath = Datapath::new(&conf.name);
@@ -33,6 +35,11 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
         return Ok(());
     }
     datapath.remove_pins()?;
-    host.remove_gateway_device(&conf.gateway_device, &conf.name)
-        .await
+    if let Some((index, retired)) = host
+        .retire_gateway_device(&conf.gateway_device, &conf.name)
+        .await?
+    {
+        reaper::spawn(index, &retired)?;
+    }
+    Ok(())
 }

@@ -1,0 +1,57 @@
+//! Per-stage timers: with FLATNET_TRACE set, each invocation prints how long
+//! every stage took on stderr (and they go nowhere otherwise).
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+struct Stages {
+    start: Instant,
+    last: Instant,
+    lines: Vec<String>,
+}
+
+static STAGES: Mutex<Option<Stages>> = Mutex::new(None);
+
+/// Starts timing if FLATNET_TRACE is set.
+pub fn start() {
+    if std::env::var_os("FLATNET_TRACE").is_some()
+        && let Ok(mut stages) = STAGES.lock()
+    {
+        let now = Instant::now();
+        *stages = Some(Stages {
+            start: now,
+            last: now,
+            lines: Vec::new(),
+        });
+    }
+}
+
+/// Records the time since the previous mark under `stage`.
+pub fn mark(stage: &str) {
+    if let Ok(mut guard) = STAGES.lock()
+        && let Some(stages) = guard.as_mut()
+    {
+        let now = Instant::now();
+        let micros = (now - stages.last).as_micros();
+        stages.lines.push(format!("{micros:>7} us  {stage}"));
+        stages.last = now;
+    }
+}
+
+/// Prints the stages and the total to stderr.
+pub fn report(what: &str) {
+    if let Ok(guard) = STAGES.lock()
+        && let Some(stages) = guard.as_ref()
+    {
+        let mut out = format!("flatnet trace: {what}\n");
+        for line in &stages.lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "{:>7} us  total\n",
+            stages.start.elapsed().as_micros()
+        ));
+        eprint!("{out}");
+    }
+}
