@@ -2,12 +2,14 @@
 //!
 //! The binaries in `src/bin` are thin; this library holds the CNI protocol
 //! (`cni`), kernel plumbing (`netns`, `link`, `datapath`), delegation to the
-//! IPAM plugin (`delegate`), and one handler per verb (`cmd`).
+//! IPAM plugin (`delegate`), one handler per verb (`cmd`), and the
+//! flatnet-ipam plugin (`ipam`); `runner` runs either binary.
 
 pub mod cmd;
 pub mod cni;
 pub mod datapath;
 pub mod delegate;
+pub mod ipam;
 pub mod link;
 pub mod lock;
 pub mod netns;

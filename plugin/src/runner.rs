@@ -1,8 +1,12 @@
-//! Runs one CNI invocation: reads env and stdin, calls the verb's handler,
-//! prints the result or the error object on stdout (a human line on stderr),
-//! and turns the outcome into the exit status.
+//! Runs one CNI invocation: reads env and stdin, calls the binary's dispatch
+//! function, prints the result or the error object on stdout (a human line on
+//! stderr), and turns the outcome into the exit status.
+//!
+//! Shared by `flatnet` and `flatnet-ipam`: each binary only brings a
+//! [`Plugin`] whose dispatch parses its own configuration and runs the verb.
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -13,16 +17,51 @@ use crate::cni::error::{Error, Result};
 use crate::cni::version::{self, LATEST};
 
 /// What a verb prints on success.
-enum Output {
+pub enum Output {
     Json(serde_json::Value),
     Nothing,
 }
 
+/// What the runner needs to know about the configuration to report an
+/// outcome; a dispatch function fills it in as soon as it has parsed stdin.
+#[derive(Debug)]
+pub struct Report {
+    /// The version error objects are written in: the config's once known.
+    pub cni_version: String,
+    pub log_file: Option<PathBuf>,
+}
+
+/// A verb handler: everything after VERSION, env parsing included.
+pub type Dispatch = fn(Command, &CniEnv, &[u8], &mut Report) -> Result<Output>;
+
+/// One plugin binary.
+pub struct Plugin {
+    /// Prefix of the human line on stderr.
+    pub name: &'static str,
+    /// Put in front of each `logFile` line, so plugins sharing a file are told apart.
+    pub log_tag: &'static str,
+    pub dispatch: Dispatch,
+}
+
+/// The `flatnet` plugin.
+pub const FLATNET: Plugin = Plugin {
+    name: "flatnet",
+    log_tag: "",
+    dispatch: flatnet_dispatch,
+};
+
 /// The `flatnet` binary run by a runtime (CNI_COMMAND set).
 pub fn run_cni() -> ExitCode {
+    run(&FLATNET)
+}
+
+/// Runs `plugin` for the CNI_COMMAND of this process.
+pub fn run(plugin: &Plugin) -> ExitCode {
     let started = Instant::now();
-    let mut version_for_errors = LATEST.to_string();
-    let mut log_file = None;
+    let mut report = Report {
+        cni_version: LATEST.to_string(),
+        log_file: None,
+    };
     let command = std::env::var("CNI_COMMAND").unwrap_or_default();
     let outcome = read_stdin().and_then(|stdin| {
         let command = Command::parse(&command)?;
@@ -31,10 +70,7 @@ pub fn run_cni() -> ExitCode {
             return Ok(Output::Json(serde_json::to_value(info).unwrap_or_default()));
         }
         let env = CniEnv::from_process(command)?;
-        let conf = NetConf::parse(&stdin)?;
-        version_for_errors = conf.version.as_str().to_string();
-        log_file = conf.log_file.clone();
-        dispatch(command, &env, &conf, &stdin)
+        (plugin.dispatch)(command, &env, &stdin, &mut report)
     });
     let elapsed = started.elapsed();
     let mut stdout = std::io::stdout().lock();
@@ -44,27 +80,42 @@ pub fn run_cni() -> ExitCode {
                 let _ = writeln!(stdout, "{json}");
             }
             log(
-                log_file.as_deref(),
-                &format!("{command} ok in {:.1} ms", elapsed.as_secs_f64() * 1e3),
+                report.log_file.as_deref(),
+                &format!(
+                    "{}{command} ok in {:.1} ms",
+                    plugin.log_tag,
+                    elapsed.as_secs_f64() * 1e3
+                ),
             );
             ExitCode::SUCCESS
         }
         Err(err) => {
-            let object = err.to_object(&version_for_errors);
+            let object = err.to_object(&report.cni_version);
             let _ = writeln!(
                 stdout,
                 "{}",
                 serde_json::to_string(&object).unwrap_or_default()
             );
             let line = format!("{command} failed: {err} (CNI error code {})", err.code());
-            eprintln!("flatnet: {line}");
-            log(log_file.as_deref(), &line);
+            eprintln!("{}: {line}", plugin.name);
+            log(
+                report.log_file.as_deref(),
+                &format!("{}{line}", plugin.log_tag),
+            );
             ExitCode::FAILURE
         }
     }
 }
 
-fn dispatch(command: Command, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<Output> {
+fn flatnet_dispatch(
+    command: Command,
+    env: &CniEnv,
+    stdin: &[u8],
+    report: &mut Report,
+) -> Result<Output> {
+    let conf = NetConf::parse(stdin)?;
+    report.cni_version = conf.version.as_str().to_string();
+    report.log_file = conf.log_file.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -72,13 +123,13 @@ fn dispatch(command: Command, env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Res
     runtime.block_on(async {
         match command {
             Command::Add => {
-                let result = cmd::add::add(env, conf, stdin).await?;
+                let result = cmd::add::add(env, &conf, stdin).await?;
                 Ok(Output::Json(result.to_version(conf.version)))
             }
-            Command::Del => cmd::del::del(env, conf, stdin)
+            Command::Del => cmd::del::del(env, &conf, stdin)
                 .await
                 .map(|()| Output::Nothing),
-            Command::Check => cmd::check::check(env, conf, stdin)
+            Command::Check => cmd::check::check(env, &conf, stdin)
                 .await
                 .map(|()| Output::Nothing),
             Command::Status | Command::Gc => Err(Error::invalid_env(
