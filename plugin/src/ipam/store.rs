@@ -218,6 +218,10 @@ impl DiskStore {
                 // Written by an ADD killed before it linked the address, or
                 // left by a DEL killed after it unlinked it: not a record.
                 self.remove(&attachment.name)?;
+                warn(
+                    &self.dir,
+                    format_args!("removed {}, left by a killed process", attachment.name),
+                );
             }
         }
         for ip in &self.addresses {
