@@ -1,6 +1,8 @@
 //! `cargo xtask`: everything around the code — set-up of a fresh machine,
 //! build, install, the live demo, the test suite and the benchmark.
 
+mod bench;
+mod cni;
 mod demo;
 mod install;
 mod setup;
@@ -31,6 +33,8 @@ enum Task {
     Demo(install::InstallArgs),
     /// Set up, build, and run every test (unit, integration as root, lint).
     Test(test::TestArgs),
+    /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +56,10 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => {
             setup::all()?;
             test::run(&args)
+        }
+        Task::Bench(args) => {
+            setup::all()?;
+            bench::run(&args)
         }
     }
 }

@@ -21,6 +21,7 @@ pub const PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    "fonts-dejavu-core",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -36,9 +36,9 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
         // waiting in the kernel) is the reaper's, checked by index and name.
         host.set_down(link.index).await?;
-        reaper::spawn(link.index, &link.name)?;
+        reaper::defer(link.index, &link.name);
     }
-    mark("veth down, reaper started");
+    mark("veth down, unregister deferred");
     if let Some(kind) = &conf.ipam_type {
         Delegate::find(kind, &env.path)?.run(Command::Del, stdin)?;
     }

@@ -39,7 +39,7 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
         .retire_gateway_device(&conf.gateway_device, &conf.name)
         .await?
     {
-        reaper::spawn(index, &retired)?;
+        reaper::defer(index, &retired);
     }
     Ok(())
 }

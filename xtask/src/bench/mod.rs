@@ -1,0 +1,211 @@
+//! `cargo xtask bench`: flatnet against the reference bridge plugin and a
+//! bare veth pair, interleaved round by round in one run, reported as
+//! median ratios (the noise of a shared 2-core machine cancels in them).
+
+mod control;
+mod paths;
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::cni::Plugin;
+use crate::install::REFERENCE_PLUGINS;
+use crate::util::{self, heading};
+pub use control::CniTimes;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Interleaved rounds (bridge, flatnet, veth, bridge, ...).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds per data-plane measurement.
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u32,
+    /// Pods added (and deleted) one after another per round and plugin.
+    #[arg(long, default_value_t = 50)]
+    pub sequential: usize,
+    /// Pods added (and deleted) all at once per round and plugin.
+    #[arg(long, default_value_t = 32)]
+    pub concurrent: usize,
+    /// One short round: a smoke test of the benchmark itself (used by `cargo xtask test`).
+    #[arg(long)]
+    pub smoke: bool,
+    /// Where the report goes (default: results/, or a temp dir with --smoke).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// One path's data-plane numbers in one round.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct DataSample {
+    pub tcp_gbps: f64,
+    pub rr_p50_us: f64,
+    pub rr_p99_us: f64,
+    pub udp_kpps: f64,
+}
+
+/// Everything measured in one round.
+#[derive(Debug, Default)]
+pub struct Round {
+    pub data: BTreeMap<&'static str, DataSample>,
+    pub cni: BTreeMap<&'static str, CniTimes>,
+}
+
+/// Network, gateway device and subnet for one plugin configuration.
+fn conf(
+    kind: &str,
+    name: &str,
+    device: &str,
+    prefix: &str,
+    ipam: &str,
+    data_dir: &std::path::Path,
+) -> String {
+    let mut conf = json!({
+        "cniVersion": "1.0.0",
+        "name": name,
+        "type": kind,
+        "bridge": device,
+        "ipam": {"type": ipam, "subnet": format!("{prefix}.0/24"), "dataDir": data_dir.join(name)},
+    });
+    if kind == "bridge" {
+        // The reference plugin's usual configuration.
+        conf["isGateway"] = json!(true);
+    }
+    conf.to_string()
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let (rounds, seconds, sequential, concurrent) = if args.smoke {
+        (1, 1, 5, 4)
+    } else {
+        (
+            args.rounds.max(1),
+            args.seconds.max(1),
+            args.sequential.max(1),
+            args.concurrent.max(1),
+        )
+    };
+    util::build(true)?;
+    let bin = util::target_dir(true);
+    let flatnet_ipam = if bin.join("flatnet-ipam").exists() {
+        "flatnet-ipam"
+    } else {
+        "host-local"
+    };
+    let cni_path = format!("{}:{REFERENCE_PLUGINS}", bin.display());
+    let data_dir = std::env::temp_dir().join(format!("flatnet-bench-{}", std::process::id()));
+    let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
+    let bridge_plugin = |conf: String| Plugin {
+        binary: PathBuf::from(REFERENCE_PLUGINS).join("bridge"),
+        cni_path: cni_path.clone(),
+        conf,
+    };
+    let flatnet_plugin = |conf: String| Plugin {
+        binary: bin.join("flatnet"),
+        cni_path: cni_path.clone(),
+        conf,
+    };
+
+    heading(&format!(
+        "bench: {rounds} round(s), {seconds} s per measurement, {sequential} sequential + {concurrent} concurrent pods; flatnet IPAM: {flatnet_ipam}"
+    ));
+    let outcome = (|| -> anyhow::Result<Vec<Round>> {
+        let pairs = [
+            paths::Pair::attached(
+                "bridge",
+                bridge_plugin(conf(
+                    "bridge",
+                    "fb-bridge",
+                    "fbbr0",
+                    "10.211.0",
+                    "host-local",
+                    &data_dir,
+                )),
+            )?,
+            paths::Pair::attached(
+                "flatnet",
+                flatnet_plugin(conf(
+                    "flatnet",
+                    "fb-flatnet",
+                    "fbfl0",
+                    "10.212.0",
+                    flatnet_ipam,
+                    &data_dir,
+                )),
+            )?,
+            paths::Pair::bare_veth("veth", "10.213.0")?,
+        ];
+        let cp_bridge = bridge_plugin(conf(
+            "bridge",
+            "fb-cp-bridge",
+            "fbcpbr0",
+            "10.214.0",
+            "host-local",
+            &data_dir,
+        ));
+        let cp_flatnet = flatnet_plugin(conf(
+            "flatnet",
+            "fb-cp-flatnet",
+            "fbcpfl0",
+            "10.215.0",
+            flatnet_ipam,
+            &data_dir,
+        ));
+        let mut results = Vec::new();
+        for round in 1..=rounds {
+            let mut sample = Round::default();
+            for pair in &pairs {
+                let (rr_p50_us, rr_p99_us) = pair.tcp_latency(seconds)?;
+                let data = DataSample {
+                    tcp_gbps: pair.tcp_throughput(seconds)?,
+                    rr_p50_us,
+                    rr_p99_us,
+                    udp_kpps: pair.udp_rate(seconds)?,
+                };
+                println!(
+                    "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps",
+                    pair.label, data.tcp_gbps, data.rr_p50_us, data.rr_p99_us, data.udp_kpps
+                );
+                sample.data.insert(pair.label, data);
+            }
+            for (label, plugin) in [("bridge", &cp_bridge), ("flatnet", &cp_flatnet)] {
+                let times = control::measure(label, plugin, sequential, concurrent)?;
+                println!(
+                    "round {round} {label:<8} ADD {:5.2} ms  DEL {:5.2} ms  (x{concurrent} at once: ADD {:5.2} ms/pod  DEL {:5.2} ms/pod)",
+                    times.add_sequential,
+                    times.del_sequential,
+                    times.add_concurrent,
+                    times.del_concurrent
+                );
+                sample.cni.insert(label, times);
+            }
+            results.push(sample);
+        }
+        Ok(results)
+    })();
+    // The reference bridge plugin leaves its bridges and sets ip_forward; put the node back.
+    for device in ["fbbr0", "fbcpbr0"] {
+        let _ = Command::new("ip").args(["link", "del", device]).output();
+    }
+    let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", ip_forward.trim());
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let results = outcome?;
+
+    let out_dir = match (&args.out, args.smoke) {
+        (Some(dir), _) => dir.clone(),
+        (None, true) => std::env::temp_dir().join("flatnet-bench-smoke"),
+        (None, false) => util::root().join("results"),
+    };
+    let config = report::Config {
+        rounds,
+        seconds,
+        sequential,
+        concurrent,
+        flatnet_ipam: flatnet_ipam.to_string(),
+    };
+    report::write(&results, &config, &out_dir)
+}

@@ -1,0 +1,213 @@
+//! The paths under test: a pair of pods per path, with servers in pod b,
+//! and the three data-plane measurements run from pod a.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::cni::{Netns, Plugin, first_ip};
+use crate::util::output;
+
+const IPERF_PORT: &str = "5201";
+const SOCKPERF_PORT: &str = "11111";
+/// Clients (and with veth, the softirq work of their packets) on one CPU,
+/// servers on the other, the same for every path: on 2 cores, unpinned
+/// runs differ by 2x depending on where the scheduler puts them.
+const CLIENT_CPU: usize = 0;
+const SERVER_CPU: usize = 1;
+
+/// `args` run under `taskset -c cpu` when the machine has that CPU.
+fn pinned(cpu: usize, args: &[&str]) -> Vec<String> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut out = Vec::new();
+    if cpus > SERVER_CPU.max(CLIENT_CPU) {
+        out.extend(["taskset".to_string(), "-c".to_string(), cpu.to_string()]);
+    }
+    out.extend(args.iter().map(|a| a.to_string()));
+    out
+}
+
+/// Two pods connected one way or another, servers listening in `b`.
+pub struct Pair {
+    pub label: &'static str,
+    a: Netns,
+    b: Netns,
+    pub ip_b: String,
+    plugin: Option<Plugin>,
+    servers: Vec<Child>,
+}
+
+impl Pair {
+    /// Two pods attached by `plugin`, as a runtime would.
+    pub fn attached(label: &'static str, plugin: Plugin) -> anyhow::Result<Self> {
+        let a = Netns::create(&format!("fb-{label}-a"))?;
+        let b = Netns::create(&format!("fb-{label}-b"))?;
+        let mut pair = Pair {
+            label,
+            a,
+            b,
+            ip_b: String::new(),
+            plugin: Some(plugin),
+            servers: Vec::new(),
+        };
+        for (netns, id) in [(&pair.a, "a"), (&pair.b, "b")] {
+            let plugin = pair.plugin.as_ref().context("plugin")?;
+            let result = plugin.call("ADD", &format!("fb-{label}-{id}"), &netns.path())?;
+            if id == "b" {
+                pair.ip_b = first_ip(&result)?;
+            }
+        }
+        pair.start_servers()?;
+        Ok(pair)
+    }
+
+    /// The ceiling: a bare veth pair straight between the two namespaces.
+    pub fn bare_veth(label: &'static str, subnet_prefix: &str) -> anyhow::Result<Self> {
+        let a = Netns::create(&format!("fb-{label}-a"))?;
+        let b = Netns::create(&format!("fb-{label}-b"))?;
+        let ip_a = format!("{subnet_prefix}.1");
+        let ip_b = format!("{subnet_prefix}.2");
+        let (if_a, if_b) = ("fbveth-a", "fbveth-b");
+        output(Command::new("ip").args([
+            "link", "add", if_a, "netns", &a.name, "type", "veth", "peer", "name", if_b, "netns",
+            &b.name,
+        ]))?;
+        for (ns, iface, ip) in [(&a, if_a, &ip_a), (&b, if_b, &ip_b)] {
+            output(&mut ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", iface]))?;
+            output(&mut ns.exec(&["ip", "link", "set", iface, "up"]))?;
+        }
+        let mut pair = Pair {
+            label,
+            a,
+            b,
+            ip_b,
+            plugin: None,
+            servers: Vec::new(),
+        };
+        pair.start_servers()?;
+        Ok(pair)
+    }
+
+    fn start_servers(&mut self) -> anyhow::Result<()> {
+        let quiet = |mut cmd: Command| cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let iperf = pinned(
+            SERVER_CPU,
+            &["iperf3", "-s", "-B", &self.ip_b, "-p", IPERF_PORT],
+        );
+        self.servers.push(quiet(
+            self.b
+                .exec(&iperf.iter().map(String::as_str).collect::<Vec<_>>()),
+        )?);
+        let sockperf = pinned(
+            SERVER_CPU,
+            &[
+                "sockperf",
+                "server",
+                "--tcp",
+                "-i",
+                &self.ip_b,
+                "-p",
+                SOCKPERF_PORT,
+            ],
+        );
+        self.servers
+            .push(quiet(self.b.exec(
+                &sockperf.iter().map(String::as_str).collect::<Vec<_>>(),
+            ))?);
+        // Both print nothing useful when ready; a short wait plus client retries do.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    }
+
+    /// Runs a client in pod a, retrying once (a server may still be starting).
+    fn client(&self, args: &[&str]) -> anyhow::Result<String> {
+        let args = pinned(CLIENT_CPU, args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match output(&mut self.a.exec(&args)) {
+            Ok(out) => Ok(out),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(500));
+                output(&mut self.a.exec(&args))
+            }
+        }
+    }
+
+    /// One TCP stream, a to b: Gbit/s received.
+    pub fn tcp_throughput(&self, seconds: u32) -> anyhow::Result<f64> {
+        let secs = seconds.to_string();
+        let json: serde_json::Value = serde_json::from_str(&self.client(&[
+            "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-t", &secs, "-J",
+        ])?)?;
+        let bits = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("iperf3: no sum_received")?;
+        Ok(bits / 1e9)
+    }
+
+    /// 64-byte UDP datagrams as fast as one sender can: thousands of packets/s received.
+    pub fn udp_rate(&self, seconds: u32) -> anyhow::Result<f64> {
+        let secs = seconds.to_string();
+        let json: serde_json::Value = serde_json::from_str(&self.client(&[
+            "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-u", "-l", "64", "-b", "0", "-t", &secs,
+            "-J",
+        ])?)?;
+        let sum = &json["end"]["sum"];
+        let (packets, lost, elapsed) = (
+            sum["packets"].as_f64(),
+            sum["lost_packets"].as_f64(),
+            sum["seconds"].as_f64(),
+        );
+        match (packets, lost, elapsed) {
+            (Some(p), Some(l), Some(s)) if s > 0.0 => Ok((p - l) / s / 1e3),
+            _ => bail!("iperf3 UDP: no packet counts in {sum}"),
+        }
+    }
+
+    /// TCP ping-pong of 64-byte messages: (p50, p99) round trip in µs.
+    pub fn tcp_latency(&self, seconds: u32) -> anyhow::Result<(f64, f64)> {
+        let secs = seconds.to_string();
+        let text = self.client(&[
+            "sockperf",
+            "ping-pong",
+            "--tcp",
+            "-i",
+            &self.ip_b,
+            "-p",
+            SOCKPERF_PORT,
+            "-m",
+            "64",
+            "-t",
+            &secs,
+            "--full-rtt",
+        ])?;
+        let percentile = |which: &str| {
+            text.lines()
+                .find(|line| line.contains(&format!("percentile {which} =")))
+                .and_then(|line| line.rsplit('=').next())
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .with_context(|| format!("sockperf printed no percentile {which}"))
+        };
+        Ok((percentile("50.000")?, percentile("99.000")?))
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        if let Some(plugin) = &self.plugin {
+            for (netns, id) in [(&self.a, "a"), (&self.b, "b")] {
+                if let Err(e) =
+                    plugin.call("DEL", &format!("fb-{}-{id}", self.label), &netns.path())
+                {
+                    eprintln!("bench cleanup: {e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The benchmark's report: medians and median ratios against the targets,
+//! as a terminal table, a markdown file, raw JSON and a PNG chart.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use super::control::median;
+use super::{DataSample, Round};
+use crate::bench::CniTimes;
+use crate::util::{self, heading};
+
+pub struct Config {
+    pub rounds: usize,
+    pub seconds: u32,
+    pub sequential: usize,
+    pub concurrent: usize,
+    pub flatnet_ipam: String,
+}
+
+/// How a ratio flatnet/other must compare with its bound.
+#[derive(Clone, Copy)]
+enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Bound {
+    fn met(self, ratio: f64) -> bool {
+        match self {
+            Bound::AtMost(limit) => ratio <= limit,
+            Bound::AtLeast(limit) => ratio >= limit,
+        }
+    }
+
+    fn text(self) -> String {
+        match self {
+            Bound::AtMost(limit) => format!("<= {limit}"),
+            Bound::AtLeast(limit) => format!(">= {limit}"),
+        }
+    }
+}
+
+/// One line of the report.
+struct Row {
+    metric: &'static str,
+    bridge: f64,
+    flatnet: f64,
+    veth: Option<f64>,
+    /// Median over rounds of the per-round ratio flatnet/bridge.
+    vs_bridge: f64,
+    vs_veth: Option<f64>,
+    target_bridge: Option<Bound>,
+    target_veth: Option<Bound>,
+}
+
+impl Row {
+    fn verdict(&self) -> &'static str {
+        let checks = [
+            self.target_bridge.map(|b| b.met(self.vs_bridge)),
+            self.target_veth.zip(self.vs_veth).map(|(b, r)| b.met(r)),
+        ];
+        if checks.iter().all(Option::is_none) {
+            ""
+        } else if checks.iter().flatten().all(|ok| *ok) {
+            "met"
+        } else {
+            "MISSED"
+        }
+    }
+}
+
+fn ratio_median(
+    results: &[Round],
+    value: impl Fn(&Round, &str) -> Option<f64>,
+    other: &str,
+) -> Option<f64> {
+    let mut ratios: Vec<f64> = results
+        .iter()
+        .filter_map(|round| Some(value(round, "flatnet")? / value(round, other)?))
+        .collect();
+    (!ratios.is_empty()).then(|| median(&mut ratios))
+}
+
+fn value_median(
+    results: &[Round],
+    value: &impl Fn(&Round, &str) -> Option<f64>,
+    path: &str,
+) -> f64 {
+    let mut values: Vec<f64> = results
+        .iter()
+        .filter_map(|round| value(round, path))
+        .collect();
+    median(&mut values)
+}
+
+fn rows(results: &[Round], config: &Config) -> Vec<Row> {
+    type DataPick = fn(&DataSample) -> f64;
+    type CniPick = fn(&CniTimes) -> f64;
+    let data_metrics: [(&str, DataPick, Option<Bound>, Option<Bound>); 4] = [
+        (
+            "TCP throughput, 1 stream (Gbit/s)",
+            |d| d.tcp_gbps,
+            Some(Bound::AtLeast(1.0)),
+            None,
+        ),
+        (
+            "TCP round trip p50 (us)",
+            |d| d.rr_p50_us,
+            Some(Bound::AtMost(0.88)),
+            Some(Bound::AtMost(1.05)),
+        ),
+        ("TCP round trip p99 (us)", |d| d.rr_p99_us, None, None),
+        (
+            "UDP 64 B received (kpps)",
+            |d| d.udp_kpps,
+            Some(Bound::AtLeast(1.2)),
+            None,
+        ),
+    ];
+    let sequential = format!("{} one after another", config.sequential);
+    let concurrent = format!("{} at once", config.concurrent);
+    let cni_metrics: [(String, CniPick); 4] = [
+        (format!("CNI ADD, {sequential} (ms/pod)"), |t| {
+            t.add_sequential
+        }),
+        (format!("CNI DEL, {sequential} (ms/pod)"), |t| {
+            t.del_sequential
+        }),
+        (format!("CNI ADD, {concurrent} (ms/pod)"), |t| {
+            t.add_concurrent
+        }),
+        (format!("CNI DEL, {concurrent} (ms/pod)"), |t| {
+            t.del_concurrent
+        }),
+    ];
+    let mut rows = Vec::new();
+    for (metric, pick, target_bridge, target_veth) in data_metrics {
+        let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
+        rows.push(Row {
+            metric,
+            bridge: value_median(results, &value, "bridge"),
+            flatnet: value_median(results, &value, "flatnet"),
+            veth: Some(value_median(results, &value, "veth")),
+            vs_bridge: ratio_median(results, value, "bridge").unwrap_or(f64::NAN),
+            vs_veth: ratio_median(results, value, "veth"),
+            target_bridge,
+            target_veth,
+        });
+    }
+    for (metric, pick) in cni_metrics {
+        let value = move |round: &Round, path: &str| round.cni.get(path).map(pick);
+        rows.push(Row {
+            metric: Box::leak(metric.into_boxed_str()),
+            bridge: value_median(results, &value, "bridge"),
+            flatnet: value_median(results, &value, "flatnet"),
+            veth: None,
+            vs_bridge: ratio_median(results, value, "bridge").unwrap_or(f64::NAN),
+            vs_veth: None,
+            target_bridge: Some(Bound::AtMost(0.5)),
+            target_veth: None,
+        });
+    }
+    rows
+}
+
+fn machine() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let memory = read("/proc/meminfo")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .replace("MemTotal:", "")
+        .trim()
+        .to_string();
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+    format!("{cores} cores ({cpu}), {memory} RAM, Linux {kernel}")
+}
+
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(util::root())
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    format!(
+        "{head}{}",
+        if dirty {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        }
+    )
+}
+
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| metric | bridge | flatnet | veth | flatnet/bridge | flatnet/veth | target | |\n|---|---:|---:|---:|---:|---:|---|---|\n",
+    );
+    for row in rows {
+        let target = [
+            row.target_bridge.map(|b| format!("bridge {}", b.text())),
+            row.target_veth.map(|b| format!("veth {}", b.text())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ");
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.metric,
+            number(row.bridge),
+            number(row.flatnet),
+            row.veth.map(number).unwrap_or_else(|| "-".into()),
+            number(row.vs_bridge),
+            row.vs_veth.map(number).unwrap_or_else(|| "-".into()),
+            target,
+            row.verdict()
+        );
+    }
+    out
+}
+
+fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+        .context("the chart needs DejaVuSans (Debian package fonts-dejavu-core)")?;
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| anyhow::anyhow!("DejaVuSans.ttf is not a usable font"))?;
+    let ratios: Vec<(String, f64, Option<Bound>)> = rows
+        .iter()
+        .filter(|r| !r.vs_bridge.is_nan())
+        .map(|r| {
+            (
+                r.metric.split(" (").next().unwrap_or(r.metric).to_string(),
+                r.vs_bridge,
+                r.target_bridge,
+            )
+        })
+        .collect();
+    let top = ratios.iter().map(|(_, v, _)| *v).fold(1.5_f64, f64::max) * 1.15;
+    let root = BitMapBackend::new(path, (1200, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "flatnet / kernel bridge, median ratio per metric (bars); target (black tick)",
+            ("sans-serif", 22),
+        )
+        .margin(20)
+        .x_label_area_size(150)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..ratios.len() as f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("flatnet / bridge")
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    for (i, (label, ratio, bound)) in ratios.iter().enumerate() {
+        let x = i as f64;
+        let color = match bound {
+            Some(b) if b.met(*ratio) => RGBColor(46, 139, 87),
+            Some(_) => RGBColor(200, 60, 50),
+            None => RGBColor(120, 120, 120),
+        };
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(x + 0.15, 0.0), (x + 0.85, *ratio)],
+            color.filled(),
+        )))?;
+        if let Some(Bound::AtMost(limit) | Bound::AtLeast(limit)) = bound {
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x + 0.1, *limit), (x + 0.9, *limit)],
+                BLACK.stroke_width(3),
+            )))?;
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            format!("{ratio:.2}"),
+            (x + 0.35, ratio + top * 0.02),
+            ("sans-serif", 16),
+        )))?;
+        let words: Vec<&str> = label.split(", ").collect();
+        for (line, word) in words.iter().enumerate() {
+            chart.draw_series(std::iter::once(Text::new(
+                word.to_string(),
+                (x + 0.1, -top * (0.06 + 0.05 * line as f64)),
+                ("sans-serif", 14),
+            )))?;
+        }
+    }
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(0.0, 1.0), (ratios.len() as f64, 1.0)],
+        BLUE.mix(0.4),
+    )))?;
+    root.present()?;
+    Ok(())
+}
+
+pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<()> {
+    let rows = rows(results, config);
+    let table = table(&rows);
+    let when = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut md = format!(
+        "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, veth), {} s per data-plane measurement; \
+         control plane: {} pods one after another and {} at once per round, with one pod already attached. \
+         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}`; veth = a bare veth pair between the two namespaces. \
+         Values are medians over rounds; ratios are medians of the per-round ratios.\n\n",
+        commit(),
+        machine(),
+        config.rounds,
+        config.seconds,
+        config.sequential,
+        config.concurrent,
+        config.flatnet_ipam,
+    );
+    md.push_str(&table);
+    md.push_str("\n![ratios](bench.png)\n");
+    heading("results");
+    println!("{table}");
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("bench.md"), &md)?;
+    let raw: Vec<_> = results
+        .iter()
+        .map(|round| {
+            serde_json::json!({
+                "data": round.data,
+                "cni": round.cni.iter().map(|(k, t)| (k.to_string(), serde_json::json!({
+                    "add_sequential_ms": t.add_sequential, "del_sequential_ms": t.del_sequential,
+                    "add_concurrent_ms_per_pod": t.add_concurrent, "del_concurrent_ms_per_pod": t.del_concurrent,
+                }))).collect::<serde_json::Map<_, _>>(),
+            })
+        })
+        .collect();
+    std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(&raw)?)?;
+    chart(&rows, &dir.join("bench.png"))?;
+    println!("report: {}", dir.join("bench.md").display());
+    Ok(())
+}
