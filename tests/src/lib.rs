@@ -569,12 +569,3 @@ impl Drop for IpamNet {
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
-
-/// A link on the host (e.g. a bridge a reference plugin made), deleted on drop.
-pub struct HostLink(pub String);
-
-impl Drop for HostLink {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.0]).output();
-    }
-}

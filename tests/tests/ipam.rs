@@ -327,6 +327,11 @@ fn a_repeated_add_returns_the_same_address_and_del_is_idempotent() {
     );
     let out = net.call("DEL", "never-added", "eth0");
     assert!(out.success(), "{out:?}");
+    // DEL (and GC, STATUS) on a network that never allocated leave no store behind.
+    let fresh = IpamNet::new("1.0.0", json!({"subnet": subnet(2)}));
+    let out = fresh.call("DEL", "a", "eth0");
+    assert!(out.success(), "{out:?}");
+    assert!(!fresh.data_dir.exists());
     // The walk goes on: the address just released is not reused at once.
     let next = net.call("ADD", "b", "eth0");
     assert_eq!(address_of(&next.json(), 0).to_string(), "10.251.2.4");

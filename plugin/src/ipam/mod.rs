@@ -55,6 +55,18 @@ fn dispatch(command: Command, env: &CniEnv, stdin: &[u8], report: &mut Report) -
         Command::Add => requested_ips(env, &conf)?,
         _ => Vec::new(),
     };
+    // Verbs that only read or release do not create a store that is not there.
+    if command != Command::Add && !conf.dir.exists() {
+        return match command {
+            Command::Check => Err(Error::CheckMismatch(format!(
+                "container {} ({}) holds no address: {} does not exist",
+                env.container_id,
+                env.ifname,
+                conf.dir.display()
+            ))),
+            _ => Ok(Output::Nothing),
+        };
+    }
     let mut store = DiskStore::open(&conf.dir, conf.fsync)?;
     match command {
         Command::Add => {
@@ -73,7 +85,10 @@ fn dispatch(command: Command, env: &CniEnv, stdin: &[u8], report: &mut Report) -
         }
         Command::Status => status(&mut store, &conf).map(|()| Output::Nothing),
         Command::Gc => gc(&mut store, &conf).map(|()| Output::Nothing),
-        Command::Version => unreachable!("answered by the runner"),
+        // The runner answers VERSION itself; answering here too costs nothing.
+        Command::Version => Ok(Output::Json(
+            serde_json::to_value(crate::cni::version::version_info(stdin)?).unwrap_or_default(),
+        )),
     }
 }
 
