@@ -15,11 +15,30 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
 
 /// Map and program names, as they appear in the object file and on bpffs.
 pub const MAP_ENDPOINTS_V4: &str = "ENDPOINTS_V4";
+pub const MAP_ENDPOINTS_V6: &str = "ENDPOINTS_V6";
+pub const MAP_HOST_VETHS: &str = "HOST_VETHS";
 pub const MAP_STATS: &str = "STATS";
+pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
+/// Every map, in the order they are pinned.
+pub const MAPS: [&str; 5] = [
+    MAP_ENDPOINTS_V4,
+    MAP_ENDPOINTS_V6,
+    MAP_HOST_VETHS,
+    MAP_STATS,
+    MAP_ENDPOINT_STATS,
+];
+/// tc classifier on host veths (`"datapath": "tc"`).
 pub const PROG_FROM_POD: &str = "from_pod";
+/// XDP program on host veths (`"datapath": "xdp"`).
+pub const PROG_FROM_POD_XDP: &str = "from_pod_xdp";
+/// XDP_PASS on the pod's interface: a veth accepts XDP-redirected frames
+/// only with its NAPI on, which an attached XDP program turns on.
+pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";
 
 /// IPv4 address in network byte order, as it appears in the packet.
 pub type Ipv4Key = [u8; 4];
+/// IPv6 address in network byte order.
+pub type Ipv6Key = [u8; 16];
 
 /// One local pod, as the datapath needs it to deliver a packet to it.
 #[repr(C)]
@@ -40,6 +59,20 @@ const _: () = assert!(size_of::<Endpoint>() == 24);
 /// No flags defined yet; the field reserves room without a map layout change.
 pub const ENDPOINT_F_NONE: u32 = 0;
 
+/// What a pod sent and what the datapath delivered to it, per CPU, keyed
+/// by the pod's host veth ifindex in `ENDPOINT_STATS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EndpointCounters {
+    /// Packets the pod sent (seen on its host veth).
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Packets the datapath redirected into the pod.
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+}
+const _: () = assert!(size_of::<EndpointCounters>() == 32);
+
 /// A packet and byte counter; one per action in the per-CPU `STATS` map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -57,14 +90,21 @@ pub mod action {
     pub const PASSED: u32 = 1;
     /// An ARP request from a pod answered by the datapath itself.
     pub const ARP_ANSWERED: u32 = 2;
-    /// Dropped by the datapath (malformed where it must not be, redirect failed).
+    /// Dropped by the datapath (redirect failed).
     pub const DROPPED: u32 = 3;
+    /// An IPv6 neighbour solicitation from a pod answered by the datapath.
+    pub const ND_ANSWERED: u32 = 4;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 
     /// Names in index order, for reports.
-    pub const NAMES: [&str; COUNT as usize] =
-        ["redirected", "passed_to_stack", "arp_answered", "dropped"];
+    pub const NAMES: [&str; COUNT as usize] = [
+        "redirected",
+        "passed_to_stack",
+        "arp_answered",
+        "dropped",
+        "nd_answered",
+    ];
 }
 
 #[cfg(feature = "user")]
@@ -73,4 +113,6 @@ mod pod {
     unsafe impl aya::Pod for super::Endpoint {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Counter {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::EndpointCounters {}
 }

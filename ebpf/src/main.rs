@@ -1,92 +1,233 @@
-//! flatnet datapath: the tc classifier on the host side of every pod veth.
+//! flatnet datapath: programs on the host side of every pod veth.
 //!
-//! `from_pod` sees every packet a pod sends. It answers the pod's ARP
-//! requests itself (so pods never need a bridge to find neighbours), hands
-//! IPv4 packets for another local pod straight to that pod with
-//! `bpf_redirect_peer`, and returns everything else to the host stack.
+//! Both attachment modes run the same decision on every frame a pod sends:
+//! answer its ARP requests and IPv6 neighbour solicitations itself (so pods
+//! never need a bridge to find neighbours), hand IPv4/IPv6 packets for
+//! another local pod straight to that pod, and return everything else to
+//! the host stack. `from_pod` (tc ingress) delivers with `bpf_redirect_peer`;
+//! `from_pod_xdp` (XDP) with `bpf_redirect` into the destination's host veth,
+//! whose peer runs `pod_xdp_pass` so that it accepts XDP frames.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    btf_maps::{HashMap, PerCpuArray},
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    btf_maps::{HashMap, PerCpuArray, PerCpuHashMap},
     helpers::generated::{bpf_redirect, bpf_redirect_peer},
-    macros::{btf_map, classifier},
-    programs::TcContext,
+    macros::{btf_map, classifier, xdp},
+    programs::{TcContext, XdpContext},
 };
 use core::mem::size_of;
-use flatnet_common::{Counter, Endpoint, Ipv4Key, MAX_ENDPOINTS, action};
-use network_types::{arp::ArpHdr, eth::EthHdr, ip::Ipv4Hdr};
+use flatnet_common::{
+    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, action,
+};
+use network_types::{
+    arp::ArpHdr,
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
 
 /// Local pods by IPv4 address.
 #[btf_map]
 static ENDPOINTS_V4: HashMap<Ipv4Key, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
 
+/// Local pods by IPv6 address.
+#[btf_map]
+static ENDPOINTS_V6: HashMap<Ipv6Key, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+
+/// The pod behind each host veth, by the veth's ifindex: who is asking when
+/// a frame arrives (neighbour answers need the host veth's MAC).
+#[btf_map]
+static HOST_VETHS: HashMap<u32, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+
 /// Per-CPU packet/byte counters, indexed by `flatnet_common::action`.
 #[btf_map]
 static STATS: PerCpuArray<Counter, { action::COUNT as usize }> = PerCpuArray::new();
 
+/// Per-CPU traffic of each pod, by its host veth's ifindex.
+#[btf_map]
+static ENDPOINT_STATS: PerCpuHashMap<u32, EndpointCounters, { MAX_ENDPOINTS as usize }> =
+    PerCpuHashMap::new();
+
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV6: u16 = 0x86dd;
 const ARPHRD_ETHER: u16 = 1;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
+const IPPROTO_ICMPV6: u8 = 58;
+const ND_NEIGHBOR_SOLICIT: u8 = 135;
+const ND_NEIGHBOR_ADVERT: u8 = 136;
+const ND_OPT_SOURCE_LL: u8 = 1;
+const ND_OPT_TARGET_LL: u8 = 2;
+/// Solicited and Override flags of a neighbour advertisement.
+const NA_FLAGS_SOLICITED_OVERRIDE: u8 = 0x60;
+
+/// A neighbour solicitation carrying the sender's link-layer address: the
+/// only shape answered here (and exactly the size of the answer, so the
+/// frame is rewritten in place).
+#[repr(C)]
+struct NeighbourMessage {
+    icmp_type: u8,
+    code: u8,
+    checksum: [u8; 2],
+    flags: [u8; 4],
+    target: [u8; 16],
+    option_type: u8,
+    option_len: u8,
+    link_addr: [u8; 6],
+}
+const ND_LEN: usize = size_of::<NeighbourMessage>();
+
+/// What to do with a frame; MACs are already rewritten when it leaves.
+enum Decision {
+    /// To the host stack.
+    Pass,
+    /// Into the pod behind this host veth.
+    ToPod(u32),
+    /// Back out of the veth it came from (a neighbour answer).
+    Bounce,
+}
 
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
-    match try_from_pod(&ctx) {
-        Ok(verdict) => verdict,
-        // A frame too short for the header it announces: let the stack judge it.
-        Err(()) => pass(&ctx),
+    // SAFETY: the context pointer is valid for the program's run.
+    let ingress = unsafe { (*ctx.skb.skb).ifindex };
+    match decide(ctx.data(), ctx.data_end(), ingress, ctx.len()) {
+        Decision::Pass => TC_ACT_OK as i32,
+        Decision::ToPod(host_ifindex) => {
+            // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
+            let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
+            if verdict == TC_ACT_SHOT as i32 {
+                count(action::DROPPED, ctx.len());
+            }
+            verdict
+        }
+        // SAFETY: plain helper call: egress of the same veth, back to the pod.
+        Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
     }
 }
 
+#[xdp]
+pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    match decide(
+        start,
+        end,
+        ctx.ingress_ifindex() as u32,
+        (end - start) as u32,
+    ) {
+        Decision::Pass => xdp_action::XDP_PASS,
+        // SAFETY: plain helper call: transmit on the destination's host veth,
+        // which hands the frame to its peer, the destination pod.
+        Decision::ToPod(host_ifindex) => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
+        Decision::Bounce => xdp_action::XDP_TX,
+    }
+}
+
+#[xdp]
+pub fn pod_xdp_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
 #[inline(always)]
-fn try_from_pod(ctx: &TcContext) -> Result<i32, ()> {
-    let eth: *mut EthHdr = header_at(ctx, 0)?;
+fn decide(start: usize, end: usize, ingress: u32, len: u32) -> Decision {
+    if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(ingress) {
+        // SAFETY: per-CPU slot: no other writer while this program runs here.
+        unsafe {
+            (*counters).tx_packets += 1;
+            (*counters).tx_bytes += u64::from(len);
+        }
+    }
+    let decision = match frame(start, end, ingress) {
+        Ok(decision) => decision,
+        // Too short for the header it announces: let the stack judge it.
+        Err(()) => Decision::Pass,
+    };
+    match decision {
+        Decision::Pass => count(action::PASSED, len),
+        Decision::ToPod(host_ifindex) => {
+            count(action::REDIRECTED, len);
+            if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(host_ifindex) {
+                // SAFETY: per-CPU slot, as above.
+                unsafe {
+                    (*counters).rx_packets += 1;
+                    (*counters).rx_bytes += u64::from(len);
+                }
+            }
+        }
+        Decision::Bounce => {}
+    }
+    decision
+}
+
+#[inline(always)]
+fn frame(start: usize, end: usize, ingress: u32) -> Result<Decision, ()> {
+    let eth: *mut EthHdr = header_at(start, end, 0)?;
     // SAFETY: `header_at` checked the header lies inside the packet.
     match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETH_P_IP => ipv4(ctx, eth),
-        ETH_P_ARP => arp(ctx, eth),
-        _ => Ok(pass(ctx)),
+        ETH_P_IP => {
+            let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN)?;
+            // SAFETY: bounds checked by `header_at`.
+            let dst = unsafe { (*ip).dst_addr };
+            // SAFETY: the value is copied at once, before any update can reuse the slot.
+            Ok(to_pod(
+                eth,
+                unsafe { ENDPOINTS_V4.get(dst) }.copied(),
+                ingress,
+            ))
+        }
+        ETH_P_IPV6 => ipv6(start, end, eth, ingress),
+        ETH_P_ARP => arp(start, end, eth, ingress),
+        _ => Ok(Decision::Pass),
     }
 }
 
+/// Rewrites the frame for the destination pod, if it is a local one.
 #[inline(always)]
-fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> Result<i32, ()> {
-    let ip: *const Ipv4Hdr = header_at(ctx, EthHdr::LEN)?;
-    // SAFETY: bounds checked by `header_at`.
-    let dst: Ipv4Key = unsafe { (*ip).dst_addr };
-    // SAFETY: the reference is read at once, before any map update can reuse the slot.
-    let Some(peer) = (unsafe { ENDPOINTS_V4.get(dst) }).copied() else {
-        return Ok(pass(ctx));
-    };
-    if peer.host_ifindex == ifindex(ctx) {
+fn to_pod(eth: *mut EthHdr, peer: Option<Endpoint>, ingress: u32) -> Decision {
+    match peer {
         // Addressed to the sending pod itself: nothing to shortcut.
-        return Ok(pass(ctx));
+        Some(peer) if peer.host_ifindex != ingress => {
+            // The receiving pod must see a frame addressed to it, coming from
+            // its host veth (its only neighbour), as if the host had routed it.
+            // SAFETY: `eth` was bounds checked by the caller; the frame is writable.
+            unsafe {
+                (*eth).dst_addr = peer.pod_mac;
+                (*eth).src_addr = peer.host_mac;
+            }
+            Decision::ToPod(peer.host_ifindex)
+        }
+        _ => Decision::Pass,
     }
-    // The receiving pod must see a frame addressed to it, coming from its own
-    // host veth (its only neighbour), exactly as if the host had routed it.
-    // SAFETY: bounds checked by `header_at`; tc programs may write packet data.
-    unsafe {
-        (*eth).dst_addr = peer.pod_mac;
-        (*eth).src_addr = peer.host_mac;
-    }
-    // SAFETY: plain helper call; a bad ifindex makes the kernel drop the packet.
-    let verdict = unsafe { bpf_redirect_peer(peer.host_ifindex, 0) } as i32;
-    if verdict == TC_ACT_SHOT as i32 {
-        count(ctx, action::DROPPED);
-    } else {
-        count(ctx, action::REDIRECTED);
-    }
-    Ok(verdict)
 }
 
-/// Answers an ARP request from the pod with the MAC of its host veth, so the
-/// pod sends everything (other pods, gateway, outside) to this program.
 #[inline(always)]
-fn arp(ctx: &TcContext, eth: *mut EthHdr) -> Result<i32, ()> {
-    let arp: *mut ArpHdr = header_at(ctx, EthHdr::LEN)?;
+fn ipv6(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Decision, ()> {
+    let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN)?;
+    // SAFETY: bounds checked by `header_at`.
+    let header = unsafe { &mut *ip };
+    if header.next_hdr == IPPROTO_ICMPV6 {
+        let nd: *mut NeighbourMessage = header_at(start, end, EthHdr::LEN + Ipv6Hdr::LEN)?;
+        // SAFETY: bounds checked by `header_at`.
+        if unsafe { (*nd).icmp_type } == ND_NEIGHBOR_SOLICIT {
+            return Ok(neighbour_solicitation(eth, header, nd, ingress));
+        }
+    }
+    let dst = header.dst_addr;
+    // SAFETY: copied at once, see above.
+    Ok(to_pod(
+        eth,
+        unsafe { ENDPOINTS_V6.get(dst) }.copied(),
+        ingress,
+    ))
+}
+
+/// Answers a pod's ARP request with the MAC of its host veth, so the pod
+/// sends everything (other pods, gateway, outside) to this program.
+#[inline(always)]
+fn arp(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Decision, ()> {
+    let arp: *mut ArpHdr = header_at(start, end, EthHdr::LEN)?;
     // SAFETY: bounds checked by `header_at`.
     let req = unsafe { &mut *arp };
     if u16::from_be_bytes(req.htype) != ARPHRD_ETHER
@@ -95,69 +236,124 @@ fn arp(ctx: &TcContext, eth: *mut EthHdr) -> Result<i32, ()> {
         || req.plen != 4
         || u16::from_be_bytes(req.oper) != ARPOP_REQUEST
     {
-        return Ok(pass(ctx));
+        return Ok(Decision::Pass);
     }
     let (sender_ip, target_ip) = (req.spa, req.tpa);
     // Probes (sender 0.0.0.0) and announcements of the pod's own address must
     // stay unanswered, or the pod would believe its address is taken.
     if sender_ip == [0; 4] || sender_ip == target_ip {
-        return Ok(pass(ctx));
+        return Ok(Decision::Pass);
     }
-    // The sender's own entry tells which host veth it sits behind; a pod that
-    // claims another pod's address gets no answer.
-    // SAFETY: read at once, see `ipv4`.
-    let Some(me) = (unsafe { ENDPOINTS_V4.get(sender_ip) }).copied() else {
-        return Ok(pass(ctx));
+    // SAFETY: copied at once, see above.
+    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).copied() else {
+        return Ok(Decision::Pass);
     };
-    let here = ifindex(ctx);
-    if me.host_ifindex != here {
-        return Ok(pass(ctx));
-    }
     let pod_mac = req.sha;
     req.oper = ARPOP_REPLY.to_be_bytes();
     req.tha = pod_mac;
     req.tpa = sender_ip;
     req.sha = me.host_mac;
     req.spa = target_ip;
-    // SAFETY: bounds checked by `header_at`.
+    // SAFETY: bounds checked by the caller.
     unsafe {
         (*eth).dst_addr = pod_mac;
         (*eth).src_addr = me.host_mac;
     }
-    count(ctx, action::ARP_ANSWERED);
-    // Egress of the same host veth: the reply goes straight back to the pod.
-    // SAFETY: plain helper call.
-    Ok(unsafe { bpf_redirect(here, 0) } as i32)
+    count(
+        action::ARP_ANSWERED,
+        (size_of::<EthHdr>() + size_of::<ArpHdr>()) as u32,
+    );
+    Ok(Decision::Bounce)
+}
+
+/// Turns a pod's neighbour solicitation into the advertisement of the host
+/// veth's MAC, in place, as ARP is answered for IPv4.
+#[inline(always)]
+fn neighbour_solicitation(
+    eth: *mut EthHdr,
+    ip: &mut Ipv6Hdr,
+    nd: *mut NeighbourMessage,
+    ingress: u32,
+) -> Decision {
+    // SAFETY: the caller checked the message lies inside the packet.
+    let msg = unsafe { &mut *nd };
+    let payload_len = u16::from_be_bytes(ip.payload_len) as usize;
+    // Duplicate address detection (source ::) must stay unanswered; and only
+    // the usual shape (one source link-layer option) is answered in place.
+    if ip.src_addr == [0; 16]
+        || ip.hop_limit != 255
+        || msg.code != 0
+        || payload_len != ND_LEN
+        || msg.option_type != ND_OPT_SOURCE_LL
+        || msg.option_len != 1
+        || msg.target == ip.src_addr
+    {
+        return Decision::Pass;
+    }
+    // SAFETY: copied at once, see above.
+    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).copied() else {
+        return Decision::Pass;
+    };
+    let pod_mac = msg.link_addr;
+    ip.dst_addr = ip.src_addr;
+    ip.src_addr = msg.target;
+    msg.icmp_type = ND_NEIGHBOR_ADVERT;
+    msg.flags = [NA_FLAGS_SOLICITED_OVERRIDE, 0, 0, 0];
+    msg.option_type = ND_OPT_TARGET_LL;
+    msg.link_addr = me.host_mac;
+    msg.checksum = [0; 2];
+    msg.checksum = icmpv6_checksum(ip, msg).to_be_bytes();
+    // SAFETY: bounds checked by the caller.
+    unsafe {
+        (*eth).dst_addr = pod_mac;
+        (*eth).src_addr = me.host_mac;
+    }
+    count(
+        action::ND_ANSWERED,
+        (size_of::<EthHdr>() + Ipv6Hdr::LEN + ND_LEN) as u32,
+    );
+    Decision::Bounce
+}
+
+/// The ICMPv6 checksum of `msg` (checksum field zero) under `ip`'s pseudo-header.
+#[inline(always)]
+fn icmpv6_checksum(ip: &Ipv6Hdr, msg: &NeighbourMessage) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        let mut i = 0;
+        while i + 1 < bytes.len() {
+            sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+            i += 2;
+        }
+    };
+    add(&ip.src_addr);
+    add(&ip.dst_addr);
+    // SAFETY: `msg` is a plain #[repr(C)] struct of bytes, ND_LEN long.
+    add(unsafe {
+        core::slice::from_raw_parts(msg as *const NeighbourMessage as *const u8, ND_LEN)
+    });
+    sum += ND_LEN as u32 + u32::from(IPPROTO_ICMPV6);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 #[inline(always)]
-fn pass(ctx: &TcContext) -> i32 {
-    count(ctx, action::PASSED);
-    TC_ACT_OK as i32
-}
-
-#[inline(always)]
-fn count(ctx: &TcContext, what: u32) {
+fn count(what: u32, len: u32) {
     if let Some(counter) = STATS.get_ptr_mut(what) {
         // SAFETY: per-CPU slot: no other writer while this program runs here.
         unsafe {
             (*counter).packets += 1;
-            (*counter).bytes += u64::from(ctx.len());
+            (*counter).bytes += u64::from(len);
         }
     }
 }
 
-#[inline(always)]
-fn ifindex(ctx: &TcContext) -> u32 {
-    // SAFETY: the context pointer is valid for the program's run.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
-
 /// A pointer to a `T` at `offset` into the packet, if the packet is long enough.
 #[inline(always)]
-fn header_at<T>(ctx: &TcContext, offset: usize) -> Result<*mut T, ()> {
-    let start = ctx.data();
-    if start + offset + size_of::<T>() > ctx.data_end() {
+fn header_at<T>(start: usize, end: usize, offset: usize) -> Result<*mut T, ()> {
+    if start + offset + size_of::<T>() > end {
         return Err(());
     }
     Ok((start + offset) as *mut T)

@@ -1,18 +1,27 @@
 //! The eBPF datapath of one network: the object embedded in this binary, its
-//! programs and maps pinned under /sys/fs/bpf/flatnet/<network>/, tc
+//! programs and maps pinned under /sys/fs/bpf/flatnet/<network>/, program
 //! attachment on host veths, and the endpoint and counter maps.
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, Map, MapData, PerCpuArray};
-use aya::programs::tc::{self, NlOptions, SchedClassifier, TcAttachOptions, TcError, TcHandle};
-use aya::programs::{ProgramError, TcAttachType};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::programs::tc::{
+    self, NlOptions, SchedClassifier, SchedClassifierLink, TcAttachOptions, TcError, TcHandle,
+};
+use aya::programs::{Program, ProgramFd, ProgramInfo, TcAttachType};
+use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
-    Counter, Endpoint, Ipv4Key, MAP_ENDPOINTS_V4, MAP_STATS, PIN_ROOT, PROG_FROM_POD, action,
+    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4,
+    MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_STATS, MAPS, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
+    PROG_POD_XDP_PASS, action,
 };
 
-use crate::cni::error::{Error, Result};
+use crate::cni::config::DatapathMode;
+use crate::cni::error::{Error, Result, chain};
 use crate::lock::Lock;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
@@ -30,8 +39,45 @@ const TC_HANDLE: TcHandle = TcHandle::new(0, 1);
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
+/// (map, key size, value size) as this build's programs expect them.
+const MAP_LAYOUTS: [(&str, u32, u32); 5] = [
+    (
+        MAP_ENDPOINTS_V4,
+        size_of::<Ipv4Key>() as u32,
+        size_of::<Endpoint>() as u32,
+    ),
+    (
+        MAP_ENDPOINTS_V6,
+        size_of::<Ipv6Key>() as u32,
+        size_of::<Endpoint>() as u32,
+    ),
+    (
+        MAP_HOST_VETHS,
+        size_of::<u32>() as u32,
+        size_of::<Endpoint>() as u32,
+    ),
+    (
+        MAP_STATS,
+        size_of::<u32>() as u32,
+        size_of::<Counter>() as u32,
+    ),
+    (
+        MAP_ENDPOINT_STATS,
+        size_of::<u32>() as u32,
+        size_of::<EndpointCounters>() as u32,
+    ),
+];
+
 fn datapath_err(context: &str, err: impl std::error::Error) -> Error {
-    Error::Datapath(format!("{context}: {}", crate::cni::error::chain(&err)))
+    Error::Datapath(format!("{context}: {}", chain(&err)))
+}
+
+/// The programs a mode loads: the first goes on host veths.
+pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
+    match mode {
+        DatapathMode::Tc => &[PROG_FROM_POD],
+        DatapathMode::Xdp => &[PROG_FROM_POD_XDP, PROG_POD_XDP_PASS],
+    }
 }
 
 /// Mounts bpffs at /sys/fs/bpf unless it already is, as production CNIs do:
@@ -69,6 +115,22 @@ pub fn pin_name(network: &str) -> String {
     network.replace('.', "~")
 }
 
+/// A pinned program, open: its descriptor (for attaching) and its ID.
+pub struct ProgramHandle {
+    info: ProgramInfo,
+    fd: ProgramFd,
+}
+
+impl ProgramHandle {
+    pub fn raw_fd(&self) -> Result<RawFd> {
+        Ok(self.fd.as_fd().as_raw_fd())
+    }
+
+    pub fn id(&self) -> Result<u32> {
+        Ok(self.info.id())
+    }
+}
+
 /// One network's pinned datapath.
 pub struct Datapath {
     dir: PathBuf,
@@ -85,18 +147,18 @@ impl Datapath {
         &self.dir
     }
 
-    /// The pinned `from_pod` of this build.
-    pub fn program_path(&self) -> PathBuf {
-        self.dir.join(format!("{PROG_FROM_POD}-{DATAPATH_ID}"))
+    /// Where this build pins `program`.
+    pub fn program_path(&self, program: &str) -> PathBuf {
+        self.dir.join(format!("{program}-{DATAPATH_ID}"))
     }
 
     pub fn map_path(&self, map: &str) -> PathBuf {
         self.dir.join(map)
     }
 
-    /// True when this build's program is pinned (maps are pinned before it).
-    pub fn is_loaded(&self) -> bool {
-        self.program_path().exists()
+    /// True when this build's programs for `mode` are pinned (maps come first).
+    pub fn is_loaded(&self, mode: DatapathMode) -> bool {
+        programs(mode).iter().all(|p| self.program_path(p).exists())
     }
 
     /// True when anything of this network is pinned at all.
@@ -104,155 +166,313 @@ impl Datapath {
         self.dir.exists()
     }
 
-    /// Loads the object, reusing pinned maps (their contents survive), and
-    /// pins `from_pod`. The caller holds the network lock exclusively.
-    pub fn load(&self) -> Result<()> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
-        let endpoints_pin = self.map_path(MAP_ENDPOINTS_V4);
-        let stats_pin = self.map_path(MAP_STATS);
-        let mut ebpf = EbpfLoader::new()
-            .map_pin_path(MAP_ENDPOINTS_V4, endpoints_pin.as_path())
-            .map_pin_path(MAP_STATS, stats_pin.as_path())
-            .load(OBJECT)
-            .map_err(|e| datapath_err("loading the eBPF object", e))?;
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(PROG_FROM_POD)
-            .ok_or_else(|| {
-                Error::Datapath(format!("the eBPF object has no program {PROG_FROM_POD}"))
-            })?
-            .try_into()
-            .map_err(|e: ProgramError| datapath_err("loading the eBPF object", e))?;
-        program
-            .load()
-            .map_err(|e| datapath_err(&format!("verifying {PROG_FROM_POD}"), e))?;
-        // Pin under a temporary name and rename: a concurrent reader sees
-        // either no program or a complete one.
-        let final_path = self.program_path();
-        let temp_path = self.dir.join(format!(
-            "{PROG_FROM_POD}-{DATAPATH_ID}-tmp{}",
-            std::process::id()
-        ));
-        program
-            .pin(&temp_path)
-            .map_err(|e| datapath_err(&format!("pinning {}", temp_path.display()), e))?;
-        std::fs::rename(&temp_path, &final_path).map_err(|e| {
-            Error::io(
-                format!("renaming the pinned program to {}", final_path.display()),
-                e,
-            )
-        })?;
+    /// The mode whose programs (of any build) are pinned, if any.
+    pub fn pinned_mode(&self) -> Option<DatapathMode> {
+        let names = self.pinned_programs();
+        // from_pod_xdp-* also starts with "from_pod": test the longer name first.
+        if names
+            .iter()
+            .any(|n| n.starts_with(&format!("{PROG_FROM_POD_XDP}-")))
+        {
+            Some(DatapathMode::Xdp)
+        } else if names
+            .iter()
+            .any(|n| n.starts_with(&format!("{PROG_FROM_POD}-")))
+        {
+            Some(DatapathMode::Tc)
+        } else {
+            None
+        }
+    }
+
+    /// Names of the pinned programs (every pin that is not a map).
+    pub fn pinned_programs(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| !MAPS.contains(&name.as_str()))
+            .collect()
+    }
+
+    /// Refuses to reuse pinned maps whose layout is not this build's: the
+    /// programs would read garbage. (A layout change needs a drained node.)
+    fn check_pinned_maps(&self) -> Result<()> {
+        for (name, key_size, value_size) in MAP_LAYOUTS {
+            let path = self.map_path(name);
+            if !path.exists() {
+                continue;
+            }
+            let map = MapData::from_pin(&path)
+                .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+            let info = map
+                .info()
+                .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
+            if info.key_size() != key_size || info.value_size() != value_size {
+                return Err(Error::Datapath(format!(
+                    "{} has key/value sizes {}/{}, this build needs {key_size}/{value_size}: delete this network's pods, then remove {}",
+                    path.display(),
+                    info.key_size(),
+                    info.value_size(),
+                    self.dir.display()
+                )));
+            }
+        }
         Ok(())
     }
 
-    fn pinned_program(&self) -> Result<SchedClassifier> {
-        SchedClassifier::from_pin(self.program_path())
-            .map_err(|e| datapath_err(&format!("opening {}", self.program_path().display()), e))
+    /// Loads the object (one verifier run per program), reusing the pinned
+    /// maps so their contents survive, and pins `mode`'s programs. The caller
+    /// holds the network lock exclusively. Programs of older builds stay
+    /// pinned until `retire_other_programs`, after the veths were moved over.
+    pub fn load(&self, mode: DatapathMode) -> Result<()> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
+        self.check_pinned_maps()?;
+        let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &map_pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| datapath_err("loading the eBPF object", e))?;
+        for name in programs(mode) {
+            let program = ebpf
+                .program_mut(name)
+                .ok_or_else(|| Error::Datapath(format!("the eBPF object has no program {name}")))?;
+            match program {
+                Program::SchedClassifier(p) => p.load(),
+                Program::Xdp(p) => p.load(),
+                _ => {
+                    return Err(Error::Datapath(format!(
+                        "{name} has an unexpected program type"
+                    )));
+                }
+            }
+            .map_err(|e| datapath_err(&format!("verifying {name}"), e))?;
+            // Pin under a temporary name and rename: a concurrent reader sees
+            // either no program or a complete one.
+            let final_path = self.program_path(name);
+            let temp_path = self
+                .dir
+                .join(format!("{name}-{DATAPATH_ID}-tmp{}", std::process::id()));
+            program
+                .pin(&temp_path)
+                .map_err(|e| datapath_err(&format!("pinning {}", temp_path.display()), e))?;
+            std::fs::rename(&temp_path, &final_path).map_err(|e| {
+                Error::io(
+                    format!("renaming the pinned program to {}", final_path.display()),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
     }
 
-    /// The kernel ID of this build's pinned `from_pod`.
-    pub fn program_id(&self) -> Result<u32> {
-        let program = self.pinned_program()?;
-        let info = program
-            .info()
-            .map_err(|e| datapath_err("reading program info", e))?;
-        Ok(info.id())
+    /// Unpins every program that is not this build's `mode` set. Attached
+    /// copies keep running until their veth moves to the new one.
+    pub fn retire_other_programs(&self, mode: DatapathMode) -> Result<()> {
+        let keep: BTreeSet<String> = programs(mode)
+            .iter()
+            .map(|p| format!("{p}-{DATAPATH_ID}"))
+            .collect();
+        for name in self.pinned_programs() {
+            if !keep.contains(&name) {
+                let path = self.dir.join(&name);
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))?;
+            }
+        }
+        Ok(())
     }
 
-    /// Attaches the pinned `from_pod` to `ifname`'s tc ingress. The filter
-    /// stays after this process exits; deleting the veth removes it.
-    pub fn attach(&self, ifname: &str) -> Result<()> {
+    /// This build's pinned `program`, open.
+    pub fn program(&self, name: &str) -> Result<ProgramHandle> {
+        let path = self.program_path(name);
+        let context = || format!("opening {}", path.display());
+        let info = ProgramInfo::from_pin(&path).map_err(|e| datapath_err(&context(), e))?;
+        let fd = info.fd().map_err(|e| datapath_err(&context(), e))?;
+        Ok(ProgramHandle { info, fd })
+    }
+
+    /// Attaches the pinned `from_pod` at tc ingress of `ifname`, replacing a
+    /// `from_pod` already there (an upgrade) in one atomic netlink request.
+    /// The filter outlives this process; deleting the veth removes it.
+    pub fn attach_tc(&self, ifname: &str) -> Result<()> {
         match tc::qdisc_add_clsact(ifname) {
             Ok(()) => {}
             Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
             Err(e) => return Err(datapath_err(&format!("adding clsact qdisc to {ifname}"), e)),
         }
-        let mut program = self.pinned_program()?;
-        let options = TcAttachOptions::Netlink(NlOptions {
-            priority: TC_PRIORITY,
-            handle: TC_HANDLE,
-            classid: None,
-        });
-        let link_id = program
-            .attach_with_options(ifname, TcAttachType::Ingress, options)
-            .map_err(|e| datapath_err(&format!("attaching {PROG_FROM_POD} to {ifname}"), e))?;
+        let path = self.program_path(PROG_FROM_POD);
+        let mut program = SchedClassifier::from_pin(&path)
+            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+        let context = || format!("attaching {PROG_FROM_POD} to {ifname}");
+        // Replace in place when a filter holds our priority/handle, else create.
+        let existing = SchedClassifierLink::attached(
+            ifname,
+            TcAttachType::Ingress,
+            TC_PRIORITY,
+            TC_HANDLE,
+            None,
+        )
+        .map_err(|e| datapath_err(&context(), e))?;
+        let link_id = match program.attach_to_link(existing) {
+            Ok(id) => id,
+            Err(_) => program
+                .attach_with_options(
+                    ifname,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::Netlink(NlOptions {
+                        priority: TC_PRIORITY,
+                        handle: TC_HANDLE,
+                        classid: None,
+                    }),
+                )
+                .map_err(|e| datapath_err(&context(), e))?,
+        };
         let link = program
             .take_link(link_id)
-            .map_err(|e| datapath_err(&format!("attaching {PROG_FROM_POD} to {ifname}"), e))?;
+            .map_err(|e| datapath_err(&context(), e))?;
         // Dropping the link would detach it; the filter must outlive us.
         std::mem::forget(link);
         Ok(())
     }
 
-    fn endpoints(&self) -> Result<HashMap<MapData, Ipv4Key, Endpoint>> {
-        let path = self.map_path(MAP_ENDPOINTS_V4);
-        let data = MapData::from_pin(&path)
-            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-        HashMap::try_from(Map::HashMap(data))
+    fn open_map(&self, name: &str) -> Result<MapData> {
+        let path = self.map_path(name);
+        MapData::from_pin(&path)
             .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))
     }
 
-    pub fn insert_endpoint(&self, ip: Ipv4Key, endpoint: Endpoint) -> Result<()> {
-        self.endpoints()?.insert(ip, endpoint, 0).map_err(|e| {
-            datapath_err(
-                &format!("inserting endpoint {}", std::net::Ipv4Addr::from(ip)),
-                e,
-            )
-        })
+    fn hash_map<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
+        HashMap::try_from(Map::HashMap(self.open_map(name)?))
+            .map_err(|e| datapath_err(&format!("opening {name}"), e))
     }
 
-    pub fn endpoint(&self, ip: Ipv4Key) -> Result<Option<Endpoint>> {
-        match self.endpoints()?.get(&ip, 0) {
+    fn endpoint_counters(&self) -> Result<PerCpuHashMap<MapData, u32, EndpointCounters>> {
+        PerCpuHashMap::try_from(Map::PerCpuHashMap(self.open_map(MAP_ENDPOINT_STATS)?))
+            .map_err(|e| datapath_err(&format!("opening {MAP_ENDPOINT_STATS}"), e))
+    }
+
+    /// Makes a pod known to the datapath: its host veth, zeroed counters, then
+    /// its addresses (last, so no packet is redirected to a half-known pod).
+    pub fn insert_pod(&self, endpoint: Endpoint, addresses: &[IpAddr]) -> Result<()> {
+        let index = endpoint.host_ifindex;
+        self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+            .insert(index, endpoint, 0)
+            .map_err(|e| datapath_err("inserting the host veth", e))?;
+        let cpus = nr_cpus().map_err(|(_, e)| datapath_err("counting CPUs", e))?;
+        let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
+            .map_err(|e| datapath_err("building per-CPU counters", e))?;
+        self.endpoint_counters()?
+            .insert(index, zeros, 0)
+            .map_err(|e| datapath_err("inserting the endpoint counters", e))?;
+        for address in addresses {
+            match address {
+                IpAddr::V4(v4) => self
+                    .hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
+                    .insert(v4.octets(), endpoint, 0),
+                IpAddr::V6(v6) => self
+                    .hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
+                    .insert(v6.octets(), endpoint, 0),
+            }
+            .map_err(|e| datapath_err(&format!("inserting endpoint {address}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// The endpoint of an address, if the datapath knows it.
+    pub fn endpoint(&self, address: IpAddr) -> Result<Option<Endpoint>> {
+        let found = match address {
+            IpAddr::V4(v4) => self
+                .hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
+                .get(&v4.octets(), 0),
+            IpAddr::V6(v6) => self
+                .hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
+                .get(&v6.octets(), 0),
+        };
+        match found {
             Ok(endpoint) => Ok(Some(endpoint)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(datapath_err("reading an endpoint", e)),
         }
     }
 
-    pub fn all_endpoints(&self) -> Result<Vec<(Ipv4Key, Endpoint)>> {
-        self.endpoints()?
-            .iter()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| datapath_err("listing endpoints", e))
+    /// Every address the datapath knows, with its endpoint.
+    pub fn all_endpoints(&self) -> Result<Vec<(IpAddr, Endpoint)>> {
+        let mut all = Vec::new();
+        for entry in self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?.iter() {
+            let (ip, endpoint) = entry.map_err(|e| datapath_err("listing endpoints", e))?;
+            all.push((IpAddr::from(ip), endpoint));
+        }
+        for entry in self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?.iter() {
+            let (ip, endpoint) = entry.map_err(|e| datapath_err("listing endpoints", e))?;
+            all.push((IpAddr::from(ip), endpoint));
+        }
+        Ok(all)
     }
 
-    /// How many endpoints the network has; 0 when its map is not pinned.
-    pub fn endpoint_count(&self) -> Result<usize> {
-        if !self.map_path(MAP_ENDPOINTS_V4).exists() {
+    /// The host veths the datapath serves (ifindex -> endpoint).
+    pub fn host_veths(&self) -> Result<Vec<(u32, Endpoint)>> {
+        self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+            .iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| datapath_err("listing host veths", e))
+    }
+
+    /// How many pods the network has; 0 when its maps are not pinned.
+    pub fn pod_count(&self) -> Result<usize> {
+        if !self.map_path(MAP_HOST_VETHS).exists() {
             return Ok(0);
         }
-        Ok(self.all_endpoints()?.len())
+        Ok(self.host_veths()?.len())
     }
 
-    /// Removes every endpoint `doomed` selects; returns how many are left.
-    pub fn remove_endpoints(&self, doomed: impl Fn(&Ipv4Key, &Endpoint) -> bool) -> Result<usize> {
-        let mut map = self.endpoints()?;
-        let entries: Vec<_> = map
+    /// Forgets every pod whose host veth `doomed` selects (by ifindex):
+    /// addresses first, so nothing is redirected to it any more.
+    pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
+        let mut v4 = self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?;
+        let keys: Vec<_> = v4
             .iter()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| datapath_err("listing endpoints", e))?;
-        let mut left = entries.len();
-        for (ip, endpoint) in entries.iter().filter(|(ip, ep)| doomed(ip, ep)) {
-            match map.remove(ip) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => left -= 1,
-                Err(e) => {
-                    return Err(datapath_err(
-                        &format!("removing endpoint {:?}", endpoint),
-                        e,
-                    ));
-                }
-            }
+            .filter_map(|e| e.ok())
+            .filter(|(_, ep)| doomed(ep.host_ifindex))
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            ignore_missing(v4.remove(&key))?;
         }
-        Ok(left)
+        let mut v6 = self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?;
+        let keys: Vec<_> = v6
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, ep)| doomed(ep.host_ifindex))
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            ignore_missing(v6.remove(&key))?;
+        }
+        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        let mut counters = self.endpoint_counters()?;
+        let indexes: Vec<u32> = veths
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|index| doomed(*index))
+            .collect();
+        for index in indexes {
+            ignore_missing(veths.remove(&index))?;
+            ignore_missing(counters.remove(&index))?;
+        }
+        Ok(())
     }
 
     /// The action counters summed over all CPUs, indexed by `action`.
     pub fn stats(&self) -> Result<[Counter; action::COUNT as usize]> {
-        let path = self.map_path(MAP_STATS);
-        let data = MapData::from_pin(&path)
-            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-        let map: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(data))
-            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+        let map: PerCpuArray<MapData, Counter> =
+            PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_STATS)?))
+                .map_err(|e| datapath_err(&format!("opening {MAP_STATS}"), e))?;
         let mut totals = [Counter::default(); action::COUNT as usize];
         for (index, total) in totals.iter_mut().enumerate() {
             let per_cpu = map
@@ -266,7 +486,24 @@ impl Datapath {
         Ok(totals)
     }
 
-    /// Unpins everything of this network. Attached filters keep their own
+    /// One pod's traffic summed over all CPUs, by its host veth's ifindex.
+    pub fn pod_counters(&self, host_ifindex: u32) -> Result<EndpointCounters> {
+        let per_cpu = match self.endpoint_counters()?.get(&host_ifindex, 0) {
+            Ok(values) => values,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(EndpointCounters::default()),
+            Err(e) => return Err(datapath_err("reading endpoint counters", e)),
+        };
+        Ok(per_cpu
+            .iter()
+            .fold(EndpointCounters::default(), |sum, c| EndpointCounters {
+                tx_packets: sum.tx_packets + c.tx_packets,
+                tx_bytes: sum.tx_bytes + c.tx_bytes,
+                rx_packets: sum.rx_packets + c.rx_packets,
+                rx_bytes: sum.rx_bytes + c.rx_bytes,
+            }))
+    }
+
+    /// Unpins everything of this network. Attached programs keep their own
     /// references, so this never breaks a veth that still exists.
     pub fn remove_pins(&self) -> Result<()> {
         match std::fs::remove_dir_all(&self.dir) {
@@ -274,6 +511,13 @@ impl Datapath {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io(format!("removing {}", self.dir.display()), e)),
         }
+    }
+}
+
+fn ignore_missing(outcome: std::result::Result<(), aya::maps::MapError>) -> Result<()> {
+    match outcome {
+        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(e) => Err(datapath_err("removing a map entry", e)),
     }
 }
 
@@ -289,6 +533,14 @@ mod tests {
         let needle = b".BTF";
         assert!(OBJECT.windows(needle.len()).any(|w| w == needle));
         assert_eq!(DATAPATH_ID.len(), 12);
+        for program in [PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS] {
+            assert!(
+                OBJECT
+                    .windows(program.len())
+                    .any(|w| w == program.as_bytes()),
+                "{program}"
+            );
+        }
     }
 
     #[test]
@@ -296,7 +548,7 @@ mod tests {
         let dp = Datapath::new("pods");
         assert_eq!(dp.pin_dir(), Path::new("/sys/fs/bpf/flatnet/pods"));
         assert_eq!(
-            dp.program_path(),
+            dp.program_path(PROG_FROM_POD),
             Path::new(&format!("/sys/fs/bpf/flatnet/pods/from_pod-{DATAPATH_ID}"))
         );
         assert_eq!(
@@ -306,6 +558,15 @@ mod tests {
         assert_eq!(
             Datapath::new("a.b").pin_dir(),
             Path::new("/sys/fs/bpf/flatnet/a~b")
+        );
+    }
+
+    #[test]
+    fn each_mode_names_its_programs() {
+        assert_eq!(programs(DatapathMode::Tc), [PROG_FROM_POD]);
+        assert_eq!(
+            programs(DatapathMode::Xdp),
+            [PROG_FROM_POD_XDP, PROG_POD_XDP_PASS]
         );
     }
 }

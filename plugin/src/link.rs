@@ -9,7 +9,10 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::address::AddressFlags;
+use rtnetlink::packet_route::link::{
+    InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage, LinkXdp,
+};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
@@ -106,6 +109,8 @@ pub struct LinkState {
     pub up: bool,
     /// ifalias: flatnet marks the gateway devices it owns with it.
     pub alias: Option<String>,
+    /// ID of the XDP program attached, if any.
+    pub xdp_prog_id: Option<u32>,
 }
 
 impl LinkState {
@@ -117,6 +122,7 @@ impl LinkState {
             mtu: None,
             up: msg.header.flags.contains(LinkFlags::Up),
             alias: None,
+            xdp_prog_id: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -126,6 +132,13 @@ impl LinkState {
                 }
                 LinkAttribute::Mtu(mtu) => state.mtu = Some(*mtu),
                 LinkAttribute::IfAlias(alias) => state.alias = Some(alias.clone()),
+                LinkAttribute::Xdp(xdp) => {
+                    for item in xdp {
+                        if let LinkXdp::ProgId(id) = item {
+                            state.xdp_prog_id = Some(*id).filter(|id| *id != 0);
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -245,15 +258,21 @@ impl Netlink {
         }
     }
 
-    /// Adds an address; one that is already there is not an error.
+    /// Adds an address; one that is already there is not an error. IPv6
+    /// addresses skip duplicate address detection: the address is ours (IPAM
+    /// says so) and must be usable the moment ADD returns.
     pub async fn add_address(&self, index: u32, address: IpNetwork) -> Result<()> {
-        match self
+        let mut request = self
             .handle
             .address()
-            .add(index, address.ip(), address.prefix())
-            .execute()
-            .await
-        {
+            .add(index, address.ip(), address.prefix());
+        if address.is_ipv6() {
+            request
+                .message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match request.execute().await {
             Ok(()) => Ok(()),
             Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
             Err(e) => Err(kernel(
@@ -391,12 +410,13 @@ impl Netlink {
             match self
                 .handle
                 .link()
-                .add(LinkBridge::new(name).up().build())
+                .add(LinkBridge::new(name).build())
                 .execute()
                 .await
             {
                 Ok(()) => {
-                    // It only holds IPv4 gateway addresses: no IPv6 autoconf chatter.
+                    // Created down, so nothing is sent before IPv6 is off: it only
+                    // holds gateway addresses; no autoconf chatter (brought up below).
                     set_sysctl(&format!("net/ipv6/conf/{name}/disable_ipv6"), "1")?;
                     // The kernel ignores IFLA_IFALIAS when creating a link.
                     let index = self
@@ -490,6 +510,26 @@ impl Netlink {
             .map_err(|e| kernel(format!("renaming interface #{index} to {name}"), e))
     }
 
+    /// Attaches an XDP program (by fd) in driver mode through plain netlink,
+    /// replacing one already there: unlike a bpf_link it outlives this
+    /// process, and goes away with the device.
+    pub async fn set_xdp(&self, index: u32, program_fd: std::os::fd::RawFd) -> Result<()> {
+        /// XDP_FLAGS_DRV_MODE from linux/if_link.h.
+        const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+        let message = LinkUnspec::new_with_index(index)
+            .append_extra_attribute(LinkAttribute::Xdp(vec![
+                LinkXdp::Fd(program_fd),
+                LinkXdp::Flags(XDP_FLAGS_DRV_MODE),
+            ]))
+            .build();
+        self.handle
+            .link()
+            .set(message)
+            .execute()
+            .await
+            .map_err(|e| kernel(format!("attaching XDP to interface #{index}"), e))
+    }
+
     /// IDs of the BPF programs attached as tc ingress filters on `index`.
     pub async fn tc_ingress_programs(&self, index: u32) -> Result<Vec<(u32, String)>> {
         let mut stream = self
@@ -551,6 +591,55 @@ fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
         RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
         _ => None,
     }
+}
+
+/// Turns tx checksum offload of `ifname` (in the current thread's
+/// namespace) on or off, with the ethtool ioctl. XDP mode needs it off on
+/// both veth ends: a frame that goes through XDP redirect is rebuilt on the
+/// far side without the "checksum still to be filled in" state it left with.
+pub fn set_tx_checksum(ifname: &str, on: bool) -> Result<()> {
+    /// From linux/ethtool.h and linux/sockios.h.
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IF_NAMESIZE],
+        data: *mut EthtoolValue,
+        _rest: [u8; 16],
+    }
+    let context = || format!("setting tx checksumming of {ifname}");
+    if ifname.len() >= libc::IF_NAMESIZE {
+        return Err(Error::kernel(context(), "interface name too long"));
+    }
+    let socket = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::kernel(context(), e))?;
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: u32::from(on),
+    };
+    let mut request = IfReq {
+        name: [0; libc::IF_NAMESIZE],
+        data: &mut value,
+        _rest: [0; 16],
+    };
+    request.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
+    // SAFETY: SIOCETHTOOL reads the ifreq and the ethtool_value it points
+    // to; both live on this stack frame for the duration of the call.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCETHTOOL as _, &mut request) };
+    if rc < 0 {
+        return Err(Error::kernel(context(), std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Writes a sysctl under /proc/sys (of the current thread's namespace).

@@ -430,10 +430,11 @@ pub fn forwarded_datagrams() -> u64 {
 /// `client_ns`, sends `bytes` bytes and checks they all come back intact.
 pub fn tcp_echo(
     server_ns: Option<&Netns>,
-    ip: Ipv4Addr,
+    ip: impl Into<std::net::IpAddr>,
     client_ns: Option<&Netns>,
     bytes: usize,
 ) -> anyhow::Result<()> {
+    let ip = ip.into();
     let listener = in_ns(server_ns, || TcpListener::bind((ip, 0)))?;
     let addr = listener.local_addr()?;
     let server = std::thread::spawn(move || -> anyhow::Result<()> {

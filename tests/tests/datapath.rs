@@ -118,7 +118,7 @@ fn del_twice_succeeds_and_releases_everything() {
     let pod = net.pod();
     let (veth, ip) = (pod.host_veth(), pod.ip());
     assert!(link_exists(&veth));
-    assert!(net.datapath().endpoint(ip.octets()).unwrap().is_some());
+    assert!(net.datapath().endpoint(ip.into()).unwrap().is_some());
     assert_eq!(net.ipam_allocations().len(), 2);
     for _ in 0..2 {
         let out = pod.call("DEL");
@@ -127,7 +127,7 @@ fn del_twice_succeeds_and_releases_everything() {
         assert!(down_or_gone(&veth), "the pod is still connected after DEL");
     }
     assert!(wait_gone(&veth), "{veth} was never removed");
-    assert!(net.datapath().endpoint(ip.octets()).unwrap().is_none());
+    assert!(net.datapath().endpoint(ip.into()).unwrap().is_none());
     assert_eq!(net.ipam_allocations(), vec![keep.ip().to_string()]);
     // The other pod is untouched.
     tcp_echo(Some(&keep.netns), keep.ip(), None, 1000).expect("host -> remaining pod");
@@ -153,7 +153,7 @@ fn del_after_the_netns_is_gone_succeeds() {
     let out = pod.call("DEL");
     assert!(out.success(), "{out:?}");
     assert!(
-        net.datapath().endpoint(ip.octets()).unwrap().is_none(),
+        net.datapath().endpoint(ip.into()).unwrap().is_none(),
         "stale endpoint left"
     );
     assert_eq!(net.ipam_allocations().len(), 1, "address not released");
@@ -241,7 +241,10 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
     }
     let net = Network::host_local();
     let pod = net.pod();
-    assert!(net.datapath().is_loaded());
+    assert!(
+        net.datapath()
+            .is_loaded(flatnet::cni::config::DatapathMode::Tc)
+    );
     assert!(link_exists(&net.gateway_device));
     let gateway_index =
         std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", net.gateway_device)).unwrap();
@@ -307,10 +310,19 @@ fn a_second_add_reuses_the_pinned_program() {
     }
     let net = Network::host_local();
     let _a = net.pod();
-    let first_id = net.datapath().program_id().unwrap();
+    let first_id = net
+        .datapath()
+        .program(flatnet_common::PROG_FROM_POD)
+        .unwrap()
+        .id()
+        .unwrap();
     let _b = net.pod();
     assert_eq!(
-        net.datapath().program_id().unwrap(),
+        net.datapath()
+            .program(flatnet_common::PROG_FROM_POD)
+            .unwrap()
+            .id()
+            .unwrap(),
         first_id,
         "the program was reloaded"
     );

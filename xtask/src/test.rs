@@ -10,6 +10,9 @@ pub struct TestArgs {
     /// Skip rustfmt and clippy.
     #[arg(long)]
     pub no_lint: bool,
+    /// Skip the benchmark's smoke round.
+    #[arg(long)]
+    pub no_bench: bool,
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
@@ -31,5 +34,17 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if let Some(filter) = &args.filter {
         cmd.args(["--", filter]);
     }
-    run_cmd(&mut cmd)
+    run_cmd(&mut cmd)?;
+    if !args.no_bench && args.filter.is_none() && util::is_root() {
+        heading("bench smoke: one short round of `cargo xtask bench` (numbers not asserted)");
+        crate::bench::run(&crate::bench::BenchArgs {
+            rounds: 1,
+            seconds: 1,
+            sequential: 5,
+            concurrent: 4,
+            smoke: true,
+            out: None,
+        })?;
+    }
+    Ok(())
 }

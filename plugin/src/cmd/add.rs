@@ -1,20 +1,23 @@
-//! ADD: veth pair, addresses and routes in the pod, host route and
-//! neighbour, datapath attached and endpoint inserted; undone on failure.
+//! ADD: veth pair, addresses and routes in the pod, host routes and
+//! neighbours, datapath attached and the pod made known to it; undone on
+//! failure.
 
+use std::fs::File;
 use std::net::IpAddr;
 use std::path::Path;
 
-use flatnet_common::{ENDPOINT_F_NONE, Endpoint, Ipv4Key};
+use flatnet_common::{ENDPOINT_F_NONE, Endpoint, PROG_POD_XDP_PASS};
 use ipnetwork::IpNetwork;
 
-use super::{ipv4_keys, release_network_if_empty};
-use crate::cni::config::NetConf;
+use super::{attach_host_veth, release_network_if_empty};
+use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, Interface, IpConfig, Route};
+use crate::cni::version::SpecVersion;
 use crate::datapath::{self, Datapath};
 use crate::delegate::Delegate;
-use crate::link::{AttachmentNames, Netlink, format_mac};
+use crate::link::{AttachmentNames, Netlink, format_mac, set_sysctl, set_tx_checksum};
 use crate::lock::{self, Lock};
 use crate::netns;
 use crate::trace::mark;
@@ -24,7 +27,7 @@ use crate::trace::mark;
 struct Done {
     ipam: bool,
     host_veth: Option<u32>,
-    endpoints: Vec<Ipv4Key>,
+    in_datapath: bool,
 }
 
 pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
@@ -55,21 +58,21 @@ async fn add_steps(
     conf: &NetConf,
     stdin: &[u8],
     netns_path: &Path,
-    netns: &std::fs::File,
+    netns: &File,
     ipam: &Delegate,
     host: &Netlink,
     done: &mut Done,
 ) -> Result<CniResult> {
     let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
-
     mark("parse, open netns, connect");
+
     let answer = ipam.run(Command::Add, stdin)?;
-    mark("IPAM ADD");
     done.ipam = true;
     let answer = answer
         .ok_or_else(|| Error::Delegate(format!("IPAM plugin {} returned no result", ipam.name)))?;
     let ipam_result = CniResult::from_value(&answer, "the IPAM result")?;
     let ips = usable_ips(&ipam_result, &ipam.name)?;
+    mark("IPAM ADD");
 
     // A veth left by an ADD of this very attachment that crashed half way.
     if let Some(stale) = host.link_by_name(&names.host_veth).await? {
@@ -94,35 +97,45 @@ async fn add_steps(
     host.set_up(host_link.index).await?;
     mark("veth pair created");
 
-    let routes = configure_pod(env, netns, &ips, &ipam_result.routes).await?;
+    let pod = Netlink::connect_in(netns)?;
+    let pod_index = pod
+        .link_by_name(&env.ifname)
+        .await?
+        .ok_or_else(|| {
+            Error::kernel(
+                format!("configuring {}", env.ifname),
+                "the interface is not in the container namespace",
+            )
+        })?
+        .index;
+    let routes = configure_pod(&pod, pod_index, &ips, &ipam_result.routes).await?;
     mark("pod side configured");
 
-    // Host side: gateway device, route and neighbour, datapath.
+    // Host side, under the network lock: datapath, gateway, routes, the pod.
     let datapath = Datapath::new(&conf.name);
     datapath::ensure_bpffs()?;
-    let shared = Lock::shared(&lock::network(&conf.name))?;
-    let _lock = if datapath.is_loaded() {
-        shared
-    } else {
-        drop(shared);
-        let exclusive = Lock::exclusive(&lock::network(&conf.name))?;
-        if !datapath.is_loaded() {
-            datapath.load()?;
-        }
-        exclusive
-    };
+    let _lock = ensure_datapath(conf, &datapath, host).await?;
     mark("bpffs, lock, datapath loaded");
     let gateway_index = host
         .ensure_gateway_device(&conf.gateway_device, &conf.name)
         .await?;
+    if ips.iter().any(|ip| ip.address.is_ipv6()) {
+        // The gateway device was created without IPv6 (no autoconf chatter):
+        // turn it on for the IPv6 gateway, still without a link-local address.
+        set_sysctl(
+            &format!("net/ipv6/conf/{}/addr_gen_mode", conf.gateway_device),
+            "1",
+        )?;
+        set_sysctl(
+            &format!("net/ipv6/conf/{}/disable_ipv6", conf.gateway_device),
+            "0",
+        )?;
+    }
     for ip in &ips {
         let gateway = ip.gateway.ok_or_else(|| missing_gateway(ip))?;
-        host.add_address(
-            gateway_index,
-            IpNetwork::new(gateway, ip.address.prefix())
-                .map_err(|e| Error::config(e.to_string()))?,
-        )
-        .await?;
+        let gateway_net = IpNetwork::new(gateway, ip.address.prefix())
+            .map_err(|e| Error::config(e.to_string()))?;
+        host.add_address(gateway_index, gateway_net).await?;
         let pod_ip = ip.address.ip();
         host.add_route(
             IpNetwork::from(pod_ip),
@@ -134,9 +147,25 @@ async fn add_steps(
         host.add_permanent_neighbour(host_link.index, pod_ip, names.pod_mac)
             .await?;
     }
-    mark("gateway, host route, neighbour");
-    datapath.attach(&names.host_veth)?;
-    mark("from_pod attached");
+    mark("gateway, host routes, neighbours");
+    attach_host_veth(
+        &datapath,
+        conf.datapath,
+        host,
+        &names.host_veth,
+        host_link.index,
+    )
+    .await?;
+    if conf.datapath == DatapathMode::Xdp {
+        // Frames XDP-redirected into a veth are only accepted once its NAPI
+        // is on, which an XDP program on it turns on.
+        pod.set_xdp(pod_index, datapath.program(PROG_POD_XDP_PASS)?.raw_fd()?)
+            .await?;
+        // Checksums must be complete when a frame enters XDP (see set_tx_checksum).
+        set_tx_checksum(&names.host_veth, false)?;
+        netns::within(netns, || set_tx_checksum(&env.ifname, false))??;
+    }
+    mark("datapath attached");
     let endpoint = Endpoint {
         host_ifindex: host_link.index,
         flags: ENDPOINT_F_NONE,
@@ -144,14 +173,13 @@ async fn add_steps(
         host_mac: names.host_mac,
         _pad: [0; 4],
     };
-    for (_, key) in ipv4_keys(&ips) {
-        datapath.insert_endpoint(key, endpoint)?;
-        done.endpoints.push(key);
-    }
-    mark("endpoint inserted");
+    done.in_datapath = true;
+    let addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.address.ip()).collect();
+    datapath.insert_pod(endpoint, &addresses)?;
+    mark("pod inserted");
 
     let with_mtu = |mtu| {
-        if conf.version >= crate::cni::version::SpecVersion::V1_1_0 {
+        if conf.version >= SpecVersion::V1_1_0 {
             mtu
         } else {
             None
@@ -190,23 +218,52 @@ async fn add_steps(
     })
 }
 
-/// The IPAM's addresses, checked against what this datapath can serve.
+/// Makes sure this build's programs for the configured mode are pinned and
+/// returns the network lock to hold for the rest of the ADD: shared when
+/// they already were (the common case: no verifier run per pod), exclusive
+/// when this ADD loaded them. Loading over an older build moves every
+/// existing pod's veth onto the new programs, atomically per veth.
+async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink) -> Result<Lock> {
+    let lock_name = lock::network(&conf.name);
+    let shared = Lock::shared(&lock_name)?;
+    if datapath.is_loaded(conf.datapath) {
+        return Ok(shared);
+    }
+    drop(shared);
+    let exclusive = Lock::exclusive(&lock_name)?;
+    if datapath.is_loaded(conf.datapath) {
+        return Ok(exclusive);
+    }
+    if let Some(pinned) = datapath.pinned_mode()
+        && pinned != conf.datapath
+        && datapath.pod_count()? > 0
+    {
+        return Err(Error::config(format!(
+            "network {} runs the {} datapath with pods attached; \"datapath\": \"{}\" needs them deleted first",
+            conf.name,
+            pinned.as_str(),
+            conf.datapath.as_str()
+        )));
+    }
+    datapath.load(conf.datapath)?;
+    for (index, _) in datapath.host_veths()? {
+        if let Some(link) = host.link_by_index(index).await? {
+            attach_host_veth(datapath, conf.datapath, host, &link.name, index).await?;
+        }
+    }
+    datapath.retire_other_programs(conf.datapath)?;
+    Ok(exclusive)
+}
+
+/// The IPAM's addresses, each with the gateway the datapath needs.
 fn usable_ips(result: &CniResult, ipam: &str) -> Result<Vec<IpConfig>> {
     if result.ips.is_empty() {
         return Err(Error::Delegate(format!(
             "IPAM plugin {ipam} returned no address"
         )));
     }
-    for ip in &result.ips {
-        if ip.address.is_ipv6() {
-            return Err(Error::config(format!(
-                "IPAM plugin {ipam} returned the IPv6 address {}; this build's datapath serves IPv4 only: configure an IPv4 range",
-                ip.address
-            )));
-        }
-        if ip.gateway.is_none() {
-            return Err(missing_gateway(ip));
-        }
+    if let Some(ip) = result.ips.iter().find(|ip| ip.gateway.is_none()) {
+        return Err(missing_gateway(ip));
     }
     Ok(result.ips.clone())
 }
@@ -218,25 +275,19 @@ fn missing_gateway(ip: &IpConfig) -> Error {
     ))
 }
 
-/// Inside the pod: interface up, addresses, the IPAM's routes and a default
-/// route via the gateway. Returns the routes as the result reports them.
+/// Inside the pod: addresses, interface up, the IPAM's routes and a default
+/// route per family via its gateway. Returns the routes as the result
+/// reports them.
 async fn configure_pod(
-    env: &CniEnv,
-    netns: &std::fs::File,
+    pod: &Netlink,
+    pod_index: u32,
     ips: &[IpConfig],
     ipam_routes: &[Route],
 ) -> Result<Vec<Route>> {
-    let pod = Netlink::connect_in(netns)?;
-    let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        Error::kernel(
-            format!("configuring {}", env.ifname),
-            "the interface is not in the container namespace",
-        )
-    })?;
     for ip in ips {
-        pod.add_address(pod_link.index, ip.address).await?;
+        pod.add_address(pod_index, ip.address).await?;
     }
-    pod.set_up(pod_link.index).await?;
+    pod.set_up(pod_index).await?;
     let mut routes = ipam_routes.to_vec();
     for ip in ips {
         let family_has_default = routes
@@ -262,8 +313,7 @@ async fn configure_pod(
                 .find(|ip| ip.address.is_ipv4() == route.dst.is_ipv4())
                 .and_then(|ip| ip.gateway);
         }
-        pod.add_route(route.dst, route.gw, pod_link.index, None)
-            .await?;
+        pod.add_route(route.dst, route.gw, pod_index, None).await?;
     }
     Ok(routes)
 }
@@ -271,8 +321,9 @@ async fn configure_pod(
 /// Takes back a failed ADD; every step is best effort and logged.
 async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink, done: &Done) {
     let datapath = Datapath::new(&conf.name);
-    if !done.endpoints.is_empty()
-        && let Err(e) = datapath.remove_endpoints(|ip, _| done.endpoints.contains(ip))
+    if done.in_datapath
+        && let Some(index) = done.host_veth
+        && let Err(e) = datapath.remove_pods(|ifindex| ifindex == index)
     {
         eprintln!("flatnet: rollback: {e}");
     }
@@ -288,5 +339,41 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink,
     }
     if let Err(e) = release_network_if_empty(conf, host).await {
         eprintln!("flatnet: rollback: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(ips: serde_json::Value) -> CniResult {
+        CniResult::from_value(
+            &serde_json::json!({"cniVersion": "1.0.0", "ips": ips}),
+            "test",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn dual_stack_addresses_with_gateways_are_usable() {
+        let r = result(serde_json::json!([
+            {"address": "10.1.0.2/24", "gateway": "10.1.0.1"},
+            {"address": "fd00::2/64", "gateway": "fd00::1"}
+        ]));
+        assert_eq!(usable_ips(&r, "x").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_address_without_gateway_or_no_address_is_refused() {
+        let r = result(serde_json::json!([{"address": "10.1.0.2/24"}]));
+        let err = usable_ips(&r, "x").unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(err.to_string().contains("10.1.0.2/24"));
+        assert_eq!(
+            usable_ips(&result(serde_json::json!([])), "x")
+                .unwrap_err()
+                .code(),
+            103
+        );
     }
 }

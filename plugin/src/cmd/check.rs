@@ -2,8 +2,9 @@
 
 use rtnetlink::packet_route::AddressFamily;
 
-use super::ipv4_keys;
-use crate::cni::config::NetConf;
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
+
+use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
 use crate::cni::version::SUPPORTED;
@@ -42,20 +43,34 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         ))
     })?;
     let datapath = Datapath::new(&conf.name);
-    if !datapath.is_loaded() {
+    if !datapath.is_loaded(conf.datapath) {
         return Err(mismatch(format!(
-            "the datapath of network {} is not pinned at {}",
+            "the {} datapath of network {} is not pinned under {}",
+            conf.datapath.as_str(),
             conf.name,
-            datapath.program_path().display()
+            datapath.pin_dir().display()
         )));
     }
-    let program_id = datapath.program_id()?;
-    let attached = host.tc_ingress_programs(host_link.index).await?;
-    if !attached.iter().any(|(id, _)| *id == program_id) {
-        return Err(mismatch(format!(
-            "host veth {} has no from_pod program (id {program_id}) at tc ingress; attached: {attached:?}",
-            names.host_veth
-        )));
+    match conf.datapath {
+        DatapathMode::Tc => {
+            let program_id = datapath.program(PROG_FROM_POD)?.id()?;
+            let attached = host.tc_ingress_programs(host_link.index).await?;
+            if !attached.iter().any(|(id, _)| *id == program_id) {
+                return Err(mismatch(format!(
+                    "host veth {} has no {PROG_FROM_POD} program (id {program_id}) at tc ingress; attached: {attached:?}",
+                    names.host_veth
+                )));
+            }
+        }
+        DatapathMode::Xdp => {
+            let program_id = datapath.program(PROG_FROM_POD_XDP)?.id()?;
+            if host_link.xdp_prog_id != Some(program_id) {
+                return Err(mismatch(format!(
+                    "host veth {} runs XDP program {:?}, not {PROG_FROM_POD_XDP} (id {program_id})",
+                    names.host_veth, host_link.xdp_prog_id
+                )));
+            }
+        }
     }
 
     // Pod side: interface, MAC, addresses, routes.
@@ -125,17 +140,18 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         }
     }
 
-    // Datapath: one endpoint per IPv4 address, pointing at this veth.
-    for (ip, key) in ipv4_keys(&ours) {
+    // Datapath: one endpoint per address, pointing at this veth.
+    for ip in &ours {
+        let address = ip.address.ip();
         let endpoint = datapath
-            .endpoint(key)?
-            .ok_or_else(|| mismatch(format!("no endpoint for {ip} in the ENDPOINTS_V4 map")))?;
+            .endpoint(address)?
+            .ok_or_else(|| mismatch(format!("the datapath has no endpoint for {address}")))?;
         if endpoint.host_ifindex != host_link.index
             || Some(endpoint.pod_mac) != pod_link.mac
             || Some(endpoint.host_mac) != host_link.mac
         {
             return Err(mismatch(format!(
-                "endpoint {ip} is {{ifindex {}, pod {}, host {}}}, the interfaces are {{ifindex {}, pod {}, host {}}}",
+                "endpoint {address} is {{ifindex {}, pod {}, host {}}}, the interfaces are {{ifindex {}, pod {}, host {}}}",
                 endpoint.host_ifindex,
                 format_mac(&endpoint.pod_mac),
                 format_mac(&endpoint.host_mac),

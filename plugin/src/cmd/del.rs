@@ -1,7 +1,7 @@
-//! DEL: endpoint out of the map, veth down and on its way out, address
+//! DEL: the pod out of the datapath, veth down and on its way out, address
 //! released. Succeeds when any of it, or the whole netns, is already gone.
 
-use flatnet_common::MAP_ENDPOINTS_V4;
+use flatnet_common::MAP_HOST_VETHS;
 
 use super::release_network_if_empty;
 use crate::cni::config::NetConf;
@@ -21,17 +21,15 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let datapath = Datapath::new(&conf.name);
     mark("parse, connect, find veth");
 
-    if datapath.map_path(MAP_ENDPOINTS_V4).exists() {
+    if datapath.map_path(MAP_HOST_VETHS).exists() {
         let _lock = Lock::shared(&lock::network(&conf.name))?;
         let our_index = host_link.as_ref().map(|link| link.index);
         // Ours: behind our veth. When the netns was deleted first, the veth
-        // went with it, and the entry points at a vanished ifindex: any such
-        // stale entry (ours or a crashed neighbour's) is swept as well.
-        datapath.remove_endpoints(|_, endpoint| {
-            Some(endpoint.host_ifindex) == our_index || ifindex_is_gone(endpoint.host_ifindex)
-        })?;
+        // went with it, and the entries point at a vanished ifindex: any such
+        // stale pod (ours or a crashed neighbour's) is swept as well.
+        datapath.remove_pods(|index| Some(index) == our_index || ifindex_is_gone(index))?;
     }
-    mark("endpoints removed");
+    mark("pod removed from the datapath");
     if let Some(link) = &host_link {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
         // waiting in the kernel) is the reaper's, checked by index and name.

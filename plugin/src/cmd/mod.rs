@@ -4,34 +4,41 @@ pub mod add;
 pub mod check;
 pub mod del;
 
-use std::net::Ipv4Addr;
+use flatnet_common::PROG_FROM_POD_XDP;
 
-use crate::cni::config::NetConf;
+use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::error::Result;
-use crate::cni::result::IpConfig;
 use crate::datapath::Datapath;
 use crate::link::Netlink;
 use crate::lock::{self, Lock};
 use crate::reaper;
 
-/// The IPv4 addresses of a result, as endpoint-map keys.
-pub fn ipv4_keys(ips: &[IpConfig]) -> Vec<(Ipv4Addr, flatnet_common::Ipv4Key)> {
-    ips.iter()
-        .filter_map(|ip| match ip.address.ip() {
-            std::net::IpAddr::V4(v4) => Some((v4, v4.octets())),
-            std::net::IpAddr::V6(_) => None,
-        })
-        .collect()
+/// Puts this build's host-side program on a pod's host veth, replacing an
+/// older one atomically (tc: same filter priority/handle; XDP: same slot).
+pub async fn attach_host_veth(
+    datapath: &Datapath,
+    mode: DatapathMode,
+    host: &Netlink,
+    name: &str,
+    index: u32,
+) -> Result<()> {
+    match mode {
+        DatapathMode::Tc => datapath.attach_tc(name),
+        DatapathMode::Xdp => {
+            host.set_xdp(index, datapath.program(PROG_FROM_POD_XDP)?.raw_fd()?)
+                .await
+        }
+    }
 }
 
-/// Once a network has no endpoint left, removes what only it used: the
-/// pinned datapath and the gateway device flatnet created for it (taken out
-/// of use here, unregistered by the reaper). Runs under
-/// the network lock held exclusively, so no ADD is half way through.
+/// Once a network has no pod left, removes what only it used: the pinned
+/// datapath and the gateway device flatnet created for it (taken out of use
+/// here, unregistered by the reaper). Runs under the network lock held
+/// exclusively, so no ADD is half way through.
 pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
     let datapath = Datapath::new(&conf.name);
     let _lock = Lock::exclusive(&lock::network(&conf.name))?;
-    if datapath.endpoint_count()? > 0 {
+    if datapath.pod_count()? > 0 {
         return Ok(());
     }
     datapath.remove_pins()?;

@@ -24,6 +24,17 @@ pub enum DatapathMode {
     /// tc ingress on the host veth, `bpf_redirect_peer` into the destination pod.
     #[default]
     Tc,
+    /// XDP on the host veth, `bpf_redirect` into the destination's host veth.
+    Xdp,
+}
+
+impl DatapathMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatapathMode::Tc => "tc",
+            DatapathMode::Xdp => "xdp",
+        }
+    }
 }
 
 /// The fields flatnet reads; unknown keys are ignored, as the spec expects.

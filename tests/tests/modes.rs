@@ -1,0 +1,210 @@
+//! IPv6 and dual-stack, and the XDP datapath: pods attached by the real
+//! binaries with flatnet-ipam handing out an IPv4 and an IPv6 address.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use flatnet::cni::config::DatapathMode;
+use flatnet_common::action;
+use flatnet_tests::*;
+use serde_json::json;
+
+/// A dual-stack network: a fresh /24 and a matching /64, flatnet-ipam.
+fn dual_stack(mode: &str) -> Network {
+    let mut net = Network::with_ipam(|subnet, gateway, dir| {
+        let octets: Vec<u32> = subnet
+            .split(['.', '/'])
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        let v6 = format!("fd42:{:x}:{:x}::", octets[1], octets[2]);
+        json!({
+            "type": "flatnet-ipam",
+            "ranges": [
+                [{"subnet": subnet, "gateway": gateway}],
+                [{"subnet": format!("{v6}/64"), "gateway": format!("{v6}1")}]
+            ],
+            "dataDir": dir
+        })
+    });
+    net.conf["datapath"] = json!(mode);
+    net
+}
+
+fn address(pod: &Pod, v6: bool) -> IpAddr {
+    pod.result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| {
+            ip["address"]
+                .as_str()?
+                .split('/')
+                .next()?
+                .parse::<IpAddr>()
+                .ok()
+        })
+        .find(|ip| ip.is_ipv6() == v6)
+        .unwrap_or_else(|| panic!("no IPv{} address in {}", if v6 { 6 } else { 4 }, pod.result))
+}
+
+/// Sends `count` datagrams from `client` to a UDP echo in `server`; returns
+/// how many came back (the rest may be lost, as UDP may).
+fn udp_echo(server: &Netns, ip: IpAddr, client: &Netns, count: usize) -> usize {
+    let socket = server.run(|| UdpSocket::bind(SocketAddr::new(ip, 0)).unwrap());
+    let addr = socket.local_addr().unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            if &buf[..n] == b"stop" {
+                break;
+            }
+            let _ = socket.send_to(&buf[..n], from);
+        }
+    });
+    let back = client.run(|| {
+        let any: IpAddr = if ip.is_ipv6() {
+            "::".parse().unwrap()
+        } else {
+            "0.0.0.0".parse().unwrap()
+        };
+        let sock = UdpSocket::bind(SocketAddr::new(any, 0)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut back = 0;
+        for i in 0..count {
+            let message = format!("datagram {i}");
+            sock.send_to(message.as_bytes(), addr).unwrap();
+            let mut buf = [0u8; 64];
+            if let Ok((n, _)) = sock.recv_from(&mut buf)
+                && buf[..n] == *message.as_bytes()
+            {
+                back += 1;
+            }
+        }
+        let _ = sock.send_to(b"stop", addr);
+        back
+    });
+    echo.join().unwrap();
+    back
+}
+
+#[test]
+fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
+    if !root_or_skip("dual_stack_pods_talk_over_both_families_through_the_redirect") {
+        return;
+    }
+    let net = dual_stack("tc");
+    let a = net.pod();
+    let b = net.pod();
+    let routes = a.netns.exec(&["ip", "-6", "route", "show", "default"]);
+    assert!(
+        routes.contains("via fd42:"),
+        "no IPv6 default route: {routes}"
+    );
+    assert!(
+        a.netns
+            .exec(&["ip", "route", "show", "default"])
+            .contains("via 10.")
+    );
+    let redirected = net.redirected_packets();
+    let answered = net.action_packets(action::ND_ANSWERED);
+    // No wait after ADD: the IPv6 address must be usable at once (no DAD).
+    let (ip_a, ip_b) = (address(&a, true), address(&b, true));
+    let global = a
+        .netns
+        .exec(&["ip", "-6", "addr", "show", "dev", "eth0", "scope", "global"]);
+    assert!(
+        global.contains(&ip_a.to_string()) && !global.contains("tentative"),
+        "{global}"
+    );
+    tcp_echo_ip(&b.netns, ip_b, &a.netns, 1 << 20);
+    tcp_echo_ip(&a.netns, ip_a, &b.netns, 1 << 20);
+    tcp_echo(Some(&b.netns), address(&b, false), Some(&a.netns), 1 << 20).expect("IPv4");
+    assert!(
+        net.redirected_packets() > redirected + 100,
+        "IPv6 traffic was not redirected"
+    );
+    assert!(
+        net.action_packets(action::ND_ANSWERED) > answered,
+        "no neighbour solicitation answered"
+    );
+    // The pod resolved its peer to its host veth's MAC, from our answer.
+    let host_mac =
+        std::fs::read_to_string(format!("/sys/class/net/{}/address", a.host_veth())).unwrap();
+    let neighbours = a
+        .netns
+        .exec(&["ip", "-6", "neigh", "show", &ip_b.to_string()]);
+    assert!(neighbours.contains(host_mac.trim()), "{neighbours}");
+    // Host to pod and pod to gateway over IPv6.
+    tcp_echo_host(ip_a, &a.netns);
+    // CHECK knows both addresses.
+    let out = CniCall::new("CHECK", &a.container_id, &a.netns.path(), "eth0")
+        .run(&bin("flatnet"), &a.stdin_with_prev_result());
+    assert!(out.success(), "{out:?}");
+}
+
+#[test]
+fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
+    if !root_or_skip("xdp_mode_pods_talk_tcp_and_udp_over_both_families") {
+        return;
+    }
+    let net = dual_stack("xdp");
+    let a = net.pod();
+    let b = net.pod();
+    assert!(net.datapath().is_loaded(DatapathMode::Xdp));
+    let host_side = run_ok(std::process::Command::new("ip").args(["link", "show", &a.host_veth()]));
+    assert!(
+        host_side.contains("xdp"),
+        "no XDP program on the host veth: {host_side}"
+    );
+    assert!(
+        b.netns
+            .exec(&["ip", "link", "show", "eth0"])
+            .contains("xdp"),
+        "no XDP on the pod side"
+    );
+    let redirected = net.redirected_packets();
+    for v6 in [false, true] {
+        tcp_echo_ip(&b.netns, address(&b, v6), &a.netns, 1 << 20);
+        tcp_echo_ip(&a.netns, address(&a, v6), &b.netns, 1 << 20);
+        let back = udp_echo(&b.netns, address(&b, v6), &a.netns, 200);
+        assert!(
+            back >= 190,
+            "only {back}/200 datagrams came back over IPv{}",
+            if v6 { 6 } else { 4 }
+        );
+    }
+    assert!(net.redirected_packets() > redirected + 400);
+    let out = CniCall::new("CHECK", &a.container_id, &a.netns.path(), "eth0")
+        .run(&bin("flatnet"), &a.stdin_with_prev_result());
+    assert!(out.success(), "{out:?}");
+    // Host to pod still goes through the stack.
+    tcp_echo_host(address(&a, false), &a.netns);
+}
+
+#[test]
+fn switching_a_network_with_pods_to_another_mode_is_refused() {
+    if !root_or_skip("switching_a_network_with_pods_to_another_mode_is_refused") {
+        return;
+    }
+    let net = dual_stack("tc");
+    let _a = net.pod();
+    let mut conf = net.conf.clone();
+    conf["datapath"] = json!("xdp");
+    let netns = Netns::new();
+    let out = CniCall::new("ADD", "other-mode", &netns.path(), "eth0")
+        .run(&bin("flatnet"), conf.to_string().as_bytes());
+    out.assert_error(7, "runs the tc datapath");
+    assert!(!link_exists(&net.host_veth("other-mode", "eth0")));
+}
+
+fn tcp_echo_ip(server: &Netns, ip: IpAddr, client: &Netns, bytes: usize) {
+    tcp_echo(Some(server), ip, Some(client), bytes).unwrap_or_else(|e| panic!("TCP to {ip}: {e}"));
+}
+
+fn tcp_echo_host(ip: IpAddr, pod: &Netns) {
+    tcp_echo(Some(pod), ip, None, 64 << 10).unwrap_or_else(|e| panic!("host -> {ip}: {e}"));
+}
