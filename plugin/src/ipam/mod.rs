@@ -602,6 +602,27 @@ mod tests {
     }
 
     #[test]
+    fn gc_goes_on_past_a_failure_and_reports_it() {
+        let mut store = MemoryStore::default();
+        let mut c = small();
+        for id in ["a", "b", "c"] {
+            add(&mut store, &c, id, "eth0", &[]).unwrap();
+        }
+        store.fail_release.insert("b".into());
+        c.valid_attachments = Some(Vec::new());
+        let err = gc(&mut store, &c).unwrap_err();
+        assert_eq!(err.code(), 112);
+        assert!(err.to_string().contains("released 2 of 3"), "{err}");
+        assert!(err.to_string().contains("b (eth0)"), "{err}");
+        let left: Vec<&str> = store
+            .records
+            .iter()
+            .map(|r| r.container_id.as_str())
+            .collect();
+        assert_eq!(left, vec!["b"]);
+    }
+
+    #[test]
     fn cni_args_ip_accepts_lists_and_refuses_garbage() {
         let c = dual();
         let env = CniEnv {

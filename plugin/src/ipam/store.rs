@@ -502,6 +502,8 @@ pub struct MemoryStore {
     pub foreign: HashSet<IpAddr>,
     pub last: std::collections::HashMap<usize, IpAddr>,
     pub commits: usize,
+    /// Container IDs whose release fails, to test going on past failures.
+    pub fail_release: HashSet<String>,
 }
 
 #[cfg(test)]
@@ -534,6 +536,9 @@ impl AllocationStore for MemoryStore {
     }
 
     fn release(&mut self, container_id: &str, ifname: &str) -> Result<Vec<IpAddr>> {
+        if self.fail_release.contains(container_id) {
+            return Err(Error::Store(format!("cannot release {container_id}")));
+        }
         let (gone, kept) = std::mem::take(&mut self.records)
             .into_iter()
             .partition(|r| r.container_id == container_id && r.ifname == ifname);
