@@ -5,10 +5,12 @@
 //! IPAM plugin (`delegate`), one handler per verb (`cmd`), and the
 //! flatnet-ipam plugin (`ipam`); `runner` runs either binary.
 
+pub mod cli;
 pub mod cmd;
 pub mod cni;
 pub mod datapath;
 pub mod delegate;
+pub mod inspect;
 pub mod ipam;
 pub mod link;
 pub mod lock;

@@ -13,6 +13,7 @@ use rtnetlink::packet_route::address::AddressFlags;
 use rtnetlink::packet_route::link::{
     InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage, LinkXdp,
 };
+use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
@@ -399,6 +400,48 @@ impl Netlink {
             .map_err(|e| kernel(format!("adding neighbour {ip} on interface #{index}"), e))
     }
 
+    /// The neighbour entries (address, MAC) on interface `index`.
+    pub async fn neighbours(&self, index: u32) -> Result<Vec<(IpAddr, Mac)>> {
+        let mut found = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut stream = self
+                .handle
+                .neighbours()
+                .get()
+                .set_address_family(family)
+                .execute();
+            while let Some(msg) = stream
+                .try_next()
+                .await
+                .map_err(|e| kernel("listing neighbours", e))?
+            {
+                if msg.header.ifindex != index {
+                    continue;
+                }
+                let mut ip = None;
+                let mut mac = None;
+                for attr in &msg.attributes {
+                    match attr {
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
+                            ip = Some(IpAddr::V4(*v4))
+                        }
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+                            ip = Some(IpAddr::V6(*v6))
+                        }
+                        NeighbourAttribute::LinkLayerAddress(bytes) => {
+                            mac = bytes.as_slice().try_into().ok()
+                        }
+                        _ => {}
+                    }
+                }
+                if let (Some(ip), Some(mac)) = (ip, mac) {
+                    found.push((ip, mac));
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// Makes sure the gateway device `name` of `network` exists and is up;
     /// returns its index. It is a Linux bridge without ports (the dummy
     /// driver is not in every kernel): it only holds the gateway address, and
@@ -581,7 +624,7 @@ type LinkBuilder = rtnetlink::LinkMessageBuilder<LinkUnspec>;
 
 const GATEWAY_ALIAS_PREFIX: &str = "flatnet:";
 
-fn gateway_alias(network: &str) -> String {
+pub fn gateway_alias(network: &str) -> String {
     format!("{GATEWAY_ALIAS_PREFIX}{network}")
 }
 

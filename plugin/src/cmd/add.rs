@@ -9,7 +9,7 @@ use std::path::Path;
 use flatnet_common::{ENDPOINT_F_NONE, Endpoint, PROG_POD_XDP_PASS};
 use ipnetwork::IpNetwork;
 
-use super::{attach_host_veth, release_network_if_empty};
+use super::{attach_host_veth, release_network_if_empty, repair};
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
@@ -18,7 +18,6 @@ use crate::cni::version::SpecVersion;
 use crate::datapath::{self, Datapath};
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, format_mac, set_sysctl, set_tx_checksum};
-use crate::lock::{self, Lock};
 use crate::netns;
 use crate::trace::mark;
 
@@ -114,7 +113,7 @@ async fn add_steps(
     // Host side, under the network lock: datapath, gateway, routes, the pod.
     let datapath = Datapath::new(&conf.name);
     datapath::ensure_bpffs()?;
-    let _lock = ensure_datapath(conf, &datapath, host).await?;
+    let _lock = repair::ensure_datapath(conf, &datapath, host).await?;
     mark("bpffs, lock, datapath loaded");
     let gateway_index = host
         .ensure_gateway_device(&conf.gateway_device, &conf.name)
@@ -216,43 +215,6 @@ async fn add_steps(
             conf.dns.clone()
         },
     })
-}
-
-/// Makes sure this build's programs for the configured mode are pinned and
-/// returns the network lock to hold for the rest of the ADD: shared when
-/// they already were (the common case: no verifier run per pod), exclusive
-/// when this ADD loaded them. Loading over an older build moves every
-/// existing pod's veth onto the new programs, atomically per veth.
-async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink) -> Result<Lock> {
-    let lock_name = lock::network(&conf.name);
-    let shared = Lock::shared(&lock_name)?;
-    if datapath.is_loaded(conf.datapath) {
-        return Ok(shared);
-    }
-    drop(shared);
-    let exclusive = Lock::exclusive(&lock_name)?;
-    if datapath.is_loaded(conf.datapath) {
-        return Ok(exclusive);
-    }
-    if let Some(pinned) = datapath.pinned_mode()
-        && pinned != conf.datapath
-        && datapath.pod_count()? > 0
-    {
-        return Err(Error::config(format!(
-            "network {} runs the {} datapath with pods attached; \"datapath\": \"{}\" needs them deleted first",
-            conf.name,
-            pinned.as_str(),
-            conf.datapath.as_str()
-        )));
-    }
-    datapath.load(conf.datapath)?;
-    for (index, _) in datapath.host_veths()? {
-        if let Some(link) = host.link_by_index(index).await? {
-            attach_host_veth(datapath, conf.datapath, host, &link.name, index).await?;
-        }
-    }
-    datapath.retire_other_programs(conf.datapath)?;
-    Ok(exclusive)
 }
 
 /// The IPAM's addresses, each with the gateway the datapath needs.

@@ -3,6 +3,7 @@
 pub mod add;
 pub mod check;
 pub mod del;
+pub mod repair;
 
 use flatnet_common::PROG_FROM_POD_XDP;
 

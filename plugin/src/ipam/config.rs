@@ -171,7 +171,7 @@ impl Parsed {
             }
         };
         let fsync = match ipam.get("fsync") {
-            None | Some(Value::Null) => false,
+            None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
             Some(other) => {
                 return Err(Error::config(format!(
@@ -620,7 +620,7 @@ mod tests {
         assert_eq!(range.start, ip("10.42.0.1"));
         assert_eq!(range.end, ip("10.42.255.254"));
         assert_eq!(c.dir, PathBuf::from("/var/lib/cni/flatnet-ipam/pods"));
-        assert!(!c.fsync);
+        assert!(c.fsync, "records are flushed unless the config opts out");
         assert_eq!(c.plan.capacity(0), 65533);
         assert_eq!(c.plan.next_free(0, None, |_| false), Some(ip("10.42.0.2")));
     }

@@ -24,12 +24,14 @@
 //! replaced with rename(2) from a temp name; temp files present while the
 //! lock is held are leftovers of killed processes and are removed.
 //!
-//! Durability. By default nothing is flushed: a record lives as long as the
-//! kernel's page cache, which is as long as the containers using its address
-//! live (a power loss kills them too), and a single flush costs more than a
-//! whole ADD of host-local. With `"fsync": true` each record is flushed
-//! before it is linked and the directory after every change, so allocations
-//! also survive a power loss and no record is ever torn by one.
+//! Durability. By default (`"fsync": true`) a verb returns only once its
+//! records and the directory are flushed, so an allocation a runtime was told
+//! about survives a power loss. The flushes run after the lock is released:
+//! the allocation is already visible to every other process (no duplicates),
+//! and concurrent ADDs share their journal commits instead of queueing one
+//! flush each behind the lock. A power loss before the flush can leave a
+//! record empty; it is reported and its address stays out of use, never
+//! handed out twice. `"fsync": false` skips the flushes (page cache only).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -127,8 +129,10 @@ impl AttachmentName {
 pub struct DiskStore {
     dir: PathBuf,
     fsync: bool,
-    /// Held exclusively until drop.
-    _lock: File,
+    /// Held exclusively until the commit's flushes (or drop).
+    lock: Option<File>,
+    /// Records written since the last commit, to flush then.
+    unsynced: Vec<File>,
     /// Every address that has a file at its name.
     addresses: HashSet<IpAddr>,
     attachments: Vec<AttachmentName>,
@@ -165,7 +169,8 @@ impl DiskStore {
         let mut store = DiskStore {
             dir: dir.to_path_buf(),
             fsync,
-            _lock: lock,
+            lock: Some(lock),
+            unsynced: Vec::new(),
             addresses: HashSet::new(),
             attachments: Vec::new(),
             dirty: false,
@@ -384,15 +389,15 @@ impl AllocationStore for DiskStore {
                 other => other?,
             };
             file.write_all(&text)?;
-            if self.fsync {
-                file.sync_data()?;
-            }
-            Ok(())
+            Ok(file)
         })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&ours);
-            return Err(store_err("writing", &ours, e));
-        }
+        let file = match written {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = std::fs::remove_file(&ours);
+                return Err(store_err("writing", &ours, e));
+            }
+        };
         let address = self.path(&record.address.to_string());
         // The allocation itself: link() never replaces an existing name.
         match std::fs::hard_link(&ours, &address) {
@@ -408,6 +413,9 @@ impl AllocationStore for DiskStore {
             }
         }
         self.dirty = true;
+        if self.fsync {
+            self.unsynced.push(file);
+        }
         self.addresses.insert(record.address);
         self.attachments.push(attachment);
         Ok(true)
@@ -482,8 +490,16 @@ impl AllocationStore for DiskStore {
         self.replace_link(&format!("{LAST_RESERVED}{range_set}"), &ip.to_string())
     }
 
+    /// Releases the lock, then flushes: see "Durability" above. The store
+    /// is not used after its commit, except to take back a failed ADD's own
+    /// records (safe unlocked: link() made them ours alone).
     fn commit(&mut self) -> Result<()> {
         if self.fsync && self.dirty {
+            self.lock = None;
+            for file in self.unsynced.drain(..) {
+                file.sync_data()
+                    .map_err(|e| store_err("flushing a record in", &self.dir, e))?;
+            }
             File::open(&self.dir)
                 .and_then(|dir| dir.sync_all())
                 .map_err(|e| store_err("flushing", &self.dir, e))?;

@@ -9,6 +9,9 @@ use crate::cni::{Netns, Plugin};
 /// Milliseconds per pod for one plugin in one round.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CniTimes {
+    /// The IPAM plugin alone (host-local for bridge, flatnet-ipam for flatnet).
+    pub ipam_add_sequential: f64,
+    pub ipam_add_concurrent: f64,
     /// Median of the sequential ADDs.
     pub add_sequential: f64,
     pub del_sequential: f64,
@@ -114,6 +117,45 @@ pub fn measure(
         eprintln!("bench cleanup: {e}");
     }
     outcome
+}
+
+/// An IPAM plugin alone: ms per ADD, sequential (median) and all at once
+/// (wall time / count). Each phase starts from an empty data dir; the
+/// allocations are released again afterwards (not timed).
+pub fn measure_ipam(
+    plugin: &Plugin,
+    sequential: usize,
+    concurrent: usize,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<(f64, f64)> {
+    let netns = std::path::Path::new("/proc/self/ns/net");
+    let _ = std::fs::remove_dir_all(data_dir);
+    let ids: Vec<String> = (0..sequential).map(|i| format!("ipam-s{i}")).collect();
+    let mut adds = Vec::with_capacity(sequential);
+    for id in &ids {
+        let started = Instant::now();
+        plugin.call("ADD", id, netns)?;
+        adds.push(ms(started.elapsed()));
+    }
+    for id in &ids {
+        plugin.call("DEL", id, netns)?;
+    }
+    let _ = std::fs::remove_dir_all(data_dir);
+    let ids: Vec<String> = (0..concurrent).map(|i| format!("ipam-c{i}")).collect();
+    let started = Instant::now();
+    let children = ids
+        .iter()
+        .map(|id| plugin.start("ADD", id, netns))
+        .collect::<Result<Vec<_>, _>>()?;
+    for child in children {
+        plugin.finish("ADD", child)?;
+    }
+    let at_once = ms(started.elapsed()) / concurrent as f64;
+    for id in &ids {
+        plugin.call("DEL", id, netns)?;
+    }
+    let _ = std::fs::remove_dir_all(data_dir);
+    Ok((median(&mut adds), at_once))
 }
 
 #[cfg(test)]

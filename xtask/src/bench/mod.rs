@@ -4,12 +4,14 @@
 
 mod control;
 mod paths;
+mod pingpong;
 mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
+use anyhow::Context;
 use serde_json::json;
 
 use crate::cni::Plugin;
@@ -53,6 +55,23 @@ pub struct DataSample {
 pub struct Round {
     pub data: BTreeMap<&'static str, DataSample>,
     pub cni: BTreeMap<&'static str, CniTimes>,
+}
+
+/// Concurrent ADDs of the IPAM-alone comparison: the 64-way, fewer
+/// in a smoke run.
+pub fn ipam_concurrent(concurrent: usize) -> usize {
+    (concurrent * 2).min(64)
+}
+
+/// The same network configuration for an IPAM plugin run on its own, with
+/// a data dir of its own and room for every concurrent ADD (a /22).
+fn ipam_only(conf: &str, data_dir: &std::path::Path) -> String {
+    let mut value: serde_json::Value = serde_json::from_str(conf).unwrap_or_default();
+    value["ipam"]["dataDir"] = json!(data_dir);
+    if let Some(subnet) = value["ipam"]["subnet"].as_str() {
+        value["ipam"]["subnet"] = json!(subnet.replace(".0/24", ".0/22"));
+    }
+    value.to_string()
 }
 
 /// Network, gateway device and subnet for one plugin configuration.
@@ -137,6 +156,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     &data_dir,
                 )),
             )?,
+            paths::Pair::attached(
+                "flatnet-xdp",
+                flatnet_plugin(
+                    conf(
+                        "flatnet",
+                        "fb-flatnet-xdp",
+                        "fbflx0",
+                        "10.216.0",
+                        flatnet_ipam,
+                        &data_dir,
+                    )
+                    .replace(
+                        "\"type\":\"flatnet\"",
+                        "\"type\":\"flatnet\",\"datapath\":\"xdp\"",
+                    ),
+                ),
+            )?,
             paths::Pair::bare_veth("veth", "10.213.0")?,
         ];
         let cp_bridge = bridge_plugin(conf(
@@ -158,12 +194,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let mut results = Vec::new();
         for round in 1..=rounds {
             let mut sample = Round::default();
+            // Latency in short slices taken in turn (see pingpong.rs), medians per path.
+            let slices = (seconds as usize * 3).max(3);
+            let mut latency: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+            for _ in 0..slices {
+                for pair in &pairs {
+                    let (p50, p99) = pair.tcp_latency(std::time::Duration::from_millis(300))?;
+                    let entry = latency.entry(pair.label).or_default();
+                    entry.0.push(p50);
+                    entry.1.push(p99);
+                }
+            }
             for pair in &pairs {
-                let (rr_p50_us, rr_p99_us) = pair.tcp_latency(seconds)?;
+                let (p50s, p99s) = latency.get_mut(pair.label).context("latency samples")?;
                 let data = DataSample {
                     tcp_gbps: pair.tcp_throughput(seconds)?,
-                    rr_p50_us,
-                    rr_p99_us,
+                    rr_p50_us: control::median(p50s),
+                    rr_p99_us: control::median(p99s),
                     udp_kpps: pair.udp_rate(seconds)?,
                 };
                 println!(
@@ -172,14 +219,48 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 );
                 sample.data.insert(pair.label, data);
             }
+            // IPAM plugins alone, right after the data plane (no namespace
+            // teardown still running in the kernel), one after the other.
+            let mut ipam_times = BTreeMap::new();
             for (label, plugin) in [("bridge", &cp_bridge), ("flatnet", &cp_flatnet)] {
-                let times = control::measure(label, plugin, sequential, concurrent)?;
+                let ipam = if label == "bridge" {
+                    "host-local"
+                } else {
+                    flatnet_ipam
+                };
+                let ipam_dir = data_dir.join(format!("ipam-{label}"));
+                let ipam_plugin = Plugin {
+                    binary: if ipam == "host-local" {
+                        PathBuf::from(REFERENCE_PLUGINS).join(ipam)
+                    } else {
+                        bin.join(ipam)
+                    },
+                    cni_path: cni_path.clone(),
+                    conf: ipam_only(&plugin.conf, &ipam_dir),
+                };
+                let times = control::measure_ipam(
+                    &ipam_plugin,
+                    sequential,
+                    ipam_concurrent(concurrent),
+                    &ipam_dir,
+                )?;
+                println!(
+                    "round {round} {ipam:<12} alone: ADD {:5.2} ms, x{} at once {:5.2} ms/pod",
+                    times.0,
+                    ipam_concurrent(concurrent),
+                    times.1
+                );
+                ipam_times.insert(label, times);
+            }
+            for (label, plugin) in [("bridge", &cp_bridge), ("flatnet", &cp_flatnet)] {
+                let mut times = control::measure(label, plugin, sequential, concurrent)?;
+                (times.ipam_add_sequential, times.ipam_add_concurrent) = ipam_times[label];
                 println!(
                     "round {round} {label:<8} ADD {:5.2} ms  DEL {:5.2} ms  (x{concurrent} at once: ADD {:5.2} ms/pod  DEL {:5.2} ms/pod)",
                     times.add_sequential,
                     times.del_sequential,
                     times.add_concurrent,
-                    times.del_concurrent
+                    times.del_concurrent,
                 );
                 sample.cni.insert(label, times);
             }

@@ -10,10 +10,11 @@ use crate::cni::{Netns, Plugin, first_ip};
 use crate::util::output;
 
 const IPERF_PORT: &str = "5201";
-const SOCKPERF_PORT: &str = "11111";
-/// Clients (and with veth, the softirq work of their packets) on one CPU,
-/// servers on the other, the same for every path: on 2 cores, unpinned
-/// runs differ by 2x depending on where the scheduler puts them.
+/// Throughput clients (and with veth, the softirq work of their packets) on
+/// one CPU, servers on the other, the same for every path: on 2 cores,
+/// unpinned runs differ by 2x depending on where the scheduler puts them.
+/// The latency client shares the server's CPU: across CPUs every round trip
+/// is two cross-CPU wake-ups, which dwarf the path under test.
 const CLIENT_CPU: usize = 0;
 const SERVER_CPU: usize = 1;
 
@@ -23,7 +24,7 @@ fn pinned(cpu: usize, args: &[&str]) -> Vec<String> {
         .map(|n| n.get())
         .unwrap_or(1);
     let mut out = Vec::new();
-    if cpus > SERVER_CPU.max(CLIENT_CPU) {
+    if cpus > cpu {
         out.extend(["taskset".to_string(), "-c".to_string(), cpu.to_string()]);
     }
     out.extend(args.iter().map(|a| a.to_string()));
@@ -101,30 +102,14 @@ impl Pair {
             self.b
                 .exec(&iperf.iter().map(String::as_str).collect::<Vec<_>>()),
         )?);
-        let sockperf = pinned(
-            SERVER_CPU,
-            &[
-                "sockperf",
-                "server",
-                "--tcp",
-                "-i",
-                &self.ip_b,
-                "-p",
-                SOCKPERF_PORT,
-            ],
-        );
-        self.servers
-            .push(quiet(self.b.exec(
-                &sockperf.iter().map(String::as_str).collect::<Vec<_>>(),
-            ))?);
-        // Both print nothing useful when ready; a short wait plus client retries do.
+        // iperf3 prints nothing useful when ready; a short wait plus client retries do.
         std::thread::sleep(Duration::from_millis(300));
         Ok(())
     }
 
-    /// Runs a client in pod a, retrying once (a server may still be starting).
-    fn client(&self, args: &[&str]) -> anyhow::Result<String> {
-        let args = pinned(CLIENT_CPU, args);
+    /// Runs a client in pod a on `cpu`, retrying once (a server may still be starting).
+    fn client(&self, cpu: usize, args: &[&str]) -> anyhow::Result<String> {
+        let args = pinned(cpu, args);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         match output(&mut self.a.exec(&args)) {
             Ok(out) => Ok(out),
@@ -138,9 +123,12 @@ impl Pair {
     /// One TCP stream, a to b: Gbit/s received.
     pub fn tcp_throughput(&self, seconds: u32) -> anyhow::Result<f64> {
         let secs = seconds.to_string();
-        let json: serde_json::Value = serde_json::from_str(&self.client(&[
-            "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-t", &secs, "-J",
-        ])?)?;
+        let json: serde_json::Value = serde_json::from_str(&self.client(
+            CLIENT_CPU,
+            &[
+                "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-t", &secs, "-J",
+            ],
+        )?)?;
         let bits = json["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .context("iperf3: no sum_received")?;
@@ -150,10 +138,13 @@ impl Pair {
     /// 64-byte UDP datagrams as fast as one sender can: thousands of packets/s received.
     pub fn udp_rate(&self, seconds: u32) -> anyhow::Result<f64> {
         let secs = seconds.to_string();
-        let json: serde_json::Value = serde_json::from_str(&self.client(&[
-            "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-u", "-l", "64", "-b", "0", "-t", &secs,
-            "-J",
-        ])?)?;
+        let json: serde_json::Value = serde_json::from_str(&self.client(
+            CLIENT_CPU,
+            &[
+                "iperf3", "-c", &self.ip_b, "-p", IPERF_PORT, "-u", "-l", "64", "-b", "0", "-t",
+                &secs, "-J",
+            ],
+        )?)?;
         let sum = &json["end"]["sum"];
         let (packets, lost, elapsed) = (
             sum["packets"].as_f64(),
@@ -166,31 +157,15 @@ impl Pair {
         }
     }
 
-    /// TCP ping-pong of 64-byte messages: (p50, p99) round trip in µs.
-    pub fn tcp_latency(&self, seconds: u32) -> anyhow::Result<(f64, f64)> {
-        let secs = seconds.to_string();
-        let text = self.client(&[
-            "sockperf",
-            "ping-pong",
-            "--tcp",
-            "-i",
+    /// TCP ping-pong of 64-byte messages for `duration`: (p50, p99) round trip in µs.
+    pub fn tcp_latency(&self, duration: Duration) -> anyhow::Result<(f64, f64)> {
+        super::pingpong::round_trips(
+            self.a.path(),
+            self.b.path(),
             &self.ip_b,
-            "-p",
-            SOCKPERF_PORT,
-            "-m",
-            "64",
-            "-t",
-            &secs,
-            "--full-rtt",
-        ])?;
-        let percentile = |which: &str| {
-            text.lines()
-                .find(|line| line.contains(&format!("percentile {which} =")))
-                .and_then(|line| line.rsplit('=').next())
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .with_context(|| format!("sockperf printed no percentile {which}"))
-        };
-        Ok((percentile("50.000")?, percentile("99.000")?))
+            SERVER_CPU,
+            duration,
+        )
     }
 }
 

@@ -49,10 +49,13 @@ struct Row {
     metric: &'static str,
     bridge: f64,
     flatnet: f64,
+    /// flatnet in XDP mode (data plane only).
+    xdp: Option<f64>,
     veth: Option<f64>,
     /// Median over rounds of the per-round ratio flatnet/bridge.
     vs_bridge: f64,
     vs_veth: Option<f64>,
+    xdp_vs_bridge: Option<f64>,
     target_bridge: Option<Bound>,
     target_veth: Option<Bound>,
 }
@@ -73,14 +76,16 @@ impl Row {
     }
 }
 
+/// Median over rounds of the per-round ratio `path`/`other`.
 fn ratio_median(
     results: &[Round],
     value: impl Fn(&Round, &str) -> Option<f64>,
+    path: &str,
     other: &str,
 ) -> Option<f64> {
     let mut ratios: Vec<f64> = results
         .iter()
-        .filter_map(|round| Some(value(round, "flatnet")? / value(round, other)?))
+        .filter_map(|round| Some(value(round, path)? / value(round, other)?))
         .collect();
     (!ratios.is_empty()).then(|| median(&mut ratios))
 }
@@ -123,7 +128,8 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     ];
     let sequential = format!("{} one after another", config.sequential);
     let concurrent = format!("{} at once", config.concurrent);
-    let cni_metrics: [(String, CniPick); 4] = [
+    let ipam_concurrent = format!("{} at once", super::ipam_concurrent(config.concurrent));
+    let cni_metrics: [(String, CniPick); 6] = [
         (format!("CNI ADD, {sequential} (ms/pod)"), |t| {
             t.add_sequential
         }),
@@ -136,6 +142,14 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
         (format!("CNI DEL, {concurrent} (ms/pod)"), |t| {
             t.del_concurrent
         }),
+        (
+            format!("IPAM alone, host-local vs flatnet-ipam: ADD, {sequential} (ms)"),
+            |t| t.ipam_add_sequential,
+        ),
+        (
+            format!("IPAM alone, host-local vs flatnet-ipam: ADD, {ipam_concurrent} (ms/pod)"),
+            |t| t.ipam_add_concurrent,
+        ),
     ];
     let mut rows = Vec::new();
     for (metric, pick, target_bridge, target_veth) in data_metrics {
@@ -144,9 +158,11 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             metric,
             bridge: value_median(results, &value, "bridge"),
             flatnet: value_median(results, &value, "flatnet"),
+            xdp: Some(value_median(results, &value, "flatnet-xdp")).filter(|v| !v.is_nan()),
             veth: Some(value_median(results, &value, "veth")),
-            vs_bridge: ratio_median(results, value, "bridge").unwrap_or(f64::NAN),
-            vs_veth: ratio_median(results, value, "veth"),
+            vs_bridge: ratio_median(results, value, "flatnet", "bridge").unwrap_or(f64::NAN),
+            vs_veth: ratio_median(results, value, "flatnet", "veth"),
+            xdp_vs_bridge: ratio_median(results, value, "flatnet-xdp", "bridge"),
             target_bridge,
             target_veth,
         });
@@ -157,9 +173,11 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             metric: Box::leak(metric.into_boxed_str()),
             bridge: value_median(results, &value, "bridge"),
             flatnet: value_median(results, &value, "flatnet"),
+            xdp: None,
             veth: None,
-            vs_bridge: ratio_median(results, value, "bridge").unwrap_or(f64::NAN),
+            vs_bridge: ratio_median(results, value, "flatnet", "bridge").unwrap_or(f64::NAN),
             vs_veth: None,
+            xdp_vs_bridge: None,
             target_bridge: Some(Bound::AtMost(0.5)),
             target_veth: None,
         });
@@ -222,8 +240,10 @@ fn number(v: f64) -> String {
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| metric | bridge | flatnet | veth | flatnet/bridge | flatnet/veth | target | |\n|---|---:|---:|---:|---:|---:|---|---|\n",
+        "| metric | bridge | flatnet (tc) | flatnet-xdp | veth | flatnet/bridge | flatnet/veth | xdp/bridge | target (flatnet tc) | |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
     );
+    let opt = |v: Option<f64>| v.map(number).unwrap_or_else(|| "-".into());
     for row in rows {
         let target = [
             row.target_bridge.map(|b| format!("bridge {}", b.text())),
@@ -235,13 +255,15 @@ fn table(rows: &[Row]) -> String {
         .join(", ");
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.metric,
             number(row.bridge),
             number(row.flatnet),
-            row.veth.map(number).unwrap_or_else(|| "-".into()),
+            opt(row.xdp),
+            opt(row.veth),
             number(row.vs_bridge),
-            row.vs_veth.map(number).unwrap_or_else(|| "-".into()),
+            opt(row.vs_veth),
+            opt(row.xdp_vs_bridge),
             target,
             row.verdict()
         );
@@ -339,7 +361,9 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
     let mut md = format!(
         "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, veth), {} s per data-plane measurement; \
          control plane: {} pods one after another and {} at once per round, with one pod already attached. \
-         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}`; veth = a bare veth pair between the two namespaces. \
+         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}`; flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces. \
+         TCP round trips: 64-byte ping-pong, blocking sockets, client and server on one CPU, in 0.3 s slices taken in turn per path (this VM flips between a fast and a slow state every few seconds). \
+         Throughput and UDP: iperf3, client on CPU 0, server on CPU 1. \
          Values are medians over rounds; ratios are medians of the per-round ratios.\n\n",
         commit(),
         machine(),
@@ -363,6 +387,7 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
                 "cni": round.cni.iter().map(|(k, t)| (k.to_string(), serde_json::json!({
                     "add_sequential_ms": t.add_sequential, "del_sequential_ms": t.del_sequential,
                     "add_concurrent_ms_per_pod": t.add_concurrent, "del_concurrent_ms_per_pod": t.del_concurrent,
+                    "ipam_add_sequential_ms": t.ipam_add_sequential, "ipam_add_concurrent_ms_per_pod": t.ipam_add_concurrent,
                 }))).collect::<serde_json::Map<_, _>>(),
             })
         })
