@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod ipam;
 pub mod link;
 pub mod lock;
+pub mod masq;
 pub mod netns;
 pub mod reaper;
 pub mod runner;

@@ -18,6 +18,7 @@ use crate::cni::version::SpecVersion;
 use crate::datapath::{self, Datapath};
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, format_mac, set_sysctl, set_tx_checksum};
+use crate::masq;
 use crate::netns;
 use crate::trace::mark;
 
@@ -145,6 +146,10 @@ async fn add_steps(
         .await?;
         host.add_permanent_neighbour(host_link.index, pod_ip, names.pod_mac)
             .await?;
+    }
+    if conf.ip_masq {
+        let subnets: Vec<IpNetwork> = ips.iter().map(|ip| ip.address).collect();
+        masq::ensure(&conf.name, &subnets)?;
     }
     mark("gateway, host routes, neighbours");
     attach_host_veth(

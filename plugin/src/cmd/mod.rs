@@ -12,6 +12,7 @@ use crate::cni::error::Result;
 use crate::datapath::Datapath;
 use crate::link::Netlink;
 use crate::lock::{self, Lock};
+use crate::masq;
 use crate::reaper;
 
 /// Puts this build's host-side program on a pod's host veth, replacing an
@@ -43,6 +44,9 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
         return Ok(());
     }
     datapath.remove_pins()?;
+    if conf.ip_masq || masq::installed(&conf.name) {
+        masq::remove(&conf.name)?;
+    }
     if let Some((index, retired)) = host
         .retire_gateway_device(&conf.gateway_device, &conf.name)
         .await?

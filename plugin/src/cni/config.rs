@@ -70,6 +70,8 @@ pub struct NetConf {
     pub prev_result: Option<CniResult>,
     pub datapath: DatapathMode,
     pub log_file: Option<PathBuf>,
+    /// Masquerade traffic from the pods to outside their subnets.
+    pub ip_masq: bool,
 }
 
 impl NetConf {
@@ -139,15 +141,6 @@ impl NetConf {
                 Some(kind.to_string())
             }
         };
-        if raw.ip_masq == Some(true) {
-            return Err(Error::UnsupportedField {
-                field: "ipMasq".into(),
-                value: "true".into(),
-                hint:
-                    "masquerade is not implemented in this build; remove the key or set it to false"
-                        .into(),
-            });
-        }
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -163,6 +156,7 @@ impl NetConf {
             prev_result,
             datapath: raw.datapath.unwrap_or_default(),
             log_file: raw.log_file,
+            ip_masq: raw.ip_masq.unwrap_or(false),
         })
     }
 
@@ -243,7 +237,7 @@ mod tests {
                 "ipam.type",
             ),
             (with("datapath", json!("dpdk")), 6, "network configuration"),
-            (with("ipMasq", json!(true)), 2, "ipMasq"),
+            (with("ipMasq", json!("yes")), 6, "network configuration"),
             (with("prevResult", json!({"ips": "x"})), 6, "prevResult"),
         ];
         for (conf, code, needle) in cases {
