@@ -1,0 +1,277 @@
+//! The datapath's life across builds and accidents: an upgrade replaces the
+//! program under a live TCP stream, a wiped pin directory is rebuilt from
+//! the pods that exist, and `flatnet inspect` shows what is there.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flatnet::cni::config::DatapathMode;
+use flatnet::datapath::DATAPATH_ID;
+use flatnet_common::{PROG_FROM_POD, action};
+use flatnet_tests::*;
+
+/// IDs of the tc ingress programs on a host interface.
+fn attached_ids(link: &str) -> Vec<u32> {
+    let out = run_ok(Command::new("tc").args(["filter", "show", "dev", link, "ingress"]));
+    out.split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "id")
+        .filter_map(|w| w[1].parse().ok())
+        .collect()
+}
+
+/// Streams bytes from `client` to a server in `server` for `duration`
+/// while `during` runs; returns (sent, received). Any reset fails the test.
+fn stream_during(
+    server: &Netns,
+    ip: std::net::Ipv4Addr,
+    client: &Netns,
+    duration: Duration,
+    during: impl FnOnce(),
+) -> (u64, u64) {
+    let listener = server.run(|| TcpListener::bind((ip, 0)).unwrap());
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return total,
+                Ok(n) => total += n as u64,
+                Err(e) => panic!("receiver: {e} after {total} bytes"),
+            }
+        }
+    });
+    let client_path = client.path();
+    let sender = std::thread::spawn(move || {
+        let file = std::fs::File::open(client_path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let mut conn = TcpStream::connect_timeout(
+            &SocketAddr::new(ip.into(), addr.port()),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let chunk = vec![0x5au8; 16 << 10];
+        let mut sent = 0u64;
+        let deadline = Instant::now() + duration;
+        while Instant::now() < deadline {
+            conn.write_all(&chunk)
+                .unwrap_or_else(|e| panic!("sender: {e} after {sent} bytes"));
+            sent += chunk.len() as u64;
+        }
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        sent
+    });
+    std::thread::sleep(duration / 4);
+    during();
+    let sent = sender.join().expect("sender failed");
+    let received = receiver.join().expect("receiver failed");
+    (sent, received)
+}
+
+#[test]
+fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
+    if !root_or_skip("a_tcp_stream_survives_an_upgrade_of_the_datapath") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    let datapath = net.datapath();
+    let old_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
+    assert_eq!(attached_ids(&a.host_veth()), vec![old_id]);
+    // Make the running program look like an older build's: the next ADD
+    // then loads this build's anew and moves every veth over to it, which
+    // is exactly what a plugin upgrade does.
+    let pinned = datapath.program_path(PROG_FROM_POD);
+    let older = pinned.with_file_name(format!("{PROG_FROM_POD}-000000000000"));
+    std::fs::rename(&pinned, &older).unwrap();
+    assert!(!datapath.is_loaded(DatapathMode::Tc));
+
+    let mut third = None;
+    let (sent, received) =
+        stream_during(&b.netns, b.ip(), &a.netns, Duration::from_secs(2), || {
+            third = Some(net.pod());
+        });
+    assert_eq!(sent, received, "bytes were lost across the upgrade");
+    assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
+
+    let new_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
+    assert_ne!(new_id, old_id, "no new program was loaded");
+    for veth in [a.host_veth(), b.host_veth()] {
+        assert_eq!(
+            attached_ids(&veth),
+            vec![new_id],
+            "{veth} still runs the old program"
+        );
+    }
+    assert!(!older.exists(), "the old program's pin was kept");
+    assert!(
+        datapath
+            .program_path(PROG_FROM_POD)
+            .ends_with(format!("{PROG_FROM_POD}-{DATAPATH_ID}"))
+    );
+    drop(third);
+}
+
+#[test]
+fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
+    if !root_or_skip("a_wiped_pin_directory_is_rebuilt_by_the_next_add") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    // What a bpffs remount does to us: pins gone, programs still attached.
+    std::fs::remove_dir_all(net.datapath().pin_dir()).unwrap();
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 64 << 10)
+        .expect("the attached programs keep working");
+
+    let c = net.pod();
+    let datapath = net.datapath();
+    for pod in [&a, &b, &c] {
+        let endpoint = datapath
+            .endpoint(pod.ip().into())
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} not rebuilt", pod.ip()));
+        assert_eq!(endpoint.pod_mac.to_vec(), mac_of(&pod.netns));
+    }
+    let before = net.redirected_packets();
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 256 << 10).expect("a -> b after the rebuild");
+    tcp_echo(Some(&a.netns), a.ip(), Some(&c.netns), 256 << 10).expect("c -> a after the rebuild");
+    assert!(
+        net.redirected_packets() > before + 50,
+        "traffic does not go through the rebuilt datapath"
+    );
+    let new_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
+    assert_eq!(attached_ids(&a.host_veth()), vec![new_id]);
+}
+
+#[test]
+fn flatnet_repair_rebuilds_a_wiped_network() {
+    if !root_or_skip("flatnet_repair_rebuilds_a_wiped_network") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    std::fs::remove_dir_all(net.datapath().pin_dir()).unwrap();
+    let conf = std::env::temp_dir().join(format!("flatnet-repair-{}.json", net.name));
+    std::fs::write(&conf, net.conf.to_string()).unwrap();
+    let out = Command::new(bin("flatnet"))
+        .arg("repair")
+        .arg("--conf")
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&conf);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("2 pod(s) attached"),
+        "{out:?}"
+    );
+    for pod in [&a, &b] {
+        let check = CniCall::new("CHECK", &pod.container_id, &pod.netns.path(), "eth0")
+            .run(&bin("flatnet"), &pod.stdin_with_prev_result());
+        assert!(check.success(), "{check:?}");
+    }
+}
+
+#[test]
+fn inspect_shows_pods_counters_and_programs() {
+    if !root_or_skip("inspect_shows_pods_counters_and_programs") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 256 << 10).expect("a -> b");
+    let out = Command::new(bin("flatnet"))
+        .args(["inspect", "--json", "--network", &net.name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = &reports[0];
+    assert_eq!(report["network"], net.name.as_str());
+    assert_eq!(report["datapath"], "tc");
+    let pods = report["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2);
+    for (pod, json) in [(&a, &pods[0]), (&b, &pods[1])] {
+        assert_eq!(json["addresses"][0], pod.ip().to_string());
+        assert_eq!(json["host_veth"], pod.host_veth().as_str());
+        assert_eq!(json["current_program"], true);
+        assert!(json["tx"]["packets"].as_u64().unwrap() > 10, "{json}");
+        assert!(json["rx"]["packets"].as_u64().unwrap() > 10, "{json}");
+    }
+    assert!(
+        report["counters"][action::NAMES[action::REDIRECTED as usize]]["packets"]
+            .as_u64()
+            .unwrap()
+            > 20
+    );
+    let text = run_ok(Command::new(bin("flatnet")).args(["inspect", "--network", &net.name]));
+    assert!(
+        text.contains("POD ADDRESSES")
+            && text.contains(&a.host_veth())
+            && text.contains(&b.ip().to_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn per_pod_counters_are_removed_with_the_pod() {
+    if !root_or_skip("per_pod_counters_are_removed_with_the_pod") {
+        return;
+    }
+    let net = Network::host_local();
+    let _keep = net.pod();
+    let pod = net.pod();
+    let index: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", pod.host_veth()))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    tcp_echo(Some(&pod.netns), pod.ip(), None, 64 << 10).expect("host -> pod");
+    assert!(net.datapath().pod_counters(index).unwrap().tx_packets > 0);
+    drop(pod);
+    let dump = run_ok(
+        Command::new("bpftool")
+            .args(["map", "dump", "pinned"])
+            .arg(net.datapath().map_path("ENDPOINT_STATS")),
+    );
+    assert!(
+        !dump.contains(&format!("\"key\": {index},")),
+        "counters of a deleted pod remain: {dump}"
+    );
+    assert!(
+        net.datapath()
+            .host_veths()
+            .unwrap()
+            .iter()
+            .all(|(i, _)| *i != index)
+    );
+}
+
+fn mac_of(netns: &Netns) -> Vec<u8> {
+    netns
+        .exec(&["cat", "/sys/class/net/eth0/address"])
+        .trim()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect()
+}
