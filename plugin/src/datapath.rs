@@ -109,6 +109,19 @@ pub fn ensure_bpffs() -> Result<()> {
     .map_err(|e| datapath_err(&format!("mounting bpffs at {BPFFS_MOUNT}"), e))
 }
 
+/// True when a bpffs is mounted at /sys/fs/bpf (STATUS reports it).
+pub fn bpffs_is_mounted() -> bool {
+    nix::sys::statfs::statfs(BPFFS_MOUNT).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+/// True when the embedded object is an eBPF ELF (STATUS reports it).
+pub fn object_is_ebpf() -> bool {
+    // e_machine EM_BPF = 247, little endian.
+    OBJECT.len() > 20
+        && OBJECT[..4] == *b"\x7fELF"
+        && u16::from_le_bytes([OBJECT[18], OBJECT[19]]) == 247
+}
+
 /// bpffs refuses '.' in names (reserved for the kernel); network names may
 /// contain it. '~' cannot appear in a network name, so the mapping is one-to-one.
 pub fn pin_name(network: &str) -> String {

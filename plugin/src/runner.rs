@@ -14,6 +14,7 @@ use crate::cmd;
 use crate::cni::config::{MAX_CONFIG_BYTES, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
+use crate::cni::runtime;
 use crate::cni::version::{self, LATEST};
 
 /// What a verb prints on success.
@@ -113,9 +114,29 @@ fn flatnet_dispatch(
     stdin: &[u8],
     report: &mut Report,
 ) -> Result<Output> {
-    let conf = NetConf::parse(stdin)?;
+    let mut conf = NetConf::parse(stdin)?;
     report.cni_version = conf.version.as_str().to_string();
     report.log_file = conf.log_file.clone();
+    match command {
+        Command::Status | Command::Gc if !conf.version.has_status_and_gc() => {
+            return Err(Error::IncompatibleVersion {
+                requested: conf.version.as_str().to_string(),
+                supported: format!(
+                    "{} only with cniVersion 1.1.0 (config version does not allow {})",
+                    command.as_str(),
+                    command.as_str()
+                ),
+            });
+        }
+        // DEL never refuses CNI_ARGS: it must always be able to clean up.
+        Command::Add | Command::Check => {
+            runtime::check_cni_args(&env.args, runtime::FLATNET_CNI_ARGS)?;
+            if conf.mac.is_none() {
+                conf.mac = runtime::cni_args_mac(&env.args)?;
+            }
+        }
+        _ => {}
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -124,6 +145,11 @@ fn flatnet_dispatch(
         match command {
             Command::Add => {
                 let result = cmd::add::add(env, &conf, stdin).await?;
+                // Later in a chain: keep what the earlier plugins reported.
+                let result = match &conf.prev_result {
+                    Some(prev) => result.after(prev),
+                    None => result,
+                };
                 Ok(Output::Json(result.to_version(conf.version)))
             }
             Command::Del => cmd::del::del(env, &conf, stdin)
@@ -132,14 +158,16 @@ fn flatnet_dispatch(
             Command::Check => cmd::check::check(env, &conf, stdin)
                 .await
                 .map(|()| Output::Nothing),
-            Command::Status | Command::Gc => Err(Error::invalid_env(
-                "CNI_COMMAND",
-                format!(
-                    "{} is not implemented by this build (supported: ADD, DEL, CHECK, VERSION)",
-                    command.as_str()
-                ),
+            Command::Status => cmd::status::status(env, &conf, stdin)
+                .await
+                .map(|()| Output::Nothing),
+            Command::Gc => cmd::gc::gc(env, &conf, stdin)
+                .await
+                .map(|()| Output::Nothing),
+            // The runner answers VERSION before the configuration is read.
+            Command::Version => Ok(Output::Json(
+                serde_json::to_value(version::version_info(stdin)?).unwrap_or_default(),
             )),
-            Command::Version => unreachable!("answered before the configuration is read"),
         }
     })
 }

@@ -64,6 +64,8 @@ async fn add_steps(
     done: &mut Done,
 ) -> Result<CniResult> {
     let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
+    // A MAC the runtime asked for (runtimeConfig/args/CNI_ARGS), else the hash's.
+    let pod_mac = conf.mac.unwrap_or(names.pod_mac);
     mark("parse, open netns, connect");
 
     let answer = ipam.run(Command::Add, stdin)?;
@@ -82,7 +84,7 @@ async fn add_steps(
         &names.host_veth,
         names.host_mac,
         &env.ifname,
-        names.pod_mac,
+        pod_mac,
         netns,
         conf.mtu,
     )
@@ -144,7 +146,7 @@ async fn add_steps(
             Some(gateway),
         )
         .await?;
-        host.add_permanent_neighbour(host_link.index, pod_ip, names.pod_mac)
+        host.add_permanent_neighbour(host_link.index, pod_ip, pod_mac)
             .await?;
     }
     if conf.ip_masq {
@@ -173,7 +175,7 @@ async fn add_steps(
     let endpoint = Endpoint {
         host_ifindex: host_link.index,
         flags: ENDPOINT_F_NONE,
-        pod_mac: names.pod_mac,
+        pod_mac,
         host_mac: names.host_mac,
         _pad: [0; 4],
     };
@@ -200,7 +202,7 @@ async fn add_steps(
             },
             Interface {
                 name: env.ifname.clone(),
-                mac: Some(format_mac(&names.pod_mac)),
+                mac: Some(format_mac(&pod_mac)),
                 sandbox: Some(netns_path.display().to_string()),
                 mtu: with_mtu(conf.mtu),
             },

@@ -3,7 +3,9 @@
 pub mod add;
 pub mod check;
 pub mod del;
+pub mod gc;
 pub mod repair;
+pub mod status;
 
 use flatnet_common::PROG_FROM_POD_XDP;
 

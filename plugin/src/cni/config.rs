@@ -55,6 +55,10 @@ pub struct RawNetConf {
     pub datapath: Option<DatapathMode>,
     pub log_file: Option<PathBuf>,
     pub ip_masq: Option<bool>,
+    /// Capability arguments from the runtime (`mtu`, `mac`, `ips`, ...).
+    pub runtime_config: Option<serde_json::Value>,
+    /// `args.cni.*` (conventions: `ips`, `mac`).
+    pub args: Option<serde_json::Value>,
 }
 
 /// A validated network configuration.
@@ -72,6 +76,9 @@ pub struct NetConf {
     pub log_file: Option<PathBuf>,
     /// Masquerade traffic from the pods to outside their subnets.
     pub ip_masq: bool,
+    /// The pod interface's MAC from `runtimeConfig.mac` or `args.cni.mac`
+    /// (the runner falls back to CNI_ARGS `MAC=`); else derived from the name hash.
+    pub mac: Option<super::runtime::Mac>,
 }
 
 impl NetConf {
@@ -141,6 +148,10 @@ impl NetConf {
                 Some(kind.to_string())
             }
         };
+        let runtime = super::runtime::RuntimeOptions::from_config(
+            raw.runtime_config.as_ref(),
+            raw.args.as_ref(),
+        )?;
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -150,13 +161,15 @@ impl NetConf {
             version,
             name: raw.name,
             gateway_device,
-            mtu: raw.mtu,
+            // `runtimeConfig.mtu` is per attachment and beats the network's.
+            mtu: runtime.mtu.or(raw.mtu),
             ipam_type,
             dns: raw.dns.unwrap_or_default(),
             prev_result,
             datapath: raw.datapath.unwrap_or_default(),
             log_file: raw.log_file,
             ip_masq: raw.ip_masq.unwrap_or(false),
+            mac: runtime.mac,
         })
     }
 

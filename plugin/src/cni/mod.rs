@@ -4,4 +4,5 @@ pub mod config;
 pub mod env;
 pub mod error;
 pub mod result;
+pub mod runtime;
 pub mod version;

@@ -133,6 +133,30 @@ impl CniResult {
         Ok(result)
     }
 
+    /// This plugin's result placed after an earlier plugin's (`prevResult`,
+    /// when it runs later in a chain): the earlier interfaces, IPs, routes
+    /// and DNS are kept, its own appended with their interface indexes
+    /// shifted past the earlier interfaces.
+    pub fn after(self, prev: &CniResult) -> CniResult {
+        let shift = prev.interfaces.len();
+        let mut merged = prev.clone();
+        merged.cni_version = self.cni_version;
+        merged.interfaces.extend(self.interfaces);
+        merged.ips.extend(self.ips.into_iter().map(|ip| IpConfig {
+            interface: ip.interface.map(|index| index + shift),
+            ..ip
+        }));
+        for route in self.routes {
+            if !merged.routes.contains(&route) {
+                merged.routes.push(route);
+            }
+        }
+        if merged.dns.is_empty() {
+            merged.dns = self.dns;
+        }
+        merged
+    }
+
     /// The result as JSON in `version`'s shape.
     pub fn to_version(&self, version: SpecVersion) -> serde_json::Value {
         let mut out = self.clone();
@@ -231,6 +255,40 @@ mod tests {
             assert_eq!(read.ips[0].address, sample().ips[0].address);
             assert_eq!(read.interfaces.len(), 2);
         }
+    }
+
+    #[test]
+    fn a_result_after_a_prev_result_keeps_it_and_shifts_indexes() {
+        let prev = CniResult::from_value(
+            &json!({
+                "cniVersion": "1.0.0",
+                "interfaces": [{"name": "net1", "sandbox": "/run/netns/p"}],
+                "ips": [{"address": "192.168.9.2/24", "interface": 0}, {"address": "192.168.10.2/24"}],
+                "routes": [{"dst": "192.168.0.0/16"}],
+                "dns": {"nameservers": ["192.168.9.53"]}
+            }),
+            "prevResult",
+        )
+        .unwrap();
+        let merged = sample().after(&prev);
+        assert_eq!(merged.interfaces.len(), 3);
+        assert_eq!(merged.interfaces[0].name, "net1");
+        assert_eq!(merged.interfaces[2].name, "eth0");
+        assert_eq!(merged.ips.len(), 3);
+        assert_eq!(merged.ips[0].interface, Some(0));
+        assert_eq!(merged.ips[1].interface, None);
+        assert_eq!(
+            merged.ips[2].interface,
+            Some(2),
+            "1 + one earlier interface"
+        );
+        assert_eq!(merged.ips[2].address, sample().ips[0].address);
+        assert_eq!(merged.routes.len(), 2);
+        assert_eq!(merged.dns.nameservers, vec!["192.168.9.53"]);
+        assert_eq!(merged.cni_version, "1.0.0");
+        // An empty earlier DNS takes ours; an empty prevResult changes nothing.
+        let merged = sample().after(&CniResult::default());
+        assert_eq!(merged, sample());
     }
 
     #[test]

@@ -51,6 +51,10 @@ fn dispatch(command: Command, env: &CniEnv, stdin: &[u8], report: &mut Report) -
         }
         _ => {}
     }
+    if matches!(command, Command::Add | Command::Check) {
+        // The keys a delegating flatnet knows too (it shares CNI_ARGS with us).
+        crate::cni::runtime::check_cni_args(&env.args, crate::cni::runtime::FLATNET_CNI_ARGS)?;
+    }
     let requested = match command {
         Command::Add => requested_ips(env, &conf)?,
         _ => Vec::new(),

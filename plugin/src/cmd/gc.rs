@@ -1,0 +1,189 @@
+//! GC (1.1.0): removes what this network holds for attachments the runtime
+//! no longer knows (`cni.dev/valid-attachments`): host veths (the pod end
+//! goes with them), datapath entries, and, through the IPAM plugin's own GC,
+//! addresses. Goes on past individual failures and reports them together.
+//!
+//! The network's pods are the datapath's host veths (ifindex -> endpoint).
+//! A veth is valid when its name is the one `AttachmentNames` gives a valid
+//! (containerID, ifname); an entry whose ifindex is gone, or now belongs to
+//! a device with another MAC (the index was reused), is stale.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Deserialize;
+
+use flatnet_common::{Endpoint, MAP_HOST_VETHS};
+
+use super::release_network_if_empty;
+use crate::cni::config::NetConf;
+use crate::cni::env::{CniEnv, Command};
+use crate::cni::error::{Error, Result};
+use crate::datapath::Datapath;
+use crate::delegate::Delegate;
+use crate::link::{AttachmentNames, Netlink};
+use crate::lock::{self, Lock};
+
+/// One `{containerID, ifname}` of `cni.dev/valid-attachments`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Deserialize)]
+struct GcInput {
+    #[serde(rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// The attachments the runtime still uses. A GC without the list is
+/// refused: read as "none is valid" it would wipe the whole network.
+pub fn valid_attachments(stdin: &[u8]) -> Result<Vec<Attachment>> {
+    let input: GcInput =
+        serde_json::from_slice(stdin).map_err(|e| Error::decode("the GC input", e))?;
+    input.valid_attachments.ok_or_else(|| {
+        Error::config(
+            "GC needs \"cni.dev/valid-attachments\" (a list of {\"containerID\", \"ifname\"}, empty when none is valid)",
+        )
+    })
+}
+
+pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+    let valid: HashSet<String> = valid_attachments(stdin)?
+        .iter()
+        .map(|a| AttachmentNames::new(&conf.name, &a.container_id, &a.ifname).host_veth)
+        .collect();
+    let host = Netlink::connect()?;
+    let mut failures: Vec<Error> = Vec::new();
+
+    let datapath = Datapath::new(&conf.name);
+    if datapath.map_path(MAP_HOST_VETHS).exists()
+        && let Err(e) = sweep(conf, &datapath, &host, &valid, &mut failures).await
+    {
+        failures.push(e);
+    }
+    if let Some(kind) = &conf.ipam_type
+        && let Err(e) =
+            Delegate::find(kind, &env.path).and_then(|ipam| ipam.run(Command::Gc, stdin))
+    {
+        failures.push(e);
+    }
+    if let Err(e) = release_network_if_empty(conf, &host).await {
+        failures.push(e);
+    }
+    report(failures)
+}
+
+/// Removes the stale pods of the datapath; per-pod failures go to `failures`.
+async fn sweep(
+    conf: &NetConf,
+    datapath: &Datapath,
+    host: &Netlink,
+    valid: &HashSet<String>,
+    failures: &mut Vec<Error>,
+) -> Result<()> {
+    // Exclusive: no ADD or DEL of this network changes the maps meanwhile.
+    let _lock = Lock::exclusive(&lock::network(&conf.name))?;
+    let mut pods: BTreeMap<u32, Endpoint> = datapath.host_veths()?.into_iter().collect();
+    for (_, endpoint) in datapath.all_endpoints()? {
+        pods.entry(endpoint.host_ifindex).or_insert(endpoint);
+    }
+    let mut doomed = HashSet::new();
+    let mut veths = Vec::new();
+    for (index, endpoint) in pods {
+        match host.link_by_index(index).await {
+            Ok(None) => {
+                doomed.insert(index);
+            }
+            Ok(Some(link)) if valid.contains(&link.name) => {}
+            Ok(Some(link)) => {
+                doomed.insert(index);
+                // Only a device that is still this pod's veth is deleted.
+                if link.mac == Some(endpoint.host_mac) {
+                    veths.push(link);
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    if doomed.is_empty() {
+        return Ok(());
+    }
+    // Out of the maps first, so nothing is redirected to a veth being deleted.
+    datapath.remove_pods(|index| doomed.contains(&index))?;
+    for veth in veths {
+        if let Err(e) = host.delete_link(veth.index).await {
+            eprintln!("flatnet: GC: deleting {}: {e}", veth.name);
+            failures.push(e);
+        }
+    }
+    Ok(())
+}
+
+/// Ok when nothing failed; else one error carrying every failure, with the
+/// first failure's code.
+fn report(failures: Vec<Error>) -> Result<()> {
+    let mut failures = failures.into_iter();
+    let Some(first) = failures.next() else {
+        return Ok(());
+    };
+    let rest: Vec<String> = failures.map(|e| e.to_string()).collect();
+    if rest.is_empty() {
+        return Err(first);
+    }
+    Err(Error::Delegated {
+        plugin: "GC".into(),
+        code: first.code(),
+        msg: format!("{} failures: {first}; {}", rest.len() + 1, rest.join("; ")),
+        details: String::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_attachments_are_read_and_required() {
+        let list = valid_attachments(
+            br#"{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}], "name": "n"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            list,
+            vec![Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }]
+        );
+        assert!(
+            valid_attachments(br#"{"cni.dev/valid-attachments": []}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(valid_attachments(b"{}").unwrap_err().code(), 7);
+        assert_eq!(
+            valid_attachments(br#"{"cni.dev/valid-attachments": [{"containerID": 1}]}"#)
+                .unwrap_err()
+                .code(),
+            6
+        );
+    }
+
+    #[test]
+    fn failures_are_reported_together_with_the_first_code() {
+        assert!(report(Vec::new()).is_ok());
+        let one = report(vec![Error::config("x")]).unwrap_err();
+        assert_eq!(one.code(), 7);
+        let many = report(vec![
+            Error::kernel("deleting fl1", "busy"),
+            Error::config("y"),
+        ])
+        .unwrap_err();
+        assert_eq!(many.code(), 100);
+        let msg = many.to_string();
+        assert!(msg.contains("2 failures"), "{msg}");
+        assert!(msg.contains("fl1") && msg.contains('y'), "{msg}");
+    }
+}

@@ -1,0 +1,111 @@
+//! STATUS (1.1.0): could an ADD on this network succeed right now? Ready
+//! only when the datapath is loaded or can be (eBPF object embedded, bpffs
+//! mounted or mountable, no conflicting pins), the gateway device is not
+//! another network's, and the IPAM plugin answers its own STATUS with ready.
+//! Read-only: nothing is mounted, loaded or created.
+
+use std::path::Path;
+
+use crate::cni::config::NetConf;
+use crate::cni::env::{CniEnv, Command};
+use crate::cni::error::{Error, Result, code};
+use crate::datapath::{self, Datapath};
+use crate::delegate::Delegate;
+use crate::link::{Netlink, gateway_alias};
+
+const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+pub async fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
+    let mut problems = datapath_problems(conf);
+    if let Some(problem) = gateway_problem(conf).await {
+        problems.push(problem);
+    }
+    let mut limited = false;
+    let ipam = conf.require_ipam()?;
+    match Delegate::find(ipam, &env.path).and_then(|ipam| ipam.run(Command::Status, stdin)) {
+        Ok(_) => {}
+        Err(err) => {
+            // The IPAM's own 51 (existing pods affected too) is passed on.
+            limited = err.code() == code::LIMITED_CONNECTIVITY;
+            problems.push(format!(
+                "IPAM plugin {ipam} is not ready: {err} (code {})",
+                err.code()
+            ));
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let msg = format!(
+        "network {} cannot serve ADD: {}",
+        conf.name,
+        problems.join("; ")
+    );
+    if limited {
+        return Err(Error::Delegated {
+            plugin: "flatnet".into(),
+            code: code::LIMITED_CONNECTIVITY,
+            msg,
+            details: String::new(),
+        });
+    }
+    Err(Error::NotReady(msg))
+}
+
+/// What would keep an ADD from loading or reusing the datapath.
+fn datapath_problems(conf: &NetConf) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !datapath::object_is_ebpf() {
+        problems.push("the eBPF object embedded in this binary is missing or damaged".into());
+    }
+    if !datapath::bpffs_is_mounted() {
+        let supported = std::fs::read_to_string("/proc/filesystems").is_ok_and(|list| {
+            list.lines()
+                .any(|l| l.split_whitespace().last() == Some("bpf"))
+        });
+        if !supported {
+            problems.push("the kernel has no bpf file system (CONFIG_BPF_SYSCALL)".into());
+        } else if !Path::new(BPFFS_MOUNT).is_dir() {
+            problems.push(format!(
+                "bpffs is not mounted and {BPFFS_MOUNT} does not exist"
+            ));
+        } else if !nix::unistd::geteuid().is_root() {
+            problems.push(format!(
+                "bpffs is not mounted at {BPFFS_MOUNT} and only root can mount it"
+            ));
+        }
+    }
+    let datapath = Datapath::new(&conf.name);
+    if !datapath.is_loaded(conf.datapath)
+        && let Some(pinned) = datapath.pinned_mode()
+        && pinned != conf.datapath
+        && datapath.pod_count().unwrap_or(0) > 0
+    {
+        problems.push(format!(
+            "the {} datapath is pinned with pods attached; \"datapath\": \"{}\" needs them deleted first",
+            pinned.as_str(),
+            conf.datapath.as_str()
+        ));
+    }
+    problems
+}
+
+/// An ADD refuses a gateway device that another network owns.
+async fn gateway_problem(conf: &NetConf) -> Option<String> {
+    let host = match Netlink::connect() {
+        Ok(host) => host,
+        Err(e) => return Some(format!("cannot talk to the kernel (rtnetlink): {e}")),
+    };
+    let link = match host.link_by_name(&conf.gateway_device).await {
+        Ok(link) => link?,
+        Err(e) => return Some(e.to_string()),
+    };
+    let alias = link.alias?;
+    (alias.starts_with("flatnet:") && alias != gateway_alias(&conf.name)).then(|| {
+        format!(
+            "gateway device {} belongs to network {:?}; give this network its own \"bridge\"",
+            conf.gateway_device,
+            alias.trim_start_matches("flatnet:")
+        )
+    })
+}

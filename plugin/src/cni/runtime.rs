@@ -1,0 +1,252 @@
+//! What a runtime passes per attachment besides the network configuration:
+//! `runtimeConfig` (the capabilities a plugin declares: `mtu`, `mac`, `ips`),
+//! `args.cni` (the same keys in the config's `args`), and CNI_ARGS
+//! (`KEY=VALUE;...` with the `IgnoreUnknown` convention).
+
+use serde_json::Value;
+
+use super::config::MTU_RANGE;
+use super::error::{Error, Result};
+
+/// A MAC address (six bytes), as the kernel takes it.
+pub type Mac = [u8; 6];
+
+/// CNI_ARGS keys flatnet understands without `IgnoreUnknown`: the
+/// convention's own key, the ones kubelet, CRI-O and podman always pass,
+/// `IP` (for the IPAM plugin) and `MAC` (the pod interface's address).
+pub const FLATNET_CNI_ARGS: &[&str] = &[
+    "IgnoreUnknown",
+    "K8S_POD_NAMESPACE",
+    "K8S_POD_NAME",
+    "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID",
+    "IP",
+    "MAC",
+];
+
+/// Per-attachment settings from `runtimeConfig` and `args.cni`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// `runtimeConfig.mtu`: overrides the configuration's `mtu`.
+    pub mtu: Option<u32>,
+    /// `runtimeConfig.mac`, else `args.cni.mac`: the pod interface's MAC.
+    pub mac: Option<Mac>,
+}
+
+impl RuntimeOptions {
+    /// Reads `runtimeConfig` and `args` of a network configuration; keys
+    /// flatnet does not use are left to other plugins (IPAM reads `ips`).
+    pub fn from_config(runtime_config: Option<&Value>, args: Option<&Value>) -> Result<Self> {
+        let mut options = RuntimeOptions::default();
+        let cni_args = args.and_then(|a| a.get("cni"));
+        if let Some(mac) = cni_args.and_then(|a| a.get("mac")) {
+            options.mac = Some(mac_field(mac, "args.cni.mac")?);
+        }
+        let Some(runtime_config) = runtime_config else {
+            return Ok(options);
+        };
+        if !runtime_config.is_object() && !runtime_config.is_null() {
+            return Err(Error::decode(
+                "network configuration",
+                "\"runtimeConfig\" must be an object",
+            ));
+        }
+        if let Some(mtu) = runtime_config.get("mtu").filter(|v| !v.is_null()) {
+            let value = mtu
+                .as_u64()
+                .and_then(|m| u32::try_from(m).ok())
+                .filter(|m| MTU_RANGE.contains(m))
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "\"runtimeConfig.mtu\" {mtu} is out of range: use {}..={}",
+                        MTU_RANGE.start(),
+                        MTU_RANGE.end()
+                    ))
+                })?;
+            options.mtu = Some(value);
+        }
+        if let Some(mac) = runtime_config.get("mac").filter(|v| !v.is_null()) {
+            options.mac = Some(mac_field(mac, "runtimeConfig.mac")?);
+        }
+        Ok(options)
+    }
+}
+
+fn mac_field(value: &Value, field: &str) -> Result<Mac> {
+    let text = value.as_str().ok_or_else(|| {
+        Error::config(format!(
+            "\"{field}\" must be a string like \"02:42:ac:11:00:02\", not {value}"
+        ))
+    })?;
+    parse_unicast_mac(text).map_err(|why| Error::config(format!("\"{field}\" {text:?} {why}")))
+}
+
+/// Six hex bytes separated by ':' or '-' (the forms runtimes use), which must
+/// be a unicast, non-zero address: the pod's interface answers to it.
+pub fn parse_unicast_mac(text: &str) -> std::result::Result<Mac, String> {
+    let separator = if text.contains('-') { '-' } else { ':' };
+    let parts: Vec<&str> = text.split(separator).collect();
+    let well_formed = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()));
+    if !well_formed {
+        return Err("is not a MAC address: write six hex bytes, e.g. 02:42:ac:11:00:02".into());
+    }
+    let mut mac = [0u8; 6];
+    for (byte, part) in mac.iter_mut().zip(&parts) {
+        *byte = u8::from_str_radix(part, 16).map_err(|e| e.to_string())?;
+    }
+    if mac[0] & 1 == 1 {
+        return Err(
+            "is a multicast address; an interface needs a unicast one (even first byte)".into(),
+        );
+    }
+    if mac == [0; 6] {
+        return Err("is all zeros; give the interface a real address".into());
+    }
+    Ok(mac)
+}
+
+/// True for the values the CNI convention reads as true for `IgnoreUnknown`.
+fn truthy(key: &str, value: &str) -> Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" => Ok(true),
+        "0" | "false" | "" => Ok(false),
+        _ => Err(Error::invalid_env(
+            "CNI_ARGS",
+            format!("{key}={value}: use 1/true or 0/false"),
+        )),
+    }
+}
+
+/// Refuses CNI_ARGS keys not in `known` unless `IgnoreUnknown` is true, as
+/// the reference plugins do: a typo must not be silently dropped.
+pub fn check_cni_args(args: &[(String, String)], known: &[&str]) -> Result<()> {
+    let mut ignore_unknown = false;
+    for (key, value) in args {
+        if key == "IgnoreUnknown" {
+            ignore_unknown = truthy(key, value)?;
+        }
+    }
+    if ignore_unknown {
+        return Ok(());
+    }
+    let unknown: Vec<&str> = args
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(Error::UnsupportedField {
+        field: format!("CNI_ARGS {}", unknown.join(", ")),
+        value: "given".into(),
+        hint: format!(
+            "this plugin knows {}; add IgnoreUnknown=1 to CNI_ARGS to pass other keys through",
+            known.join(", ")
+        ),
+    })
+}
+
+/// `MAC=` in CNI_ARGS, if given.
+pub fn cni_args_mac(args: &[(String, String)]) -> Result<Option<Mac>> {
+    args.iter()
+        .find(|(k, _)| k == "MAC")
+        .map(|(_, value)| {
+            parse_unicast_mac(value)
+                .map_err(|why| Error::invalid_env("CNI_ARGS", format!("MAC={value} {why}")))
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn runtime_config_mtu_and_mac_are_read_and_checked() {
+        let o = RuntimeOptions::from_config(
+            Some(&json!({"mtu": 1400, "mac": "02:42:AC:11:00:02", "ips": ["10.0.0.5/24"]})),
+            None,
+        )
+        .unwrap();
+        assert_eq!(o.mtu, Some(1400));
+        assert_eq!(o.mac, Some([2, 0x42, 0xac, 0x11, 0, 2]));
+        for (rc, needle) in [
+            (json!({"mtu": 10}), "runtimeConfig.mtu"),
+            (json!({"mtu": 70000}), "runtimeConfig.mtu"),
+            (json!({"mtu": -1}), "runtimeConfig.mtu"),
+            (json!({"mtu": "big"}), "runtimeConfig.mtu"),
+            (json!({"mac": "nope"}), "runtimeConfig.mac"),
+            (json!({"mac": "03:00:00:00:00:01"}), "multicast"),
+            (json!({"mac": "00:00:00:00:00:00"}), "zeros"),
+            (json!({"mac": 12}), "runtimeConfig.mac"),
+            (json!({"mac": "02:00:00:00:00:0g"}), "runtimeConfig.mac"),
+            (json!({"mac": "2:0:0:0:0:1"}), "runtimeConfig.mac"),
+        ] {
+            let err = RuntimeOptions::from_config(Some(&rc), None).unwrap_err();
+            assert_eq!(err.code(), 7, "{rc}: {err}");
+            assert!(err.to_string().contains(needle), "{rc}: {err}");
+        }
+        let err = RuntimeOptions::from_config(Some(&json!([1])), None).unwrap_err();
+        assert_eq!(err.code(), 6);
+    }
+
+    #[test]
+    fn runtime_config_mac_wins_over_args_cni() {
+        let args = json!({"cni": {"mac": "02:00:00:00:00:01"}});
+        let o = RuntimeOptions::from_config(None, Some(&args)).unwrap();
+        assert_eq!(o.mac, Some([2, 0, 0, 0, 0, 1]));
+        let o =
+            RuntimeOptions::from_config(Some(&json!({"mac": "02-00-00-00-00-02"})), Some(&args))
+                .unwrap();
+        assert_eq!(o.mac, Some([2, 0, 0, 0, 0, 2]));
+        let err =
+            RuntimeOptions::from_config(None, Some(&json!({"cni": {"mac": "x"}}))).unwrap_err();
+        assert!(err.to_string().contains("args.cni.mac"), "{err}");
+    }
+
+    #[test]
+    fn unknown_cni_args_need_ignore_unknown() {
+        let known = FLATNET_CNI_ARGS;
+        check_cni_args(
+            &pairs(&[("K8S_POD_NAME", "web"), ("IP", "10.0.0.2")]),
+            known,
+        )
+        .unwrap();
+        let err =
+            check_cni_args(&pairs(&[("FOO", "1"), ("K8S_POD_NAME", "x")]), known).unwrap_err();
+        assert_eq!(err.code(), 2);
+        assert!(err.to_string().contains("FOO"), "{err}");
+        assert!(err.to_string().contains("IgnoreUnknown"), "{err}");
+        for yes in ["1", "true", "TRUE", "True"] {
+            check_cni_args(&pairs(&[("IgnoreUnknown", yes), ("FOO", "1")]), known).unwrap();
+        }
+        let err =
+            check_cni_args(&pairs(&[("IgnoreUnknown", "0"), ("FOO", "1")]), known).unwrap_err();
+        assert_eq!(err.code(), 2);
+        let err = check_cni_args(&pairs(&[("IgnoreUnknown", "maybe")]), known).unwrap_err();
+        assert_eq!(err.code(), 4);
+    }
+
+    #[test]
+    fn cni_args_mac_is_validated() {
+        assert_eq!(cni_args_mac(&pairs(&[("A", "b")])).unwrap(), None);
+        assert_eq!(
+            cni_args_mac(&pairs(&[("MAC", "02:00:00:00:00:09")])).unwrap(),
+            Some([2, 0, 0, 0, 0, 9])
+        );
+        let err = cni_args_mac(&pairs(&[("MAC", "ff:ff:ff:ff:ff:ff")])).unwrap_err();
+        assert_eq!(err.code(), 4);
+        assert!(err.to_string().contains("MAC="), "{err}");
+    }
+}
