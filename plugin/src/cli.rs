@@ -136,7 +136,7 @@ async fn run_repair(path: &std::path::Path) -> Result<()> {
     let mut attached = 0;
     for (index, _) in datapath.host_veths()? {
         if let Some(link) = host.link_by_index(index).await? {
-            attach_host_veth(&datapath, conf.datapath, &host, &link.name, index).await?;
+            attach_host_veth(&datapath, conf.datapath, &host, &link.name, index, false).await?;
             attached += 1;
         }
     }

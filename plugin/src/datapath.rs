@@ -310,10 +310,11 @@ impl Datapath {
         Ok(ProgramHandle { info, fd })
     }
 
-    /// Attaches the pinned `from_pod` at tc ingress of `ifname`, replacing a
-    /// `from_pod` already there (an upgrade) in one atomic netlink request.
-    /// The filter outlives this process; deleting the veth removes it.
-    pub fn attach_tc(&self, ifname: &str) -> Result<()> {
+    /// Attaches the pinned `from_pod` at tc ingress of `ifname`. On a `fresh`
+    /// veth the filter is created; otherwise a `from_pod` already there (an
+    /// upgrade, a repair) is replaced in one atomic netlink request. The
+    /// filter outlives this process; deleting the veth removes it.
+    pub fn attach_tc(&self, ifname: &str, fresh: bool) -> Result<()> {
         match tc::qdisc_add_clsact(ifname) {
             Ok(()) => {}
             Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -323,28 +324,33 @@ impl Datapath {
         let mut program = SchedClassifier::from_pin(&path)
             .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
         let context = || format!("attaching {PROG_FROM_POD} to {ifname}");
-        // Replace in place when a filter holds our priority/handle, else create.
-        let existing = SchedClassifierLink::attached(
-            ifname,
-            TcAttachType::Ingress,
-            TC_PRIORITY,
-            TC_HANDLE,
-            None,
-        )
-        .map_err(|e| datapath_err(&context(), e))?;
-        let link_id = match program.attach_to_link(existing) {
-            Ok(id) => id,
-            Err(_) => program
-                .attach_with_options(
-                    ifname,
-                    TcAttachType::Ingress,
-                    TcAttachOptions::Netlink(NlOptions {
-                        priority: TC_PRIORITY,
-                        handle: TC_HANDLE,
-                        classid: None,
-                    }),
-                )
-                .map_err(|e| datapath_err(&context(), e))?,
+        let create = |program: &mut SchedClassifier| {
+            program.attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: TC_PRIORITY,
+                    handle: TC_HANDLE,
+                    classid: None,
+                }),
+            )
+        };
+        let link_id = if fresh {
+            create(&mut program).map_err(|e| datapath_err(&context(), e))?
+        } else {
+            let existing = SchedClassifierLink::attached(
+                ifname,
+                TcAttachType::Ingress,
+                TC_PRIORITY,
+                TC_HANDLE,
+                None,
+            )
+            .map_err(|e| datapath_err(&context(), e))?;
+            match program.attach_to_link(existing) {
+                Ok(id) => id,
+                // Nothing there to replace.
+                Err(_) => create(&mut program).map_err(|e| datapath_err(&context(), e))?,
+            }
         };
         let link = program
             .take_link(link_id)

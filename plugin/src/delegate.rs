@@ -36,6 +36,12 @@ impl Delegate {
 
     /// Runs the plugin for `command`; returns its stdout parsed as JSON, if any.
     pub fn run(&self, command: Command, stdin: &[u8]) -> Result<Option<serde_json::Value>> {
+        self.start(command, stdin)?.wait()
+    }
+
+    /// Starts the plugin for `command` and hands it its stdin; the caller
+    /// does other work while it runs, then `wait`s for the answer.
+    pub fn start(&self, command: Command, stdin: &[u8]) -> Result<Running> {
         let mut child = Process::new(&self.path)
             .env("CNI_COMMAND", command.as_str())
             .stdin(Stdio::piped())
@@ -49,10 +55,29 @@ impl Delegate {
                 ))
             })?;
         if let Some(mut input) = child.stdin.take() {
-            // A plugin that exits without reading its stdin is judged by its exit status.
+            // A configuration fits in the pipe; dropping `input` closes it.
+            // A plugin that exits without reading it is judged by its exit status.
             let _ = input.write_all(stdin);
         }
-        let output = child.wait_with_output().map_err(|e| {
+        Ok(Running {
+            child,
+            name: self.name.clone(),
+            path: self.path.clone(),
+        })
+    }
+}
+
+/// A delegated plugin that is running.
+pub struct Running {
+    child: std::process::Child,
+    name: String,
+    path: PathBuf,
+}
+
+impl Running {
+    /// Its answer: stdout parsed as JSON (None when empty), or its error object.
+    pub fn wait(self) -> Result<Option<serde_json::Value>> {
+        let output = self.child.wait_with_output().map_err(|e| {
             Error::Delegate(format!(
                 "waiting for IPAM plugin {}: {e}",
                 self.path.display()

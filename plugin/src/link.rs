@@ -203,7 +203,7 @@ impl Netlink {
     }
 
     /// Creates a veth pair in one request: `host` here, `peer` already inside
-    /// `peer_ns` under its final name, both with fixed MACs and MTU.
+    /// `peer_ns` under its final name, host end up, fixed MACs and MTU.
     pub async fn create_veth(
         &self,
         host: &str,
@@ -213,11 +213,14 @@ impl Netlink {
         peer_ns: &File,
         mtu: Option<u32>,
     ) -> Result<()> {
+        // The host end comes up with the request itself (a round trip fewer).
+        // The peer cannot: the kernel configures it before the pair is
+        // linked, and opening an unlinked veth fails with ENOTCONN.
         let mut peer_msg = LinkBuilder::new()
             .name(peer.to_string())
             .address(peer_mac.to_vec())
             .setns_by_fd(peer_ns.as_raw_fd());
-        let mut host_msg = LinkVeth::new(host, peer).address(host_mac.to_vec());
+        let mut host_msg = LinkVeth::new(host, peer).address(host_mac.to_vec()).up();
         if let Some(mtu) = mtu {
             peer_msg = peer_msg.mtu(mtu);
             host_msg = host_msg.mtu(mtu);
@@ -307,8 +310,8 @@ impl Netlink {
         Ok(found)
     }
 
-    /// Adds a route `dst [via gw] dev oif [src]`; `scope_link` for routes
-    /// without a gateway. An identical route already present is fine.
+    /// Adds (or replaces) the route `dst [via gw] dev oif [src]`; `scope_link`
+    /// for routes without a gateway.
     pub async fn add_route(
         &self,
         dst: IpNetwork,
@@ -336,7 +339,17 @@ impl Netlink {
                 .pref_source(src)
                 .map_err(|e| Error::kernel(context(), e))?;
         }
-        match self.handle.route().add(builder.build()).execute().await {
+        // Replace: a route to this address left on a downed veth (an IPv6
+        // route outlives "down" until the reaper deletes the link) must give
+        // way to the new pod's.
+        match self
+            .handle
+            .route()
+            .add(builder.build())
+            .replace()
+            .execute()
+            .await
+        {
             Ok(()) => Ok(()),
             Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
             Err(e) => Err(kernel(context(), e)),

@@ -68,36 +68,22 @@ async fn add_steps(
     let pod_mac = conf.mac.unwrap_or(names.pod_mac);
     mark("parse, open netns, connect");
 
-    let answer = ipam.run(Command::Add, stdin)?;
+    // The IPAM plugin runs while the veth pair is made: neither needs the
+    // other, and its process start-up is most of an ADD's time.
+    let running = ipam.start(Command::Add, stdin)?;
+    // From here a failure gives the address back (DEL is idempotent).
     done.ipam = true;
-    let answer = answer
+    let veth = create_veth_pair(env, conf, netns, host, &names, pod_mac).await;
+    // Waited for before anything else, so a rollback's IPAM DEL never
+    // overtakes this ADD.
+    let answer = running.wait();
+    let host_link = veth?;
+    done.host_veth = Some(host_link.index);
+    let answer = answer?
         .ok_or_else(|| Error::Delegate(format!("IPAM plugin {} returned no result", ipam.name)))?;
     let ipam_result = CniResult::from_value(&answer, "the IPAM result")?;
     let ips = usable_ips(&ipam_result, &ipam.name)?;
-    mark("IPAM ADD");
-
-    // A veth left by an ADD of this very attachment that crashed half way.
-    if let Some(stale) = host.link_by_name(&names.host_veth).await? {
-        host.delete_link(stale.index).await?;
-    }
-    host.create_veth(
-        &names.host_veth,
-        names.host_mac,
-        &env.ifname,
-        pod_mac,
-        netns,
-        conf.mtu,
-    )
-    .await?;
-    let host_link = host.link_by_name(&names.host_veth).await?.ok_or_else(|| {
-        Error::kernel(
-            format!("creating {}", names.host_veth),
-            "the new veth is not there",
-        )
-    })?;
-    done.host_veth = Some(host_link.index);
-    host.set_up(host_link.index).await?;
-    mark("veth pair created");
+    mark("IPAM ADD, with the veth pair made meanwhile");
 
     let pod = Netlink::connect_in(netns)?;
     let pod_index = pod
@@ -160,6 +146,7 @@ async fn add_steps(
         host,
         &names.host_veth,
         host_link.index,
+        true,
     )
     .await?;
     if conf.datapath == DatapathMode::Xdp {
@@ -221,6 +208,37 @@ async fn add_steps(
         } else {
             conf.dns.clone()
         },
+    })
+}
+
+/// Creates the pod's veth pair, host end up (the peer already in the pod's
+/// namespace under its final name), replacing one a crashed ADD of this very
+/// attachment left; returns the host end.
+async fn create_veth_pair(
+    env: &CniEnv,
+    conf: &NetConf,
+    netns: &File,
+    host: &Netlink,
+    names: &AttachmentNames,
+    pod_mac: crate::link::Mac,
+) -> Result<crate::link::LinkState> {
+    if let Some(stale) = host.link_by_name(&names.host_veth).await? {
+        host.delete_link(stale.index).await?;
+    }
+    host.create_veth(
+        &names.host_veth,
+        names.host_mac,
+        &env.ifname,
+        pod_mac,
+        netns,
+        conf.mtu,
+    )
+    .await?;
+    host.link_by_name(&names.host_veth).await?.ok_or_else(|| {
+        Error::kernel(
+            format!("creating {}", names.host_veth),
+            "the new veth is not there",
+        )
     })
 }
 

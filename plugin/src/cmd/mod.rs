@@ -25,9 +25,10 @@ pub async fn attach_host_veth(
     host: &Netlink,
     name: &str,
     index: u32,
+    fresh: bool,
 ) -> Result<()> {
     match mode {
-        DatapathMode::Tc => datapath.attach_tc(name),
+        DatapathMode::Tc => datapath.attach_tc(name, fresh),
         DatapathMode::Xdp => {
             host.set_xdp(index, datapath.program(PROG_FROM_POD_XDP)?.raw_fd()?)
                 .await

@@ -31,7 +31,9 @@
 //! and concurrent ADDs share their journal commits instead of queueing one
 //! flush each behind the lock. A power loss before the flush can leave a
 //! record empty; it is reported and its address stays out of use, never
-//! handed out twice. `"fsync": false` skips the flushes (page cache only).
+//! handed out twice. Releases and the walk pointer are not flushed: losing
+//! one to a power loss only keeps an address reserved until GC. `"fsync":
+//! false` skips the flushes altogether (page cache only).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -245,10 +247,9 @@ impl DiskStore {
     fn remove(&mut self, name: &str) -> Result<()> {
         let path = self.path(name);
         match std::fs::remove_file(&path) {
-            Ok(()) => {
-                self.dirty = true;
-                Ok(())
-            }
+            // Not flushed: a release lost to a power loss leaves the address
+            // reserved (GC frees it), never handed out twice.
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(store_err("removing", &path, e)),
         }
@@ -333,7 +334,7 @@ impl DiskStore {
         std::os::unix::fs::symlink(target, &temp).map_err(|e| store_err("creating", &temp, e))?;
         let path = self.path(name);
         std::fs::rename(&temp, &path).map_err(|e| store_err("renaming onto", &path, e))?;
-        self.dirty = true;
+        // Only where the walk resumes: not worth a flush of its own.
         Ok(())
     }
 }
