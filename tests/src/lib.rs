@@ -434,12 +434,24 @@ pub fn tcp_echo(
     client_ns: Option<&Netns>,
     bytes: usize,
 ) -> anyhow::Result<()> {
-    let ip = ip.into();
-    let listener = in_ns(server_ns, || TcpListener::bind((ip, 0)))?;
-    let addr = listener.local_addr()?;
+    tcp_echo_via(server_ns, (ip.into(), 0).into(), client_ns, None, bytes)
+}
+
+/// `tcp_echo` with the server bound to `bind` and the client connecting to
+/// `connect` (a port mapping's address), or to the server's own address.
+pub fn tcp_echo_via(
+    server_ns: Option<&Netns>,
+    bind: SocketAddr,
+    client_ns: Option<&Netns>,
+    connect: Option<SocketAddr>,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    let listener = in_ns(server_ns, || TcpListener::bind(bind))?;
+    let local = listener.local_addr()?;
+    let addr = connect.unwrap_or(local);
     let server = std::thread::spawn(move || -> anyhow::Result<()> {
         let (mut conn, _) = listener.accept()?;
-        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = conn.read(&mut buf)?;
@@ -452,7 +464,18 @@ pub fn tcp_echo(
     let payload: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
     let echoed = in_ns(client_ns, || -> anyhow::Result<Vec<u8>> {
         tcp_client(addr, &payload)
-    })?;
+    });
+    let echoed = match echoed {
+        Ok(echoed) => echoed,
+        Err(e) => {
+            // Unblock the server's accept so its thread ends.
+            let _ = in_ns(server_ns, || {
+                TcpStream::connect_timeout(&bind_target(local), Duration::from_secs(1))
+            });
+            let _ = server.join();
+            return Err(e);
+        }
+    };
     server
         .join()
         .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
@@ -465,9 +488,18 @@ pub fn tcp_echo(
     Ok(())
 }
 
+/// Where to reach a listener bound to `bind` from its own namespace.
+fn bind_target(bind: SocketAddr) -> SocketAddr {
+    if bind.ip().is_unspecified() {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, bind.port()))
+    } else {
+        bind
+    }
+}
+
 fn tcp_client(addr: SocketAddr, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut writer = conn.try_clone()?;
     let data = payload.to_vec();
     let sender = std::thread::spawn(move || -> std::io::Result<()> {
@@ -568,5 +600,239 @@ impl IpamNet {
 impl Drop for IpamNet {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// DEL cuts a link off at once and leaves its unregister (tens of ms of RCU
+/// waiting in the kernel) to a detached reaper: waits for it to vanish.
+pub fn wait_link_gone(link: &str, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while link_exists(link) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// The plugin binary `kind` as a runtime finds it: the first in CNI_PATH.
+pub fn find_plugin(kind: &str, cni_path: &str) -> PathBuf {
+    std::env::split_paths(cni_path)
+        .map(|dir| dir.join(kind))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("plugin {kind} is not in CNI_PATH {cni_path}"))
+}
+
+/// Which plugin of a list failed, and how.
+#[derive(Debug)]
+pub struct ChainError {
+    pub plugin: String,
+    pub output: CniOutput,
+}
+
+impl std::fmt::Display for ChainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "plugin {} failed ({:?}): {} {}",
+            self.plugin, self.output.code, self.output.stdout, self.output.stderr
+        )
+    }
+}
+
+impl std::error::Error for ChainError {}
+
+/// The CNI versions a list runner here understands, oldest first.
+const LIST_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+fn version_rank(version: &str) -> Option<usize> {
+    LIST_VERSIONS.iter().position(|v| *v == version)
+}
+
+/// A network configuration list, run the way libcni runs one: each plugin's
+/// configuration gets the list's `name` and `cniVersion`, a `runtimeConfig`
+/// with the runtime's values for the capabilities it declares, and a
+/// `prevResult` (ADD: the previous plugin's result; CHECK and DEL: the
+/// list's ADD result); DEL runs the plugins in reverse order; CHECK is
+/// skipped before 0.4.0 and with `disableCheck`, GC and STATUS before 1.1.0.
+pub struct Conflist {
+    pub list: Value,
+}
+
+impl Conflist {
+    pub fn new(list: Value) -> Self {
+        Conflist { list }
+    }
+
+    /// `cniVersions` (1.1.0): the newest one understood; else `cniVersion`.
+    pub fn version(&self) -> String {
+        if let Some(versions) = self.list["cniVersions"].as_array() {
+            let best = versions
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(version_rank)
+                .max();
+            if let Some(best) = best {
+                return LIST_VERSIONS[best].to_string();
+            }
+        }
+        self.list["cniVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn plugins(&self) -> Vec<Value> {
+        self.list["plugins"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// One plugin's stdin.
+    pub fn plugin_conf(
+        &self,
+        plugin: &Value,
+        runtime_config: &Value,
+        prev_result: Option<&Value>,
+    ) -> Value {
+        let mut conf = plugin.clone();
+        conf["name"] = self.list["name"].clone();
+        conf["cniVersion"] = json!(self.version());
+        let mut rc = serde_json::Map::new();
+        if let Some(caps) = plugin["capabilities"].as_object() {
+            for (cap, on) in caps {
+                if on.as_bool() == Some(true)
+                    && let Some(value) = runtime_config.get(cap)
+                {
+                    rc.insert(cap.clone(), value.clone());
+                }
+            }
+        }
+        if !rc.is_empty() {
+            conf["runtimeConfig"] = Value::Object(rc);
+        }
+        if let Some(prev) = prev_result {
+            conf["prevResult"] = prev.clone();
+        }
+        conf
+    }
+
+    fn run_plugin(
+        &self,
+        call: &CniCall,
+        command: &str,
+        conf: &Value,
+    ) -> Result<CniOutput, ChainError> {
+        let kind = conf["type"].as_str().unwrap_or_default().to_string();
+        let mut call = call.clone();
+        call.command = command.into();
+        let out = call.run(&find_plugin(&kind, &call.path), conf.to_string().as_bytes());
+        if out.success() {
+            Ok(out)
+        } else {
+            Err(ChainError {
+                plugin: kind,
+                output: out,
+            })
+        }
+    }
+
+    /// ADD through the whole list; the last plugin's result.
+    pub fn add(&self, call: &CniCall, runtime_config: &Value) -> Result<Value, ChainError> {
+        let mut prev: Option<Value> = None;
+        for plugin in self.plugins() {
+            let conf = self.plugin_conf(&plugin, runtime_config, prev.as_ref());
+            let out = self.run_plugin(call, "ADD", &conf)?;
+            prev = Some(out.json());
+        }
+        Ok(prev.unwrap_or(Value::Null))
+    }
+
+    /// CHECK through the whole list against the ADD `result`.
+    pub fn check(
+        &self,
+        call: &CniCall,
+        runtime_config: &Value,
+        result: &Value,
+    ) -> Result<(), ChainError> {
+        let disabled =
+            self.list["disableCheck"] == json!(true) || self.list["disableCheck"] == json!("true");
+        if disabled || version_rank(&self.version()) < version_rank("0.4.0") {
+            return Ok(());
+        }
+        for plugin in self.plugins() {
+            let conf = self.plugin_conf(&plugin, runtime_config, Some(result));
+            self.run_plugin(call, "CHECK", &conf)?;
+        }
+        Ok(())
+    }
+
+    /// DEL through the list in reverse order (with the ADD result if known).
+    pub fn del(
+        &self,
+        call: &CniCall,
+        runtime_config: &Value,
+        result: Option<&Value>,
+    ) -> Result<(), ChainError> {
+        for plugin in self.plugins().iter().rev() {
+            let conf = self.plugin_conf(plugin, runtime_config, result);
+            self.run_plugin(call, "DEL", &conf)?;
+        }
+        Ok(())
+    }
+
+    /// GC of every plugin with the still valid (containerID, ifname) pairs.
+    pub fn gc(&self, call: &CniCall, valid: &[(&str, &str)]) -> Result<(), ChainError> {
+        if version_rank(&self.version()) < version_rank("1.1.0") {
+            return Ok(());
+        }
+        let attachments: Vec<Value> = valid
+            .iter()
+            .map(|(id, ifname)| json!({"containerID": id, "ifname": ifname}))
+            .collect();
+        for plugin in self.plugins() {
+            let mut conf = self.plugin_conf(&plugin, &json!({}), None);
+            conf["cni.dev/valid-attachments"] = json!(attachments);
+            self.run_plugin(call, "GC", &conf)?;
+        }
+        Ok(())
+    }
+
+    /// STATUS of every plugin, in order.
+    pub fn status(&self, call: &CniCall) -> Result<(), ChainError> {
+        if version_rank(&self.version()) < version_rank("1.1.0") {
+            return Ok(());
+        }
+        for plugin in self.plugins() {
+            let conf = self.plugin_conf(&plugin, &json!({}), None);
+            self.run_plugin(call, "STATUS", &conf)?;
+        }
+        Ok(())
+    }
+}
+
+impl Network {
+    /// This network's flatnet configuration as an entry of a list (without
+    /// the `name` and `cniVersion` the list gives it).
+    pub fn plugin_entry(&self) -> Value {
+        let mut entry = self.conf.clone();
+        if let Some(map) = entry.as_object_mut() {
+            map.remove("name");
+            map.remove("cniVersion");
+        }
+        entry
+    }
+
+    /// A list with flatnet first and `more` after it.
+    pub fn conflist(&self, cni_version: &str, more: Vec<Value>) -> Conflist {
+        let mut plugins = vec![self.plugin_entry()];
+        plugins.extend(more);
+        Conflist::new(json!({"cniVersion": cni_version, "name": self.name, "plugins": plugins}))
+    }
+
+    /// flatnet with flatnet-ipam on a fresh /24.
+    pub fn flatnet_ipam() -> Self {
+        Self::with_ipam(
+            |subnet, gateway, dir| json!({"type": "flatnet-ipam", "subnet": subnet, "gateway": gateway, "dataDir": dir}),
+        )
     }
 }
