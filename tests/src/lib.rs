@@ -766,6 +766,27 @@ impl Conflist {
         Ok(())
     }
 
+    /// CHECK through the whole list, going on past the failures `known`
+    /// accepts (a reference plugin's own bug); returns those.
+    pub fn check_tolerating(
+        &self,
+        call: &CniCall,
+        runtime_config: &Value,
+        result: &Value,
+        known: impl Fn(&ChainError) -> bool,
+    ) -> Result<Vec<ChainError>, ChainError> {
+        let mut tolerated = Vec::new();
+        for plugin in self.plugins() {
+            let conf = self.plugin_conf(&plugin, runtime_config, Some(result));
+            match self.run_plugin(call, "CHECK", &conf) {
+                Ok(_) => {}
+                Err(e) if known(&e) => tolerated.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(tolerated)
+    }
+
     /// DEL through the list in reverse order (with the ADD result if known).
     pub fn del(
         &self,
