@@ -85,15 +85,22 @@ impl NetConf {
     /// Parses and validates stdin. `needs_ipam` is false for verbs that can do without.
     pub fn parse(stdin: &[u8]) -> Result<Self> {
         if stdin.len() > MAX_CONFIG_BYTES {
+            // The runner stops reading one byte past the limit.
             return Err(Error::config(format!(
-                "stdin is {} bytes; a network configuration may be at most {MAX_CONFIG_BYTES}",
-                stdin.len()
+                "stdin holds more than {MAX_CONFIG_BYTES} bytes; a network configuration may be at most that"
             )));
         }
         if stdin.iter().all(u8::is_ascii_whitespace) {
             return Err(Error::decode(
                 "network configuration",
                 "stdin is empty; the runtime must pass the network configuration as JSON",
+            ));
+        }
+        // serde would read a JSON array as the struct's fields in order.
+        if stdin.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(Error::decode(
+                "network configuration",
+                "it must be a JSON object ({\"cniVersion\": ..., \"name\": ..., ...})",
             ));
         }
         let raw: RawNetConf =

@@ -24,7 +24,12 @@ impl Command {
             "VERSION" => Command::Version,
             "STATUS" => Command::Status,
             "GC" => Command::Gc,
-            "" => return Err(Error::invalid_env("CNI_COMMAND", "is empty")),
+            "" => {
+                return Err(Error::invalid_env(
+                    "CNI_COMMAND",
+                    "is missing or empty; a runtime sets it to ADD, DEL, CHECK, STATUS, GC or VERSION",
+                ));
+            }
             other => {
                 return Err(Error::invalid_env(
                     "CNI_COMMAND",

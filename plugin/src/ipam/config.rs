@@ -87,9 +87,9 @@ impl IpamConf {
     /// so errors found there are already reported in the config's version.
     pub fn read(stdin: &[u8]) -> Result<Parsed> {
         if stdin.len() > MAX_CONFIG_BYTES {
+            // The runner stops reading one byte past the limit.
             return Err(Error::config(format!(
-                "stdin is {} bytes; a network configuration may be at most {MAX_CONFIG_BYTES}",
-                stdin.len()
+                "stdin holds more than {MAX_CONFIG_BYTES} bytes; a network configuration may be at most that"
             )));
         }
         if stdin.iter().all(u8::is_ascii_whitespace) {
