@@ -135,8 +135,8 @@ async fn run_repair(path: &std::path::Path) -> Result<()> {
     // Whatever happened before, every pod's veth runs this build's program now.
     let mut attached = 0;
     for (index, _) in datapath.host_veths()? {
-        if let Some(link) = host.link_by_index(index).await? {
-            attach_host_veth(&datapath, conf.datapath, &host, &link.name, index, false).await?;
+        if host.link_by_index(index).await?.is_some() {
+            attach_host_veth(&datapath, conf.datapath, &host, index).await?;
             attached += 1;
         }
     }

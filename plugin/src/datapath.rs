@@ -8,10 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
-use aya::programs::tc::{
-    self, NlOptions, SchedClassifier, SchedClassifierLink, TcAttachOptions, TcError, TcHandle,
-};
-use aya::programs::{Program, ProgramFd, ProgramInfo, TcAttachType};
+use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
@@ -32,8 +29,8 @@ pub const DATAPATH_ID: &str = env!("FLATNET_DATAPATH_ID");
 
 /// tc filter priority and handle of `from_pod` on every host veth: fixed, so
 /// CHECK can find it and an upgrade can replace it in place.
-const TC_PRIORITY: u16 = 1;
-const TC_HANDLE: TcHandle = TcHandle::new(0, 1);
+pub const TC_PRIORITY: u16 = 1;
+pub const TC_HANDLE: u32 = 1;
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -308,56 +305,6 @@ impl Datapath {
         let info = ProgramInfo::from_pin(&path).map_err(|e| datapath_err(&context(), e))?;
         let fd = info.fd().map_err(|e| datapath_err(&context(), e))?;
         Ok(ProgramHandle { info, fd })
-    }
-
-    /// Attaches the pinned `from_pod` at tc ingress of `ifname`. On a `fresh`
-    /// veth the filter is created; otherwise a `from_pod` already there (an
-    /// upgrade, a repair) is replaced in one atomic netlink request. The
-    /// filter outlives this process; deleting the veth removes it.
-    pub fn attach_tc(&self, ifname: &str, fresh: bool) -> Result<()> {
-        match tc::qdisc_add_clsact(ifname) {
-            Ok(()) => {}
-            Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(datapath_err(&format!("adding clsact qdisc to {ifname}"), e)),
-        }
-        let path = self.program_path(PROG_FROM_POD);
-        let mut program = SchedClassifier::from_pin(&path)
-            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-        let context = || format!("attaching {PROG_FROM_POD} to {ifname}");
-        let create = |program: &mut SchedClassifier| {
-            program.attach_with_options(
-                ifname,
-                TcAttachType::Ingress,
-                TcAttachOptions::Netlink(NlOptions {
-                    priority: TC_PRIORITY,
-                    handle: TC_HANDLE,
-                    classid: None,
-                }),
-            )
-        };
-        let link_id = if fresh {
-            create(&mut program).map_err(|e| datapath_err(&context(), e))?
-        } else {
-            let existing = SchedClassifierLink::attached(
-                ifname,
-                TcAttachType::Ingress,
-                TC_PRIORITY,
-                TC_HANDLE,
-                None,
-            )
-            .map_err(|e| datapath_err(&context(), e))?;
-            match program.attach_to_link(existing) {
-                Ok(id) => id,
-                // Nothing there to replace.
-                Err(_) => create(&mut program).map_err(|e| datapath_err(&context(), e))?,
-            }
-        };
-        let link = program
-            .take_link(link_id)
-            .map_err(|e| datapath_err(&context(), e))?;
-        // Dropping the link would detach it; the filter must outlive us.
-        std::mem::forget(link);
-        Ok(())
     }
 
     fn open_map(&self, name: &str) -> Result<MapData> {

@@ -5,9 +5,14 @@ use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ipnetwork::IpNetwork;
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+    NetlinkPayload,
+};
 use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::address::AddressFlags;
 use rtnetlink::packet_route::link::{
@@ -15,7 +20,9 @@ use rtnetlink::packet_route::link::{
 };
 use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
-use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
+use rtnetlink::packet_route::tc::{
+    TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption,
+};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use sha2::{Digest, Sha256};
 
@@ -564,6 +571,88 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| kernel(format!("renaming interface #{index} to {name}"), e))
+    }
+
+    /// Sends one request and waits for its acknowledgement.
+    async fn acked(
+        &self,
+        message: RouteNetlinkMessage,
+        flags: u16,
+    ) -> std::result::Result<(), rtnetlink::Error> {
+        let mut request = NetlinkMessage::from(message);
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        let mut responses = self.handle.clone().request(request)?;
+        while let Some(response) = responses.next().await {
+            if let NetlinkPayload::Error(err) = response.payload
+                && err.code.is_some()
+            {
+                return Err(rtnetlink::Error::NetlinkError(err));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the clsact qdisc (tc's ingress and egress hooks) to `index`;
+    /// one already there is fine.
+    pub async fn add_clsact(&self, index: u32) -> Result<()> {
+        /// TC_H_CLSACT and its qdisc handle (ffff:), from linux/pkt_sched.h.
+        const TC_H_CLSACT: u32 = 0xffff_fff1;
+        const CLSACT_HANDLE: u32 = 0xffff_0000;
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(TC_H_CLSACT);
+        message.header.handle = TcHandle::from(CLSACT_HANDLE);
+        message.attributes.push(TcAttribute::Kind("clsact".into()));
+        match self
+            .acked(
+                RouteNetlinkMessage::NewQueueDiscipline(message),
+                NLM_F_CREATE | NLM_F_EXCL,
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+            Err(e) => Err(kernel(
+                format!("adding the clsact qdisc to interface #{index}"),
+                e,
+            )),
+        }
+    }
+
+    /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
+    /// as a direct-action filter with a fixed priority and handle: created
+    /// when absent, replaced in one atomic request when present (an upgrade).
+    pub async fn set_tc_ingress_bpf(
+        &self,
+        index: u32,
+        program_fd: std::os::fd::RawFd,
+        name: &str,
+        priority: u16,
+        handle: u32,
+    ) -> Result<()> {
+        /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS) and htons(ETH_P_ALL).
+        const CLSACT_INGRESS: u32 = 0xffff_fff2;
+        const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(CLSACT_INGRESS);
+        message.header.handle = TcHandle::from(handle);
+        message.header.info = (u32::from(priority) << 16) | u32::from(ALL_PROTOCOLS);
+        message.attributes.push(TcAttribute::Kind("bpf".into()));
+        message.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd as u32)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(name.into())),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+        ]));
+        self.acked(
+            RouteNetlinkMessage::NewTrafficFilter(message),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
+        .map_err(|e| {
+            kernel(
+                format!("attaching {name} at tc ingress of interface #{index}"),
+                e,
+            )
+        })
     }
 
     /// Attaches an XDP program (by fd) in driver mode through plain netlink,

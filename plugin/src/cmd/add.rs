@@ -140,15 +140,7 @@ async fn add_steps(
         masq::ensure(&conf.name, &subnets)?;
     }
     mark("gateway, host routes, neighbours");
-    attach_host_veth(
-        &datapath,
-        conf.datapath,
-        host,
-        &names.host_veth,
-        host_link.index,
-        true,
-    )
-    .await?;
+    attach_host_veth(&datapath, conf.datapath, host, host_link.index).await?;
     if conf.datapath == DatapathMode::Xdp {
         // Frames XDP-redirected into a veth are only accepted once its NAPI
         // is on, which an XDP program on it turns on.

@@ -7,11 +7,11 @@ pub mod gc;
 pub mod repair;
 pub mod status;
 
-use flatnet_common::PROG_FROM_POD_XDP;
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
 
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::error::Result;
-use crate::datapath::Datapath;
+use crate::datapath::{Datapath, TC_HANDLE, TC_PRIORITY};
 use crate::link::Netlink;
 use crate::lock::{self, Lock};
 use crate::masq;
@@ -23,12 +23,21 @@ pub async fn attach_host_veth(
     datapath: &Datapath,
     mode: DatapathMode,
     host: &Netlink,
-    name: &str,
     index: u32,
-    fresh: bool,
 ) -> Result<()> {
     match mode {
-        DatapathMode::Tc => datapath.attach_tc(name, fresh),
+        DatapathMode::Tc => {
+            host.add_clsact(index).await?;
+            let program = datapath.program(PROG_FROM_POD)?;
+            host.set_tc_ingress_bpf(
+                index,
+                program.raw_fd()?,
+                PROG_FROM_POD,
+                TC_PRIORITY,
+                TC_HANDLE,
+            )
+            .await
+        }
         DatapathMode::Xdp => {
             host.set_xdp(index, datapath.program(PROG_FROM_POD_XDP)?.raw_fd()?)
                 .await

@@ -82,7 +82,7 @@ pub async fn rebuild_pods(
             _pad: [0; 4],
         };
         datapath.insert_pod(endpoint, &addresses)?;
-        attach_host_veth(datapath, mode, host, &veth.name, index, false).await?;
+        attach_host_veth(datapath, mode, host, index).await?;
         restored += 1;
     }
     Ok(restored)
@@ -128,8 +128,8 @@ pub async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink
         .await?;
     } else {
         for (index, _) in datapath.host_veths()? {
-            if let Some(link) = host.link_by_index(index).await? {
-                attach_host_veth(datapath, conf.datapath, host, &link.name, index, false).await?;
+            if host.link_by_index(index).await?.is_some() {
+                attach_host_veth(datapath, conf.datapath, host, index).await?;
             }
         }
     }
