@@ -105,6 +105,9 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
         println!("{name:<18} {packets:>10} {bytes:>14}");
     }
 
+    heading("flatnet inspect: pods, per-pod counters, programs");
+    run_cmd(Command::new(args.bin_dir.join("flatnet")).args(["inspect", "--network", &network]))?;
+
     heading("bpftool: the endpoint map, with field names from BTF");
     run_cmd(
         Command::new("bpftool")

@@ -24,7 +24,8 @@ pub struct InstallArgs {
     pub conf_dir: PathBuf,
 }
 
-/// The default network: flatnet with its tc datapath on 10.42.0.0/24.
+/// The default network: flatnet with its tc datapath and flatnet-ipam on
+/// 10.42.0.0/24.
 pub fn default_conflist() -> serde_json::Value {
     serde_json::json!({
         "cniVersion": "1.0.0",
@@ -35,9 +36,9 @@ pub fn default_conflist() -> serde_json::Value {
             "mtu": 1500,
             "datapath": "tc",
             "ipam": {
-                "type": "host-local",
+                "type": "flatnet-ipam",
                 "ranges": [[{"subnet": "10.42.0.0/24", "gateway": "10.42.0.1"}]],
-                "dataDir": "/var/lib/cni/flatnet-host-local"
+                "dataDir": "/var/lib/cni/flatnet-ipam"
             }
         }]
     })
