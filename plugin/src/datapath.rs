@@ -397,6 +397,77 @@ impl Datapath {
         Ok(self.host_veths()?.len())
     }
 
+    /// True when the network has no pod: one map lookup, not a count.
+    pub fn has_no_pod(&self) -> Result<bool> {
+        if !self.map_path(MAP_HOST_VETHS).exists() {
+            return Ok(true);
+        }
+        Ok(self
+            .hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+            .keys()
+            .next()
+            .is_none())
+    }
+
+    /// Forgets the pod behind host veth `index`. With its `addresses` known
+    /// (DEL's prevResult: the result ADD returned) this costs a few lookups,
+    /// however many pods the node has; without, the address maps are
+    /// searched. Addresses first, so nothing is redirected to it any more.
+    pub fn remove_pod(&self, index: u32, addresses: Option<&[IpAddr]>) -> Result<()> {
+        match addresses {
+            Some(addresses) => {
+                for address in addresses {
+                    if self
+                        .endpoint(*address)?
+                        .is_some_and(|ep| ep.host_ifindex == index)
+                    {
+                        match address {
+                            IpAddr::V4(v4) => ignore_missing(
+                                self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
+                                    .remove(&v4.octets()),
+                            )?,
+                            IpAddr::V6(v6) => ignore_missing(
+                                self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
+                                    .remove(&v6.octets()),
+                            )?,
+                        }
+                    }
+                }
+            }
+            None => self.remove_addresses_of(|i| i == index)?,
+        }
+        ignore_missing(
+            self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+                .remove(&index),
+        )?;
+        ignore_missing(self.endpoint_counters()?.remove(&index))
+    }
+
+    /// Removes the addresses whose host veth `doomed` selects.
+    fn remove_addresses_of(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
+        let mut v4 = self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?;
+        let keys: Vec<_> = v4
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, ep)| doomed(ep.host_ifindex))
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            ignore_missing(v4.remove(&key))?;
+        }
+        let mut v6 = self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?;
+        let keys: Vec<_> = v6
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, ep)| doomed(ep.host_ifindex))
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            ignore_missing(v6.remove(&key))?;
+        }
+        Ok(())
+    }
+
     /// Forgets every pod whose host veth `doomed` selects (by ifindex):
     /// addresses first, so nothing is redirected to it any more.
     pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
@@ -483,6 +554,12 @@ impl Datapath {
 fn ignore_missing(outcome: std::result::Result<(), aya::maps::MapError>) -> Result<()> {
     match outcome {
         Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        // A delete of a key that is not there comes back as ENOENT.
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(())
+        }
         Err(e) => Err(datapath_err("removing a map entry", e)),
     }
 }

@@ -1,6 +1,8 @@
 //! DEL: the pod out of the datapath, veth down and on its way out, address
 //! released. Succeeds when any of it, or the whole netns, is already gone.
 
+use std::net::IpAddr;
+
 use flatnet_common::MAP_HOST_VETHS;
 
 use super::release_network_if_empty;
@@ -23,11 +25,19 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
 
     if datapath.map_path(MAP_HOST_VETHS).exists() {
         let _lock = Lock::shared(&lock::network(&conf.name))?;
-        let our_index = host_link.as_ref().map(|link| link.index);
-        // Ours: behind our veth. When the netns was deleted first, the veth
-        // went with it, and the entries point at a vanished ifindex: any such
-        // stale pod (ours or a crashed neighbour's) is swept as well.
-        datapath.remove_pods(|index| Some(index) == our_index || ifindex_is_gone(index))?;
+        match &host_link {
+            Some(link) => {
+                let addresses: Option<Vec<IpAddr>> = conf
+                    .prev_result
+                    .as_ref()
+                    .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect());
+                datapath.remove_pod(link.index, addresses.as_deref())?;
+            }
+            // The netns was deleted first and the veth went with it: the
+            // entries point at a vanished ifindex. Any such stale pod (ours or
+            // a crashed neighbour's) is swept.
+            None => datapath.remove_pods(ifindex_is_gone)?,
+        }
     }
     mark("pod removed from the datapath");
     if let Some(link) = &host_link {

@@ -51,8 +51,13 @@ pub async fn attach_host_veth(
 /// exclusively, so no ADD is half way through.
 pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
     let datapath = Datapath::new(&conf.name);
+    // The common case, other pods remain, is answered under the shared lock:
+    // concurrent DELs do not queue for the exclusive one.
+    if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {
+        return Ok(());
+    }
     let _lock = Lock::exclusive(&lock::network(&conf.name))?;
-    if datapath.pod_count()? > 0 {
+    if !datapath.has_no_pod()? {
         return Ok(());
     }
     datapath.remove_pins()?;
