@@ -129,26 +129,48 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     let sequential = format!("{} one after another", config.sequential);
     let concurrent = format!("{} at once", config.concurrent);
     let ipam_concurrent = format!("{} at once", super::ipam_concurrent(config.concurrent));
-    let cni_metrics: [(String, CniPick); 6] = [
-        (format!("CNI ADD, {sequential} (ms/pod)"), |t| {
-            t.add_sequential
-        }),
-        (format!("CNI DEL, {sequential} (ms/pod)"), |t| {
-            t.del_sequential
-        }),
-        (format!("CNI ADD, {concurrent} (ms/pod)"), |t| {
-            t.add_concurrent
-        }),
-        (format!("CNI DEL, {concurrent} (ms/pod)"), |t| {
-            t.del_concurrent
-        }),
+    let cni_metrics: [(String, CniPick, &str); 8] = [
+        (
+            format!("CNI ADD, {sequential} (ms/pod)"),
+            |t| t.add_sequential,
+            "flatnet",
+        ),
+        (
+            format!("CNI DEL, {sequential} (ms/pod)"),
+            |t| t.del_sequential,
+            "flatnet",
+        ),
+        (
+            format!("CNI ADD, {concurrent} (ms/pod)"),
+            |t| t.add_concurrent,
+            "flatnet",
+        ),
+        (
+            format!("CNI DEL, {concurrent} (ms/pod)"),
+            |t| t.del_concurrent,
+            "flatnet",
+        ),
         (
             format!("IPAM alone, host-local vs flatnet-ipam: ADD, {sequential} (ms)"),
             |t| t.ipam_add_sequential,
+            "flatnet",
         ),
         (
             format!("IPAM alone, host-local vs flatnet-ipam: ADD, {ipam_concurrent} (ms/pod)"),
             |t| t.ipam_add_concurrent,
+            "flatnet",
+        ),
+        (
+            format!("IPAM alone, flatnet-ipam with \"fsync\": false: ADD, {sequential} (ms)"),
+            |t| t.ipam_add_sequential,
+            "flatnet-nofsync",
+        ),
+        (
+            format!(
+                "IPAM alone, flatnet-ipam with \"fsync\": false: ADD, {ipam_concurrent} (ms/pod)"
+            ),
+            |t| t.ipam_add_concurrent,
+            "flatnet-nofsync",
         ),
     ];
     let mut rows = Vec::new();
@@ -167,15 +189,15 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             target_veth,
         });
     }
-    for (metric, pick) in cni_metrics {
+    for (metric, pick, path) in cni_metrics {
         let value = move |round: &Round, path: &str| round.cni.get(path).map(pick);
         rows.push(Row {
             metric: Box::leak(metric.into_boxed_str()),
             bridge: value_median(results, &value, "bridge"),
-            flatnet: value_median(results, &value, "flatnet"),
+            flatnet: value_median(results, &value, path),
             xdp: None,
             veth: None,
-            vs_bridge: ratio_median(results, value, "flatnet", "bridge").unwrap_or(f64::NAN),
+            vs_bridge: ratio_median(results, value, path, "bridge").unwrap_or(f64::NAN),
             vs_veth: None,
             xdp_vs_bridge: None,
             target_bridge: Some(Bound::AtMost(0.5)),
