@@ -445,25 +445,21 @@ impl Datapath {
 
     /// Removes the addresses whose host veth `doomed` selects.
     fn remove_addresses_of(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
-        let mut v4 = self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?;
-        let keys: Vec<_> = v4
+        self.remove_entries::<Ipv4Key>(MAP_ENDPOINTS_V4, &doomed)?;
+        self.remove_entries::<Ipv6Key>(MAP_ENDPOINTS_V6, &doomed)
+    }
+
+    /// Removes the entries of address map `name` whose host veth `doomed` selects.
+    fn remove_entries<K: aya::Pod>(&self, name: &str, doomed: &impl Fn(u32) -> bool) -> Result<()> {
+        let mut map = self.hash_map::<K, Endpoint>(name)?;
+        let keys: Vec<K> = map
             .iter()
             .filter_map(|e| e.ok())
             .filter(|(_, ep)| doomed(ep.host_ifindex))
             .map(|(k, _)| k)
             .collect();
         for key in keys {
-            ignore_missing(v4.remove(&key))?;
-        }
-        let mut v6 = self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?;
-        let keys: Vec<_> = v6
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(_, ep)| doomed(ep.host_ifindex))
-            .map(|(k, _)| k)
-            .collect();
-        for key in keys {
-            ignore_missing(v6.remove(&key))?;
+            ignore_missing(map.remove(&key))?;
         }
         Ok(())
     }
@@ -471,26 +467,7 @@ impl Datapath {
     /// Forgets every pod whose host veth `doomed` selects (by ifindex):
     /// addresses first, so nothing is redirected to it any more.
     pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
-        let mut v4 = self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?;
-        let keys: Vec<_> = v4
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(_, ep)| doomed(ep.host_ifindex))
-            .map(|(k, _)| k)
-            .collect();
-        for key in keys {
-            ignore_missing(v4.remove(&key))?;
-        }
-        let mut v6 = self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?;
-        let keys: Vec<_> = v6
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(_, ep)| doomed(ep.host_ifindex))
-            .map(|(k, _)| k)
-            .collect();
-        for key in keys {
-            ignore_missing(v6.remove(&key))?;
-        }
+        self.remove_addresses_of(&doomed)?;
         let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
         let mut counters = self.endpoint_counters()?;
         let indexes: Vec<u32> = veths

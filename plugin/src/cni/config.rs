@@ -84,25 +84,7 @@ pub struct NetConf {
 impl NetConf {
     /// Parses and validates stdin. `needs_ipam` is false for verbs that can do without.
     pub fn parse(stdin: &[u8]) -> Result<Self> {
-        if stdin.len() > MAX_CONFIG_BYTES {
-            // The runner stops reading one byte past the limit.
-            return Err(Error::config(format!(
-                "stdin holds more than {MAX_CONFIG_BYTES} bytes; a network configuration may be at most that"
-            )));
-        }
-        if stdin.iter().all(u8::is_ascii_whitespace) {
-            return Err(Error::decode(
-                "network configuration",
-                "stdin is empty; the runtime must pass the network configuration as JSON",
-            ));
-        }
-        // serde would read a JSON array as the struct's fields in order.
-        if stdin.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(Error::decode(
-                "network configuration",
-                "it must be a JSON object ({\"cniVersion\": ..., \"name\": ..., ...})",
-            ));
-        }
+        check_stdin(stdin)?;
         let raw: RawNetConf =
             serde_json::from_slice(stdin).map_err(|e| Error::decode("network configuration", e))?;
         Self::validate(raw)
@@ -186,6 +168,31 @@ impl NetConf {
             .as_deref()
             .ok_or_else(|| Error::config("\"ipam\" is missing: flatnet needs an IPAM plugin, e.g. {\"type\": \"flatnet-ipam\", ...}"))
     }
+}
+
+/// What every plugin checks of stdin before parsing it: not larger than a
+/// configuration can be, not empty, and a JSON object.
+pub fn check_stdin(stdin: &[u8]) -> Result<()> {
+    if stdin.len() > MAX_CONFIG_BYTES {
+        // The runner stops reading one byte past the limit.
+        return Err(Error::config(format!(
+            "stdin holds more than {MAX_CONFIG_BYTES} bytes; a network configuration may be at most that"
+        )));
+    }
+    if stdin.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::decode(
+            "network configuration",
+            "stdin is empty; the runtime must pass the network configuration as JSON",
+        ));
+    }
+    // serde would read a JSON array as the struct's fields in order.
+    if stdin.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::decode(
+            "network configuration",
+            "it must be a JSON object ({\"cniVersion\": ..., \"name\": ..., ...})",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::allocator::{Exclusions, Plan, Range, RangeSet, to_u128};
-use crate::cni::config::{MAX_CONFIG_BYTES, MAX_NETWORK_NAME};
+use crate::cni::config::{MAX_NETWORK_NAME, check_stdin};
 use crate::cni::env::is_spec_name;
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, Dns, Route};
@@ -86,18 +86,7 @@ impl IpamConf {
     /// Reads stdin and the spec version; [`Parsed::validate`] does the rest,
     /// so errors found there are already reported in the config's version.
     pub fn read(stdin: &[u8]) -> Result<Parsed> {
-        if stdin.len() > MAX_CONFIG_BYTES {
-            // The runner stops reading one byte past the limit.
-            return Err(Error::config(format!(
-                "stdin holds more than {MAX_CONFIG_BYTES} bytes; a network configuration may be at most that"
-            )));
-        }
-        if stdin.iter().all(u8::is_ascii_whitespace) {
-            return Err(Error::decode(
-                "network configuration",
-                "stdin is empty; the runtime must pass the network configuration as JSON",
-            ));
-        }
+        check_stdin(stdin)?;
         let raw: RawConf =
             serde_json::from_slice(stdin).map_err(|e| Error::decode("network configuration", e))?;
         let version = SpecVersion::parse(&raw.cni_version)?;
