@@ -92,17 +92,7 @@ impl NetConf {
 
     fn validate(raw: RawNetConf) -> Result<Self> {
         let version = SpecVersion::parse(&raw.cni_version)?;
-        if raw.name.is_empty() {
-            return Err(Error::config(
-                "\"name\" is missing: give the network a name",
-            ));
-        }
-        if !is_spec_name(&raw.name) || raw.name.len() > MAX_NETWORK_NAME {
-            return Err(Error::config(format!(
-                "\"name\" {:?} is not a valid network name: start with a letter or digit, then letters, digits, '_', '.' or '-', at most {MAX_NETWORK_NAME} characters",
-                raw.name
-            )));
-        }
+        validate_network_name(&raw.name)?;
         let gateway_device = raw
             .bridge
             .unwrap_or_else(|| DEFAULT_GATEWAY_DEVICE.to_string());
@@ -168,6 +158,21 @@ impl NetConf {
             .as_deref()
             .ok_or_else(|| Error::config("\"ipam\" is missing: flatnet needs an IPAM plugin, e.g. {\"type\": \"flatnet-ipam\", ...}"))
     }
+}
+
+/// The spec's grammar for network names, and a length bpffs and nftables take.
+pub fn validate_network_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::config(
+            "\"name\" is missing: give the network a name",
+        ));
+    }
+    if !is_spec_name(name) || name.len() > MAX_NETWORK_NAME {
+        return Err(Error::config(format!(
+            "\"name\" {name:?} is not a valid network name: start with a letter or digit, then letters, digits, '_', '.' or '-', at most {MAX_NETWORK_NAME} characters"
+        )));
+    }
+    Ok(())
 }
 
 /// What every plugin checks of stdin before parsing it: not larger than a

@@ -10,8 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::allocator::{Exclusions, Plan, Range, RangeSet, to_u128};
-use crate::cni::config::{MAX_NETWORK_NAME, check_stdin};
-use crate::cni::env::is_spec_name;
+use crate::cni::config::{check_stdin, validate_network_name};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, Dns, Route};
 use crate::cni::version::SpecVersion;
@@ -105,17 +104,7 @@ impl IpamConf {
 impl Parsed {
     pub fn validate(self) -> Result<IpamConf> {
         let raw = self.raw;
-        if raw.name.is_empty() {
-            return Err(Error::config(
-                "\"name\" is missing: give the network a name",
-            ));
-        }
-        if !is_spec_name(&raw.name) || raw.name.len() > MAX_NETWORK_NAME {
-            return Err(Error::config(format!(
-                "\"name\" {:?} is not a valid network name: start with a letter or digit, then letters, digits, '_', '.' or '-', at most {MAX_NETWORK_NAME} characters",
-                raw.name
-            )));
-        }
+        validate_network_name(&raw.name)?;
         let ipam = match raw.ipam {
             Some(Value::Object(map)) => map,
             Some(_) => return Err(Error::config("\"ipam\" must be an object")),

@@ -244,6 +244,16 @@ impl DiskStore {
         Ok(())
     }
 
+    /// The attachment names (container ID, ifname) holds, from the listing.
+    fn attachments_of(&self, container_id: &str, ifname: &str) -> Vec<AttachmentName> {
+        let key = attachment_key(container_id, ifname);
+        self.attachments
+            .iter()
+            .filter(|a| a.key == key)
+            .cloned()
+            .collect()
+    }
+
     fn remove(&mut self, name: &str) -> Result<()> {
         let path = self.path(name);
         match std::fs::remove_file(&path) {
@@ -350,13 +360,7 @@ impl AllocationStore for DiskStore {
     }
 
     fn held_by(&mut self, container_id: &str, ifname: &str) -> Result<Vec<(usize, IpAddr)>> {
-        let key = attachment_key(container_id, ifname);
-        let mine: Vec<AttachmentName> = self
-            .attachments
-            .iter()
-            .filter(|a| a.key == key)
-            .cloned()
-            .collect();
+        let mine = self.attachments_of(container_id, ifname);
         let mut held = Vec::with_capacity(mine.len());
         for attachment in mine {
             if self.is_live(&attachment)? {
@@ -423,13 +427,7 @@ impl AllocationStore for DiskStore {
     }
 
     fn release(&mut self, container_id: &str, ifname: &str) -> Result<Vec<IpAddr>> {
-        let key = attachment_key(container_id, ifname);
-        let mine: Vec<AttachmentName> = self
-            .attachments
-            .iter()
-            .filter(|a| a.key == key)
-            .cloned()
-            .collect();
+        let mine = self.attachments_of(container_id, ifname);
         let mut released = Vec::new();
         for attachment in mine {
             if self.release_one(&attachment, container_id, ifname)? {
