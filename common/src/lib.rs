@@ -19,13 +19,18 @@ pub const MAP_ENDPOINTS_V6: &str = "ENDPOINTS_V6";
 pub const MAP_HOST_VETHS: &str = "HOST_VETHS";
 pub const MAP_STATS: &str = "STATS";
 pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
+/// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
+pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
+pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 5] = [
+pub const MAPS: [&str; 7] = [
     MAP_ENDPOINTS_V4,
     MAP_ENDPOINTS_V6,
     MAP_HOST_VETHS,
     MAP_STATS,
     MAP_ENDPOINT_STATS,
+    MAP_REMOTE_CIDRS_V4,
+    MAP_REMOTE_CIDRS_V6,
 ];
 /// tc classifier on host veths (`"datapath": "tc"`).
 pub const PROG_FROM_POD: &str = "from_pod";
@@ -34,6 +39,12 @@ pub const PROG_FROM_POD_XDP: &str = "from_pod_xdp";
 /// XDP_PASS on the pod's interface: a veth accepts XDP-redirected frames
 /// only with its NAPI on, which an attached XDP program turns on.
 pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";
+/// tc classifier on the node's uplink: traffic from other nodes for local
+/// pods goes straight into them.
+pub const PROG_FROM_UPLINK: &str = "from_uplink";
+
+/// Maximum number of other nodes' pod CIDRs per family.
+pub const MAX_REMOTE_CIDRS: u32 = 16384;
 
 /// IPv4 address in network byte order, as it appears in the packet.
 pub type Ipv4Key = [u8; 4];
@@ -58,6 +69,28 @@ const _: () = assert!(size_of::<Endpoint>() == 24);
 
 /// No flags defined yet; the field reserves room without a map layout change.
 pub const ENDPOINT_F_NONE: u32 = 0;
+
+/// Key data of `REMOTE_CIDRS_V4`: the network address of the CIDR, in
+/// network byte order (the LPM key adds the prefix length in front).
+pub type RemoteCidrV4 = [u8; 4];
+pub type RemoteCidrV6 = [u8; 16];
+
+/// The node that owns a remote pod CIDR. The datapath only needs to know
+/// that the CIDR is another node's (it asks the kernel's FIB for the way
+/// there); the node's address is kept for people reading the map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteNode {
+    /// The node's address (IPv4 in the first 4 bytes), network byte order.
+    pub node_address: [u8; 16],
+    /// `AF_INET` (2) or `AF_INET6` (10): the family of `node_address`.
+    pub family: u32,
+    /// No flags defined yet.
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<RemoteNode>() == 24);
+// LPM trie values sit right after the key data: 4-byte alignment at most.
+const _: () = assert!(core::mem::align_of::<RemoteNode>() <= 4);
 
 /// What a pod sent and what the datapath delivered to it, per CPU, keyed
 /// by the pod's host veth ifindex in `ENDPOINT_STATS`.
@@ -94,8 +127,17 @@ pub mod action {
     pub const DROPPED: u32 = 3;
     /// An IPv6 neighbour solicitation from a pod answered by the datapath.
     pub const ND_ANSWERED: u32 = 4;
+    /// A pod's packet for another node's pod CIDR, sent out of the uplink
+    /// by the datapath (`bpf_fib_lookup` + `bpf_redirect_neigh`).
+    pub const TO_REMOTE_NODE: u32 = 5;
+    /// A pod's packet for another node's pod CIDR that the datapath could
+    /// not route itself (no route, TTL 1, too big, XDP mode): host stack.
+    pub const REMOTE_PASSED: u32 = 6;
+    /// A packet from another node, handed from the uplink straight into a
+    /// local pod with `bpf_redirect_peer`.
+    pub const FROM_UPLINK: u32 = 7;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 8;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -104,6 +146,9 @@ pub mod action {
         "arp_answered",
         "dropped",
         "nd_answered",
+        "to_remote_node",
+        "remote_passed_to_stack",
+        "uplink_to_pod",
     ];
 }
 
@@ -115,4 +160,6 @@ mod pod {
     unsafe impl aya::Pod for super::Counter {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::EndpointCounters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RemoteNode {}
 }

@@ -1,4 +1,5 @@
-//! flatnet datapath: programs on the host side of every pod veth.
+//! flatnet datapath: programs on the host side of every pod veth, and one on
+//! the node's uplink.
 //!
 //! Both attachment modes run the same decision on every frame a pod sends:
 //! answer its ARP requests and IPv6 neighbour solicitations itself (so pods
@@ -7,19 +8,30 @@
 //! the host stack. `from_pod` (tc ingress) delivers with `bpf_redirect_peer`;
 //! `from_pod_xdp` (XDP) with `bpf_redirect` into the destination's host veth,
 //! whose peer runs `pod_xdp_pass` so that it accepts XDP frames.
+//!
+//! Cross-node: a packet for another node's pod CIDR (the `REMOTE_CIDRS_*`
+//! tries the node agent fills) leaves `from_pod` through the kernel's own
+//! route to that node (`bpf_fib_lookup`, `bpf_redirect_neigh`), or goes to
+//! the host stack when the FIB has no usable answer. `from_uplink`, on the
+//! node's uplink, hands packets from other nodes for a local pod straight
+//! into it with `bpf_redirect_peer`.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    btf_maps::{HashMap, PerCpuArray, PerCpuHashMap},
-    helpers::generated::{bpf_redirect, bpf_redirect_peer},
+    bindings::{
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
+        bpf_fib_lookup, bpf_redir_neigh, xdp_action,
+    },
+    btf_maps::{HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
 };
 use core::mem::size_of;
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, action,
+    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, MAX_REMOTE_CIDRS,
+    RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
 };
 use network_types::{
     arp::ArpHdr,
@@ -49,6 +61,16 @@ static STATS: PerCpuArray<Counter, { action::COUNT as usize }> = PerCpuArray::ne
 static ENDPOINT_STATS: PerCpuHashMap<u32, EndpointCounters, { MAX_ENDPOINTS as usize }> =
     PerCpuHashMap::new();
 
+/// Other nodes' IPv4 pod CIDRs: packets for them take the fast path.
+#[btf_map]
+static REMOTE_CIDRS_V4: LpmTrie<RemoteCidrV4, RemoteNode, { MAX_REMOTE_CIDRS as usize }> =
+    LpmTrie::new();
+
+/// Other nodes' IPv6 pod CIDRs.
+#[btf_map]
+static REMOTE_CIDRS_V6: LpmTrie<RemoteCidrV6, RemoteNode, { MAX_REMOTE_CIDRS as usize }> =
+    LpmTrie::new();
+
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -62,6 +84,12 @@ const ND_OPT_SOURCE_LL: u8 = 1;
 const ND_OPT_TARGET_LL: u8 = 2;
 /// Solicited and Override flags of a neighbour advertisement.
 const NA_FLAGS_SOLICITED_OVERRIDE: u8 = 0x60;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+/// `skb->pkt_type` of a frame addressed to this host (linux/if_packet.h).
+const PACKET_HOST: u32 = 0;
+/// Traffic class and flow label of the first IPv6 header word (network order).
+const IPV6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
 
 /// A neighbour solicitation carrying the sender's link-layer address: the
 /// only shape answered here (and exactly the size of the answer, so the
@@ -87,6 +115,8 @@ enum Decision {
     ToPod(u32),
     /// Back out of the veth it came from (a neighbour answer).
     Bounce,
+    /// To another node's pod: routed by the caller, or passed to the stack.
+    Remote,
 }
 
 #[classifier]
@@ -105,7 +135,204 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
+        Decision::Remote => match route_to_remote(&ctx, ingress) {
+            Some(verdict) => {
+                count(action::TO_REMOTE_NODE, ctx.len());
+                verdict
+            }
+            None => {
+                count(action::REMOTE_PASSED, ctx.len());
+                TC_ACT_OK as i32
+            }
+        },
     }
+}
+
+/// tc ingress of the node's uplink: a packet from another node (or from
+/// anywhere) for a local pod goes straight into the pod; the rest is the
+/// host's.
+#[classifier]
+pub fn from_uplink(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
+        return TC_ACT_OK as i32;
+    }
+    let len = ctx.len();
+    let Some(host_ifindex) = uplink_to_pod(ctx.data(), ctx.data_end()) else {
+        return TC_ACT_OK as i32;
+    };
+    // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
+    let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
+    if verdict == TC_ACT_SHOT as i32 {
+        count(action::DROPPED, len);
+        return verdict;
+    }
+    count(action::FROM_UPLINK, len);
+    if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(host_ifindex) {
+        // SAFETY: per-CPU slot: no other writer while this program runs here.
+        unsafe {
+            (*counters).rx_packets += 1;
+            (*counters).rx_bytes += u64::from(len);
+        }
+    }
+    verdict
+}
+
+/// The host veth of the local pod a frame from the uplink is for, with the
+/// frame rewritten as the host would forward it (MACs, TTL/hop limit).
+#[inline(always)]
+fn uplink_to_pod(start: usize, end: usize) -> Option<u32> {
+    let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let peer = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`; the frame is writable.
+            let ip = unsafe { &mut *ip };
+            // SAFETY: copied at once, before any update can reuse the slot.
+            let peer = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).copied()?;
+            // An expiring packet is the stack's: it answers with ICMP.
+            if ip.ttl <= 1 {
+                return None;
+            }
+            decrement_ttl(ip);
+            peer
+        }
+        ETH_P_IPV6 => {
+            let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`; the frame is writable.
+            let ip = unsafe { &mut *ip };
+            // SAFETY: copied at once, see above.
+            let peer = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).copied()?;
+            if ip.hop_limit <= 1 {
+                return None;
+            }
+            ip.hop_limit -= 1;
+            peer
+        }
+        _ => return None,
+    };
+    // SAFETY: bounds checked above; the frame is writable.
+    unsafe {
+        (*eth).dst_addr = peer.pod_mac;
+        (*eth).src_addr = peer.host_mac;
+    }
+    Some(peer.host_ifindex)
+}
+
+/// Sends a pod's packet for another node the way the kernel's FIB says
+/// (the agent's route via that node), resolving the next hop's MAC with
+/// `bpf_redirect_neigh`. None: the host stack must take it (no route,
+/// forwarding off, TTL expiring, too big for the way out).
+#[inline(always)]
+fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    // tot_len stays 0: the kernel then checks the skb against the way
+    // out's MTU itself, GSO-aware.
+    params.ifindex = ingress;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let family = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if ip.ttl <= 1 {
+                return None;
+            }
+            params.family = AF_INET;
+            params.l4_protocol = ip.proto;
+            params.__bindgen_anon_2.tos = ip.tos;
+            params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
+            params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
+            AF_INET
+        }
+        ETH_P_IPV6 => {
+            let ip: *const Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if ip.hop_limit <= 1 {
+                return None;
+            }
+            params.family = AF_INET6;
+            params.l4_protocol = ip.next_hdr;
+            params.__bindgen_anon_2.flowinfo = u32::from_ne_bytes(ip.vcf) & IPV6_FLOWINFO_MASK;
+            params.__bindgen_anon_3.ipv6_src = words(ip.src_addr);
+            params.__bindgen_anon_4.ipv6_dst = words(ip.dst_addr);
+            AF_INET6
+        }
+        _ => return None,
+    };
+    // SAFETY: the skb pointer and a params struct of the size given.
+    let found = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut params,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    // NO_NEIGH still names the way out and the next hop: bpf_redirect_neigh
+    // resolves the neighbour as the stack would.
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && found != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH)
+    {
+        return None;
+    }
+    // Only now, when the packet is surely forwarded here, is it changed.
+    if family == AF_INET {
+        let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: bounds checked by `header_at`; the frame is writable.
+        decrement_ttl(unsafe { &mut *ip });
+    } else {
+        let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: as above.
+        unsafe { (*ip).hop_limit -= 1 };
+    }
+    // SAFETY: all-zero is a valid bpf_redir_neigh.
+    let mut next_hop: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    // The FIB may answer an IPv4 route with an IPv6 next hop (RFC 5549).
+    next_hop.nh_family = u32::from(params.family);
+    // SAFETY: reading the union member the FIB filled in for this family.
+    unsafe {
+        if params.family == AF_INET {
+            next_hop.__bindgen_anon_1.ipv4_nh = params.__bindgen_anon_4.ipv4_dst;
+        } else {
+            next_hop.__bindgen_anon_1.ipv6_nh = params.__bindgen_anon_4.ipv6_dst;
+        }
+    }
+    // SAFETY: a next-hop struct of the size given.
+    let verdict = unsafe {
+        bpf_redirect_neigh(
+            params.ifindex,
+            &mut next_hop,
+            size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    };
+    Some(verdict as i32)
+}
+
+/// An IPv6 address as the four 32-bit words the FIB helper takes.
+#[inline(always)]
+fn words(address: [u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([address[0], address[1], address[2], address[3]]),
+        u32::from_ne_bytes([address[4], address[5], address[6], address[7]]),
+        u32::from_ne_bytes([address[8], address[9], address[10], address[11]]),
+        u32::from_ne_bytes([address[12], address[13], address[14], address[15]]),
+    ]
+}
+
+/// One routing hop: TTL minus one, header checksum patched as the kernel's
+/// `ip_decrease_ttl` does (RFC 1624: the TTL is the high byte of its word).
+#[inline(always)]
+fn decrement_ttl(ip: &mut Ipv4Hdr) {
+    let sum = u32::from(u16::from_be_bytes(ip.check)) + 0x0100;
+    let sum = sum + u32::from(sum >= 0xffff);
+    ip.check = (sum as u16).to_be_bytes();
+    ip.ttl -= 1;
 }
 
 #[xdp]
@@ -122,6 +349,11 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
         // which hands the frame to its peer, the destination pod.
         Decision::ToPod(host_ifindex) => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
         Decision::Bounce => xdp_action::XDP_TX,
+        // bpf_redirect_neigh is tc-only: the stack routes it in XDP mode.
+        Decision::Remote => {
+            count(action::REMOTE_PASSED, end.saturating_sub(start) as u32);
+            xdp_action::XDP_PASS
+        }
     }
 }
 
@@ -156,7 +388,8 @@ fn decide(start: usize, end: usize, ingress: u32, len: u32) -> Decision {
                 }
             }
         }
-        Decision::Bounce => {}
+        // Counted by the program that routes it.
+        Decision::Bounce | Decision::Remote => {}
     }
     decision
 }
@@ -171,11 +404,11 @@ fn frame(start: usize, end: usize, ingress: u32) -> Result<Decision, ()> {
             // SAFETY: bounds checked by `header_at`.
             let dst = unsafe { (*ip).dst_addr };
             // SAFETY: the value is copied at once, before any update can reuse the slot.
-            Ok(to_pod(
-                eth,
-                unsafe { ENDPOINTS_V4.get(dst) }.copied(),
-                ingress,
-            ))
+            Ok(match unsafe { ENDPOINTS_V4.get(dst) }.copied() {
+                Some(peer) => to_pod(eth, Some(peer), ingress),
+                None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Decision::Remote,
+                None => Decision::Pass,
+            })
         }
         ETH_P_IPV6 => ipv6(start, end, eth, ingress),
         ETH_P_ARP => arp(start, end, eth, ingress),
@@ -216,11 +449,11 @@ fn ipv6(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Deci
     }
     let dst = header.dst_addr;
     // SAFETY: copied at once, see above.
-    Ok(to_pod(
-        eth,
-        unsafe { ENDPOINTS_V6.get(dst) }.copied(),
-        ingress,
-    ))
+    Ok(match unsafe { ENDPOINTS_V6.get(dst) }.copied() {
+        Some(peer) => to_pod(eth, Some(peer), ingress),
+        None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Decision::Remote,
+        None => Decision::Pass,
+    })
 }
 
 /// Answers a pod's ARP request with the MAC of its host veth, so the pod

@@ -1,21 +1,25 @@
 //! The eBPF datapath of one network: the object embedded in this binary, its
-//! programs and maps pinned under /sys/fs/bpf/flatnet/<network>/, program
-//! attachment on host veths, and the endpoint and counter maps.
+//! programs and maps pinned under /sys/fs/bpf/flatnet/<network>/ (the root
+//! can be moved with `FLATNET_PIN_ROOT`), program attachment on host veths,
+//! and the endpoint, counter and remote-CIDR maps.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4,
-    MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_STATS, MAPS, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
-    PROG_POD_XDP_PASS, action,
+    MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_STATS, MAPS,
+    PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, RemoteCidrV4,
+    RemoteCidrV6, RemoteNode, action,
 };
+use ipnetwork::IpNetwork;
 
 use crate::cni::config::DatapathMode;
 use crate::cni::error::{Error, Result, chain};
@@ -36,8 +40,21 @@ pub const TC_HANDLE: u32 = 1;
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
+/// Moves the pin root (default /sys/fs/bpf/flatnet) for the plugin and the
+/// agent alike: one machine can then host several simulated nodes, each
+/// with pins of its own.
+pub const PIN_ROOT_ENV: &str = "FLATNET_PIN_ROOT";
+
+/// Where networks are pinned: `FLATNET_PIN_ROOT` when set, else `PIN_ROOT`.
+pub fn pin_root() -> PathBuf {
+    std::env::var_os(PIN_ROOT_ENV)
+        .filter(|root| !root.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(PIN_ROOT))
+}
+
 /// (map, key size, value size) as this build's programs expect them.
-const MAP_LAYOUTS: [(&str, u32, u32); 5] = [
+const MAP_LAYOUTS: [(&str, u32, u32); 7] = [
     (
         MAP_ENDPOINTS_V4,
         size_of::<Ipv4Key>() as u32,
@@ -63,23 +80,64 @@ const MAP_LAYOUTS: [(&str, u32, u32); 5] = [
         size_of::<u32>() as u32,
         size_of::<EndpointCounters>() as u32,
     ),
+    // LPM keys: a u32 prefix length, then the address.
+    (
+        MAP_REMOTE_CIDRS_V4,
+        (size_of::<u32>() + size_of::<RemoteCidrV4>()) as u32,
+        size_of::<RemoteNode>() as u32,
+    ),
+    (
+        MAP_REMOTE_CIDRS_V6,
+        (size_of::<u32>() + size_of::<RemoteCidrV6>()) as u32,
+        size_of::<RemoteNode>() as u32,
+    ),
 ];
+
+/// `AF_INET`/`AF_INET6` as `RemoteNode::family` holds them.
+const FAMILY_INET: u32 = libc::AF_INET as u32;
+const FAMILY_INET6: u32 = libc::AF_INET6 as u32;
 
 fn datapath_err(context: &str, err: impl std::error::Error) -> Error {
     Error::Datapath(format!("{context}: {}", chain(&err)))
 }
 
-/// The programs a mode loads: the first goes on host veths.
+/// The programs a mode loads: the first goes on host veths; `from_uplink`
+/// (the node agent puts it on the uplink) is the same in both modes.
 pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
     match mode {
-        DatapathMode::Tc => &[PROG_FROM_POD],
-        DatapathMode::Xdp => &[PROG_FROM_POD_XDP, PROG_POD_XDP_PASS],
+        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK],
+        DatapathMode::Xdp => &[PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_FROM_UPLINK],
     }
+}
+
+/// The nearest existing ancestor of `path` (itself included).
+fn existing_ancestor(path: &Path) -> Option<&Path> {
+    path.ancestors().find(|p| p.exists())
+}
+
+/// True when `path` (or, while it does not exist yet, its nearest existing
+/// ancestor) is on a bpf file system.
+fn on_bpffs(path: &Path) -> bool {
+    existing_ancestor(path).is_some_and(|p| {
+        nix::sys::statfs::statfs(p).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+    })
 }
 
 /// Mounts bpffs at /sys/fs/bpf unless it already is, as production CNIs do:
 /// without it nothing can be pinned and every ADD would reload the programs.
+/// A pin root moved elsewhere (`FLATNET_PIN_ROOT`) must already be on a
+/// bpffs: flatnet mounts only at the standard place.
 pub fn ensure_bpffs() -> Result<()> {
+    let root = pin_root();
+    if !root.starts_with(BPFFS_MOUNT) {
+        if on_bpffs(&root) {
+            return Ok(());
+        }
+        return Err(Error::Datapath(format!(
+            "{PIN_ROOT_ENV} {} is not on a bpf file system: mount one there (mount -t bpf bpf DIR) or unset {PIN_ROOT_ENV}",
+            root.display()
+        )));
+    }
     let is_bpffs = || {
         nix::sys::statfs::statfs(BPFFS_MOUNT)
             .map(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
@@ -106,8 +164,13 @@ pub fn ensure_bpffs() -> Result<()> {
     .map_err(|e| datapath_err(&format!("mounting bpffs at {BPFFS_MOUNT}"), e))
 }
 
-/// True when a bpffs is mounted at /sys/fs/bpf (STATUS reports it).
+/// True when a bpffs is mounted where pins go: /sys/fs/bpf, or the moved
+/// pin root (STATUS reports it).
 pub fn bpffs_is_mounted() -> bool {
+    let root = pin_root();
+    if !root.starts_with(BPFFS_MOUNT) {
+        return on_bpffs(&root);
+    }
     nix::sys::statfs::statfs(BPFFS_MOUNT).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
 }
 
@@ -147,9 +210,15 @@ pub struct Datapath {
 }
 
 impl Datapath {
+    /// The network's datapath under the pin root in force (see `pin_root`).
     pub fn new(network: &str) -> Self {
+        Self::with_root(&pin_root(), network)
+    }
+
+    /// The network's datapath under an explicit pin root.
+    pub fn with_root(root: &Path, network: &str) -> Self {
         Datapath {
-            dir: Path::new(PIN_ROOT).join(pin_name(network)),
+            dir: root.join(pin_name(network)),
         }
     }
 
@@ -206,6 +275,27 @@ impl Datapath {
             .collect()
     }
 
+    /// A pinned `STATS` with fewer slots than this build counts actions (a
+    /// build from before the cross-node actions) is unpinned, so the load
+    /// makes a new one: counters restart from zero, nothing else is lost.
+    /// Programs still attached keep the old map until their veth moves.
+    fn retire_short_stats(&self) -> Result<()> {
+        let path = self.map_path(MAP_STATS);
+        if !path.exists() {
+            return Ok(());
+        }
+        let map = MapData::from_pin(&path)
+            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+        let info = map
+            .info()
+            .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
+        if info.max_entries() < action::COUNT {
+            std::fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))?;
+        }
+        Ok(())
+    }
+
     /// Refuses to reuse pinned maps whose layout is not this build's: the
     /// programs would read garbage. (A layout change needs a drained node.)
     fn check_pinned_maps(&self) -> Result<()> {
@@ -240,6 +330,7 @@ impl Datapath {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
         self.check_pinned_maps()?;
+        self.retire_short_stats()?;
         let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &map_pins {
@@ -517,6 +608,78 @@ impl Datapath {
             }))
     }
 
+    fn remote_v4(&self) -> Result<LpmTrie<MapData, RemoteCidrV4, RemoteNode>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V4)?))
+            .map_err(|e| datapath_err(&format!("opening {MAP_REMOTE_CIDRS_V4}"), e))
+    }
+
+    fn remote_v6(&self) -> Result<LpmTrie<MapData, RemoteCidrV6, RemoteNode>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V6)?))
+            .map_err(|e| datapath_err(&format!("opening {MAP_REMOTE_CIDRS_V6}"), e))
+    }
+
+    /// Other nodes' pod CIDRs the fast path knows, with the node's address.
+    pub fn remote_cidrs(&self) -> Result<Vec<(IpNetwork, IpAddr)>> {
+        let mut found = Vec::new();
+        for entry in self.remote_v4()?.iter() {
+            let (key, node) = entry.map_err(|e| datapath_err("listing remote CIDRs", e))?;
+            found.push((
+                remote_network(key.prefix_len(), &key.data())?,
+                node_address(&node),
+            ));
+        }
+        for entry in self.remote_v6()?.iter() {
+            let (key, node) = entry.map_err(|e| datapath_err("listing remote CIDRs", e))?;
+            found.push((
+                remote_network(key.prefix_len(), &key.data())?,
+                node_address(&node),
+            ));
+        }
+        Ok(found)
+    }
+
+    /// Makes the remote-CIDR tries hold exactly `wanted` (CIDR -> node
+    /// address): new and changed entries first, then the ones no longer
+    /// wanted, so a CIDR that stays never misses a packet.
+    pub fn set_remote_cidrs(&self, wanted: &[(IpNetwork, IpAddr)]) -> Result<()> {
+        let mut v4 = self.remote_v4()?;
+        let mut v6 = self.remote_v6()?;
+        for (cidr, node) in wanted {
+            let value = remote_node(*node);
+            match cidr {
+                IpNetwork::V4(net) => v4.insert(
+                    &LpmKey::new(u32::from(net.prefix()), net.network().octets()),
+                    value,
+                    0,
+                ),
+                IpNetwork::V6(net) => v6.insert(
+                    &LpmKey::new(u32::from(net.prefix()), net.network().octets()),
+                    value,
+                    0,
+                ),
+            }
+            .map_err(|e| datapath_err(&format!("inserting remote CIDR {cidr}"), e))?;
+        }
+        let keep = |net: IpNetwork| wanted.iter().any(|(cidr, _)| normalized(*cidr) == net);
+        let stale_v4: Vec<LpmKey<RemoteCidrV4>> = v4
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| remote_network(k.prefix_len(), &k.data()).is_ok_and(|n| !keep(n)))
+            .collect();
+        for key in stale_v4 {
+            ignore_missing(v4.remove(&key))?;
+        }
+        let stale_v6: Vec<LpmKey<RemoteCidrV6>> = v6
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| remote_network(k.prefix_len(), &k.data()).is_ok_and(|n| !keep(n)))
+            .collect();
+        for key in stale_v6 {
+            ignore_missing(v6.remove(&key))?;
+        }
+        Ok(())
+    }
+
     /// Unpins everything of this network. Attached programs keep their own
     /// references, so this never breaks a veth that still exists.
     pub fn remove_pins(&self) -> Result<()> {
@@ -525,6 +688,47 @@ impl Datapath {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io(format!("removing {}", self.dir.display()), e)),
         }
+    }
+}
+
+/// A CIDR with its host bits cleared (the form the tries hold).
+fn normalized(cidr: IpNetwork) -> IpNetwork {
+    IpNetwork::new(cidr.network(), cidr.prefix()).unwrap_or(cidr)
+}
+
+/// The CIDR an LPM key stands for.
+fn remote_network(prefix_len: u32, data: &[u8]) -> Result<IpNetwork> {
+    let ip = match data.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(data).unwrap_or_default()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(data).unwrap_or_default()),
+    };
+    let prefix = u8::try_from(prefix_len).unwrap_or(u8::MAX);
+    IpNetwork::new(ip, prefix)
+        .map_err(|e| Error::Datapath(format!("a remote CIDR key is malformed: {e}")))
+}
+
+fn remote_node(address: IpAddr) -> RemoteNode {
+    let mut value = RemoteNode::default();
+    match address {
+        IpAddr::V4(v4) => {
+            value.node_address[..4].copy_from_slice(&v4.octets());
+            value.family = FAMILY_INET;
+        }
+        IpAddr::V6(v6) => {
+            value.node_address = v6.octets();
+            value.family = FAMILY_INET6;
+        }
+    }
+    value
+}
+
+fn node_address(node: &RemoteNode) -> IpAddr {
+    if node.family == FAMILY_INET6 {
+        IpAddr::from(node.node_address)
+    } else {
+        let mut v4 = [0u8; 4];
+        v4.copy_from_slice(&node.node_address[..4]);
+        IpAddr::from(v4)
     }
 }
 
@@ -553,7 +757,12 @@ mod tests {
         let needle = b".BTF";
         assert!(OBJECT.windows(needle.len()).any(|w| w == needle));
         assert_eq!(DATAPATH_ID.len(), 12);
-        for program in [PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS] {
+        for program in [
+            PROG_FROM_POD,
+            PROG_FROM_POD_XDP,
+            PROG_POD_XDP_PASS,
+            PROG_FROM_UPLINK,
+        ] {
             assert!(
                 OBJECT
                     .windows(program.len())
@@ -583,10 +792,39 @@ mod tests {
 
     #[test]
     fn each_mode_names_its_programs() {
-        assert_eq!(programs(DatapathMode::Tc), [PROG_FROM_POD]);
+        assert_eq!(
+            programs(DatapathMode::Tc),
+            [PROG_FROM_POD, PROG_FROM_UPLINK]
+        );
         assert_eq!(
             programs(DatapathMode::Xdp),
-            [PROG_FROM_POD_XDP, PROG_POD_XDP_PASS]
+            [PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_FROM_UPLINK]
+        );
+    }
+
+    #[test]
+    fn an_explicit_root_moves_the_pins() {
+        let dp = Datapath::with_root(Path::new("/tmp/bpf/node1"), "a.b");
+        assert_eq!(dp.pin_dir(), Path::new("/tmp/bpf/node1/a~b"));
+    }
+
+    #[test]
+    fn remote_keys_and_values_round_trip() {
+        let net: IpNetwork = "10.244.3.0/24".parse().unwrap();
+        assert_eq!(remote_network(24, &[10, 244, 3, 0]).unwrap(), net);
+        let v6: IpNetwork = "fd00:10::/64".parse().unwrap();
+        let IpNetwork::V6(inner) = v6 else {
+            unreachable!()
+        };
+        assert_eq!(remote_network(64, &inner.network().octets()).unwrap(), v6);
+        assert!(remote_network(33, &[10, 0, 0, 0]).is_err());
+        for address in ["172.31.0.2", "fd00::2"] {
+            let ip: IpAddr = address.parse().unwrap();
+            assert_eq!(node_address(&remote_node(ip)), ip);
+        }
+        assert_eq!(
+            normalized("10.1.2.3/16".parse().unwrap()),
+            "10.1.0.0/16".parse::<IpNetwork>().unwrap()
         );
     }
 }
