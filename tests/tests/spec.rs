@@ -452,3 +452,33 @@ fn gc_removes_what_no_valid_attachment_owns() {
     call.command = "GC".into();
     flatnet(&call, &conf).assert_error(7, "cni.dev/valid-attachments");
 }
+
+#[test]
+fn a_list_with_cni_versions_runs_at_the_newest_known_one() {
+    if !root_or_skip("a_list_with_cni_versions_runs_at_the_newest_known_one") {
+        return;
+    }
+    let net = flatnet_ipam_net("1.0.0");
+    let mut list = net.conflist("1.0.0", Vec::new());
+    // 1.1.0 lists may offer several versions; the runtime picks the newest
+    // it knows (9.9.9 is nobody's).
+    list.list["cniVersions"] = json!(["0.4.0", "1.1.0", "1.0.0", "9.9.9"]);
+    assert_eq!(list.version(), "1.1.0");
+    let netns = Netns::new();
+    let id = unique("ctr-");
+    let call = CniCall::new("ADD", &id, &netns.path(), "eth0");
+    let result = list.add(&call, &json!({})).expect("ADD");
+    assert_eq!(result["cniVersion"], "1.1.0");
+    list.check(&call, &json!({}), &result).expect("CHECK");
+    list.status(&status_call())
+        .expect("STATUS through the list");
+    // GC through the list with this pod still valid keeps it, without it removes it.
+    list.gc(&status_call(), &[(&id, "eth0")])
+        .expect("GC keeping the pod");
+    assert!(link_exists(&net.host_veth(&id, "eth0")));
+    list.gc(&status_call(), &[]).expect("GC of everything");
+    assert!(!link_exists(&net.host_veth(&id, "eth0")));
+    assert!(net.ipam_allocations().is_empty());
+    // DEL after GC is still fine (idempotent).
+    list.del(&call, &json!({}), Some(&result)).expect("DEL");
+}

@@ -26,10 +26,35 @@ pub const PACKAGES: &[&str] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 pub fn all() -> anyhow::Result<()> {
     rust_src()?;
     bpf_linker()?;
+    cargo_fuzz()?;
     packages()
+}
+
+/// cargo-fuzz in .tools/bin, for the fuzz smoke stage of `cargo xtask test`
+/// (the targets themselves build with nightly, already needed for eBPF).
+fn cargo_fuzz() -> anyhow::Result<()> {
+    let tools = util::root().join(".tools");
+    if succeeds(Command::new(tools.join("bin/cargo-fuzz")).arg("--version")) {
+        return Ok(());
+    }
+    heading(&format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
+    run_cmd(
+        Command::new("cargo")
+            .args([
+                "install",
+                "cargo-fuzz",
+                "--locked",
+                "--version",
+                CARGO_FUZZ_VERSION,
+                "--root",
+            ])
+            .arg(&tools),
+    )
 }
 
 /// nightly's rust-src, for `-Z build-std=core`.

@@ -13,6 +13,67 @@ pub struct TestArgs {
     /// Skip the benchmark's smoke round.
     #[arg(long)]
     pub no_bench: bool,
+    /// Skip the fuzz smoke stage.
+    #[arg(long)]
+    pub no_fuzz: bool,
+    /// Seconds each fuzz target runs in the smoke stage.
+    #[arg(long, default_value_t = 30)]
+    pub fuzz_seconds: u32,
+}
+
+/// The cargo-fuzz targets in tests/fuzz (parsers of what a runtime sends).
+const FUZZ_TARGETS: &[&str] = &["netconf", "result", "ipam_conf"];
+
+/// Each fuzz target for a bounded time: a crash fails the stage, and the
+/// input that caused it is left in tests/fuzz/artifacts/<target>/ (turn it
+/// into a unit test). Longer by hand:
+/// `cargo +nightly fuzz run --fuzz-dir tests/fuzz netconf -- -max_total_time=3600`.
+/// rustup's `cargo +nightly` (`$CARGO` is stable's own binary, which knows
+/// no `+toolchain`), with .tools/bin (cargo-fuzz) on PATH.
+fn nightly_cargo() -> std::process::Command {
+    let path = util::cargo()
+        .get_envs()
+        .find_map(|(key, value)| (key == "PATH").then_some(value).flatten())
+        .map(ToOwned::to_owned);
+    let mut cmd = std::process::Command::new("cargo");
+    // Set by the stable cargo running xtask; +nightly must win.
+    cmd.arg("+nightly")
+        .current_dir(util::root())
+        .env_remove("RUSTUP_TOOLCHAIN");
+    if let Some(path) = path {
+        cmd.env("PATH", path);
+    }
+    cmd
+}
+
+fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
+    heading(&format!(
+        "fuzz smoke: {} targets, {seconds} s each",
+        FUZZ_TARGETS.len()
+    ));
+    let fuzz_dir = util::root().join("tests/fuzz");
+    let mut build = nightly_cargo();
+    build.args(["fuzz", "build", "--fuzz-dir"]).arg(&fuzz_dir);
+    run_cmd(&mut build)?;
+    for target in FUZZ_TARGETS {
+        // New inputs go to tests/fuzz/corpus (ignored by git), which grows
+        // run to run; the committed seeds start it with valid documents.
+        let corpus = fuzz_dir.join("corpus").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        let mut run = nightly_cargo();
+        run.args(["fuzz", "run", "--fuzz-dir"])
+            .arg(&fuzz_dir)
+            .arg(target)
+            .arg(&corpus)
+            .arg(fuzz_dir.join("seeds").join(target))
+            .arg("--")
+            .arg(format!("-dict={}", fuzz_dir.join("json.dict").display()))
+            .arg(format!("-max_total_time={seconds}"))
+            .arg("-max_len=65536")
+            .arg("-print_final_stats=1");
+        run_cmd(&mut run)?;
+    }
+    Ok(())
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
@@ -35,6 +96,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         cmd.args(["--", filter]);
     }
     run_cmd(&mut cmd)?;
+    if !args.no_fuzz && args.filter.is_none() {
+        fuzz_smoke(args.fuzz_seconds)?;
+    }
     if !args.no_bench && args.filter.is_none() && util::is_root() {
         heading("bench smoke: one short round of `cargo xtask bench` (numbers not asserted)");
         crate::bench::run(&crate::bench::BenchArgs {
