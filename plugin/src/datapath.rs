@@ -128,13 +128,17 @@ fn on_bpffs(path: &Path) -> bool {
 /// A pin root moved elsewhere (`FLATNET_PIN_ROOT`) must already be on a
 /// bpffs: flatnet mounts only at the standard place.
 pub fn ensure_bpffs() -> Result<()> {
-    let root = pin_root();
+    ensure_bpffs_at(&pin_root())
+}
+
+/// `ensure_bpffs` for an explicit pin root (the agent's `--pin-root`).
+pub fn ensure_bpffs_at(root: &Path) -> Result<()> {
     if !root.starts_with(BPFFS_MOUNT) {
-        if on_bpffs(&root) {
+        if on_bpffs(root) {
             return Ok(());
         }
         return Err(Error::Datapath(format!(
-            "{PIN_ROOT_ENV} {} is not on a bpf file system: mount one there (mount -t bpf bpf DIR) or unset {PIN_ROOT_ENV}",
+            "the pin root {} is not on a bpf file system: mount one there (mount -t bpf bpf DIR) or unset {PIN_ROOT_ENV}",
             root.display()
         )));
     }
@@ -205,6 +209,7 @@ impl ProgramHandle {
 }
 
 /// One network's pinned datapath.
+#[derive(Debug, Clone)]
 pub struct Datapath {
     dir: PathBuf,
 }

@@ -5,6 +5,7 @@
 //! IPAM plugin (`delegate`), one handler per verb (`cmd`), and the
 //! flatnet-ipam plugin (`ipam`); `runner` runs either binary.
 
+pub mod agent;
 pub mod cli;
 pub mod cmd;
 pub mod cni;

@@ -1,0 +1,162 @@
+//! `flatnet-agent`'s flags. Each one can also come from the environment
+//! (the DaemonSet's ConfigMap sets them that way).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use flatnet_common::PIN_ROOT;
+
+use crate::cni::config::DatapathMode;
+
+/// Where the agent learns the cluster's nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourceKind {
+    /// Node objects from the Kubernetes API (in-cluster, or KUBECONFIG).
+    Kubernetes,
+    /// A YAML/JSON file listing the nodes (`--peer-file`), polled.
+    File,
+}
+
+/// The datapath mode written into the conflist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Tc,
+    Xdp,
+}
+
+impl From<Mode> for DatapathMode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Tc => DatapathMode::Tc,
+            Mode::Xdp => DatapathMode::Xdp,
+        }
+    }
+}
+
+/// flatnet's node agent: sets this node up for pods (datapath, uplink
+/// program, routes to the other nodes' pod CIDRs, conflist, binaries) and
+/// keeps it so as nodes come and go.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "flatnet-agent", version)]
+pub struct Args {
+    /// This node's name, as the peer source lists it.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// The CNI network name (conflist `name`; pins under <pin-root>/<network>).
+    #[arg(long, env = "FLATNET_NETWORK", default_value = "flatnet")]
+    pub network: String,
+
+    #[arg(
+        long,
+        env = "FLATNET_PEER_SOURCE",
+        value_enum,
+        default_value = "kubernetes"
+    )]
+    pub peer_source: SourceKind,
+
+    /// The peer file (with `--peer-source file`).
+    #[arg(long, env = "FLATNET_PEER_FILE")]
+    pub peer_file: Option<PathBuf>,
+
+    /// How often the peer file is re-read, in milliseconds.
+    #[arg(long, env = "FLATNET_PEER_FILE_POLL_MS", default_value_t = 1000)]
+    pub peer_file_poll_ms: u64,
+
+    /// The interface other nodes are reached through; default: the one
+    /// holding this node's address.
+    #[arg(long, env = "FLATNET_UPLINK")]
+    pub uplink: Option<String>,
+
+    #[arg(long, env = "FLATNET_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+
+    #[arg(
+        long,
+        env = "FLATNET_CONFLIST_NAME",
+        default_value = "10-flatnet.conflist"
+    )]
+    pub conflist_name: String,
+
+    #[arg(long, env = "FLATNET_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+
+    /// Where the binaries to install are; default: this program's directory.
+    #[arg(long, env = "FLATNET_INSTALL_FROM")]
+    pub install_from: Option<PathBuf>,
+
+    /// Copy flatnet and flatnet-ipam into the CNI bin dir.
+    #[arg(long, env = "FLATNET_INSTALL_BINARIES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub install_binaries: bool,
+
+    /// The pods' gateway device (conflist `bridge`).
+    #[arg(long, env = "FLATNET_BRIDGE", default_value = "flatnet0")]
+    pub bridge: String,
+
+    /// Pod MTU; default: the uplink's (host-gw adds no encapsulation).
+    #[arg(long, env = "FLATNET_MTU")]
+    pub mtu: Option<u32>,
+
+    #[arg(long, env = "FLATNET_DATAPATH", value_enum, default_value = "tc")]
+    pub datapath: Mode,
+
+    /// Masquerade pod traffic leaving the node's pod CIDR (conflist `ipMasq`).
+    #[arg(long, env = "FLATNET_IP_MASQ", default_value_t = false, action = clap::ArgAction::Set)]
+    pub ip_masq: bool,
+
+    /// flatnet-ipam's `dataDir`; default: flatnet-ipam's own.
+    #[arg(long, env = "FLATNET_IPAM_DATA_DIR")]
+    pub ipam_data_dir: Option<PathBuf>,
+
+    /// bpffs directory the networks are pinned under (the plugin reads
+    /// FLATNET_PIN_ROOT; both must agree).
+    #[arg(long, env = "FLATNET_PIN_ROOT", default_value = PIN_ROOT)]
+    pub pin_root: PathBuf,
+
+    /// Where Prometheus metrics (/metrics) and readiness (/readyz) are served.
+    #[arg(long, env = "FLATNET_METRICS_ADDR", default_value = "127.0.0.1:9603")]
+    pub metrics_addr: SocketAddr,
+
+    /// Seconds between full re-checks of routes, maps and attachments.
+    #[arg(long, env = "FLATNET_RESYNC_SECS", default_value_t = 30)]
+    pub resync_secs: u64,
+
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `flatnet=debug`.
+    #[arg(long, env = "FLATNET_LOG", default_value = "info")]
+    pub log: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_a_kubernetes_node() {
+        let args = Args::try_parse_from(["flatnet-agent", "--node-name", "n1"]).unwrap();
+        assert_eq!(args.peer_source, SourceKind::Kubernetes);
+        assert_eq!(args.cni_conf_dir, PathBuf::from("/etc/cni/net.d"));
+        assert_eq!(args.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
+        assert_eq!(args.pin_root, PathBuf::from("/sys/fs/bpf/flatnet"));
+        assert!(args.install_binaries);
+        assert!(!args.ip_masq);
+        let args = Args::try_parse_from([
+            "flatnet-agent",
+            "--node-name=n1",
+            "--peer-source=file",
+            "--peer-file=/etc/flatnet/peers.yaml",
+            "--install-binaries=false",
+            "--datapath=xdp",
+        ])
+        .unwrap();
+        assert_eq!(args.peer_source, SourceKind::File);
+        assert!(!args.install_binaries);
+        assert_eq!(DatapathMode::from(args.datapath), DatapathMode::Xdp);
+    }
+}

@@ -1,0 +1,58 @@
+//! What can go wrong in the agent, by kind, with the context a person
+//! needs to fix it.
+
+use std::path::PathBuf;
+
+/// The agent's errors. Datapath and kernel failures carry the plugin's own
+/// error (same messages as a CNI ADD would give).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A command-line flag or environment value that cannot work.
+    #[error("invalid setting: {0}")]
+    Config(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The static peer file is unreadable or malformed.
+    #[error("peer file {}: {reason}", path.display())]
+    PeerFile { path: PathBuf, reason: String },
+
+    /// The Kubernetes API client could not be set up.
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+
+    /// kube's watcher gave up on an attempt (it retries with backoff).
+    #[error("kubernetes watch: {0}")]
+    Watch(#[from] kube::runtime::watcher::Error),
+
+    #[error("kubeconfig: {0}")]
+    KubeConfig(#[from] kube::config::InferConfigError),
+
+    /// Loading, pinning, attaching or a kernel operation (plugin code).
+    #[error(transparent)]
+    Node(#[from] crate::cni::error::Error),
+
+    /// A route request to the kernel failed.
+    #[error("{context}: {reason}")]
+    Route { context: String, reason: String },
+
+    /// The peer source stopped for good.
+    #[error("peer source ended: {0}")]
+    SourceEnded(String),
+}
+
+impl AgentError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        AgentError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;

@@ -1,0 +1,216 @@
+//! What the agent puts on the node for the container runtime: the plugin
+//! binaries in the CNI bin dir and the conflist in the CNI conf dir, each
+//! written to a temporary file in the same directory, flushed, and renamed
+//! over the old one, so a runtime only ever sees a complete file.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use ipnetwork::IpNetwork;
+use serde_json::{Value, json};
+
+use super::error::{AgentError, Result};
+use super::ready::AGENT_MANAGED_KEY;
+use crate::cni::config::DatapathMode;
+
+/// The binaries a node needs, installed side by side.
+pub const BINARIES: [&str; 2] = ["flatnet", "flatnet-ipam"];
+
+/// What goes into the conflist besides the pod CIDRs.
+#[derive(Debug, Clone)]
+pub struct ConflistSpec {
+    pub network: String,
+    pub bridge: String,
+    pub datapath: DatapathMode,
+    pub mtu: Option<u32>,
+    pub ip_masq: bool,
+    pub ipam_data_dir: Option<PathBuf>,
+}
+
+/// The conflist for a node owning `pod_cidrs`: flatnet with flatnet-ipam
+/// handing out each CIDR, the first address of each as the gateway.
+/// `cniVersion` 1.0.0 for runtimes whose libcni stops there; `cniVersions`
+/// lets newer ones use 1.1.0 (STATUS, GC).
+pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<Value> {
+    if pod_cidrs.is_empty() {
+        return Err(AgentError::Config(
+            "no pod CIDR for this node: the conflist needs one".into(),
+        ));
+    }
+    let mut ranges = Vec::new();
+    for cidr in pod_cidrs {
+        ranges.push(json!([{"subnet": cidr.to_string(), "gateway": gateway(cidr)?.to_string()}]));
+    }
+    let mut ipam = json!({"type": "flatnet-ipam", "ranges": ranges});
+    if let Some(dir) = &spec.ipam_data_dir {
+        ipam["dataDir"] = json!(dir.display().to_string());
+    }
+    let mut plugin = json!({
+        "type": "flatnet",
+        "bridge": spec.bridge,
+        "datapath": spec.datapath.as_str(),
+        AGENT_MANAGED_KEY: true,
+        "ipam": ipam,
+    });
+    if let Some(mtu) = spec.mtu {
+        plugin["mtu"] = json!(mtu);
+    }
+    if spec.ip_masq {
+        plugin["ipMasq"] = json!(true);
+    }
+    Ok(json!({
+        "cniVersion": "1.0.0",
+        "cniVersions": ["1.0.0", "1.1.0"],
+        "name": spec.network,
+        "plugins": [plugin],
+    }))
+}
+
+/// The first address of a CIDR: the pods' gateway, held by the node.
+fn gateway(cidr: &IpNetwork) -> Result<IpAddr> {
+    let too_small = || AgentError::Config(format!("pod CIDR {cidr} is too small for pods"));
+    let limit = if cidr.is_ipv4() { 30 } else { 126 };
+    if cidr.prefix() > limit {
+        return Err(too_small());
+    }
+    Ok(match cidr.network() {
+        IpAddr::V4(net) => IpAddr::from(std::net::Ipv4Addr::from(u32::from(net) + 1)),
+        IpAddr::V6(net) => IpAddr::from(std::net::Ipv6Addr::from(u128::from(net) + 1)),
+    })
+}
+
+/// Writes `bytes` to `path` atomically with `mode`; false (and nothing
+/// written) when the file already holds exactly that.
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(false);
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| AgentError::Config(format!("{} has no directory", path.display())))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| AgentError::io(format!("creating {}", dir.display()), e))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // A leading dot and a ".tmp" suffix: runtimes load only *.conf,
+    // *.conflist and *.json, and skip hidden files.
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let outcome = (|| -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)?;
+        // The rename itself must survive a crash too.
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if let Err(e) = outcome {
+        let _ = std::fs::remove_file(&temp);
+        return Err(AgentError::io(format!("writing {}", path.display()), e));
+    }
+    Ok(true)
+}
+
+/// Copies each of `names` from `from` into `to` (atomically, executable);
+/// returns the ones that changed. Replacing by rename never disturbs a
+/// plugin process running the old file.
+pub fn install_binaries(from: &Path, to: &Path, names: &[&str]) -> Result<Vec<String>> {
+    let mut installed = Vec::new();
+    for name in names {
+        let source = from.join(name);
+        let bytes = std::fs::read(&source)
+            .map_err(|e| AgentError::io(format!("reading {}", source.display()), e))?;
+        if write_atomically(&to.join(name), &bytes, 0o755)? {
+            installed.push((*name).to_string());
+        }
+    }
+    Ok(installed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cni::config::NetConf;
+
+    fn spec() -> ConflistSpec {
+        ConflistSpec {
+            network: "flatnet".into(),
+            bridge: "flatnet0".into(),
+            datapath: DatapathMode::Tc,
+            mtu: Some(1450),
+            ip_masq: false,
+            ipam_data_dir: None,
+        }
+    }
+
+    #[test]
+    fn the_conflist_hands_out_the_nodes_cidrs_through_flatnet_ipam() {
+        let cidrs = [
+            "10.244.3.0/24".parse().unwrap(),
+            "fd10:3::/64".parse().unwrap(),
+        ];
+        let list = render_conflist(&spec(), &cidrs).unwrap();
+        assert_eq!(list["name"], "flatnet");
+        let plugin = &list["plugins"][0];
+        assert_eq!(plugin["type"], "flatnet");
+        assert_eq!(plugin["agentManaged"], true);
+        assert_eq!(plugin["mtu"], 1450);
+        assert_eq!(plugin["ipam"]["type"], "flatnet-ipam");
+        assert_eq!(
+            plugin["ipam"]["ranges"],
+            json!([
+                [{"subnet": "10.244.3.0/24", "gateway": "10.244.3.1"}],
+                [{"subnet": "fd10:3::/64", "gateway": "fd10:3::1"}]
+            ])
+        );
+        // The plugin reads its entry as a runtime passes it.
+        let mut entry = plugin.clone();
+        entry["name"] = list["name"].clone();
+        entry["cniVersion"] = json!("1.1.0");
+        let conf = NetConf::parse(entry.to_string().as_bytes()).unwrap();
+        assert_eq!(conf.mtu, Some(1450));
+        assert_eq!(conf.ipam_type.as_deref(), Some("flatnet-ipam"));
+    }
+
+    #[test]
+    fn no_cidr_or_a_tiny_one_is_refused() {
+        assert!(render_conflist(&spec(), &[]).is_err());
+        assert!(render_conflist(&spec(), &["10.0.0.0/31".parse().unwrap()]).is_err());
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files_and_skip_identical_ones() {
+        let dir = std::env::temp_dir().join(format!("flatnet-install-{}", std::process::id()));
+        let path = dir.join("10-flatnet.conflist");
+        assert!(write_atomically(&path, b"one", 0o644).unwrap());
+        assert!(!write_atomically(&path, b"one", 0o644).unwrap());
+        assert!(write_atomically(&path, b"two", 0o644).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "a temporary file was left: {names:?}");
+        let bin = dir.join("bin");
+        std::fs::write(dir.join("flatnet"), b"\x7fELF").unwrap();
+        assert_eq!(
+            install_binaries(&dir, &bin, &["flatnet"]).unwrap(),
+            ["flatnet"]
+        );
+        assert!(
+            install_binaries(&dir, &bin, &["flatnet"])
+                .unwrap()
+                .is_empty()
+        );
+        let mode = std::fs::metadata(bin.join("flatnet"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,241 @@
+//! Prometheus metrics on a local port: the datapath's counters, read from
+//! the pinned maps at each scrape, and the agent's own state.
+//!
+//! - `flatnet_datapath_packets_total{action}` / `flatnet_datapath_bytes_total{action}`:
+//!   what the eBPF programs did (`redirected`, `to_remote_node`, `uplink_to_pod`, ...).
+//! - `flatnet_pod_{tx,rx}_{packets,bytes}_total{host_veth_ifindex}`: per pod.
+//! - `flatnet_remote_cidrs`: entries of the fast path's remote-CIDR tries.
+//! - `flatnet_agent_ready`, `flatnet_peer_nodes`, `flatnet_peer_routes`,
+//!   `flatnet_route_failures_total`, `flatnet_peer_updates_total`,
+//!   `flatnet_peer_source_errors_total`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use flatnet_common::{EndpointCounters, action};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+
+use super::error::{AgentError, Result};
+use crate::datapath::Datapath;
+
+/// The agent's own metrics, updated as it works.
+#[derive(Debug, Default, Clone)]
+pub struct AgentMetrics {
+    pub ready: Gauge,
+    pub peer_nodes: Gauge,
+    pub peer_routes: Gauge,
+    pub route_failures: Counter,
+    pub peer_updates: Counter,
+    pub source_errors: Counter,
+}
+
+/// Picks one field of a pod's counters.
+type ReadCounter = fn(&EndpointCounters) -> u64;
+
+/// Reads the datapath's maps at scrape time: nothing is cached, so a
+/// scrape always shows what the kernel counted.
+#[derive(Debug)]
+struct DatapathCollector {
+    datapath: Datapath,
+}
+
+impl Collector for DatapathCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let datapath = &self.datapath;
+        // Before the first load there is nothing to report (not an error).
+        let Ok(stats) = datapath.stats() else {
+            return Ok(());
+        };
+        for (name, help, pick) in [
+            (
+                "flatnet_datapath_packets",
+                "Packets the eBPF datapath handled, by what it did with them",
+                0,
+            ),
+            (
+                "flatnet_datapath_bytes",
+                "Bytes the eBPF datapath handled, by what it did with them",
+                1,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (index, action_name) in action::NAMES.iter().enumerate() {
+                let value = if pick == 0 {
+                    stats[index].packets
+                } else {
+                    stats[index].bytes
+                };
+                ConstCounter::new(value)
+                    .encode(family.encode_family(&[("action", *action_name)])?)?;
+            }
+        }
+        if let Ok(veths) = datapath.host_veths() {
+            let pods: Vec<(u32, EndpointCounters)> = veths
+                .iter()
+                .filter_map(|(index, _)| Some((*index, datapath.pod_counters(*index).ok()?)))
+                .collect();
+            let fields: [(&str, &str, ReadCounter); 4] = [
+                ("flatnet_pod_tx_packets", "Packets a pod sent", |c| {
+                    c.tx_packets
+                }),
+                ("flatnet_pod_tx_bytes", "Bytes a pod sent", |c| c.tx_bytes),
+                (
+                    "flatnet_pod_rx_packets",
+                    "Packets the datapath delivered to a pod",
+                    |c| c.rx_packets,
+                ),
+                (
+                    "flatnet_pod_rx_bytes",
+                    "Bytes the datapath delivered to a pod",
+                    |c| c.rx_bytes,
+                ),
+            ];
+            for (name, help, read) in fields {
+                let mut family =
+                    encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                for (index, counters) in &pods {
+                    ConstCounter::new(read(counters)).encode(
+                        family.encode_family(&[("host_veth_ifindex", index.to_string())])?,
+                    )?;
+                }
+            }
+        }
+        if let Ok(remote) = datapath.remote_cidrs() {
+            let gauge = ConstGauge::new(remote.len() as i64);
+            gauge.encode(encoder.encode_descriptor(
+                "flatnet_remote_cidrs",
+                "Other nodes' pod CIDRs the fast path knows",
+                None,
+                gauge.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The registry with everything the agent exposes.
+pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        "flatnet_agent_ready",
+        "1 once the node is set up (datapath, uplink, routes, conflist)",
+        agent.ready.clone(),
+    );
+    registry.register(
+        "flatnet_peer_nodes",
+        "Other nodes in the peer list",
+        agent.peer_nodes.clone(),
+    );
+    registry.register(
+        "flatnet_peer_routes",
+        "Routes to other nodes' pod CIDRs this node should have",
+        agent.peer_routes.clone(),
+    );
+    registry.register(
+        "flatnet_route_failures",
+        "Route writes or removals that failed",
+        agent.route_failures.clone(),
+    );
+    registry.register(
+        "flatnet_peer_updates",
+        "Node lists received from the peer source",
+        agent.peer_updates.clone(),
+    );
+    registry.register(
+        "flatnet_peer_source_errors",
+        "Errors from the peer source (unreadable file, broken watch)",
+        agent.source_errors.clone(),
+    );
+    registry.register_collector(Box::new(DatapathCollector {
+        datapath: datapath.clone(),
+    }));
+    registry
+}
+
+/// The OpenMetrics text of `registry`.
+pub fn render(registry: &Registry) -> std::result::Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)?;
+    Ok(text)
+}
+
+#[derive(Clone)]
+struct Served {
+    registry: Arc<Registry>,
+    agent: AgentMetrics,
+}
+
+async fn metrics(State(served): State<Served>) -> impl IntoResponse {
+    // Reading the maps is a few bpf() calls: fine on the async thread.
+    match render(&served.registry) {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// 200 once ready, 503 before: a DaemonSet readiness probe.
+async fn readyz(State(served): State<Served>) -> impl IntoResponse {
+    if served.agent.ready.get() == 1 {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+/// Binds `address` now (so a taken port fails the start) and returns the
+/// server to run.
+pub async fn serve(
+    address: SocketAddr,
+    registry: Registry,
+    agent: AgentMetrics,
+) -> Result<impl std::future::Future<Output = std::io::Result<()>>> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| AgentError::io(format!("listening for metrics on {address}"), e))?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz))
+        .with_state(Served {
+            registry: Arc::new(registry),
+            agent,
+        });
+    Ok(async move { axum::serve(listener, app).await })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_metrics_render_without_a_datapath() {
+        let agent = AgentMetrics::default();
+        agent.ready.set(1);
+        agent.peer_nodes.set(2);
+        agent.route_failures.inc();
+        let datapath = Datapath::with_root(std::path::Path::new("/nonexistent"), "n");
+        let text = render(&registry(&datapath, &agent)).unwrap();
+        assert!(text.contains("flatnet_agent_ready 1"), "{text}");
+        assert!(text.contains("flatnet_peer_nodes 2"), "{text}");
+        assert!(text.contains("flatnet_route_failures_total 1"), "{text}");
+        assert!(!text.contains("flatnet_datapath_packets"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

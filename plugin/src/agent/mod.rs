@@ -1,0 +1,27 @@
+//! The node agent behind `flatnet-agent`: one per node (a DaemonSet pod
+//! with host networking on Kubernetes). It learns the cluster's nodes from
+//! a [`peers::PeerSource`] (Kubernetes Node objects or a static file),
+//! loads and pins the datapath before any pod exists, attaches
+//! `from_uplink` to the node's uplink, keeps a route per peer pod CIDR
+//! (host-gw) and the fast path's remote-CIDR map, writes the conflist and
+//! installs the plugin binaries, reports readiness to CNI STATUS, and
+//! serves Prometheus metrics.
+//!
+//! Only [`ready`] is used by the plugin binaries; everything else (tokio
+//! server, kube client) is linked into `flatnet-agent` alone.
+
+pub mod config;
+pub mod error;
+pub mod file_source;
+pub mod install;
+pub mod kube_source;
+pub mod metrics;
+pub mod peers;
+pub mod ready;
+pub mod routes;
+pub mod run;
+
+#[cfg(test)]
+mod manifests;
+
+pub use run::run;

@@ -1,0 +1,244 @@
+//! host-gw routing: one route per peer node's pod CIDR via that node's
+//! address, in the main table, tagged with flatnet's own route protocol
+//! number so the agent finds its routes again after a restart (and removes
+//! the stale ones) without any state of its own.
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteVia,
+};
+use rtnetlink::{Handle, RouteMessageBuilder};
+
+use super::error::{AgentError, Result};
+use super::peers::{PeerRoute, normalize};
+use crate::link::errno;
+
+/// The route protocol flatnet's routes carry: `ip route show proto 102`.
+/// (Numbers up to 99 and the routing daemons' 186..=192 are taken in
+/// iproute2's rt_protos; 102 is not.)
+pub const RTPROT_FLATNET: u8 = 102;
+const MAIN_TABLE: u8 = 254;
+
+/// A route of the main table, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstalledRoute {
+    pub cidr: IpNetwork,
+    pub via: Option<IpAddr>,
+    pub protocol: u8,
+}
+
+/// What a sync did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Routes added or changed (new next hop).
+    pub written: Vec<IpNetwork>,
+    /// flatnet routes no longer wanted, removed.
+    pub removed: Vec<IpNetwork>,
+    /// Routes that could not be written or removed, with the reason.
+    pub failures: Vec<String>,
+}
+
+fn route_err(context: String, err: rtnetlink::Error) -> AgentError {
+    let reason = match errno(&err) {
+        Some(code) => std::io::Error::from_raw_os_error(code).to_string(),
+        None => err.to_string(),
+    };
+    AgentError::Route { context, reason }
+}
+
+/// An rtnetlink connection for the node's routes.
+pub struct Routes {
+    handle: Handle,
+}
+
+impl Routes {
+    /// Connects in the calling thread's network namespace (the node's).
+    pub fn connect() -> Result<Self> {
+        let (connection, handle, _) = rtnetlink::new_connection()
+            .map_err(|e| AgentError::io("opening a netlink socket", e))?;
+        tokio::spawn(connection);
+        Ok(Routes { handle })
+    }
+
+    /// Every main-table route of both families.
+    pub async fn main_table(&self) -> Result<Vec<InstalledRoute>> {
+        let mut found = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut query = RouteMessage::default();
+            query.header.address_family = family;
+            let mut stream = self.handle.route().get(query).execute();
+            while let Some(msg) = stream
+                .try_next()
+                .await
+                .map_err(|e| route_err("listing routes".into(), e))?
+            {
+                if msg.header.table != MAIN_TABLE {
+                    continue;
+                }
+                if let Some(route) = installed(&msg, family) {
+                    found.push(route);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// flatnet's routes (by their protocol number).
+    pub async fn ours(&self) -> Result<Vec<InstalledRoute>> {
+        Ok(self
+            .main_table()
+            .await?
+            .into_iter()
+            .filter(|r| r.protocol == RTPROT_FLATNET)
+            .collect())
+    }
+
+    /// Adds or replaces the route of `route.cidr` via `route.via`.
+    pub async fn write(&self, route: &PeerRoute) -> Result<()> {
+        let context = || {
+            format!(
+                "routing {} via {} (node {})",
+                route.cidr, route.via, route.node
+            )
+        };
+        let message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(route.cidr.network(), route.cidr.prefix())
+            .and_then(|b| b.gateway(route.via))
+            .map_err(|e| AgentError::Route {
+                context: context(),
+                reason: e.to_string(),
+            })?
+            .protocol(RouteProtocol::from(RTPROT_FLATNET))
+            .build();
+        self.handle
+            .route()
+            .add(message)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| route_err(context(), e))
+    }
+
+    /// Removes one of flatnet's routes; one already gone is fine.
+    pub async fn remove(&self, route: &InstalledRoute) -> Result<()> {
+        let mut builder = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(route.cidr.network(), route.cidr.prefix())
+            .map_err(|e| AgentError::Route {
+                context: format!("removing the route of {}", route.cidr),
+                reason: e.to_string(),
+            })?;
+        if let Some(via) = route.via {
+            builder = builder.gateway(via).map_err(|e| AgentError::Route {
+                context: format!("removing the route of {}", route.cidr),
+                reason: e.to_string(),
+            })?;
+        }
+        let message = builder
+            .protocol(RouteProtocol::from(route.protocol))
+            .build();
+        match self.handle.route().del(message).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(errno(&e), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
+            Err(e) => Err(route_err(
+                format!("removing the route of {}", route.cidr),
+                e,
+            )),
+        }
+    }
+
+    /// Makes flatnet's routes exactly `wanted`: writes the missing and
+    /// changed ones first, then removes the ones no longer wanted. A CIDR
+    /// that some other route (not flatnet's) already covers exactly is left
+    /// alone: the node's administrator put it there.
+    pub async fn sync(&self, wanted: &[PeerRoute]) -> Result<SyncOutcome> {
+        let table = self.main_table().await?;
+        let mut outcome = SyncOutcome::default();
+        for route in wanted {
+            let cidr = normalize(route.cidr);
+            let existing: Vec<&InstalledRoute> = table.iter().filter(|r| r.cidr == cidr).collect();
+            if let Some(foreign) = existing.iter().find(|r| r.protocol != RTPROT_FLATNET) {
+                outcome.failures.push(format!(
+                    "{cidr} (node {}): a route not made by flatnet (protocol {}) is in the way",
+                    route.node, foreign.protocol
+                ));
+                continue;
+            }
+            if existing.iter().any(|r| r.via == Some(route.via)) {
+                continue;
+            }
+            match self.write(route).await {
+                Ok(()) => outcome.written.push(cidr),
+                Err(e) => outcome.failures.push(e.to_string()),
+            }
+        }
+        for stale in table.iter().filter(|r| r.protocol == RTPROT_FLATNET) {
+            if wanted.iter().any(|w| normalize(w.cidr) == stale.cidr) {
+                continue;
+            }
+            match self.remove(stale).await {
+                Ok(()) => outcome.removed.push(stale.cidr),
+                Err(e) => outcome.failures.push(e.to_string()),
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The interface that holds `address` (the node's uplink): (index, prefix).
+    pub async fn interface_with(&self, address: IpAddr) -> Result<Option<u32>> {
+        let mut stream = self.handle.address().get().execute();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(|e| route_err("listing addresses".into(), e))?
+        {
+            let holds = msg
+                .attributes
+                .iter()
+                .any(|a| matches!(a, AddressAttribute::Address(ip) if *ip == address));
+            if holds {
+                return Ok(Some(msg.header.index));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A route message as an `InstalledRoute`; None for routes without a
+/// destination flatnet could own (e.g. multipath without a gateway).
+fn installed(msg: &RouteMessage, family: AddressFamily) -> Option<InstalledRoute> {
+    let mut dst = None;
+    let mut via = None;
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(addr) => dst = route_ip(addr),
+            RouteAttribute::Gateway(addr) => via = route_ip(addr),
+            RouteAttribute::Via(RouteVia::Inet6(v6)) => via = Some(IpAddr::V6(*v6)),
+            RouteAttribute::Via(RouteVia::Inet(v4)) => via = Some(IpAddr::V4(*v4)),
+            _ => {}
+        }
+    }
+    let dst = dst.unwrap_or(if family == AddressFamily::Inet6 {
+        IpAddr::from([0u16; 8])
+    } else {
+        IpAddr::from([0u8; 4])
+    });
+    let cidr = IpNetwork::new(dst, msg.header.destination_prefix_length).ok()?;
+    Some(InstalledRoute {
+        cidr,
+        via,
+        protocol: u8::from(msg.header.protocol),
+    })
+}
+
+fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
+    match addr {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}

@@ -1,0 +1,383 @@
+//! The agent's life: set the node up once (forwarding, bpffs, the datapath
+//! loaded and pinned, binaries installed), then follow the peer source and
+//! make the node match each node list (routes, remote-CIDR map, uplink
+//! program, conflist), re-checking everything every `--resync-secs`.
+//! Nothing the datapath needs is torn down on exit: pods keep talking while
+//! the agent restarts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flatnet_common::PROG_FROM_UPLINK;
+use ipnetwork::IpNetwork;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use super::config::{Args, SourceKind};
+use super::error::{AgentError, Result};
+use super::file_source::FileSource;
+use super::install::{self, BINARIES, ConflistSpec};
+use super::kube_source::KubeSource;
+use super::metrics::{self, AgentMetrics};
+use super::peers::{self, Node, PeerSource, Plan};
+use super::ready;
+use super::routes::Routes;
+use crate::cmd::repair::ensure_datapath;
+use crate::cni::config::NetConf;
+use crate::datapath::{self, DATAPATH_ID, Datapath};
+use crate::link::{Netlink, set_sysctl};
+
+/// tc filter priority and handle of `from_uplink` on the uplink: its own
+/// slot, so other tc users of the uplink keep theirs, and a restart or an
+/// upgrade replaces it in one request.
+pub const UPLINK_TC_PRIORITY: u16 = 0xf1a7;
+pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(args: Args) -> Result<()> {
+    let conf = network_conf(&args)?;
+    let datapath = Datapath::with_root(&args.pin_root, &args.network);
+    // Whatever a previous run said no longer holds until this one checked.
+    remove_if_present(&ready::ready_marker(&args.network))?;
+    let agent_metrics = AgentMetrics::default();
+    let server = metrics::serve(
+        args.metrics_addr,
+        metrics::registry(&datapath, &agent_metrics),
+        agent_metrics.clone(),
+    )
+    .await?;
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the metrics server stopped");
+        }
+    });
+    let mut agent = Agent::start(args, conf, datapath, agent_metrics).await?;
+
+    let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
+    match agent.args.peer_source {
+        SourceKind::File => {
+            let path =
+                agent.args.peer_file.clone().ok_or_else(|| {
+                    AgentError::Config("--peer-source file needs --peer-file".into())
+                })?;
+            let poll = Duration::from_millis(agent.args.peer_file_poll_ms.max(10));
+            spawn_source(FileSource::new(path, poll), updates, agent.metrics.clone());
+        }
+        SourceKind::Kubernetes => {
+            spawn_source(KubeSource::connect().await?, updates, agent.metrics.clone());
+        }
+    }
+
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|e| AgentError::io("installing the SIGTERM handler", e))?;
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| AgentError::io("installing the SIGINT handler", e))?;
+    let mut resync = tokio::time::interval(Duration::from_secs(agent.args.resync_secs.max(1)));
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let outcome = loop {
+        tokio::select! {
+            changed = nodes_rx.changed() => {
+                if changed.is_err() {
+                    break Err(AgentError::SourceEnded("the peer source stopped".into()));
+                }
+                let nodes = nodes_rx.borrow_and_update().clone();
+                if let Some(nodes) = nodes {
+                    agent.reconcile(&nodes, true).await;
+                }
+            }
+            _ = resync.tick() => {
+                let nodes = nodes_rx.borrow().clone();
+                if let Some(nodes) = nodes {
+                    agent.reconcile(&nodes, false).await;
+                }
+            }
+            _ = terminate.recv() => break Ok(()),
+            _ = interrupt.recv() => break Ok(()),
+        }
+    };
+    // Not ready any more, but everything stays: routes, maps, programs.
+    agent.metrics.ready.set(0);
+    remove_if_present(&ready::ready_marker(&agent.args.network))?;
+    tracing::info!("stopping; the datapath and routes stay in place");
+    outcome
+}
+
+/// Feeds each node list of `source` into `updates`; errors are logged and
+/// counted, and the last good list stays in force.
+fn spawn_source<S: PeerSource>(
+    mut source: S,
+    updates: watch::Sender<Option<Vec<Node>>>,
+    metrics: AgentMetrics,
+) {
+    tokio::spawn(async move {
+        loop {
+            match source.changed().await {
+                Ok(nodes) => {
+                    metrics.peer_updates.inc();
+                    if updates.send(Some(nodes)).is_err() {
+                        return;
+                    }
+                }
+                Err(AgentError::SourceEnded(reason)) => {
+                    tracing::error!(%reason, "the peer source ended");
+                    return;
+                }
+                Err(e) => {
+                    metrics.source_errors.inc();
+                    tracing::warn!(error = %e, "peer source error; keeping the last node list");
+                }
+            }
+        }
+    });
+}
+
+/// The flatnet plugin configuration the agent loads the datapath for
+/// (validates the network name and gateway device as the plugin would).
+fn network_conf(args: &Args) -> Result<NetConf> {
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": args.network,
+        "type": "flatnet",
+        "bridge": args.bridge,
+        "datapath": crate::cni::config::DatapathMode::from(args.datapath).as_str(),
+    });
+    Ok(NetConf::parse(conf.to_string().as_bytes())?)
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(AgentError::io(format!("removing {}", path.display()), e)),
+    }
+}
+
+/// The node's state as the agent keeps it.
+pub struct Agent {
+    args: Args,
+    conf: NetConf,
+    datapath: Datapath,
+    host: Netlink,
+    routes: Routes,
+    metrics: AgentMetrics,
+    /// What the last reconcile logged as skipped (to log changes only).
+    last_skipped: Vec<String>,
+    ready: bool,
+}
+
+impl Agent {
+    /// Everything that does not depend on the node list: forwarding on,
+    /// bpffs, the datapath loaded and pinned (so no CNI ADD loads it on a
+    /// live node), the network marked as the agent's, binaries installed.
+    async fn start(
+        args: Args,
+        conf: NetConf,
+        datapath: Datapath,
+        metrics: AgentMetrics,
+    ) -> Result<Self> {
+        tracing::info!(
+            node = %args.node_name,
+            network = %args.network,
+            pin_dir = %datapath.pin_dir().display(),
+            datapath_id = DATAPATH_ID,
+            "starting"
+        );
+        // host-gw forwards pod traffic; the fast path's FIB lookup also
+        // refuses to route when forwarding is off.
+        set_sysctl("net/ipv4/ip_forward", "1")?;
+        if Path::new("/proc/sys/net/ipv6/conf/all/forwarding").exists() {
+            set_sysctl("net/ipv6/conf/all/forwarding", "1")?;
+        }
+        datapath::ensure_bpffs_at(&args.pin_root)?;
+        let host = Netlink::connect()?;
+        drop(ensure_datapath(&conf, &datapath, &host).await?);
+        install::write_atomically(
+            &ready::managed_marker(&args.network),
+            format!("{}\n", args.node_name).as_bytes(),
+            0o644,
+        )?;
+        if args.install_binaries {
+            let from = match &args.install_from {
+                Some(dir) => dir.clone(),
+                None => own_directory()?,
+            };
+            let installed = install::install_binaries(&from, &args.cni_bin_dir, &BINARIES)?;
+            tracing::info!(
+                from = %from.display(),
+                to = %args.cni_bin_dir.display(),
+                changed = ?installed,
+                "plugin binaries installed"
+            );
+        }
+        Ok(Agent {
+            routes: Routes::connect()?,
+            args,
+            conf,
+            datapath,
+            host,
+            metrics,
+            last_skipped: Vec::new(),
+            ready: false,
+        })
+    }
+
+    /// Makes the node match `nodes`. Failures are logged and retried at the
+    /// next resync; `fresh` marks a new list (logged in more detail).
+    async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
+        let plan = peers::plan(nodes, &self.args.node_name);
+        if plan.skipped != self.last_skipped {
+            for reason in &plan.skipped {
+                tracing::warn!(%reason, "peer left out");
+            }
+            self.last_skipped = plan.skipped.clone();
+        }
+        self.metrics.peer_nodes.set(
+            nodes
+                .iter()
+                .filter(|n| n.name != self.args.node_name)
+                .count() as i64,
+        );
+        self.metrics.peer_routes.set(plan.routes.len() as i64);
+        if fresh {
+            tracing::info!(
+                nodes = nodes.len(),
+                routes = plan.routes.len(),
+                "node list received"
+            );
+        }
+        if let Err(e) = self.sync(&plan).await {
+            tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
+        }
+    }
+
+    async fn sync(&mut self, plan: &Plan) -> Result<()> {
+        // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
+        drop(ensure_datapath(&self.conf, &self.datapath, &self.host).await?);
+        let outcome = self.routes.sync(&plan.routes).await?;
+        for cidr in &outcome.written {
+            tracing::info!(%cidr, "route to a peer written");
+        }
+        for cidr in &outcome.removed {
+            tracing::info!(%cidr, "stale route removed");
+        }
+        for failure in &outcome.failures {
+            self.metrics.route_failures.inc();
+            tracing::warn!(%failure, "route not written");
+        }
+        // After the routes: a CIDR in the map must find its route in the FIB.
+        let remote: Vec<(IpNetwork, std::net::IpAddr)> =
+            plan.routes.iter().map(|r| (r.cidr, r.via)).collect();
+        self.datapath.set_remote_cidrs(&remote)?;
+
+        let Some(me) = &plan.me else {
+            return Err(AgentError::Config(format!(
+                "node {} is not in the node list yet",
+                self.args.node_name
+            )));
+        };
+        if me.pod_cidrs.is_empty() {
+            return Err(AgentError::Config(format!(
+                "node {} has no pod CIDR yet (kube-controller-manager --allocate-node-cidrs assigns one)",
+                me.name
+            )));
+        }
+        let uplink = self.uplink(me).await?;
+        self.attach_uplink(uplink).await?;
+        let mtu = match self.args.mtu {
+            Some(mtu) => Some(mtu),
+            None => self.host.link_by_index(uplink).await?.and_then(|l| l.mtu),
+        };
+        let spec = ConflistSpec {
+            network: self.args.network.clone(),
+            bridge: self.args.bridge.clone(),
+            datapath: self.conf.datapath,
+            mtu,
+            ip_masq: self.args.ip_masq,
+            ipam_data_dir: self.args.ipam_data_dir.clone(),
+        };
+        let list = install::render_conflist(&spec, &me.pod_cidrs)?;
+        let text = serde_json::to_string_pretty(&list)
+            .map_err(|e| AgentError::Config(format!("rendering the conflist: {e}")))?;
+        let path = self.args.cni_conf_dir.join(&self.args.conflist_name);
+        if install::write_atomically(&path, format!("{text}\n").as_bytes(), 0o644)? {
+            tracing::info!(path = %path.display(), cidrs = ?me.pod_cidrs, "conflist written");
+        }
+        if !self.ready {
+            let marker = serde_json::json!({
+                "node": self.args.node_name,
+                "pid": std::process::id(),
+                "datapathId": DATAPATH_ID,
+            });
+            install::write_atomically(
+                &ready::ready_marker(&self.args.network),
+                format!("{marker}\n").as_bytes(),
+                0o644,
+            )?;
+            self.ready = true;
+            self.metrics.ready.set(1);
+            tracing::info!("node ready: CNI STATUS now answers ready");
+        }
+        Ok(())
+    }
+
+    /// The uplink's ifindex: `--uplink`, else the interface holding the
+    /// node's first address.
+    async fn uplink(&self, me: &Node) -> Result<u32> {
+        if let Some(name) = &self.args.uplink {
+            return self
+                .host
+                .link_by_name(name)
+                .await?
+                .map(|link| link.index)
+                .ok_or_else(|| AgentError::Config(format!("--uplink {name}: no such interface")));
+        }
+        for address in &me.addresses {
+            if let Some(index) = self.routes.interface_with(*address).await? {
+                return Ok(index);
+            }
+        }
+        Err(AgentError::Config(format!(
+            "no interface holds any of node {}'s addresses {:?}: pass --uplink",
+            me.name, me.addresses
+        )))
+    }
+
+    /// Puts this build's `from_uplink` at tc ingress of the uplink unless it
+    /// is there already (create-or-replace: no packet misses a program).
+    async fn attach_uplink(&self, index: u32) -> Result<()> {
+        let program = self.datapath.program(PROG_FROM_UPLINK)?;
+        let id = program.id()?;
+        let attached = self.host.tc_ingress_programs(index).await?;
+        if attached
+            .iter()
+            .any(|(prog, name)| *prog == id && name == PROG_FROM_UPLINK)
+        {
+            return Ok(());
+        }
+        self.host.add_clsact(index).await?;
+        self.host
+            .set_tc_ingress_bpf(
+                index,
+                program.raw_fd()?,
+                PROG_FROM_UPLINK,
+                UPLINK_TC_PRIORITY,
+                UPLINK_TC_HANDLE,
+            )
+            .await?;
+        tracing::info!(
+            ifindex = index,
+            program_id = id,
+            "from_uplink attached to the uplink"
+        );
+        Ok(())
+    }
+}
+
+/// The directory of the running executable (the binaries ship together).
+fn own_directory() -> Result<PathBuf> {
+    let exe =
+        std::env::current_exe().map_err(|e| AgentError::io("finding this program's path", e))?;
+    exe.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| AgentError::Config(format!("{} has no directory", exe.display())))
+}
