@@ -50,6 +50,10 @@ pub async fn attach_host_veth(
 /// here, unregistered by the reaper). Runs under the network lock held
 /// exclusively, so no ADD is half way through.
 pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
+    // A node agent owns this network's datapath: it stays for the next pod.
+    if crate::agent::ready::is_agent_managed(&conf.name) {
+        return Ok(());
+    }
     let datapath = Datapath::new(&conf.name);
     // The common case, other pods remain, is answered under the shared lock:
     // concurrent DELs do not queue for the exclusive one.
