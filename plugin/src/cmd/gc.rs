@@ -10,44 +10,17 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use serde::Deserialize;
-
 use flatnet_common::{Endpoint, MAP_HOST_VETHS};
 
 use super::release_network_if_empty;
 use crate::cni::config::NetConf;
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
+use crate::cni::runtime::valid_attachments;
 use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink};
 use crate::lock::{self, Lock};
-
-/// One `{containerID, ifname}` of `cni.dev/valid-attachments`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Attachment {
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    pub ifname: String,
-}
-
-#[derive(Deserialize)]
-struct GcInput {
-    #[serde(rename = "cni.dev/valid-attachments")]
-    valid_attachments: Option<Vec<Attachment>>,
-}
-
-/// The attachments the runtime still uses. A GC without the list is
-/// refused: read as "none is valid" it would wipe the whole network.
-pub fn valid_attachments(stdin: &[u8]) -> Result<Vec<Attachment>> {
-    let input: GcInput =
-        serde_json::from_slice(stdin).map_err(|e| Error::decode("the GC input", e))?;
-    input.valid_attachments.ok_or_else(|| {
-        Error::config(
-            "GC needs \"cni.dev/valid-attachments\" (a list of {\"containerID\", \"ifname\"}, empty when none is valid)",
-        )
-    })
-}
 
 pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let valid: HashSet<String> = valid_attachments(stdin)?
@@ -143,33 +116,6 @@ fn report(failures: Vec<Error>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn valid_attachments_are_read_and_required() {
-        let list = valid_attachments(
-            br#"{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}], "name": "n"}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            list,
-            vec![Attachment {
-                container_id: "a".into(),
-                ifname: "eth0".into()
-            }]
-        );
-        assert!(
-            valid_attachments(br#"{"cni.dev/valid-attachments": []}"#)
-                .unwrap()
-                .is_empty()
-        );
-        assert_eq!(valid_attachments(b"{}").unwrap_err().code(), 7);
-        assert_eq!(
-            valid_attachments(br#"{"cni.dev/valid-attachments": [{"containerID": 1}]}"#)
-                .unwrap_err()
-                .code(),
-            6
-        );
-    }
 
     #[test]
     fn failures_are_reported_together_with_the_first_code() {

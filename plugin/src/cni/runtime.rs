@@ -161,6 +161,32 @@ pub fn cni_args_mac(args: &[(String, String)]) -> Result<Option<Mac>> {
         .transpose()
 }
 
+/// One `{containerID, ifname}` of `cni.dev/valid-attachments` (GC, 1.1.0).
+#[derive(Debug, Clone, serde::Deserialize, PartialEq, Eq)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(serde::Deserialize)]
+struct GcInput {
+    #[serde(rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// The attachments the runtime still uses, from a GC's stdin. A GC without
+/// the list is refused: read as "none is valid" it would wipe the network.
+pub fn valid_attachments(stdin: &[u8]) -> Result<Vec<Attachment>> {
+    let input: GcInput =
+        serde_json::from_slice(stdin).map_err(|e| Error::decode("the GC input", e))?;
+    input.valid_attachments.ok_or_else(|| {
+        Error::config(
+            "GC needs \"cni.dev/valid-attachments\" (a list of {\"containerID\", \"ifname\"}, empty when none is valid)",
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +274,32 @@ mod tests {
         let err = cni_args_mac(&pairs(&[("MAC", "ff:ff:ff:ff:ff:ff")])).unwrap_err();
         assert_eq!(err.code(), 4);
         assert!(err.to_string().contains("MAC="), "{err}");
+    }
+
+    #[test]
+    fn valid_attachments_are_read_and_required() {
+        let list = valid_attachments(
+            br#"{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}], "name": "n"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            list,
+            vec![Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }]
+        );
+        assert!(
+            valid_attachments(br#"{"cni.dev/valid-attachments": []}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(valid_attachments(b"{}").unwrap_err().code(), 7);
+        assert_eq!(
+            valid_attachments(br#"{"cni.dev/valid-attachments": [{"containerID": 1}]}"#)
+                .unwrap_err()
+                .code(),
+            6
+        );
     }
 }
