@@ -21,10 +21,12 @@
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
-        bpf_fib_lookup, bpf_redir_neigh, xdp_action,
+        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh, xdp_action,
     },
     btf_maps::{HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
-    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
+    helpers::generated::{
+        bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
+    },
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -274,10 +276,18 @@ fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
             0,
         )
     };
-    // NO_NEIGH still names the way out and the next hop: bpf_redirect_neigh
-    // resolves the neighbour as the stack would.
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && found != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH)
-    {
+    if found == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        // The way out and the next hop are known, the next hop's MAC not
+        // yet: bpf_redirect_neigh resolves it as the stack would. The FIB
+        // checks the MTU only on SUCCESS, so it is checked here (GSO-aware).
+        let mut mtu_len: u32 = 0;
+        // SAFETY: the skb pointer and a u32 the helper writes the MTU to.
+        let fits =
+            unsafe { bpf_check_mtu(ctx.skb.skb as *mut _, params.ifindex, &mut mtu_len, 0, 0) };
+        if fits != i64::from(BPF_MTU_CHK_RET_SUCCESS) {
+            return None;
+        }
+    } else if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return None;
     }
     // Only now, when the packet is surely forwarded here, is it changed.

@@ -56,6 +56,11 @@ pub struct Args {
     )]
     pub peer_source: SourceKind,
 
+    /// With `--peer-source kubernetes`: an API server URL that needs no
+    /// credentials (`kubectl proxy`); default: in-cluster, else KUBECONFIG.
+    #[arg(long, env = "FLATNET_KUBE_API_SERVER")]
+    pub kube_api_server: Option<String>,
+
     /// The peer file (with `--peer-source file`).
     #[arg(long, env = "FLATNET_PEER_FILE")]
     pub peer_file: Option<PathBuf>,

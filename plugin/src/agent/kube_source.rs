@@ -51,6 +51,15 @@ impl KubeSource {
         Ok(Self::new(Client::try_from(config)?))
     }
 
+    /// A client for an API server URL that needs no credentials, such as
+    /// `kubectl proxy` (http://127.0.0.1:8001) or a test's stub.
+    pub fn for_api_server(url: &str) -> Result<Self> {
+        let uri = url.parse().map_err(|e| {
+            super::error::AgentError::Config(format!("--kube-api-server {url}: {e}"))
+        })?;
+        Ok(Self::new(Client::try_from(kube::Config::new(uri))?))
+    }
+
     /// Applies one event; true when a complete view is available.
     fn apply(&mut self, event: Event<KubeNode>) -> bool {
         match event {

@@ -64,7 +64,11 @@ pub async fn run(args: Args) -> Result<()> {
             spawn_source(FileSource::new(path, poll), updates, agent.metrics.clone());
         }
         SourceKind::Kubernetes => {
-            spawn_source(KubeSource::connect().await?, updates, agent.metrics.clone());
+            let source = match &agent.args.kube_api_server {
+                Some(url) => KubeSource::for_api_server(url)?,
+                None => KubeSource::connect().await?,
+            };
+            spawn_source(source, updates, agent.metrics.clone());
         }
     }
 

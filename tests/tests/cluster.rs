@@ -1,0 +1,1163 @@
+//! A simulated cluster on this machine: nodes are network namespaces on an
+//! underlay (each node's `up0` is a veth into a switch namespace, whose
+//! bridge joins them), each node runs `flatnet-agent` (static peer file or a
+//! stub of the Kubernetes API server) with its own pin root on a test-owned
+//! bpffs, and pods on each node are made through the plugin the agent
+//! installed, with the conflist it wrote. Plugins and agents run in the
+//! host's mount namespace entered into their node's network namespace only,
+//! so the bpffs and the pins are the same for all of them.
+//!
+//! Node i has underlay address 172.30.0.i/24 and pod CIDR 10.244.i.0/24.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flatnet::agent::kube_source::KubeSource;
+use flatnet::agent::peers::{Node, PeerSource};
+use flatnet::datapath::Datapath;
+use flatnet_common::action;
+use flatnet_tests::*;
+use nix::sched::{CloneFlags, setns};
+use serde_json::{Value, json};
+
+/// flatnet's route protocol number (agent::routes::RTPROT_FLATNET).
+const ROUTE_PROTO: &str = "102";
+const METRICS_PORT: u16 = 9603;
+/// Generous: agents and plugins share two cores with the other suites.
+const SETTLE: Duration = Duration::from_secs(20);
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `cmd` inside the network namespace at `netns` (and nothing else:
+/// the mount namespace stays the host's).
+fn enter(cmd: &mut Command, netns: &Path) {
+    let ns = File::open(netns).expect("open node netns");
+    // SAFETY: setns is async-signal-safe; the closure only calls it.
+    unsafe {
+        cmd.pre_exec(move || {
+            setns(&ns, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+        });
+    }
+}
+
+/// What a peer file or Node object says about one node.
+#[derive(Clone)]
+struct NodeSpec {
+    name: String,
+    index: u8,
+    /// None: no pod CIDR allocated yet.
+    pod_cidr: Option<String>,
+}
+
+impl NodeSpec {
+    fn address(&self) -> Ipv4Addr {
+        Ipv4Addr::new(172, 30, 0, self.index)
+    }
+}
+
+/// How the agents learn the nodes.
+enum Peers {
+    File(PathBuf),
+    Api(String),
+}
+
+/// One simulated node.
+struct SimNode {
+    spec: NodeSpec,
+    network: String,
+    netns: Netns,
+    dir: PathBuf,
+    pin_root: PathBuf,
+    agent: Mutex<Option<Child>>,
+}
+
+impl SimNode {
+    fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    fn conflist_path(&self) -> PathBuf {
+        self.dir.join("conf/10-flatnet.conflist")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+
+    fn ready_marker(&self) -> PathBuf {
+        flatnet::agent::ready::ready_marker(&self.network)
+    }
+
+    fn start_agent(&self, peers: &Peers) {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("agent log");
+        let mut cmd = Command::new(bin("flatnet-agent"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(["--node-name", &self.spec.name, "--network", &self.network])
+            .arg("--cni-conf-dir")
+            .arg(self.dir.join("conf"))
+            .arg("--cni-bin-dir")
+            .arg(self.bin_dir())
+            .arg("--install-from")
+            .arg(bin_dir())
+            .arg("--ipam-data-dir")
+            .arg(self.dir.join("ipam"))
+            .arg("--pin-root")
+            .arg(&self.pin_root)
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{METRICS_PORT}"),
+                "--resync-secs",
+                "2",
+                "--log",
+                "info",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        match peers {
+            Peers::File(path) => {
+                cmd.args(["--peer-source", "file", "--peer-file-poll-ms", "100"])
+                    .arg("--peer-file")
+                    .arg(path);
+            }
+            Peers::Api(url) => {
+                cmd.args(["--peer-source", "kubernetes", "--kube-api-server", url]);
+            }
+        }
+        enter(&mut cmd, &self.netns.path());
+        let child = cmd.spawn().expect("spawn flatnet-agent");
+        *self.agent.lock().unwrap() = Some(child);
+    }
+
+    /// SIGTERM, as a DaemonSet rollout does; SIGKILL after 10 s.
+    fn stop_agent(&self) {
+        let Some(mut child) = self.agent.lock().unwrap().take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + SETTLE;
+        while !(self.ready_marker().exists() && self.conflist_path().exists()) {
+            if let Some(child) = self.agent.lock().unwrap().as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "agent of {} exited ({status}):\n{}",
+                    self.spec.name,
+                    self.agent_log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent of {} not ready:\n{}",
+                self.spec.name,
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn conflist(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.conflist_path()).expect("conflist"))
+            .expect("conflist JSON")
+    }
+
+    /// The flatnet plugin's stdin as a runtime builds it from the conflist.
+    fn plugin_stdin(&self) -> Vec<u8> {
+        let list = Conflist::new(self.conflist());
+        let plugin = list.list["plugins"][0].clone();
+        list.plugin_conf(&plugin, &json!({}), None)
+            .to_string()
+            .into_bytes()
+    }
+
+    /// Runs the installed plugin on this node as a runtime would.
+    fn cni(&self, command: &str, container: Option<(&str, &Path)>) -> CniOutput {
+        let mut cmd = Command::new(self.bin_dir().join("flatnet"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_PATH", self.bin_dir())
+            .env("FLATNET_PIN_ROOT", &self.pin_root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((id, netns)) = container {
+            cmd.env("CNI_CONTAINERID", id)
+                .env("CNI_NETNS", netns)
+                .env("CNI_IFNAME", "eth0");
+        }
+        enter(&mut cmd, &self.netns.path());
+        let mut child = cmd.spawn().expect("spawn flatnet");
+        let stdin = self.plugin_stdin();
+        let mut input = child.stdin.take().expect("stdin");
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&stdin);
+        });
+        let out = child.wait_with_output().expect("wait flatnet");
+        let _ = writer.join();
+        CniOutput {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    fn pod(&self) -> SimPod<'_> {
+        let netns = Netns::new();
+        let container = unique("cpod-");
+        let out = self.cni("ADD", Some((&container, &netns.path())));
+        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        let address = out.json()["ips"][0]["address"]
+            .as_str()
+            .expect("address")
+            .split('/')
+            .next()
+            .and_then(|ip| ip.parse().ok())
+            .expect("IPv4 address");
+        SimPod {
+            node: self,
+            netns,
+            container,
+            ip: address,
+        }
+    }
+
+    fn datapath(&self) -> Datapath {
+        Datapath::with_root(&self.pin_root, &self.network)
+    }
+
+    fn packets(&self, what: u32) -> u64 {
+        self.datapath().stats().expect("STATS")[what as usize].packets
+    }
+
+    /// flatnet's routes on this node: "CIDR via ADDRESS".
+    fn routes(&self) -> Vec<String> {
+        let mut routes: Vec<String> = run_ok(Command::new("ip").args([
+            "-n",
+            &self.netns.name,
+            "-4",
+            "route",
+            "show",
+            "proto",
+            ROUTE_PROTO,
+        ]))
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+        routes.sort();
+        routes
+    }
+
+    fn remote_cidrs(&self) -> Vec<String> {
+        let mut cidrs: Vec<String> = self
+            .datapath()
+            .remote_cidrs()
+            .expect("remote CIDRs")
+            .into_iter()
+            .map(|(cidr, via)| format!("{cidr} via {via}"))
+            .collect();
+        cidrs.sort();
+        cidrs
+    }
+
+    /// The node stack's IPv4 ForwDatagrams: packets it routed itself.
+    fn forwarded(&self) -> u64 {
+        self.netns.run(|| {
+            // thread-self: /proc/net would show the process's namespace.
+            let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp");
+            let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
+            let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+            names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(name, _)| *name == "ForwDatagrams")
+                .and_then(|(_, value)| value.parse().ok())
+                .unwrap_or(0)
+        })
+    }
+
+    /// The agent's /metrics page.
+    fn metrics(&self) -> String {
+        self.netns.run(|| {
+            let mut conn =
+                TcpStream::connect((Ipv4Addr::LOCALHOST, METRICS_PORT)).expect("metrics port");
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .unwrap();
+            let mut page = String::new();
+            conn.read_to_string(&mut page).unwrap();
+            page
+        })
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        self.stop_agent();
+        for path in [
+            flatnet::agent::ready::ready_marker(&self.network),
+            flatnet::agent::ready::managed_marker(&self.network),
+            PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
+        ] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A pod on a simulated node; DEL on drop.
+struct SimPod<'a> {
+    node: &'a SimNode,
+    netns: Netns,
+    container: String,
+    ip: Ipv4Addr,
+}
+
+impl Drop for SimPod<'_> {
+    fn drop(&mut self) {
+        let out = self
+            .node
+            .cni("DEL", Some((&self.container, &self.netns.path())));
+        if !out.success() {
+            eprintln!("cleanup DEL of {} failed: {out:?}", self.container);
+        }
+    }
+}
+
+/// The switch, the nodes and the test-owned bpffs; all removed on drop.
+struct Cluster {
+    dir: PathBuf,
+    bpffs: PathBuf,
+    peer_file: PathBuf,
+    nodes: Vec<SimNode>,
+    _switch: Netns,
+}
+
+impl Cluster {
+    /// Nodes on the underlay, agents not started.
+    fn new(specs: &[NodeSpec]) -> Self {
+        let id = unique("fc");
+        let dir = std::env::temp_dir().join(format!("flatnet-cluster-{id}"));
+        let bpffs = dir.join("bpf");
+        std::fs::create_dir_all(&bpffs).expect("cluster dir");
+        nix::mount::mount(
+            Some("bpf"),
+            &bpffs,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .expect("mount a test bpffs");
+        let switch = Netns::new();
+        switch.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
+        switch.exec(&["ip", "link", "set", "br0", "up"]);
+        let mut cluster = Cluster {
+            peer_file: dir.join("peers.yaml"),
+            dir: dir.clone(),
+            bpffs: bpffs.clone(),
+            nodes: Vec::new(),
+            _switch: switch,
+        };
+        for spec in specs {
+            let netns = Netns::new();
+            let port = format!("p{}", spec.index);
+            run_ok(Command::new("ip").args([
+                "-n",
+                &cluster._switch.name,
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "up0",
+                "netns",
+                &netns.name,
+            ]));
+            cluster
+                ._switch
+                .exec(&["ip", "link", "set", &port, "master", "br0", "up"]);
+            netns.exec(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/24", spec.address()),
+                "dev",
+                "up0",
+            ]);
+            netns.exec(&["ip", "link", "set", "up0", "up"]);
+            let node_dir = dir.join(&spec.name);
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            cluster.nodes.push(SimNode {
+                spec: spec.clone(),
+                network: format!("{id}-{}", spec.name),
+                netns,
+                pin_root: bpffs.join(&spec.name),
+                dir: node_dir,
+                agent: Mutex::new(None),
+            });
+        }
+        cluster
+    }
+
+    /// `count` nodes n1..n<count>, each with a pod CIDR, all in the peer
+    /// file, agents started and ready.
+    fn with_file_agents(count: u8) -> Self {
+        let specs: Vec<NodeSpec> = (1..=count)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                index: i,
+                pod_cidr: Some(format!("10.244.{i}.0/24")),
+            })
+            .collect();
+        let cluster = Self::new(&specs);
+        cluster.write_peers(&specs);
+        for node in &cluster.nodes {
+            node.start_agent(&cluster.file());
+        }
+        for node in &cluster.nodes {
+            node.wait_ready();
+        }
+        cluster
+    }
+
+    fn file(&self) -> Peers {
+        Peers::File(self.peer_file.clone())
+    }
+
+    /// Replaces the peer file (whole, by rename, as a ConfigMap update does).
+    fn write_peers(&self, specs: &[NodeSpec]) {
+        let mut text = String::from("nodes:\n");
+        for spec in specs {
+            text.push_str(&format!(
+                "  - name: {}\n    address: {}\n",
+                spec.name,
+                spec.address()
+            ));
+            if let Some(cidr) = &spec.pod_cidr {
+                text.push_str(&format!("    podCIDR: {cidr}\n"));
+            }
+        }
+        let temp = self.dir.join(".peers.yaml.tmp");
+        std::fs::write(&temp, text).expect("peer file");
+        std::fs::rename(&temp, &self.peer_file).expect("peer file");
+    }
+
+    fn node(&self, name: &str) -> &SimNode {
+        self.nodes
+            .iter()
+            .find(|n| n.spec.name == name)
+            .expect("node")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Agents stop and node namespaces go (their veths, routes, tc
+        // filters and the programs' last references with them) first.
+        self.nodes.clear();
+        for entry in std::fs::read_dir(&self.bpffs)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+        let _ = nix::mount::umount2(&self.bpffs, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn specs(list: &[(&str, u8, Option<&str>)]) -> Vec<NodeSpec> {
+    list.iter()
+        .map(|(name, index, cidr)| NodeSpec {
+            name: name.to_string(),
+            index: *index,
+            pod_cidr: cidr.map(str::to_string),
+        })
+        .collect()
+}
+
+#[test]
+fn pods_on_three_nodes_talk_tcp_through_the_bpf_fast_path() {
+    if !root_or_skip("pods_on_three_nodes_talk_tcp_through_the_bpf_fast_path") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents(3);
+    let (n1, n2, n3) = (cluster.node("n1"), cluster.node("n2"), cluster.node("n3"));
+
+    // What the agent put on each node.
+    for node in [n1, n2, n3] {
+        let list = node.conflist();
+        let ranges = &list["plugins"][0]["ipam"]["ranges"][0][0];
+        assert_eq!(ranges["subnet"], format!("10.244.{}.0/24", node.spec.index));
+        assert_eq!(list["plugins"][0]["ipam"]["type"], "flatnet-ipam");
+        for binary in ["flatnet", "flatnet-ipam"] {
+            assert_eq!(
+                std::fs::read(node.bin_dir().join(binary)).unwrap(),
+                std::fs::read(bin(binary)).unwrap(),
+                "{binary} was not installed on {}",
+                node.spec.name
+            );
+        }
+        let others: Vec<String> = [1, 2, 3]
+            .into_iter()
+            .filter(|i| *i != node.spec.index)
+            .map(|i| format!("10.244.{i}.0/24 via 172.30.0.{i}"))
+            .collect();
+        assert_eq!(node.routes(), others, "routes of {}", node.spec.name);
+        assert_eq!(
+            node.remote_cidrs(),
+            others,
+            "fast-path map of {}",
+            node.spec.name
+        );
+        let status = node.cni("STATUS", None);
+        assert!(status.success(), "STATUS on a ready node: {status:?}");
+    }
+
+    let a = n1.pod();
+    let b = n2.pod();
+    let c = n3.pod();
+    assert!(a.ip.to_string().starts_with("10.244.1."), "{}", a.ip);
+    let before: Vec<(u64, u64, u64, u64)> = [n1, n2, n3]
+        .iter()
+        .map(|n| {
+            (
+                n.packets(action::TO_REMOTE_NODE),
+                n.packets(action::FROM_UPLINK),
+                n.packets(action::REMOTE_PASSED),
+                n.forwarded(),
+            )
+        })
+        .collect();
+
+    const BYTES: usize = 4 << 20;
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), BYTES).expect("n1 -> n2");
+    tcp_echo(Some(&a.netns), a.ip, Some(&b.netns), BYTES).expect("n2 -> n1");
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), BYTES).expect("n3 -> n1");
+    tcp_echo(Some(&c.netns), c.ip, Some(&b.netns), BYTES).expect("n2 -> n3");
+
+    for (node, (to_remote, from_uplink, passed, forwarded)) in [n1, n2, n3].iter().zip(&before) {
+        let sent = node.packets(action::TO_REMOTE_NODE) - to_remote;
+        let received = node.packets(action::FROM_UPLINK) - from_uplink;
+        let fell_back = node.packets(action::REMOTE_PASSED) - passed;
+        let routed_by_stack = node.forwarded() - forwarded;
+        eprintln!(
+            "{}: to_remote_node {sent}, uplink_to_pod {received}, remote_passed_to_stack {fell_back}, stack forwarded {routed_by_stack}",
+            node.spec.name
+        );
+        // Every node both sent and received at least one full transfer.
+        assert!(
+            sent > 100 && received > 100,
+            "{}: fast path sent {sent}, uplink delivered {received}",
+            node.spec.name
+        );
+        // The host stack routed (almost) nothing: the BPF path carried it.
+        assert!(
+            routed_by_stack + fell_back <= (sent + received) / 50,
+            "{}: the stack forwarded {routed_by_stack} and {fell_back} fell back, against {} on the fast path",
+            node.spec.name,
+            sent + received
+        );
+    }
+
+    let page = n1.metrics();
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("flatnet_datapath_packets_total{action=\"to_remote_node\"}"))
+        .unwrap_or_else(|| panic!("no to_remote_node counter in:\n{page}"));
+    let exported: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(exported > 100, "{line}");
+    assert!(page.contains("flatnet_agent_ready 1"), "{page}");
+    assert!(page.contains("flatnet_peer_routes 2"), "{page}");
+    assert!(page.contains("flatnet_remote_cidrs 2"), "{page}");
+}
+
+#[test]
+fn the_peer_file_drives_routes_and_stale_ones_go_at_start() {
+    if !root_or_skip("the_peer_file_drives_routes_and_stale_ones_go_at_start") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents(3);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let all = specs(&[
+        ("n1", 1, Some("10.244.1.0/24")),
+        ("n2", 2, Some("10.244.2.0/24")),
+        ("n3", 3, Some("10.244.3.0/24")),
+    ]);
+    let to_n3 = "10.244.3.0/24 via 172.30.0.3".to_string();
+    assert!(n1.routes().contains(&to_n3));
+
+    // n3 leaves the cluster: its routes and map entries go everywhere.
+    cluster.write_peers(&all[..2]);
+    for node in [n1, n2] {
+        wait_until("n3's route to go", SETTLE, || {
+            !node.routes().contains(&to_n3)
+        });
+        assert!(!node.remote_cidrs().contains(&to_n3));
+    }
+    assert_eq!(n1.routes(), ["10.244.2.0/24 via 172.30.0.2"]);
+
+    // n3 comes back without a pod CIDR (a fresh node): still no route.
+    let mut late = all.clone();
+    late[2].pod_cidr = None;
+    cluster.write_peers(&late);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(n1.routes(), ["10.244.2.0/24 via 172.30.0.2"]);
+    // It gets one: the route appears.
+    cluster.write_peers(&all);
+    wait_until("n3's route to come back", SETTLE, || {
+        n1.routes().contains(&to_n3)
+    });
+    wait_until("n3 in n1's fast-path map", SETTLE, || {
+        n1.remote_cidrs().contains(&to_n3)
+    });
+
+    // n2 moves to another address: the route follows.
+    let mut moved = all.clone();
+    moved[1].index = 22;
+    n2.netns
+        .exec(&["ip", "addr", "add", "172.30.0.22/24", "dev", "up0"]);
+    cluster.write_peers(&moved);
+    wait_until("n2's route to follow its address", SETTLE, || {
+        n1.routes()
+            .contains(&"10.244.2.0/24 via 172.30.0.22".to_string())
+    });
+
+    // A flatnet route a previous run left behind goes when the agent
+    // starts; a route of someone else's stays.
+    n1.stop_agent();
+    n1.netns.exec(&[
+        "ip",
+        "route",
+        "add",
+        "10.99.0.0/24",
+        "via",
+        "172.30.0.9",
+        "proto",
+        ROUTE_PROTO,
+    ]);
+    n1.netns
+        .exec(&["ip", "route", "add", "10.98.0.0/24", "via", "172.30.0.9"]);
+    assert!(
+        n1.routes()
+            .contains(&"10.99.0.0/24 via 172.30.0.9".to_string())
+    );
+    n1.start_agent(&cluster.file());
+    n1.wait_ready();
+    wait_until("the stale route to go", SETTLE, || {
+        !n1.routes()
+            .contains(&"10.99.0.0/24 via 172.30.0.9".to_string())
+    });
+    let others = n1.netns.exec(&["ip", "route", "show", "10.98.0.0/24"]);
+    assert!(others.contains("via 172.30.0.9"), "{others}");
+}
+
+#[test]
+fn what_the_fast_path_cannot_route_falls_back_to_the_host_stack() {
+    if !root_or_skip("what_the_fast_path_cannot_route_falls_back_to_the_host_stack") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents(2);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let a = n1.pod();
+    let b = n2.pod();
+    // n1's uplink shrinks below the pods' MTU: a full-size datagram no
+    // longer fits the way out, so the FIB lookup refuses it and the stack
+    // must fragment it.
+    n1.netns.exec(&["ip", "link", "set", "up0", "mtu", "1400"]);
+    let (passed, forwarded) = (n1.packets(action::REMOTE_PASSED), n1.forwarded());
+    let receiver = b.netns.run(|| UdpSocket::bind((b.ip, 0))).unwrap();
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let target = receiver.local_addr().unwrap();
+    let payload = vec![0x5a_u8; 1472];
+    a.netns.run(|| {
+        let socket = UdpSocket::bind((a.ip, 0)).unwrap();
+        // No DF bit: the node may fragment it, as routers do.
+        let dont = nix::libc::IP_PMTUDISC_DONT;
+        // SAFETY: a valid socket and an int option of the size given.
+        let rc = unsafe {
+            nix::libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                nix::libc::IPPROTO_IP,
+                nix::libc::IP_MTU_DISCOVER,
+                (&dont as *const i32).cast(),
+                size_of::<i32>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "IP_MTU_DISCOVER");
+        socket.send_to(&payload, target).unwrap();
+    });
+    let mut buf = vec![0u8; 2048];
+    let (len, _) = receiver
+        .recv_from(&mut buf)
+        .expect("the datagram did not arrive");
+    assert_eq!(&buf[..len], &payload[..]);
+    assert!(
+        n1.packets(action::REMOTE_PASSED) > passed,
+        "not handed to the stack"
+    );
+    assert!(n1.forwarded() > forwarded, "the stack did not route it");
+    // Small packets still take the fast path.
+    let fast = n1.packets(action::TO_REMOTE_NODE);
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1000).expect("n1 -> n2");
+    assert!(n1.packets(action::TO_REMOTE_NODE) > fast);
+}
+
+/// Streams bytes from `client` to a server in `server` while `during`
+/// runs; returns (sent, received). A reset or stall fails the test.
+fn stream_during(
+    server: &Netns,
+    ip: Ipv4Addr,
+    client: &Netns,
+    during: impl FnOnce(),
+) -> (u64, u64) {
+    let listener = server.run(|| TcpListener::bind((ip, 0)).unwrap());
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return total,
+                Ok(n) => total += n as u64,
+                Err(e) => panic!("receiver: {e} after {total} bytes"),
+            }
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let client_path = client.path();
+    let sender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ns = File::open(client_path).unwrap();
+            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+            conn.set_write_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let chunk = vec![7u8; 16 * 1024];
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = conn.write_all(&chunk) {
+                    panic!("sender: {e} after {sent} bytes");
+                }
+                sent += chunk.len() as u64;
+                // Paced, so the stream spans the whole of `during`.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    during();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let sent = sender.join().expect("sender");
+    let received = receiver.join().expect("receiver");
+    (sent, received)
+}
+
+#[test]
+fn restarting_agents_keeps_an_established_tcp_stream() {
+    if !root_or_skip("restarting_agents_keeps_an_established_tcp_stream") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents(2);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let a = n1.pod();
+    let b = n2.pod();
+    let routes_before = (n1.routes(), n2.routes());
+    let fast_before = n1.packets(action::TO_REMOTE_NODE);
+    let mut fast_while_down = 0;
+    let (sent, received) = stream_during(&b.netns, b.ip, &a.netns, || {
+        for node in [n1, n2] {
+            node.stop_agent();
+            // Agent gone: STATUS says the node cannot take pods (50)...
+            let status = node.cni("STATUS", None);
+            status.assert_error(50, "agent");
+            // ...while the pinned datapath keeps carrying the stream.
+            let counted = node.packets(action::TO_REMOTE_NODE);
+            std::thread::sleep(Duration::from_millis(300));
+            fast_while_down += node.packets(action::TO_REMOTE_NODE) - counted;
+            node.start_agent(&cluster.file());
+            node.wait_ready();
+        }
+    });
+    assert_eq!(sent, received, "bytes were lost across agent restarts");
+    assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
+    assert!(fast_while_down > 0, "the fast path stopped with the agent");
+    assert!(n1.packets(action::TO_REMOTE_NODE) > fast_before);
+    assert_eq!((n1.routes(), n2.routes()), routes_before);
+    for node in [n1, n2] {
+        assert!(node.cni("STATUS", None).success());
+    }
+    // And the datapath was not reloaded: still one program per kind pinned.
+    assert_eq!(n1.datapath().pinned_programs().len(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// A stub of the Kubernetes API server: Node list and watch, from recorded
+// Node JSON (tests/fixtures/kube-nodes.json), with events the test makes.
+
+const NODES_FIXTURE: &str = include_str!("../fixtures/kube-nodes.json");
+
+#[derive(Default)]
+struct ApiState {
+    version: u64,
+    nodes: BTreeMap<String, Value>,
+    /// (resourceVersion, watch event) in order.
+    events: Vec<(u64, Value)>,
+    lists: usize,
+    watches: usize,
+}
+
+#[derive(Clone)]
+struct ApiStub {
+    state: Arc<Mutex<ApiState>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl ApiStub {
+    fn from_fixture() -> Self {
+        let list: Value = serde_json::from_str(NODES_FIXTURE).expect("fixture");
+        let mut state = ApiState {
+            version: list["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .expect("list resourceVersion"),
+            ..ApiState::default()
+        };
+        for item in list["items"].as_array().expect("items") {
+            let name = item["metadata"]["name"].as_str().expect("name").to_string();
+            state.nodes.insert(name, item.clone());
+        }
+        ApiStub {
+            state: Arc::new(Mutex::new(state)),
+            changed: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    fn record(&self, state: &mut ApiState, kind: &str, mut object: Value) {
+        state.version += 1;
+        object["metadata"]["resourceVersion"] = json!(state.version.to_string());
+        object["apiVersion"] = json!("v1");
+        object["kind"] = json!("Node");
+        state
+            .events
+            .push((state.version, json!({"type": kind, "object": object})));
+        self.changed.notify_waiters();
+    }
+
+    /// A MODIFIED event for `name` after `change`.
+    fn modify(&self, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut state = self.state.lock().unwrap();
+        let node = state.nodes.get_mut(name).expect("node");
+        change(node);
+        let object = node.clone();
+        self.record(&mut state, "MODIFIED", object);
+        let version = state.version.to_string();
+        state.nodes.get_mut(name).unwrap()["metadata"]["resourceVersion"] = json!(version);
+    }
+
+    fn delete(&self, name: &str) {
+        let mut state = self.state.lock().unwrap();
+        let object = state.nodes.remove(name).expect("node");
+        self.record(&mut state, "DELETED", object);
+    }
+
+    fn watches(&self) -> usize {
+        self.state.lock().unwrap().watches
+    }
+
+    fn lists(&self) -> usize {
+        self.state.lock().unwrap().lists
+    }
+
+    fn router(&self) -> axum::Router {
+        axum::Router::new()
+            .route("/api/v1/nodes", axum::routing::get(nodes_endpoint))
+            .with_state(self.clone())
+    }
+}
+
+async fn nodes_endpoint(
+    axum::extract::State(stub): axum::extract::State<ApiStub>,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
+) -> axum::response::Response {
+    // kube's parameters are plain words and numbers: no percent-decoding needed.
+    let query: HashMap<&str, &str> = raw
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .collect();
+    use axum::response::IntoResponse;
+    let json_type = [(axum::http::header::CONTENT_TYPE, "application/json")];
+    if !matches!(query.get("watch"), Some(&("true" | "1"))) {
+        let mut state = stub.state.lock().unwrap();
+        state.lists += 1;
+        let list = json!({
+            "kind": "NodeList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": state.version.to_string()},
+            "items": state.nodes.values().cloned().collect::<Vec<_>>(),
+        });
+        return (json_type, list.to_string()).into_response();
+    }
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    stub.state.lock().unwrap().watches += 1;
+    // One JSON event per line, replaying what came after `from`, then
+    // following new events; the stream stays open as a real watch does.
+    let events = futures::stream::unfold((stub, from), |(stub, mut seen)| async move {
+        loop {
+            let changed = stub.changed.clone();
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next = {
+                let state = stub.state.lock().unwrap();
+                state
+                    .events
+                    .iter()
+                    .find(|(version, _)| *version > seen)
+                    .cloned()
+            };
+            if let Some((version, event)) = next {
+                seen = version;
+                return Some((Ok::<_, Infallible>(format!("{event}\n")), (stub, seen)));
+            }
+            notified.await;
+        }
+    });
+    (json_type, axum::body::Body::from_stream(events)).into_response()
+}
+
+/// The stub served on `listener` (already bound, in whichever network
+/// namespace it was made) on a thread of its own, until dropped.
+struct ServedStub {
+    stub: ApiStub,
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServedStub {
+    fn start(listener: TcpListener) -> Self {
+        let stub = ApiStub::from_fixture();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        listener.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = stub.router();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                tokio::select! {
+                    served = axum::serve(listener, router) => served.unwrap(),
+                    _ = stopped => {}
+                }
+            });
+        });
+        ServedStub {
+            stub,
+            url,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ServedStub {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn names_and_cidrs(nodes: &[Node]) -> Vec<String> {
+    let mut view: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            let cidrs: Vec<String> = n.pod_cidrs.iter().map(|c| c.to_string()).collect();
+            let addresses: Vec<String> = n.addresses.iter().map(|a| a.to_string()).collect();
+            format!(
+                "{} [{}] via [{}]",
+                n.name,
+                cidrs.join(","),
+                addresses.join(",")
+            )
+        })
+        .collect();
+    view.sort();
+    view
+}
+
+#[test]
+fn the_kubernetes_source_follows_nodes_from_the_api_server() {
+    // No root needed: the stub listens on 127.0.0.1 of this namespace.
+    let served = ServedStub::start(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap());
+    let stub = served.stub.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut source = KubeSource::for_api_server(&served.url).expect("client");
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(15), source.changed())
+                .await
+                .expect("no node list within 15 s")
+                .expect("source error")
+        };
+        // The initial list: worker-2 has joined but has no pod CIDR yet.
+        assert_eq!(
+            names_and_cidrs(&next().await),
+            [
+                "cp-1 [10.244.0.0/24] via [172.30.0.1]",
+                "worker-1 [10.244.1.0/24] via [172.30.0.2]",
+                "worker-2 [] via [172.30.0.3]",
+            ]
+        );
+        // kube-controller-manager allocates worker-2's CIDR. (The watch
+        // starts from the list's resourceVersion: the stub replays what
+        // happened since, as the API server does.)
+        stub.modify("worker-2", |node| {
+            node["spec"]["podCIDR"] = json!("10.244.2.0/24");
+            node["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
+        });
+        assert!(
+            names_and_cidrs(&next().await)
+                .contains(&"worker-2 [10.244.2.0/24] via [172.30.0.3]".to_string())
+        );
+        // Heartbeats change nothing the agent cares about: no new list.
+        stub.modify("cp-1", |node| {
+            node["status"]["conditions"][0]["lastHeartbeatTime"] = json!("2025-03-02T09:41:12Z");
+        });
+        // worker-1 is deleted.
+        stub.delete("worker-1");
+        assert_eq!(
+            names_and_cidrs(&next().await),
+            [
+                "cp-1 [10.244.0.0/24] via [172.30.0.1]",
+                "worker-2 [10.244.2.0/24] via [172.30.0.3]",
+            ]
+        );
+    });
+    assert_eq!(stub.lists(), 1, "one list, then the watch");
+    assert!(stub.watches() >= 1);
+}
+
+#[test]
+fn the_agent_routes_nodes_from_the_kubernetes_api() {
+    if !root_or_skip("the_agent_routes_nodes_from_the_kubernetes_api") {
+        return;
+    }
+    // This node is the fixture's cp-1 (172.30.0.1, pod CIDR 10.244.0.0/24).
+    let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
+    let node = cluster.node("cp-1");
+    // The stub listens on the node's own loopback, where the agent runs.
+    let listener = node
+        .netns
+        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .unwrap();
+    let served = ServedStub::start(listener);
+    node.start_agent(&Peers::Api(served.url.clone()));
+    node.wait_ready();
+    let ipam = &node.conflist()["plugins"][0]["ipam"]["ranges"][0][0];
+    assert_eq!(ipam["subnet"], "10.244.0.0/24");
+    assert_eq!(ipam["gateway"], "10.244.0.1");
+    let worker_1 = "10.244.1.0/24 via 172.30.0.2".to_string();
+    wait_until("worker-1's route", SETTLE, || {
+        node.routes() == [worker_1.clone()]
+    });
+
+    served.stub.modify("worker-2", |n| {
+        n["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
+    });
+    let worker_2 = "10.244.2.0/24 via 172.30.0.3".to_string();
+    wait_until("worker-2's late route", SETTLE, || {
+        node.routes() == [worker_1.clone(), worker_2.clone()]
+    });
+    assert_eq!(node.remote_cidrs(), [worker_1.clone(), worker_2.clone()]);
+
+    served.stub.delete("worker-1");
+    wait_until("worker-1's route to go", SETTLE, || {
+        node.routes() == [worker_2.clone()]
+    });
+    assert_eq!(node.remote_cidrs(), std::slice::from_ref(&worker_2));
+
+    // A pod on this node gets its address from the node's CIDR.
+    let pod = node.pod();
+    assert!(
+        IpAddr::V4(pod.ip).to_string().starts_with("10.244.0."),
+        "{}",
+        pod.ip
+    );
+    drop(pod);
+    node.stop_agent();
+    drop(served);
+}
