@@ -1158,6 +1158,13 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
         pod.ip
     );
     drop(pod);
+    // The node's last pod is gone, but the agent's datapath stays pinned
+    // (the next ADD must not load it) and STATUS still answers ready.
+    assert!(
+        node.datapath()
+            .is_loaded(flatnet::cni::config::DatapathMode::Tc)
+    );
+    assert!(node.cni("STATUS", None).success());
     node.stop_agent();
     drop(served);
 }
