@@ -188,7 +188,7 @@ impl Routes {
         Ok(outcome)
     }
 
-    /// The interface that holds `address` (the node's uplink): (index, prefix).
+    /// The index of the interface that holds `address` (the node's uplink).
     pub async fn interface_with(&self, address: IpAddr) -> Result<Option<u32>> {
         let mut stream = self.handle.address().get().execute();
         while let Some(msg) = stream

@@ -36,6 +36,13 @@ pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<()> {
     let conf = network_conf(&args)?;
+    let peer_file =
+        match args.peer_source {
+            SourceKind::File => Some(args.peer_file.clone().ok_or_else(|| {
+                AgentError::Config("--peer-source file needs --peer-file".into())
+            })?),
+            SourceKind::Kubernetes => None,
+        };
     let datapath = Datapath::with_root(&args.pin_root, &args.network);
     // Whatever a previous run said no longer holds until this one checked.
     remove_if_present(&ready::ready_marker(&args.network))?;
@@ -54,16 +61,12 @@ pub async fn run(args: Args) -> Result<()> {
     let mut agent = Agent::start(args, conf, datapath, agent_metrics).await?;
 
     let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
-    match agent.args.peer_source {
-        SourceKind::File => {
-            let path =
-                agent.args.peer_file.clone().ok_or_else(|| {
-                    AgentError::Config("--peer-source file needs --peer-file".into())
-                })?;
+    match peer_file {
+        Some(path) => {
             let poll = Duration::from_millis(agent.args.peer_file_poll_ms.max(10));
             spawn_source(FileSource::new(path, poll), updates, agent.metrics.clone());
         }
-        SourceKind::Kubernetes => {
+        None => {
             let source = match &agent.args.kube_api_server {
                 Some(url) => KubeSource::for_api_server(url)?,
                 None => KubeSource::connect().await?,
