@@ -64,7 +64,7 @@ fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> anyhow::Result<(
 }
 
 pub fn install(args: &InstallArgs) -> anyhow::Result<()> {
-    util::build(true)?;
+    util::build(true, BINARIES)?;
     heading(&format!(
         "install into {} and {}",
         args.bin_dir.display(),

@@ -42,7 +42,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::all(),
         Task::Build { release } => {
             setup::all()?;
-            util::build(release)
+            util::build(release, &[])
         }
         Task::Install(args) => {
             setup::all()?;

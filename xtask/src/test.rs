@@ -82,7 +82,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         run_cmd(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
         run_cmd(util::cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     }
-    util::build(false)?;
+    util::build(false, &[])?;
     if !util::is_root() {
         println!(
             "\n\x1b[1;33mNOT ROOT: the integration tests will report SKIPPED; run as root for the real suite\x1b[0m"

@@ -80,14 +80,19 @@ pub fn cargo() -> Command {
     cmd
 }
 
-/// Builds the plugin binaries (debug or release).
-pub fn build(release: bool) -> anyhow::Result<()> {
-    heading(&format!(
-        "build ({})",
-        if release { "release" } else { "debug" }
-    ));
+/// Builds the plugin crate's binaries (debug or release): `only` names
+/// some of them (install and bench need the two plugins, not the agent and
+/// its Kubernetes stack), empty means all.
+pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
+    heading(&format!("build ({})", if release { "release" } else { "debug" }));
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "flatnet", "--bins"]);
+    cmd.args(["build", "--package", "flatnet"]);
+    if only.is_empty() {
+        cmd.arg("--bins");
+    }
+    for bin in only {
+        cmd.args(["--bin", bin]);
+    }
     if release {
         cmd.arg("--release");
     }

@@ -111,7 +111,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             args.concurrent.max(1),
         )
     };
-    util::build(true)?;
+    util::build(true, crate::install::BINARIES)?;
     let bin = util::target_dir(true);
     let flatnet_ipam = if bin.join("flatnet-ipam").exists() {
         "flatnet-ipam"
