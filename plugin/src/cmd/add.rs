@@ -178,12 +178,14 @@ async fn add_steps(
                 mac: Some(format_mac(&names.host_mac)),
                 sandbox: None,
                 mtu: with_mtu(conf.mtu),
+                ..Default::default()
             },
             Interface {
                 name: env.ifname.clone(),
                 mac: Some(format_mac(&pod_mac)),
                 sandbox: Some(netns_path.display().to_string()),
                 mtu: with_mtu(conf.mtu),
+                ..Default::default()
             },
         ],
         ips: ips

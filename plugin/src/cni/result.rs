@@ -36,6 +36,17 @@ pub struct Interface {
     /// 1.1.0
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
+    /// 1.1.0: the socket an interface is reached through (vhost-user and
+    /// the like); kept so an earlier plugin's interface passes through.
+    #[serde(
+        rename = "socketPath",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub socket_path: Option<String>,
+    /// 1.1.0: the PCI address of a device interface (passed through too).
+    #[serde(rename = "pciID", default, skip_serializing_if = "Option::is_none")]
+    pub pci_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -168,7 +179,7 @@ impl CniResult {
         }
         if version < SpecVersion::V1_1_0 {
             for iface in &mut out.interfaces {
-                iface.mtu = None;
+                (iface.mtu, iface.socket_path, iface.pci_id) = (None, None, None);
             }
             for route in &mut out.routes {
                 (
@@ -204,6 +215,7 @@ mod tests {
                     mac: Some("02:00:00:00:00:02".into()),
                     sandbox: Some("/run/netns/p".into()),
                     mtu: Some(1500),
+                    ..Default::default()
                 },
             ],
             ips: vec![IpConfig {
@@ -289,6 +301,23 @@ mod tests {
         // An empty earlier DNS takes ours; an empty prevResult changes nothing.
         let merged = sample().after(&CniResult::default());
         assert_eq!(merged, sample());
+    }
+
+    #[test]
+    fn the_1_1_interface_fields_pass_through_and_go_before_1_1() {
+        let prev = CniResult::from_value(
+            &json!({"cniVersion": "1.1.0", "interfaces": [{"name": "vhu0", "socketPath": "/run/vhu0.sock", "pciID": "0000:00:02.0", "mtu": 9000}]}),
+            "prevResult",
+        )
+        .unwrap();
+        let merged = sample().after(&prev);
+        let v = merged.to_version(SpecVersion::V1_1_0);
+        assert_eq!(v["interfaces"][0]["socketPath"], "/run/vhu0.sock");
+        assert_eq!(v["interfaces"][0]["pciID"], "0000:00:02.0");
+        assert_eq!(v["interfaces"][0]["mtu"], 9000);
+        let v = merged.to_version(SpecVersion::V1_0_0);
+        assert!(v["interfaces"][0].get("socketPath").is_none());
+        assert!(v["interfaces"][0].get("pciID").is_none());
     }
 
     #[test]
