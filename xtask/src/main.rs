@@ -33,6 +33,12 @@ enum Task {
     Demo(install::InstallArgs),
     /// Set up, build, and run every test (unit, integration as root, lint).
     Test(test::TestArgs),
+    /// Set up, then run each cargo-fuzz target (tests/fuzz) for a while.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 300)]
+        seconds: u32,
+    },
     /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
     Bench(bench::BenchArgs),
 }
@@ -56,6 +62,10 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => {
             setup::all()?;
             test::run(&args)
+        }
+        Task::Fuzz { seconds } => {
+            setup::all()?;
+            test::fuzz_smoke(seconds)
         }
         Task::Bench(args) => {
             setup::all()?;

@@ -27,7 +27,7 @@ const FUZZ_TARGETS: &[&str] = &["netconf", "result", "ipam_conf"];
 /// Each fuzz target for a bounded time: a crash fails the stage, and the
 /// input that caused it is left in tests/fuzz/artifacts/<target>/ (turn it
 /// into a unit test). Longer by hand:
-/// `cargo +nightly fuzz run --fuzz-dir tests/fuzz netconf -- -max_total_time=3600`.
+/// `cargo xtask fuzz --seconds 3600`.
 /// rustup's `cargo +nightly` (`$CARGO` is stable's own binary, which knows
 /// no `+toolchain`), with .tools/bin (cargo-fuzz) on PATH.
 fn nightly_cargo() -> std::process::Command {
@@ -46,7 +46,7 @@ fn nightly_cargo() -> std::process::Command {
     cmd
 }
 
-fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
+pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
     heading(&format!(
         "fuzz smoke: {} targets, {seconds} s each",
         FUZZ_TARGETS.len()
