@@ -84,7 +84,10 @@ pub fn cargo() -> Command {
 /// some of them (install and bench need the two plugins, not the agent and
 /// its Kubernetes stack), empty means all.
 pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
-    heading(&format!("build ({})", if release { "release" } else { "debug" }));
+    heading(&format!(
+        "build ({})",
+        if release { "release" } else { "debug" }
+    ));
     let mut cmd = cargo();
     cmd.args(["build", "--package", "flatnet"]);
     if only.is_empty() {
