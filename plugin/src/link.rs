@@ -473,13 +473,19 @@ impl Netlink {
             match self
                 .handle
                 .link()
-                .add(LinkBridge::new(name).build())
+                .add(
+                    LinkBridge::new(name)
+                        .multicast(false)
+                        .mcast_snooping(false)
+                        .build(),
+                )
                 .execute()
                 .await
             {
                 Ok(()) => {
-                    // Created down, so nothing is sent before IPv6 is off: it only
-                    // holds gateway addresses; no autoconf chatter (brought up below).
+                    // Created down and without multicast, so it never speaks: it
+                    // only holds gateway addresses (no IPv6 autoconf, no IGMP reports
+                    // for multicast snooping groups). Brought up below.
                     set_sysctl(&format!("net/ipv6/conf/{name}/disable_ipv6"), "1")?;
                     // The kernel ignores IFLA_IFALIAS when creating a link.
                     let index = self
