@@ -63,9 +63,15 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// MAC of the host-side veth: the pod's only neighbour.
     pub host_mac: [u8; 6],
-    pub _pad: [u8; 4],
+    /// The pod's index into `ENDPOINT_STATS` (`NO_COUNTER_SLOT`: none). The
+    /// tc filter on its host veth carries it as its classid too, so the
+    /// program finds the sender's counters without a lookup.
+    pub counter_slot: u32,
 }
 const _: () = assert!(size_of::<Endpoint>() == 24);
+
+/// `counter_slot` of a pod without per-pod counters (an older build's entry).
+pub const NO_COUNTER_SLOT: u32 = 0;
 
 /// No flags defined yet; the field reserves room without a map layout change.
 pub const ENDPOINT_F_NONE: u32 = 0;
@@ -92,8 +98,9 @@ const _: () = assert!(size_of::<RemoteNode>() == 24);
 // LPM trie values sit right after the key data: 4-byte alignment at most.
 const _: () = assert!(core::mem::align_of::<RemoteNode>() <= 4);
 
-/// What a pod sent and what the datapath delivered to it, per CPU, keyed
-/// by the pod's host veth ifindex in `ENDPOINT_STATS`.
+/// What a pod sent and what the datapath delivered to it: the per-CPU
+/// array `ENDPOINT_STATS`, indexed by the pod's `counter_slot` (an array,
+/// not a hash: its lookups cost next to nothing per packet).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EndpointCounters {

@@ -23,7 +23,7 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
         bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh, xdp_action,
     },
-    btf_maps::{HashMap, LpmTrie, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+    btf_maps::{HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
         bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
     },
@@ -33,7 +33,7 @@ use aya_ebpf::{
 use core::mem::size_of;
 use flatnet_common::{
     Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, MAX_REMOTE_CIDRS,
-    RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
+    NO_COUNTER_SLOT, RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
 };
 use network_types::{
     arp::ArpHdr,
@@ -58,10 +58,10 @@ static HOST_VETHS: HashMap<u32, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap:
 #[btf_map]
 static STATS: PerCpuArray<Counter, { action::COUNT as usize }> = PerCpuArray::new();
 
-/// Per-CPU traffic of each pod, by its host veth's ifindex.
+/// Per-CPU traffic of each pod, by its `counter_slot`.
 #[btf_map]
-static ENDPOINT_STATS: PerCpuHashMap<u32, EndpointCounters, { MAX_ENDPOINTS as usize }> =
-    PerCpuHashMap::new();
+static ENDPOINT_STATS: PerCpuArray<EndpointCounters, { MAX_ENDPOINTS as usize }> =
+    PerCpuArray::new();
 
 /// Other nodes' IPv4 pod CIDRs: packets for them take the fast path.
 #[btf_map]
@@ -113,8 +113,8 @@ const ND_LEN: usize = size_of::<NeighbourMessage>();
 enum Decision {
     /// To the host stack.
     Pass,
-    /// Into the pod behind this host veth.
-    ToPod(u32),
+    /// Into the pod behind host veth `host_ifindex`; `slot`: its counters.
+    ToPod { host_ifindex: u32, slot: u32 },
     /// Back out of the veth it came from (a neighbour answer).
     Bounce,
     /// To another node's pod: routed by the caller, or passed to the stack.
@@ -124,10 +124,12 @@ enum Decision {
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
-    let ingress = unsafe { (*ctx.skb.skb).ifindex };
-    match decide(ctx.data(), ctx.data_end(), ingress, ctx.len()) {
+    let (ingress, ingress_slot) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).tc_classid) };
+    // The filter's classid is the sending pod's counter slot (cls_bpf sets
+    // tc_classid to it before running us): its counters without a lookup.
+    match decide(ctx.data(), ctx.data_end(), ingress, ingress_slot, ctx.len()) {
         Decision::Pass => TC_ACT_OK as i32,
-        Decision::ToPod(host_ifindex) => {
+        Decision::ToPod { host_ifindex, .. } => {
             // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
             let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
             if verdict == TC_ACT_SHOT as i32 {
@@ -160,7 +162,7 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
         return TC_ACT_OK as i32;
     }
     let len = ctx.len();
-    let Some(host_ifindex) = uplink_to_pod(ctx.data(), ctx.data_end()) else {
+    let Some((host_ifindex, slot)) = uplink_to_pod(ctx.data(), ctx.data_end()) else {
         return TC_ACT_OK as i32;
     };
     // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
@@ -170,20 +172,14 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
         return verdict;
     }
     count(action::FROM_UPLINK, len);
-    if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(host_ifindex) {
-        // SAFETY: per-CPU slot: no other writer while this program runs here.
-        unsafe {
-            (*counters).rx_packets += 1;
-            (*counters).rx_bytes += u64::from(len);
-        }
-    }
+    count_pod(slot, Direction::Rx, len);
     verdict
 }
 
 /// The host veth of the local pod a frame from the uplink is for, with the
 /// frame rewritten as the host would forward it (MACs, TTL/hop limit).
 #[inline(always)]
-fn uplink_to_pod(start: usize, end: usize) -> Option<u32> {
+fn uplink_to_pod(start: usize, end: usize) -> Option<(u32, u32)> {
     let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
     // SAFETY: `header_at` checked the header lies inside the packet.
     let peer = match u16::from_be(unsafe { (*eth).ether_type }) {
@@ -219,7 +215,7 @@ fn uplink_to_pod(start: usize, end: usize) -> Option<u32> {
         (*eth).dst_addr = peer.pod_mac;
         (*eth).src_addr = peer.host_mac;
     }
-    Some(peer.host_ifindex)
+    Some((peer.host_ifindex, peer.counter_slot))
 }
 
 /// Sends a pod's packet for another node the way the kernel's FIB says
@@ -348,16 +344,16 @@ fn decrement_ttl(ip: &mut Ipv4Hdr) {
 #[xdp]
 pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
-    match decide(
-        start,
-        end,
-        ctx.ingress_ifindex() as u32,
-        (end - start) as u32,
-    ) {
+    let ingress = ctx.ingress_ifindex() as u32;
+    // XDP has no per-attachment value like tc's classid: look the sender up.
+    // SAFETY: copied at once, before any update can reuse the slot.
+    let ingress_slot =
+        unsafe { HOST_VETHS.get(ingress) }.map_or(NO_COUNTER_SLOT, |me| me.counter_slot);
+    match decide(start, end, ingress, ingress_slot, (end - start) as u32) {
         Decision::Pass => xdp_action::XDP_PASS,
         // SAFETY: plain helper call: transmit on the destination's host veth,
         // which hands the frame to its peer, the destination pod.
-        Decision::ToPod(host_ifindex) => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
+        Decision::ToPod { host_ifindex, .. } => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
         Decision::Bounce => xdp_action::XDP_TX,
         // bpf_redirect_neigh is tc-only: the stack routes it in XDP mode.
         Decision::Remote => {
@@ -373,14 +369,8 @@ pub fn pod_xdp_pass(_ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn decide(start: usize, end: usize, ingress: u32, len: u32) -> Decision {
-    if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(ingress) {
-        // SAFETY: per-CPU slot: no other writer while this program runs here.
-        unsafe {
-            (*counters).tx_packets += 1;
-            (*counters).tx_bytes += u64::from(len);
-        }
-    }
+fn decide(start: usize, end: usize, ingress: u32, ingress_slot: u32, len: u32) -> Decision {
+    count_pod(ingress_slot, Direction::Tx, len);
     let decision = match frame(start, end, ingress) {
         Ok(decision) => decision,
         // Too short for the header it announces: let the stack judge it.
@@ -388,20 +378,44 @@ fn decide(start: usize, end: usize, ingress: u32, len: u32) -> Decision {
     };
     match decision {
         Decision::Pass => count(action::PASSED, len),
-        Decision::ToPod(host_ifindex) => {
+        Decision::ToPod { slot, .. } => {
             count(action::REDIRECTED, len);
-            if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(host_ifindex) {
-                // SAFETY: per-CPU slot, as above.
-                unsafe {
-                    (*counters).rx_packets += 1;
-                    (*counters).rx_bytes += u64::from(len);
-                }
-            }
+            count_pod(slot, Direction::Rx, len);
         }
         // Counted by the program that routes it.
         Decision::Bounce | Decision::Remote => {}
     }
     decision
+}
+
+/// Which side of a pod's counters a frame goes to.
+enum Direction {
+    /// Sent by the pod.
+    Tx,
+    /// Delivered to the pod by the datapath.
+    Rx,
+}
+
+#[inline(always)]
+fn count_pod(slot: u32, direction: Direction, len: u32) {
+    if slot == NO_COUNTER_SLOT {
+        return;
+    }
+    if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot: no other writer while this program runs here.
+        unsafe {
+            match direction {
+                Direction::Tx => {
+                    (*counters).tx_packets += 1;
+                    (*counters).tx_bytes += u64::from(len);
+                }
+                Direction::Rx => {
+                    (*counters).rx_packets += 1;
+                    (*counters).rx_bytes += u64::from(len);
+                }
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -439,7 +453,10 @@ fn to_pod(eth: *mut EthHdr, peer: Option<Endpoint>, ingress: u32) -> Decision {
                 (*eth).dst_addr = peer.pod_mac;
                 (*eth).src_addr = peer.host_mac;
             }
-            Decision::ToPod(peer.host_ifindex)
+            Decision::ToPod {
+                host_ifindex: peer.host_ifindex,
+                slot: peer.counter_slot,
+            }
         }
         _ => Decision::Pass,
     }

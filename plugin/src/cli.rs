@@ -136,7 +136,8 @@ async fn run_repair(path: &std::path::Path) -> Result<()> {
     let mut attached = 0;
     for (index, _) in datapath.host_veths()? {
         if host.link_by_index(index).await?.is_some() {
-            attach_host_veth(&datapath, conf.datapath, &host, index).await?;
+            let counter_slot = datapath.ensure_counter_slot(index)?;
+            attach_host_veth(&datapath, conf.datapath, &host, index, counter_slot).await?;
             attached += 1;
         }
     }

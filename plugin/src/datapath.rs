@@ -9,21 +9,21 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4,
     MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_STATS, MAPS,
-    PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, RemoteCidrV4,
-    RemoteCidrV6, RemoteNode, action,
+    MAX_ENDPOINTS, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK,
+    PROG_POD_XDP_PASS, RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
 };
 use ipnetwork::IpNetwork;
 
 use crate::cni::config::DatapathMode;
 use crate::cni::error::{Error, Result, chain};
-use crate::lock::Lock;
+use crate::lock::{LOCK_DIR, Lock};
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
 static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flatnet-ebpf"));
@@ -280,25 +280,142 @@ impl Datapath {
             .collect()
     }
 
-    /// A pinned `STATS` with fewer slots than this build counts actions (a
-    /// build from before the cross-node actions) is unpinned, so the load
-    /// makes a new one: counters restart from zero, nothing else is lost.
-    /// Programs still attached keep the old map until their veth moves.
-    fn retire_short_stats(&self) -> Result<()> {
-        let path = self.map_path(MAP_STATS);
-        if !path.exists() {
-            return Ok(());
-        }
-        let map = MapData::from_pin(&path)
-            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-        let info = map
-            .info()
-            .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
-        if info.max_entries() < action::COUNT {
-            std::fs::remove_file(&path)
-                .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))?;
+    /// Counter maps of an older build that this one cannot use are
+    /// unpinned, so the load makes new ones: a `STATS` with fewer slots than
+    /// this build counts actions, an `ENDPOINT_STATS` that is not the per-CPU
+    /// array of counter slots. Counters restart from zero, nothing else is
+    /// lost; programs still attached keep the old maps until their veth moves.
+    fn retire_stale_counters(&self) -> Result<()> {
+        for name in [MAP_STATS, MAP_ENDPOINT_STATS] {
+            let path = self.map_path(name);
+            if !path.exists() {
+                continue;
+            }
+            let map = MapData::from_pin(&path)
+                .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+            let info = map
+                .info()
+                .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
+            let stale = match name {
+                MAP_STATS => info.max_entries() < action::COUNT,
+                _ => !matches!(info.map_type(), Ok(aya::maps::MapType::PerCpuArray)),
+            };
+            if stale {
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))?;
+            }
         }
         Ok(())
+    }
+
+    /// Where this network's counter slots are claimed: one file per slot in
+    /// use, created exclusively (so two ADDs can never take the same slot),
+    /// holding the host veth's ifindex. tmpfs, like the pins' lifetime.
+    fn slots_dir(&self) -> PathBuf {
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Path::new(LOCK_DIR).join(format!("slots-{name}"))
+    }
+
+    /// Claims a free counter slot for the pod behind host veth `index`; the
+    /// search starts at a place derived from the ifindex, so it rarely probes.
+    /// A slot whose owner's veth is gone (a crashed ADD) is taken over.
+    pub fn claim_counter_slot(&self, index: u32) -> Result<u32> {
+        let dir = self.slots_dir();
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let usable = MAX_ENDPOINTS - 1;
+        for probe in 0..usable {
+            let slot = 1 + (index.wrapping_add(probe)) % usable;
+            let path = dir.join(slot.to_string());
+            for _attempt in 0..2 {
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                {
+                    Ok(mut file) => {
+                        use std::io::Write;
+                        file.write_all(index.to_string().as_bytes())
+                            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+                        self.zero_counters(slot)?;
+                        return Ok(slot);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let owner = std::fs::read_to_string(&path)
+                            .ok()
+                            .and_then(|t| t.trim().parse::<u32>().ok());
+                        match owner {
+                            Some(owner) if owner == index => return Ok(slot),
+                            Some(owner) if crate::link::ifindex_is_gone(owner) => {
+                                let _ = std::fs::remove_file(&path);
+                            }
+                            _ => break,
+                        }
+                    }
+                    Err(e) => return Err(Error::io(format!("claiming {}", path.display()), e)),
+                }
+            }
+        }
+        Err(Error::Datapath(format!(
+            "no free counter slot: {usable} pods is this network's limit"
+        )))
+    }
+
+    /// Gives a slot back (a removed pod, a failed ADD).
+    pub fn release_counter_slot(&self, slot: u32) {
+        if slot != NO_COUNTER_SLOT {
+            let _ = std::fs::remove_file(self.slots_dir().join(slot.to_string()));
+        }
+    }
+
+    /// The counter slot of an existing pod, claimed (and written into its
+    /// entries) when an older build left it without one: upgrades, repairs.
+    pub fn ensure_counter_slot(&self, index: u32) -> Result<u32> {
+        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        let mut endpoint = match veths.get(&index, 0) {
+            Ok(endpoint) => endpoint,
+            Err(aya::maps::MapError::KeyNotFound) => return self.claim_counter_slot(index),
+            Err(e) => return Err(datapath_err("reading a host veth", e)),
+        };
+        if endpoint.counter_slot != NO_COUNTER_SLOT {
+            return Ok(endpoint.counter_slot);
+        }
+        endpoint.counter_slot = self.claim_counter_slot(index)?;
+        veths
+            .insert(index, endpoint, 0)
+            .map_err(|e| datapath_err("updating a host veth", e))?;
+        self.update_entries::<Ipv4Key>(MAP_ENDPOINTS_V4, endpoint)?;
+        self.update_entries::<Ipv6Key>(MAP_ENDPOINTS_V6, endpoint)?;
+        Ok(endpoint.counter_slot)
+    }
+
+    /// Rewrites the address entries of `endpoint`'s pod with `endpoint`.
+    fn update_entries<K: aya::Pod>(&self, name: &str, endpoint: Endpoint) -> Result<()> {
+        let mut map = self.hash_map::<K, Endpoint>(name)?;
+        let keys: Vec<K> = map
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, ep)| ep.host_ifindex == endpoint.host_ifindex)
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            map.insert(key, endpoint, 0)
+                .map_err(|e| datapath_err("updating an endpoint", e))?;
+        }
+        Ok(())
+    }
+
+    fn zero_counters(&self, slot: u32) -> Result<()> {
+        let cpus = nr_cpus().map_err(|(_, e)| datapath_err("counting CPUs", e))?;
+        let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
+            .map_err(|e| datapath_err("building per-CPU counters", e))?;
+        self.endpoint_counters()?
+            .set(slot, zeros, 0)
+            .map_err(|e| datapath_err("zeroing a pod's counters", e))
     }
 
     /// Refuses to reuse pinned maps whose layout is not this build's: the
@@ -335,7 +452,7 @@ impl Datapath {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
         self.check_pinned_maps()?;
-        self.retire_short_stats()?;
+        self.retire_stale_counters()?;
         let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &map_pins {
@@ -414,24 +531,19 @@ impl Datapath {
             .map_err(|e| datapath_err(&format!("opening {name}"), e))
     }
 
-    fn endpoint_counters(&self) -> Result<PerCpuHashMap<MapData, u32, EndpointCounters>> {
-        PerCpuHashMap::try_from(Map::PerCpuHashMap(self.open_map(MAP_ENDPOINT_STATS)?))
+    fn endpoint_counters(&self) -> Result<PerCpuArray<MapData, EndpointCounters>> {
+        PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_ENDPOINT_STATS)?))
             .map_err(|e| datapath_err(&format!("opening {MAP_ENDPOINT_STATS}"), e))
     }
 
-    /// Makes a pod known to the datapath: its host veth, zeroed counters, then
-    /// its addresses (last, so no packet is redirected to a half-known pod).
+    /// Makes a pod known to the datapath: its host veth (with the counter
+    /// slot claimed for it, zeroed then), then its addresses (last, so no
+    /// packet is redirected to a half-known pod).
     pub fn insert_pod(&self, endpoint: Endpoint, addresses: &[IpAddr]) -> Result<()> {
         let index = endpoint.host_ifindex;
         self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
             .insert(index, endpoint, 0)
             .map_err(|e| datapath_err("inserting the host veth", e))?;
-        let cpus = nr_cpus().map_err(|(_, e)| datapath_err("counting CPUs", e))?;
-        let zeros = PerCpuValues::try_from(vec![EndpointCounters::default(); cpus])
-            .map_err(|e| datapath_err("building per-CPU counters", e))?;
-        self.endpoint_counters()?
-            .insert(index, zeros, 0)
-            .map_err(|e| datapath_err("inserting the endpoint counters", e))?;
         for address in addresses {
             match address {
                 IpAddr::V4(v4) => self
@@ -532,11 +644,11 @@ impl Datapath {
             }
             None => self.remove_addresses_of(|i| i == index)?,
         }
-        ignore_missing(
-            self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
-                .remove(&index),
-        )?;
-        ignore_missing(self.endpoint_counters()?.remove(&index))
+        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        if let Ok(endpoint) = veths.get(&index, 0) {
+            self.release_counter_slot(endpoint.counter_slot);
+        }
+        ignore_missing(veths.remove(&index))
     }
 
     /// Removes the addresses whose host veth `doomed` selects.
@@ -565,15 +677,14 @@ impl Datapath {
     pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
         self.remove_addresses_of(&doomed)?;
         let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
-        let mut counters = self.endpoint_counters()?;
-        let indexes: Vec<u32> = veths
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|index| doomed(*index))
+        let pods: Vec<(u32, Endpoint)> = veths
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(index, _)| doomed(*index))
             .collect();
-        for index in indexes {
+        for (index, endpoint) in pods {
             ignore_missing(veths.remove(&index))?;
-            ignore_missing(counters.remove(&index))?;
+            self.release_counter_slot(endpoint.counter_slot);
         }
         Ok(())
     }
@@ -598,11 +709,18 @@ impl Datapath {
 
     /// One pod's traffic summed over all CPUs, by its host veth's ifindex.
     pub fn pod_counters(&self, host_ifindex: u32) -> Result<EndpointCounters> {
-        let per_cpu = match self.endpoint_counters()?.get(&host_ifindex, 0) {
-            Ok(values) => values,
-            Err(aya::maps::MapError::KeyNotFound) => return Ok(EndpointCounters::default()),
-            Err(e) => return Err(datapath_err("reading endpoint counters", e)),
+        let slot = match self
+            .hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+            .get(&host_ifindex, 0)
+        {
+            Ok(endpoint) if endpoint.counter_slot != NO_COUNTER_SLOT => endpoint.counter_slot,
+            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => return Ok(EndpointCounters::default()),
+            Err(e) => return Err(datapath_err("reading a host veth", e)),
         };
+        let per_cpu = self
+            .endpoint_counters()?
+            .get(&slot, 0)
+            .map_err(|e| datapath_err("reading endpoint counters", e))?;
         Ok(per_cpu
             .iter()
             .fold(EndpointCounters::default(), |sum, c| EndpointCounters {
@@ -688,6 +806,7 @@ impl Datapath {
     /// Unpins everything of this network. Attached programs keep their own
     /// references, so this never breaks a veth that still exists.
     pub fn remove_pins(&self) -> Result<()> {
+        let _ = std::fs::remove_dir_all(self.slots_dir());
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -625,7 +625,8 @@ impl Netlink {
     }
 
     /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
-    /// as a direct-action filter with a fixed priority and handle: created
+    /// as a direct-action filter with a fixed priority and handle, and
+    /// `classid` for the program to read: created
     /// when absent, replaced in one atomic request when present (an upgrade).
     pub async fn set_tc_ingress_bpf(
         &self,
@@ -634,6 +635,7 @@ impl Netlink {
         name: &str,
         priority: u16,
         handle: u32,
+        classid: u32,
     ) -> Result<()> {
         /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS) and htons(ETH_P_ALL).
         const CLSACT_INGRESS: u32 = 0xffff_fff2;
@@ -646,6 +648,8 @@ impl Netlink {
         message.attributes.push(TcAttribute::Options(vec![
             TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd as u32)),
             TcOption::Bpf(TcFilterBpfOption::ProgName(name.into())),
+            // Handed to the program as skb->tc_classid: per-veth data for free.
+            TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(classid))),
             TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
         ]));
         self.acked(

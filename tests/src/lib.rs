@@ -350,6 +350,13 @@ impl Drop for Network {
             .output();
         let _ = self.datapath().remove_pins();
         let _ = std::fs::remove_dir_all(&self.ipam_dir);
+        // The plugin keeps a network's lock file (deleting a lock others may
+        // wait on is unsafe); a test network is the test's alone.
+        let _ = std::fs::remove_file(format!(
+            "{}/{}.lock",
+            flatnet::lock::LOCK_DIR,
+            flatnet::lock::network(&self.name)
+        ));
     }
 }
 

@@ -239,25 +239,44 @@ fn per_pod_counters_are_removed_with_the_pod() {
         return;
     }
     let net = Network::host_local();
-    let _keep = net.pod();
+    let keep = net.pod();
     let pod = net.pod();
-    let index: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", pod.host_veth()))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let index_of = |pod: &Pod| -> u32 {
+        std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", pod.host_veth()))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (index, keep_index) = (index_of(&pod), index_of(&keep));
+    let slot_of = |index: u32| {
+        net.datapath()
+            .host_veths()
+            .unwrap()
+            .into_iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, ep)| ep.counter_slot)
+    };
+    let (slot, keep_slot) = (slot_of(index).unwrap(), slot_of(keep_index).unwrap());
+    assert_ne!(slot, flatnet_common::NO_COUNTER_SLOT);
+    assert_ne!(slot, keep_slot, "two pods share a counter slot");
+    // The tc filter hands the slot to the program as its classid.
+    let filters =
+        run_ok(Command::new("tc").args(["filter", "show", "dev", &pod.host_veth(), "ingress"]));
+    assert!(filters.contains(&format!("flowid :{slot:x}")), "{filters}");
+
     tcp_echo(Some(&pod.netns), pod.ip(), None, 64 << 10).expect("host -> pod");
-    assert!(net.datapath().pod_counters(index).unwrap().tx_packets > 0);
-    drop(pod);
-    let dump = run_ok(
-        Command::new("bpftool")
-            .args(["map", "dump", "pinned"])
-            .arg(net.datapath().map_path("ENDPOINT_STATS")),
+    tcp_echo(Some(&keep.netns), keep.ip(), Some(&pod.netns), 64 << 10).expect("pod -> keep");
+    let counters = net.datapath().pod_counters(index).unwrap();
+    assert!(
+        counters.tx_packets > 0 && counters.tx_bytes > 0,
+        "{counters:?}"
     );
     assert!(
-        !dump.contains(&format!("\"key\": {index},")),
-        "counters of a deleted pod remain: {dump}"
+        net.datapath().pod_counters(keep_index).unwrap().rx_packets > 0,
+        "redirected packets not counted for the receiver"
     );
+    drop(pod);
     assert!(
         net.datapath()
             .host_veths()
@@ -265,6 +284,21 @@ fn per_pod_counters_are_removed_with_the_pod() {
             .iter()
             .all(|(i, _)| *i != index)
     );
+    assert_eq!(
+        net.datapath().pod_counters(index).unwrap(),
+        flatnet_common::EndpointCounters::default()
+    );
+    // The slot is free again: the next pod may take it, counting from zero.
+    let next = net.pod();
+    let next_slot = slot_of(index_of(&next)).unwrap();
+    assert_eq!(
+        net.datapath()
+            .pod_counters(index_of(&next))
+            .unwrap()
+            .rx_packets,
+        0
+    );
+    assert_ne!(next_slot, keep_slot);
 }
 
 fn mac_of(netns: &Netns) -> Vec<u8> {

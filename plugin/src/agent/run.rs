@@ -369,6 +369,8 @@ impl Agent {
                 PROG_FROM_UPLINK,
                 UPLINK_TC_PRIORITY,
                 UPLINK_TC_HANDLE,
+                // No pod behind the uplink: no counter slot.
+                flatnet_common::NO_COUNTER_SLOT,
             )
             .await?;
         tracing::info!(

@@ -27,6 +27,7 @@ use crate::trace::mark;
 struct Done {
     ipam: bool,
     host_veth: Option<u32>,
+    counter_slot: Option<u32>,
     in_datapath: bool,
 }
 
@@ -140,7 +141,16 @@ async fn add_steps(
         masq::ensure(&conf.name, &subnets)?;
     }
     mark("gateway, host routes, neighbours");
-    attach_host_veth(&datapath, conf.datapath, host, host_link.index).await?;
+    let counter_slot = datapath.claim_counter_slot(host_link.index)?;
+    done.counter_slot = Some(counter_slot);
+    attach_host_veth(
+        &datapath,
+        conf.datapath,
+        host,
+        host_link.index,
+        counter_slot,
+    )
+    .await?;
     if conf.datapath == DatapathMode::Xdp {
         // Frames XDP-redirected into a veth are only accepted once its NAPI
         // is on, which an XDP program on it turns on.
@@ -156,7 +166,7 @@ async fn add_steps(
         flags: ENDPOINT_F_NONE,
         pod_mac,
         host_mac: names.host_mac,
-        _pad: [0; 4],
+        counter_slot,
     };
     done.in_datapath = true;
     let addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.address.ip()).collect();
@@ -307,6 +317,12 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink,
         && let Err(e) = datapath.remove_pods(|ifindex| ifindex == index)
     {
         eprintln!("flatnet: rollback: {e}");
+    }
+    // A slot not yet recorded with the pod is given back here.
+    if !done.in_datapath
+        && let Some(slot) = done.counter_slot
+    {
+        datapath.release_counter_slot(slot);
     }
     if let Some(index) = done.host_veth
         && let Err(e) = host.delete_link(index).await

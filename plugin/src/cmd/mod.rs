@@ -19,11 +19,13 @@ use crate::reaper;
 
 /// Puts this build's host-side program on a pod's host veth, replacing an
 /// older one atomically (tc: same filter priority/handle; XDP: same slot).
+/// tc carries the pod's counter slot as the filter's classid.
 pub async fn attach_host_veth(
     datapath: &Datapath,
     mode: DatapathMode,
     host: &Netlink,
     index: u32,
+    counter_slot: u32,
 ) -> Result<()> {
     match mode {
         DatapathMode::Tc => {
@@ -35,6 +37,7 @@ pub async fn attach_host_veth(
                 PROG_FROM_POD,
                 TC_PRIORITY,
                 TC_HANDLE,
+                counter_slot,
             )
             .await
         }

@@ -74,15 +74,16 @@ pub async fn rebuild_pods(
             );
             continue;
         };
+        let counter_slot = datapath.claim_counter_slot(index)?;
         let endpoint = Endpoint {
             host_ifindex: index,
             flags: ENDPOINT_F_NONE,
             pod_mac,
             host_mac,
-            _pad: [0; 4],
+            counter_slot,
         };
         datapath.insert_pod(endpoint, &addresses)?;
-        attach_host_veth(datapath, mode, host, index).await?;
+        attach_host_veth(datapath, mode, host, index, counter_slot).await?;
         restored += 1;
     }
     Ok(restored)
@@ -129,7 +130,8 @@ pub async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink
     } else {
         for (index, _) in datapath.host_veths()? {
             if host.link_by_index(index).await?.is_some() {
-                attach_host_veth(datapath, conf.datapath, host, index).await?;
+                let counter_slot = datapath.ensure_counter_slot(index)?;
+                attach_host_veth(datapath, conf.datapath, host, index, counter_slot).await?;
             }
         }
     }
