@@ -47,6 +47,8 @@ impl Bound {
 /// One line of the report.
 struct Row {
     metric: &'static str,
+    /// The bar's label in the chart: two short lines.
+    chart_label: [&'static str; 2],
     bridge: f64,
     flatnet: f64,
     /// flatnet in XDP mode (data plane only).
@@ -173,11 +175,30 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             "flatnet-nofsync",
         ),
     ];
+    const DATA_LABELS: [[&str; 2]; 4] = [
+        ["TCP", "throughput"],
+        ["TCP RTT", "p50"],
+        ["TCP RTT", "p99"],
+        ["UDP 64 B", "rate"],
+    ];
+    const CNI_LABELS: [[&str; 2]; 8] = [
+        ["ADD", "in turn"],
+        ["DEL", "in turn"],
+        ["ADD", "at once"],
+        ["DEL", "at once"],
+        ["IPAM ADD", "in turn"],
+        ["IPAM ADD", "at once"],
+        ["IPAM, no", "fsync, turn"],
+        ["IPAM, no", "fsync, once"],
+    ];
     let mut rows = Vec::new();
-    for (metric, pick, target_bridge, target_veth) in data_metrics {
+    for ((metric, pick, target_bridge, target_veth), chart_label) in
+        data_metrics.into_iter().zip(DATA_LABELS)
+    {
         let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
         rows.push(Row {
             metric,
+            chart_label,
             bridge: value_median(results, &value, "bridge"),
             flatnet: value_median(results, &value, "flatnet"),
             xdp: Some(value_median(results, &value, "flatnet-xdp")).filter(|v| !v.is_nan()),
@@ -189,10 +210,11 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             target_veth,
         });
     }
-    for (metric, pick, path) in cni_metrics {
+    for ((metric, pick, path), chart_label) in cni_metrics.into_iter().zip(CNI_LABELS) {
         let value = move |round: &Round, path: &str| round.cni.get(path).map(pick);
         rows.push(Row {
             metric: Box::leak(metric.into_boxed_str()),
+            chart_label,
             bridge: value_median(results, &value, "bridge"),
             flatnet: value_median(results, &value, path),
             xdp: None,
@@ -302,29 +324,24 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         Box::leak(font.into_boxed_slice()),
     )
     .map_err(|_| anyhow::anyhow!("DejaVuSans.ttf is not a usable font"))?;
-    let ratios: Vec<(String, f64, Option<Bound>)> = rows
+    let ratios: Vec<([&str; 2], f64, Option<Bound>)> = rows
         .iter()
         .filter(|r| !r.vs_bridge.is_nan())
-        .map(|r| {
-            (
-                r.metric.split(" (").next().unwrap_or(r.metric).to_string(),
-                r.vs_bridge,
-                r.target_bridge,
-            )
-        })
+        .map(|r| (r.chart_label, r.vs_bridge, r.target_bridge))
         .collect();
     let top = ratios.iter().map(|(_, v, _)| *v).fold(1.5_f64, f64::max) * 1.15;
     let root = BitMapBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "flatnet / kernel bridge, median ratio per metric (bars); target (black tick)",
+            "flatnet (tc) / kernel bridge: median ratio per metric (bars), target (black tick), 1.0 (blue)",
             ("sans-serif", 22),
         )
         .margin(20)
-        .x_label_area_size(150)
+        .x_label_area_size(10)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..ratios.len() as f64, 0f64..top)?;
+        // Below zero: room for the bars' labels.
+        .build_cartesian_2d(0f64..ratios.len() as f64, -top * 0.16..top)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -354,11 +371,10 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
             (x + 0.35, ratio + top * 0.02),
             ("sans-serif", 16),
         )))?;
-        let words: Vec<&str> = label.split(", ").collect();
-        for (line, word) in words.iter().enumerate() {
+        for (line, text) in label.iter().enumerate() {
             chart.draw_series(std::iter::once(Text::new(
-                word.to_string(),
-                (x + 0.1, -top * (0.06 + 0.05 * line as f64)),
+                text.to_string(),
+                (x + 0.08, -top * (0.03 + 0.06 * line as f64)),
                 ("sans-serif", 14),
             )))?;
         }
@@ -366,6 +382,10 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(0.0, 1.0), (ratios.len() as f64, 1.0)],
         BLUE.mix(0.4),
+    )))?;
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(0.0, 0.0), (ratios.len() as f64, 0.0)],
+        BLACK,
     )))?;
     root.present()?;
     Ok(())
