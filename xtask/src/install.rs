@@ -71,10 +71,7 @@ pub fn install(args: &InstallArgs) -> anyhow::Result<()> {
         args.conf_dir.display()
     ));
     for name in BINARIES {
-        let built = util::target_dir(true).join(name);
-        if !built.exists() {
-            continue;
-        }
+        let built = util::binary(true, name)?;
         let bytes =
             std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
         let dest = args.bin_dir.join(name);

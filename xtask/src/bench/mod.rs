@@ -112,12 +112,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         )
     };
     util::build(true, crate::install::BINARIES)?;
-    let bin = util::target_dir(true);
-    let flatnet_ipam = if bin.join("flatnet-ipam").exists() {
-        "flatnet-ipam"
-    } else {
-        "host-local"
-    };
+    let bin = util::binary(true, "flatnet")?
+        .parent()
+        .map(PathBuf::from)
+        .context("the built plugin has no parent directory")?;
+    let flatnet_ipam = "flatnet-ipam";
     let cni_path = format!("{}:{REFERENCE_PLUGINS}", bin.display());
     let data_dir = std::env::temp_dir().join(format!("flatnet-bench-{}", std::process::id()));
     let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();

@@ -403,7 +403,7 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
     let mut md = format!(
         "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, veth), {} s per data-plane measurement; \
          control plane: {} pods one after another and {} at once per round, with one pod already attached. \
-         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}`; flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces. \
+         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}` (release builds, linked statically); flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces. \
          TCP round trips: 64-byte ping-pong, blocking sockets, client and server on one CPU, in 0.3 s slices taken in turn per path (this VM flips between a fast and a slow state every few seconds). \
          Throughput and UDP: iperf3, client on CPU 0, server on CPU 1. \
          Values are medians over rounds; ratios are medians of the per-round ratios.\n\n",
