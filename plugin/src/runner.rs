@@ -117,18 +117,10 @@ fn flatnet_dispatch(
     let mut conf = NetConf::parse(stdin)?;
     report.cni_version = conf.version.as_str().to_string();
     report.log_file = conf.log_file.clone();
+    conf.version.require_verb(command)?;
     match command {
-        Command::Status | Command::Gc if !conf.version.has_status_and_gc() => {
-            return Err(Error::IncompatibleVersion {
-                requested: conf.version.as_str().to_string(),
-                supported: format!(
-                    "{} only with cniVersion 1.1.0 (config version does not allow {})",
-                    command.as_str(),
-                    command.as_str()
-                ),
-            });
-        }
-        // DEL never refuses CNI_ARGS: it must always be able to clean up.
+        // Only ADD and CHECK act on CNI_ARGS (DEL skips what it cannot read:
+        // it must always be able to clean up).
         Command::Add | Command::Check => {
             runtime::check_cni_args(&env.args, runtime::FLATNET_CNI_ARGS)?;
             if conf.mac.is_none() {

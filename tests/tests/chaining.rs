@@ -263,8 +263,8 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
 
 /// The bandwidth plugin shapes a pod's egress by adding an `ingress` qdisc
 /// to the host veth, where flatnet's tc program already holds the clsact
-/// qdisc (the same slot): Debian's bandwidth 1.1.1 then fails its ADD with
-/// "file exists". The runtime's clean-up (DEL of the whole list) must leave
+/// qdisc (the same slot): Debian's bandwidth 1.1.1 then fails its ADD
+/// (its error names the "ingress qdisc"). The runtime's clean-up (DEL of the whole list) must leave
 /// nothing behind.
 #[test]
 fn bandwidth_egress_shaping_is_refused_and_the_list_cleans_up() {

@@ -270,6 +270,34 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
 }
 
 #[test]
+fn a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried() {
+    if !root_or_skip("a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried") {
+        return;
+    }
+    let net = Network::host_local();
+    let pod = net.pod();
+    let veth = pod.host_veth();
+    let mut call = CniCall::new("DEL", &pod.container_id, &pod.netns.path(), &pod.ifname);
+    call.path = "/nonexistent".into();
+    call.run(&bin("flatnet"), &net.stdin())
+        .assert_error(7, "host-local");
+    // Everything but the address went: the pod, its veth, the network's
+    // pins and gateway device (it was the last pod).
+    assert!(down_or_gone(&veth), "{veth} still up");
+    assert!(!net.datapath().exists(), "pins left after the last pod");
+    assert!(!link_exists(&net.gateway_device), "gateway device left");
+    assert_eq!(
+        net.ipam_allocations().len(),
+        1,
+        "the address went without IPAM"
+    );
+    // The runtime's retry, with the plugin found, releases it.
+    let out = pod.call("DEL");
+    assert!(out.success(), "{out:?}");
+    assert!(net.ipam_allocations().is_empty());
+}
+
+#[test]
 fn maps_dump_with_field_names_in_bpftool() {
     if !root_or_skip("maps_dump_with_field_names_in_bpftool") {
         return;

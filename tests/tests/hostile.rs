@@ -111,9 +111,12 @@ echo '## addresses'; ip -o addr
 echo '## routes'; ip route show table all; ip -6 route show table all
 echo '## neighbours'; ip neigh show nud permanent
 echo '## qdiscs'; tc qdisc show
-echo '## filters'; for dev in $(ls /sys/class/net); do tc filter show dev $dev ingress; done
+echo '## filters'; for dev in $(ls /sys/class/net); do tc filter show dev $dev ingress; tc filter show dev $dev egress; done
+echo '## xdp'; ip -o link show | grep -o 'prog/xdp id [0-9]*'
+echo '## nftables'; nft list ruleset 2>&1
 echo '## pins'; find /sys/fs/bpf | sort
 echo '## endpoints'; bpftool -j map dump pinned {pins}/ENDPOINTS_V4 2>&1
+echo '## endpoints v6'; bpftool -j map dump pinned {pins}/ENDPOINTS_V6 2>&1
 echo '## host veths'; bpftool -j map dump pinned {pins}/HOST_VETHS 2>&1
 "#
     );
@@ -252,7 +255,7 @@ fn cases(net: &Network) -> Vec<Case> {
             vec![],
             with(conf, "ipam", json!("flatnet-ipam")),
             7,
-            "ipam.type",
+            "\"ipam\" must be an object",
         ),
         case(
             "CNI_COMMAND missing",

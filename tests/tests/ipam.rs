@@ -514,6 +514,11 @@ fn gc_and_status_with_cni_1_1_0() {
         50,
         "range set 0 [10.251.9.0/29 (10.251.9.1-10.251.9.6)] is full: all 5 addresses",
     );
+    // Without the list (a caller that forgot it) nothing is released.
+    CniCall::new("GC", "", Path::new(""), "")
+        .run(&plugin, &net.stdin())
+        .assert_error(7, "GC needs \"cni.dev/valid-attachments\"");
+    assert_eq!(net.allocations().len(), 5);
     let out = gc(
         json!([{"containerID": "a", "ifname": "eth0"}, {"containerID": "c", "ifname": "eth0"}, {"containerID": "zz", "ifname": "eth0"}]),
     );
@@ -533,7 +538,7 @@ fn gc_and_status_with_cni_1_1_0() {
     let old = with_key(&net.conf, "cniVersion", json!("1.0.0"));
     CniCall::new("STATUS", "", Path::new(""), "")
         .run(&plugin, &old)
-        .assert_error(1, "STATUS only with cniVersion 1.1.0");
+        .assert_error(1, "STATUS only from cniVersion 1.1.0 on (1.1.0)");
 }
 
 #[test]

@@ -241,7 +241,7 @@ fn two_podman_containers_talk_through_the_redirect_and_rm_cleans_up() {
     );
     assert_eq!(net.datapath().all_endpoints().expect("endpoints").len(), 2);
 
-    // 2 MB each way over TCP (busybox wget from the other's httpd).
+    // /bin/busybox (~2 MB here) each way over TCP: busybox wget from the other's httpd.
     let want = sha256(&run_ok(Command::new("sha256sum").arg("/bin/busybox")));
     let redirected_bytes = || {
         net.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].bytes

@@ -139,7 +139,12 @@ fn flatnet_later_in_a_chain_keeps_the_earlier_result_and_appends_its_own() {
         let earlier = json!({
             "cniVersion": version,
             "interfaces": [{"name": "hostside0"}, {"name": "net1", "sandbox": sandbox}],
-            "ips": [{"version": "4", "address": "192.0.2.10/24", "gateway": "192.0.2.1", "interface": 1}],
+            // The second IP names no interface (the spec allows it): not
+            // flatnet's, so CHECK must not look for it on eth0.
+            "ips": [
+                {"version": "4", "address": "192.0.2.10/24", "gateway": "192.0.2.1", "interface": 1},
+                {"version": "4", "address": "192.0.2.11/24"}
+            ],
             "routes": [{"dst": "198.51.100.0/24", "gw": "192.0.2.1"}],
             "dns": {"nameservers": ["192.0.2.53"], "search": ["earlier.example"]}
         });
@@ -162,14 +167,15 @@ fn flatnet_later_in_a_chain_keeps_the_earlier_result_and_appends_its_own() {
         );
         assert_eq!(result["ips"][0]["address"], "192.0.2.10/24");
         assert_eq!(result["ips"][0]["interface"], 1);
+        assert_eq!(result["ips"][1]["address"], "192.0.2.11/24");
         assert!(
-            result["ips"][1]["address"]
+            result["ips"][2]["address"]
                 .as_str()
                 .unwrap()
                 .starts_with(&net.subnet_prefix)
         );
         assert_eq!(
-            result["ips"][1]["interface"], 3,
+            result["ips"][2]["interface"], 3,
             "shifted past 2 earlier interfaces"
         );
         assert_eq!(result["routes"][0]["dst"], "198.51.100.0/24");
@@ -293,7 +299,7 @@ fn cni_args_ip_mac_and_ignore_unknown() {
     // args.cni.mac beats CNI_ARGS MAC=, runtimeConfig.mac beats both (unit
     // tested); a DEL never refuses CNI_ARGS.
     call.command = "DEL".into();
-    call.args = "SOMETHING=else".into();
+    call.args = "SOMETHING=else;not-a-pair".into();
     let out = flatnet(&call, &net.conf);
     assert!(out.success(), "{out:?}");
     assert!(net.ipam_allocations().is_empty());

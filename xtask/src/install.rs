@@ -29,9 +29,13 @@ pub struct InstallArgs {
 pub fn default_conflist() -> serde_json::Value {
     serde_json::json!({
         "cniVersion": "1.0.0",
+        // A 1.1.0 runtime picks 1.1.0 (and may send STATUS and GC); older ones 1.0.0.
+        "cniVersions": ["1.0.0", "1.1.0"],
         "name": "flatnet",
         "plugins": [{
             "type": "flatnet",
+            // What flatnet reads from runtimeConfig; a runtime passes only declared ones.
+            "capabilities": {"mtu": true, "mac": true, "ips": true},
             "bridge": "flatnet0",
             "mtu": 1500,
             "datapath": "tc",

@@ -21,13 +21,6 @@ pub struct TestArgs {
     pub fuzz_seconds: u32,
 }
 
-/// The cargo-fuzz targets in tests/fuzz (parsers of what a runtime sends).
-const FUZZ_TARGETS: &[&str] = &["netconf", "result", "ipam_conf"];
-
-/// Each fuzz target for a bounded time: a crash fails the stage, and the
-/// input that caused it is left in tests/fuzz/artifacts/<target>/ (turn it
-/// into a unit test). Longer by hand:
-/// `cargo xtask fuzz --seconds 3600`.
 /// rustup's `cargo +nightly` (`$CARGO` is stable's own binary, which knows
 /// no `+toolchain`), with .tools/bin (cargo-fuzz) on PATH.
 fn nightly_cargo() -> std::process::Command {
@@ -46,16 +39,27 @@ fn nightly_cargo() -> std::process::Command {
     cmd
 }
 
+/// Each cargo-fuzz target in tests/fuzz (parsers of what a runtime sends;
+/// the list is tests/fuzz/Cargo.toml's, as `cargo fuzz list` prints it) for
+/// a bounded time: a crash fails the stage, and the input that caused it is
+/// left in tests/fuzz/artifacts/<target>/ (turn it into a unit test).
+/// Longer by hand: `cargo xtask fuzz --seconds 3600`.
 pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
-    heading(&format!(
-        "fuzz smoke: {} targets, {seconds} s each",
-        FUZZ_TARGETS.len()
-    ));
     let fuzz_dir = util::root().join("tests/fuzz");
+    let mut list = nightly_cargo();
+    list.args(["fuzz", "list", "--fuzz-dir"]).arg(&fuzz_dir);
+    let listed = util::output(&mut list)?;
+    let targets: Vec<&str> = listed.split_whitespace().collect();
+    anyhow::ensure!(!targets.is_empty(), "`cargo fuzz list` names no target");
+    heading(&format!(
+        "fuzz smoke: {} targets ({}), {seconds} s each",
+        targets.len(),
+        targets.join(", ")
+    ));
     let mut build = nightly_cargo();
     build.args(["fuzz", "build", "--fuzz-dir"]).arg(&fuzz_dir);
     run_cmd(&mut build)?;
-    for target in FUZZ_TARGETS {
+    for target in targets {
         // New inputs go to tests/fuzz/corpus (ignored by git), which grows
         // run to run; the committed seeds start it with valid documents.
         let corpus = fuzz_dir.join("corpus").join(target);

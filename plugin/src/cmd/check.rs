@@ -7,7 +7,6 @@ use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
-use crate::cni::version::SUPPORTED;
 use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, format_mac, parse_mac};
@@ -18,12 +17,6 @@ fn mismatch(msg: impl Into<String>) -> Error {
 }
 
 pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
-    if !conf.version.has_check() {
-        return Err(Error::IncompatibleVersion {
-            requested: conf.version.as_str().to_string(),
-            supported: format!("CHECK only from 0.4.0 on ({})", SUPPORTED[2..].join(", ")),
-        });
-    }
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         Error::config("CHECK needs \"prevResult\": the result of the ADD being checked")
     })?;
@@ -101,7 +94,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let ours: Vec<_> = prev
         .ips
         .iter()
-        .filter(|ip| ip.interface.is_none() || ip.interface == prev_iface)
+        // flatnet's own IPs always name its interface; one naming none is
+        // an earlier plugin's (unless no interface of ours is listed at all).
+        .filter(|ip| ip.interface == prev_iface)
         .cloned()
         .collect();
     let addresses = pod.addresses(pod_link.index).await?;

@@ -47,9 +47,16 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         reaper::defer(link.index, &link.name);
     }
     mark("veth down, unregister deferred");
-    if let Some(kind) = &conf.ipam_type {
-        Delegate::find(kind, &env.path)?.run(Command::Del, stdin)?;
-    }
+    let ipam_released = match &conf.ipam_type {
+        Some(kind) => Delegate::find(kind, &env.path)
+            .and_then(|ipam| ipam.run(Command::Del, stdin))
+            .map(drop),
+        None => Ok(()),
+    };
     mark("IPAM DEL");
-    release_network_if_empty(conf, &host).await
+    // The rest of the teardown does not need the address back: it goes on
+    // when IPAM failed (the error is still reported, so the runtime retries
+    // DEL and the retry releases the address).
+    let network_released = release_network_if_empty(conf, &host).await;
+    ipam_released.and(network_released)
 }

@@ -109,6 +109,11 @@ impl NetConf {
         }
         let ipam_type = match &raw.ipam {
             None => None,
+            Some(ipam) if !ipam.is_object() => {
+                return Err(Error::config(
+                    "\"ipam\" must be an object: {\"type\": \"flatnet-ipam\", ...}",
+                ));
+            }
             Some(ipam) => {
                 let kind = ipam
                     .get("type")

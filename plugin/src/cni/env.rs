@@ -92,7 +92,13 @@ impl CniEnv {
             env.path = std::env::split_paths(&require("CNI_PATH")?).collect();
         }
         if let Some(raw) = get("CNI_ARGS") {
-            env.args = parse_cni_args(&raw)?;
+            env.args = if matches!(command, Command::Add | Command::Check) {
+                parse_cni_args(&raw)?
+            } else {
+                // Only ADD and CHECK act on CNI_ARGS; DEL must clean up
+                // whatever else the runtime sends along.
+                cni_arg_entries(&raw).filter_map(Result::ok).collect()
+            };
         }
         Ok(env)
     }
@@ -112,6 +118,11 @@ impl CniEnv {
 
 /// `FOO=BAR;ABC=123` into pairs; an entry without `=` is refused.
 pub fn parse_cni_args(raw: &str) -> Result<Vec<(String, String)>> {
+    cni_arg_entries(raw).collect()
+}
+
+/// The entries of CNI_ARGS, each a pair or the error naming it.
+fn cni_arg_entries(raw: &str) -> impl Iterator<Item = Result<(String, String)>> + '_ {
     raw.split(';')
         .filter(|entry| !entry.is_empty())
         .map(|entry| {
@@ -123,7 +134,6 @@ pub fn parse_cni_args(raw: &str) -> Result<Vec<(String, String)>> {
                     Error::invalid_env("CNI_ARGS", format!("entry {entry:?} is not KEY=VALUE"))
                 })
         })
-        .collect()
 }
 
 /// Spec: starts with an alphanumeric, then alphanumerics, `_`, `.` or `-`.
@@ -272,6 +282,24 @@ mod tests {
             vec![("A".into(), "1".into()), ("B".into(), "".into())]
         );
         assert_eq!(parse_cni_args("A=1;junk").unwrap_err().code(), 4);
+        let lookup = |name: &str| {
+            Some(match name {
+                "CNI_ARGS" => "A=1;junk".to_string(),
+                "CNI_CONTAINERID" => "c1".to_string(),
+                "CNI_IFNAME" => "eth0".to_string(),
+                "CNI_NETNS" => "/proc/self/ns/net".to_string(),
+                _ => "/opt/cni/bin".to_string(),
+            })
+        };
+        // ADD refuses what it cannot read; DEL keeps the good entries and goes on.
+        assert_eq!(
+            CniEnv::from_lookup(Command::Add, lookup)
+                .unwrap_err()
+                .code(),
+            4
+        );
+        let env = CniEnv::from_lookup(Command::Del, lookup).unwrap();
+        assert_eq!(env.args, vec![("A".to_string(), "1".to_string())]);
         assert_eq!(parse_cni_args("=x").unwrap_err().code(), 4);
     }
 }

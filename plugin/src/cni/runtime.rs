@@ -175,16 +175,31 @@ struct GcInput {
     valid_attachments: Option<Vec<Attachment>>,
 }
 
-/// The attachments the runtime still uses, from a GC's stdin. A GC without
-/// the list is refused: read as "none is valid" it would wipe the network.
+/// The attachments the runtime still uses, from a GC's stdin.
 pub fn valid_attachments(stdin: &[u8]) -> Result<Vec<Attachment>> {
     let input: GcInput =
         serde_json::from_slice(stdin).map_err(|e| Error::decode("the GC input", e))?;
-    input.valid_attachments.ok_or_else(|| {
+    require_valid_attachments(input.valid_attachments)
+}
+
+/// Checks the GC list both plugins read: it must be there (read as "none is
+/// valid", a missing list would wipe the network) and name each attachment.
+pub fn require_valid_attachments(list: Option<Vec<Attachment>>) -> Result<Vec<Attachment>> {
+    let list = list.ok_or_else(|| {
         Error::config(
             "GC needs \"cni.dev/valid-attachments\" (a list of {\"containerID\", \"ifname\"}, empty when none is valid)",
         )
-    })
+    })?;
+    if let Some((index, _)) = list
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.container_id.is_empty() || a.ifname.is_empty())
+    {
+        return Err(Error::config(format!(
+            "\"cni.dev/valid-attachments\"[{index}] has an empty \"containerID\" or \"ifname\""
+        )));
+    }
+    Ok(list)
 }
 
 #[cfg(test)]
@@ -295,6 +310,12 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(valid_attachments(b"{}").unwrap_err().code(), 7);
+        let err = valid_attachments(
+            br#"{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": ""}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(err.to_string().contains("[0]"), "{err}");
         assert_eq!(
             valid_attachments(br#"{"cni.dev/valid-attachments": [{"containerID": 1}]}"#)
                 .unwrap_err()

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::env::Command;
 use super::error::{Error, Result};
 
 /// Every spec version flatnet accepts, oldest first.
@@ -51,6 +52,25 @@ impl SpecVersion {
         self >= Self::V1_1_0
     }
 
+    /// Refuses (code 1) a verb this version does not have: CHECK before
+    /// 0.4.0, STATUS and GC before 1.1.0. Both plugins answer alike.
+    pub fn require_verb(self, command: Command) -> Result<()> {
+        let since = match command {
+            Command::Check if !self.has_check() => Self::V0_4_0,
+            Command::Status | Command::Gc if !self.has_status_and_gc() => Self::V1_1_0,
+            _ => return Ok(()),
+        };
+        Err(Error::IncompatibleVersion {
+            requested: self.as_str().to_string(),
+            supported: format!(
+                "{} only from cniVersion {} on ({})",
+                command.as_str(),
+                since.as_str(),
+                SUPPORTED[since.0..].join(", ")
+            ),
+        })
+    }
+
     pub const V0_4_0: SpecVersion = SpecVersion(2);
     pub const V1_0_0: SpecVersion = SpecVersion(3);
     pub const V1_1_0: SpecVersion = SpecVersion(4);
@@ -94,6 +114,25 @@ pub fn version_info(stdin: &[u8]) -> Result<VersionInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn verbs_are_gated_by_the_version_that_introduced_them() {
+        let v = |raw| SpecVersion::parse(raw).unwrap();
+        let err = v("0.3.1").require_verb(Command::Check).unwrap_err();
+        assert_eq!(err.code(), 1);
+        assert!(
+            err.to_string()
+                .contains("CHECK only from cniVersion 0.4.0 on (0.4.0, 1.0.0, 1.1.0)"),
+            "{err}"
+        );
+        assert!(v("0.4.0").require_verb(Command::Check).is_ok());
+        for verb in [Command::Status, Command::Gc] {
+            assert_eq!(v("1.0.0").require_verb(verb).unwrap_err().code(), 1);
+            assert!(v("1.1.0").require_verb(verb).is_ok());
+        }
+        assert!(v("0.3.0").require_verb(Command::Add).is_ok());
+        assert!(v("0.3.0").require_verb(Command::Del).is_ok());
+    }
 
     #[test]
     fn known_versions_parse_in_order() {

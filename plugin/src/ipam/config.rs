@@ -13,6 +13,7 @@ use super::allocator::{Exclusions, Plan, Range, RangeSet, to_u128};
 use crate::cni::config::{check_stdin, validate_network_name};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, Dns, Route};
+use crate::cni::runtime::Attachment;
 use crate::cni::version::SpecVersion;
 
 /// Where allocations live unless `ipam.dataDir` says otherwise.
@@ -49,7 +50,7 @@ struct RawConf {
     #[serde(rename = "prevResult")]
     prev_result: Option<Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
-    valid_attachments: Option<Value>,
+    valid_attachments: Option<Vec<Attachment>>,
     #[serde(rename = "logFile")]
     log_file: Option<PathBuf>,
 }
@@ -68,8 +69,8 @@ pub struct IpamConf {
     pub fsync: bool,
     /// Addresses asked for in `args.cni.ips` and `runtimeConfig.ips`.
     pub requested: Vec<IpAddr>,
-    /// GC: the attachments to keep, as (container ID, ifname).
-    pub valid_attachments: Option<Vec<(String, String)>>,
+    /// GC: the attachments to keep (required, and checked, by GC only).
+    pub valid_attachments: Option<Vec<Attachment>>,
     pub prev_result: Option<CniResult>,
     pub log_file: Option<PathBuf>,
 }
@@ -169,11 +170,6 @@ impl Parsed {
         if let Some(ips) = raw.runtime_config.as_ref().and_then(|rc| rc.get("ips")) {
             requested.extend(requested_ips(ips, "runtimeConfig.ips")?);
         }
-        let valid_attachments = raw
-            .valid_attachments
-            .as_ref()
-            .map(valid_attachments)
-            .transpose()?;
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -188,7 +184,7 @@ impl Parsed {
             dns,
             fsync,
             requested,
-            valid_attachments,
+            valid_attachments: raw.valid_attachments,
             prev_result,
             log_file: raw.log_file,
         })
@@ -544,32 +540,6 @@ fn requested_ips(value: &Value, field: &str) -> Result<Vec<IpAddr>> {
         .collect()
 }
 
-fn valid_attachments(value: &Value) -> Result<Vec<(String, String)>> {
-    const FIELD: &str = "cni.dev/valid-attachments";
-    let Value::Array(list) = value else {
-        return Err(Error::config(format!(
-            "\"{FIELD}\" must be a list of {{\"containerID\": ..., \"ifname\": ...}}"
-        )));
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, entry)| {
-            let get = |key: &str| {
-                entry
-                    .get(key)
-                    .and_then(Value::as_str)
-                    .filter(|s| !s.is_empty())
-            };
-            match (get("containerID"), get("ifname")) {
-                (Some(id), Some(ifname)) => Ok((id.to_string(), ifname.to_string())),
-                _ => Err(Error::config(format!(
-                    "\"{FIELD}\"[{i}]: {entry} needs \"containerID\" and \"ifname\" strings"
-                ))),
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,7 +610,13 @@ mod tests {
             c.requested,
             vec![ip("10.1.0.12"), ip("fd00:1::9"), ip("10.2.0.40")]
         );
-        assert_eq!(c.valid_attachments, Some(vec![("a".into(), "eth0".into())]));
+        assert_eq!(
+            c.valid_attachments,
+            Some(vec![Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }])
+        );
         // 10 addresses minus the excluded .15; the second range loses .0/28 and .255.
         assert_eq!(c.plan.capacity(0), 10 + 254 - 15);
         assert_eq!(c.version, SpecVersion::V1_1_0);
@@ -805,12 +781,9 @@ mod tests {
         assert!(err.to_string().contains("args.cni.ips[0]"), "{err}");
         c["args"] = json!(null);
         c["cni.dev/valid-attachments"] = json!([{"containerID": "a"}]);
-        assert!(
-            parse(c.clone())
-                .unwrap_err()
-                .to_string()
-                .contains("valid-attachments")
-        );
+        let err = parse(c.clone()).unwrap_err();
+        assert_eq!(err.code(), 6, "{err}");
+        assert!(err.to_string().contains("ifname"), "{err}");
         let mut c = conf(json!(null));
         c.as_object_mut().unwrap().remove("ipam");
         assert_eq!(parse(c).unwrap_err().code(), 7);

@@ -18,7 +18,7 @@ use ipnetwork::IpNetwork;
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, IpConfig};
-use crate::cni::version::SUPPORTED;
+use crate::cni::runtime::require_valid_attachments;
 use crate::runner::{Output, Plugin, Report};
 use config::IpamConf;
 use store::{AllocationStore, DiskStore, Record};
@@ -36,21 +36,7 @@ fn dispatch(command: Command, env: &CniEnv, stdin: &[u8], report: &mut Report) -
     report.log_file = parsed.log_file.clone();
     let conf = parsed.validate()?;
     // Refused before the store is touched.
-    match command {
-        Command::Check if !conf.version.has_check() => {
-            return Err(Error::IncompatibleVersion {
-                requested: conf.version.as_str().to_string(),
-                supported: format!("CHECK only from 0.4.0 on ({})", SUPPORTED[2..].join(", ")),
-            });
-        }
-        Command::Status | Command::Gc if !conf.version.has_status_and_gc() => {
-            return Err(Error::IncompatibleVersion {
-                requested: conf.version.as_str().to_string(),
-                supported: format!("{} only with cniVersion 1.1.0", command.as_str()),
-            });
-        }
-        _ => {}
-    }
+    conf.version.require_verb(command)?;
     if matches!(command, Command::Add | Command::Check) {
         // The keys a delegating flatnet knows too (it shares CNI_ARGS with us).
         crate::cni::runtime::check_cni_args(&env.args, crate::cni::runtime::FLATNET_CNI_ARGS)?;
@@ -333,11 +319,10 @@ pub fn status<S: AllocationStore>(store: &mut S, conf: &IpamConf) -> Result<()> 
 /// GC: releases every allocation whose attachment is not listed as valid,
 /// going on past failures and reporting them together at the end.
 pub fn gc<S: AllocationStore>(store: &mut S, conf: &IpamConf) -> Result<()> {
-    let valid: HashSet<(&str, &str)> = conf
-        .valid_attachments
+    let valid_list = require_valid_attachments(conf.valid_attachments.clone())?;
+    let valid: HashSet<(&str, &str)> = valid_list
         .iter()
-        .flatten()
-        .map(|(id, ifname)| (id.as_str(), ifname.as_str()))
+        .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
         .collect();
     let mut stale: Vec<(String, String)> = store
         .records()?
@@ -369,6 +354,7 @@ pub fn gc<S: AllocationStore>(store: &mut S, conf: &IpamConf) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cni::runtime::Attachment;
     use crate::cni::version::SpecVersion;
     use serde_json::json;
     use store::MemoryStore;
@@ -577,6 +563,24 @@ mod tests {
         assert!(err.to_string().contains("prevResult has 10.0.0.6"), "{err}");
     }
 
+    fn attachment(container_id: &str, ifname: &str) -> Attachment {
+        Attachment {
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+
+    #[test]
+    fn gc_without_the_valid_list_is_refused_and_releases_nothing() {
+        let mut store = MemoryStore::default();
+        let c = small();
+        add(&mut store, &c, "a", "eth0", &[]).unwrap();
+        let err = gc(&mut store, &c).unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(err.to_string().contains("valid-attachments"), "{err}");
+        assert_eq!(store.records.len(), 1);
+    }
+
     #[test]
     fn gc_keeps_valid_attachments_only() {
         let mut store = MemoryStore::default();
@@ -585,10 +589,7 @@ mod tests {
             add(&mut store, &c, id, "eth0", &[]).unwrap();
         }
         add(&mut store, &c, "a", "eth1", &[]).unwrap();
-        c.valid_attachments = Some(vec![
-            ("a".into(), "eth0".into()),
-            ("c".into(), "eth0".into()),
-        ]);
+        c.valid_attachments = Some(vec![attachment("a", "eth0"), attachment("c", "eth0")]);
         gc(&mut store, &c).unwrap();
         let mut left: Vec<_> = store
             .records
