@@ -85,6 +85,11 @@ struct SimNode {
     dir: PathBuf,
     pin_root: PathBuf,
     agent: Mutex<Option<Child>>,
+    /// Agent flags besides the common ones (`--ip-masq true`, ...).
+    agent_flags: Vec<String>,
+    /// The plugin's stdin as last built from the conflist: DEL still has it
+    /// once an uninstall removed the conflist, as a runtime keeps its copy.
+    plugin_stdin: Mutex<Option<Vec<u8>>>,
 }
 
 impl SimNode {
@@ -104,7 +109,9 @@ impl SimNode {
         flatnet::agent::ready::ready_marker(&self.network)
     }
 
-    fn start_agent(&self, peers: &Peers) {
+    /// flatnet-agent with this node's network, directories and pin root,
+    /// run in the node's network namespace, logging to the node's log.
+    fn agent_command(&self) -> Command {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -113,17 +120,38 @@ impl SimNode {
         let mut cmd = Command::new(bin("flatnet-agent"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .args(["--node-name", &self.spec.name, "--network", &self.network])
+            .args(["--network", &self.network])
             .arg("--cni-conf-dir")
             .arg(self.dir.join("conf"))
             .arg("--cni-bin-dir")
             .arg(self.bin_dir())
-            .arg("--install-from")
-            .arg(bin_dir())
             .arg("--ipam-data-dir")
             .arg(self.dir.join("ipam"))
             .arg("--pin-root")
             .arg(&self.pin_root)
+            .args(&self.agent_flags)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        enter(&mut cmd, &self.netns.path());
+        cmd
+    }
+
+    /// `flatnet-agent --uninstall` on this node, as the uninstall
+    /// DaemonSet runs it; whether it succeeded.
+    fn uninstall(&self) -> bool {
+        self.agent_command()
+            .arg("--uninstall")
+            .status()
+            .expect("run flatnet-agent --uninstall")
+            .success()
+    }
+
+    fn start_agent(&self, peers: &Peers) {
+        let mut cmd = self.agent_command();
+        cmd.args(["--node-name", &self.spec.name])
+            .arg("--install-from")
+            .arg(bin_dir())
             .args([
                 "--metrics-addr",
                 &format!("127.0.0.1:{METRICS_PORT}"),
@@ -131,10 +159,7 @@ impl SimNode {
                 "2",
                 "--log",
                 "info",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
+            ]);
         match peers {
             Peers::File(path) => {
                 cmd.args(["--peer-source", "file", "--peer-file-poll-ms", "100"])
@@ -145,7 +170,6 @@ impl SimNode {
                 cmd.args(["--peer-source", "kubernetes", "--kube-api-server", url]);
             }
         }
-        enter(&mut cmd, &self.netns.path());
         let child = cmd.spawn().expect("spawn flatnet-agent");
         *self.agent.lock().unwrap() = Some(child);
     }
@@ -206,11 +230,14 @@ impl SimNode {
 
     /// The flatnet plugin's stdin as a runtime builds it from the conflist.
     fn plugin_stdin(&self) -> Vec<u8> {
-        let list = Conflist::new(self.conflist());
-        let plugin = list.list["plugins"][0].clone();
-        list.plugin_conf(&plugin, &json!({}), None)
-            .to_string()
-            .into_bytes()
+        let mut cached = self.plugin_stdin.lock().unwrap();
+        if self.conflist_path().exists() || cached.is_none() {
+            let list = Conflist::new(self.conflist());
+            let plugin = list.list["plugins"][0].clone();
+            let stdin = list.plugin_conf(&plugin, &json!({}), None).to_string();
+            *cached = Some(stdin.into_bytes());
+        }
+        cached.clone().expect("plugin stdin")
     }
 
     /// Runs the installed plugin on this node as a runtime would.
@@ -346,9 +373,13 @@ impl Drop for SimNode {
             flatnet::agent::ready::ready_marker(&self.network),
             flatnet::agent::ready::managed_marker(&self.network),
             PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
+            // An agent-managed network keeps these past its last DEL; the
+            // node's namespace (and its nftables table) goes with the test.
+            PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
         ] {
             let _ = std::fs::remove_file(path);
         }
+        let _ = std::fs::remove_dir_all(format!("/run/flatnet/slots-{}", self.network));
     }
 }
 
@@ -443,6 +474,8 @@ impl Cluster {
                 pin_root: bpffs.join(&spec.name),
                 dir: node_dir,
                 agent: Mutex::new(None),
+                agent_flags: Vec::new(),
+                plugin_stdin: Mutex::new(None),
             });
         }
         cluster
@@ -451,6 +484,11 @@ impl Cluster {
     /// `count` nodes n1..n<count>, each with a pod CIDR, all in the peer
     /// file, agents started and ready.
     fn with_file_agents(count: u8) -> Self {
+        Self::with_file_agents_flagged(count, &[])
+    }
+
+    /// As [`Self::with_file_agents`], each agent also given `flags`.
+    fn with_file_agents_flagged(count: u8, flags: &[&str]) -> Self {
         let specs: Vec<NodeSpec> = (1..=count)
             .map(|i| NodeSpec {
                 name: format!("n{i}"),
@@ -458,7 +496,10 @@ impl Cluster {
                 pod_cidr: Some(format!("10.244.{i}.0/24")),
             })
             .collect();
-        let cluster = Self::new(&specs);
+        let mut cluster = Self::new(&specs);
+        for node in &mut cluster.nodes {
+            node.agent_flags = flags.iter().map(|f| f.to_string()).collect();
+        }
         cluster.write_peers(&specs);
         for node in &cluster.nodes {
             node.start_agent(&cluster.file());
@@ -753,6 +794,260 @@ fn what_the_fast_path_cannot_route_falls_back_to_the_host_stack() {
     let fast = n1.packets(action::TO_REMOTE_NODE);
     tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1000).expect("n1 -> n2");
     assert!(n1.packets(action::TO_REMOTE_NODE) > fast);
+}
+
+/// The elements of `node`'s IPv4 no-masquerade set, as CIDRs; None when
+/// the set does not exist.
+fn no_masq_elements(node: &SimNode) -> Option<Vec<String>> {
+    let set = flatnet::masq::no_masq_set(&node.network, true);
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node.netns.name,
+            "nft",
+            "-j",
+            "list",
+            "set",
+        ])
+        .args(["inet", "flatnet", &set])
+        .output()
+        .expect("run nft");
+    if !out.status.success() {
+        return None;
+    }
+    let listing: Value = serde_json::from_slice(&out.stdout).expect("nft JSON");
+    let elements = listing["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["set"]["elem"].as_array())
+        .flatten()
+        .map(|element| match element.as_str() {
+            Some(address) => format!("{address}/32"),
+            None => format!(
+                "{}/{}",
+                element["prefix"]["addr"].as_str().unwrap_or("?"),
+                element["prefix"]["len"]
+            ),
+        })
+        .collect();
+    Some(elements)
+}
+
+/// True while `from_uplink` is attached to the node's uplink.
+fn uplink_program_attached(node: &SimNode) -> bool {
+    node.netns
+        .exec(&["tc", "filter", "show", "dev", "up0", "ingress"])
+        .contains("from_uplink")
+}
+
+/// Sends one datagram of `len` bytes from `from` (bound to `from_ip`, DF
+/// off so a node may fragment it) to a socket bound in `to` at `to_ip`;
+/// the source address it arrived with.
+fn udp_source(from: &Netns, from_ip: Ipv4Addr, to: &Netns, to_ip: Ipv4Addr, len: usize) -> IpAddr {
+    let receiver = to
+        .run(|| UdpSocket::bind((to_ip, 0)))
+        .expect("bind receiver");
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let target = receiver.local_addr().unwrap();
+    let payload = vec![0x5a_u8; len];
+    from.run(|| {
+        let socket = UdpSocket::bind((from_ip, 0)).unwrap();
+        let dont = nix::libc::IP_PMTUDISC_DONT;
+        // SAFETY: a valid socket and an int option of the size given.
+        let rc = unsafe {
+            nix::libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                nix::libc::IPPROTO_IP,
+                nix::libc::IP_MTU_DISCOVER,
+                (&dont as *const i32).cast(),
+                size_of::<i32>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "IP_MTU_DISCOVER");
+        socket.send_to(&payload, target).unwrap();
+    });
+    let mut buf = vec![0u8; 2048];
+    let (got, source) = receiver
+        .recv_from(&mut buf)
+        .expect("the datagram did not arrive");
+    assert_eq!(&buf[..got], &payload[..]);
+    source.ip()
+}
+
+#[test]
+fn with_ip_masq_pod_traffic_to_other_nodes_pods_keeps_its_source_address() {
+    if !root_or_skip("with_ip_masq_pod_traffic_to_other_nodes_pods_keeps_its_source_address") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents_flagged(2, &["--ip-masq", "true"]);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let a = n1.pod();
+    let b = n2.pod();
+    wait_until("n1's no-masquerade set to hold n2's pods", SETTLE, || {
+        no_masq_elements(n1).as_deref() == Some(&["10.244.2.0/24".to_string()][..])
+    });
+    // Leaving the pod network: masqueraded to the node's address.
+    let outside = udp_source(&a.netns, a.ip, &n2.netns, n2.spec.address(), 100);
+    assert_eq!(outside, IpAddr::V4(n1.spec.address()), "not masqueraded");
+    // To a pod on another node by the host stack (too big for the shrunk
+    // uplink, so the fast path hands it over): the pod's own address.
+    n1.netns.exec(&["ip", "link", "set", "up0", "mtu", "1400"]);
+    let passed = n1.packets(action::REMOTE_PASSED);
+    let source = udp_source(&a.netns, a.ip, &b.netns, b.ip, 1472);
+    assert!(
+        n1.packets(action::REMOTE_PASSED) > passed,
+        "not handed to the stack"
+    );
+    assert_eq!(source, IpAddr::V4(a.ip), "masqueraded on its way to a pod");
+    // And by the fast path.
+    let source = udp_source(&a.netns, a.ip, &b.netns, b.ip, 100);
+    assert_eq!(source, IpAddr::V4(a.ip));
+    // n2 leaves the cluster: its CIDR leaves the set.
+    let all = specs(&[
+        ("n1", 1, Some("10.244.1.0/24")),
+        ("n2", 2, Some("10.244.2.0/24")),
+    ]);
+    cluster.write_peers(&all[..1]);
+    wait_until("n2's pods to leave n1's set", SETTLE, || {
+        no_masq_elements(n1).is_some_and(|e| e.is_empty())
+    });
+}
+
+#[test]
+fn a_peer_route_someone_else_holds_is_reported_and_kept_out_of_the_fast_path() {
+    if !root_or_skip("a_peer_route_someone_else_holds_is_reported_and_kept_out_of_the_fast_path") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents(2);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let three = specs(&[
+        ("n1", 1, Some("10.244.1.0/24")),
+        ("n2", 2, Some("10.244.2.0/24")),
+        ("n3", 3, Some("10.244.3.0/24")),
+    ]);
+    let to_n3 = "10.244.3.0/24 via 172.30.0.3".to_string();
+    // An operator's route for n3's CIDR on n1, before n3 joins.
+    n1.netns
+        .exec(&["ip", "route", "add", "10.244.3.0/24", "via", "172.30.0.9"]);
+    cluster.write_peers(&three);
+    wait_until("n2 to route n3's pods", SETTLE, || {
+        n2.routes().contains(&to_n3)
+    });
+    wait_until("n1 to report the route it cannot write", SETTLE, || {
+        n1.metrics().contains("flatnet_peer_routes_missing 1")
+    });
+    // Two resyncs later: still ready, nothing counted as a failed write,
+    // n3 not in n1's fast path (which would forward by the foreign route).
+    std::thread::sleep(Duration::from_secs(5));
+    let page = n1.metrics();
+    for line in [
+        "flatnet_agent_ready 1",
+        "flatnet_peer_routes 2",
+        "flatnet_peer_routes_missing 1",
+        "flatnet_route_failures_total 0",
+        "flatnet_remote_cidrs 1",
+    ] {
+        assert!(page.contains(line), "{line} missing in:\n{page}");
+    }
+    assert!(n1.ready_marker().exists());
+    assert!(n1.cni("STATUS", None).success());
+    assert!(
+        !n1.remote_cidrs().contains(&to_n3),
+        "{:?}",
+        n1.remote_cidrs()
+    );
+    assert!(n2.remote_cidrs().contains(&to_n3));
+    let kept = n1.netns.exec(&["ip", "route", "show", "10.244.3.0/24"]);
+    assert!(kept.contains("via 172.30.0.9"), "{kept}");
+
+    // The foreign route goes: flatnet's takes its place, in both.
+    n1.netns.exec(&["ip", "route", "del", "10.244.3.0/24"]);
+    wait_until("n1 to route n3's pods", SETTLE, || {
+        n1.routes().contains(&to_n3) && n1.remote_cidrs().contains(&to_n3)
+    });
+    wait_until("the gauge to clear", SETTLE, || {
+        n1.metrics().contains("flatnet_peer_routes_missing 0")
+    });
+
+    // Readiness is the node's own state at each pass: n1 out of the node
+    // list is not ready (STATUS 50), back in it is ready again.
+    cluster.write_peers(&[three[1].clone(), three[2].clone()]);
+    wait_until("n1 to turn not ready", SETTLE, || {
+        !n1.ready_marker().exists()
+    });
+    let status = n1.cni("STATUS", None);
+    status.assert_error(50, "");
+    assert!(n1.metrics().contains("flatnet_agent_ready 0"));
+    assert!(n2.ready_marker().exists(), "n2's readiness is its own");
+    cluster.write_peers(&three);
+    wait_until("n1 to turn ready again", SETTLE, || {
+        n1.ready_marker().exists()
+    });
+    assert!(n1.cni("STATUS", None).success());
+}
+
+#[test]
+fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
+    if !root_or_skip("uninstall_takes_the_agents_setup_away_and_pods_keep_talking") {
+        return;
+    }
+    let cluster = Cluster::with_file_agents_flagged(2, &["--ip-masq", "true"]);
+    let n1 = cluster.node("n1");
+    let a = n1.pod();
+    let a2 = n1.pod();
+    wait_until("n1's no-masquerade set to fill", SETTLE, || {
+        no_masq_elements(n1).is_some_and(|e| !e.is_empty())
+    });
+    assert!(uplink_program_attached(n1));
+    let managed = flatnet::agent::ready::managed_marker(&n1.network);
+    assert!(managed.exists());
+
+    // As the uninstall DaemonSet does it: the agent gone first.
+    n1.stop_agent();
+    assert!(n1.uninstall(), "uninstall failed:\n{}", n1.agent_log());
+    assert!(!n1.conflist_path().exists(), "conflist left");
+    assert!(!n1.ready_marker().exists(), "ready marker left");
+    assert!(!managed.exists(), "managed marker left");
+    assert_eq!(n1.routes(), Vec::<String>::new());
+    assert_eq!(n1.remote_cidrs(), Vec::<String>::new());
+    assert!(!uplink_program_attached(n1), "from_uplink still attached");
+    // The pods' masquerade rules stay while they live; their sets empty.
+    assert_eq!(no_masq_elements(n1), Some(Vec::new()));
+    // The node's pods keep talking; a second run finds nothing to do.
+    tcp_echo(Some(&a2.netns), a2.ip, Some(&a.netns), 1 << 16).expect("pod to pod after uninstall");
+    assert!(
+        n1.uninstall(),
+        "second uninstall failed:\n{}",
+        n1.agent_log()
+    );
+    assert!(n1.datapath().exists(), "the datapath went with pods on it");
+
+    // The last pod's DEL takes the datapath, rules and sets away.
+    drop(a);
+    drop(a2);
+    assert!(!n1.datapath().exists(), "pins left after the last DEL");
+    assert_eq!(no_masq_elements(n1), None, "no-masquerade set left");
+    let tables = n1.netns.exec(&["nft", "list", "tables"]);
+    assert!(!tables.contains("flatnet"), "{tables}");
+
+    // A conflist the agent did not write is left alone.
+    std::fs::create_dir_all(n1.conflist_path().parent().unwrap()).unwrap();
+    let by_hand = json!({"cniVersion": "1.0.0", "name": n1.network,
+        "plugins": [{"type": "flatnet", "ipam": {"type": "flatnet-ipam", "subnet": "10.244.1.0/24"}}]});
+    std::fs::write(n1.conflist_path(), by_hand.to_string()).unwrap();
+    assert!(
+        n1.uninstall(),
+        "third uninstall failed:\n{}",
+        n1.agent_log()
+    );
+    assert!(
+        n1.conflist_path().exists(),
+        "a hand-written conflist was removed"
+    );
 }
 
 /// Streams bytes from `client` to a server in `server` while `during`

@@ -12,7 +12,8 @@ use crate::cni::config::DatapathMode;
 /// Where the agent learns the cluster's nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SourceKind {
-    /// Node objects from the Kubernetes API (in-cluster, or KUBECONFIG).
+    /// Node objects from the Kubernetes API (KUBECONFIG or ~/.kube/config,
+    /// else in-cluster).
     Kubernetes,
     /// A YAML/JSON file listing the nodes (`--peer-file`), polled.
     File,
@@ -41,8 +42,15 @@ impl From<Mode> for DatapathMode {
 #[command(name = "flatnet-agent", version)]
 pub struct Args {
     /// This node's name, as the peer source lists it.
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
+    #[arg(long, env = "NODE_NAME", required_unless_present = "uninstall")]
+    pub node_name: Option<String>,
+
+    /// Remove what the agent put on this node (conflist, markers, peer
+    /// routes, uplink filter, remote-CIDR entries, no-masquerade sets) and
+    /// exit. Running pods keep working locally. Run it after the DaemonSet
+    /// is gone, with the same network, directories and pin root.
+    #[arg(long)]
+    pub uninstall: bool,
 
     /// The CNI network name (conflist `name`; pins under <pin-root>/<network>).
     #[arg(long, env = "FLATNET_NETWORK", default_value = "flatnet")]
@@ -57,7 +65,8 @@ pub struct Args {
     pub peer_source: SourceKind,
 
     /// With `--peer-source kubernetes`: an API server URL that needs no
-    /// credentials (`kubectl proxy`); default: in-cluster, else KUBECONFIG.
+    /// credentials (`kubectl proxy`); default: KUBECONFIG or ~/.kube/config
+    /// if there is one, else the in-cluster service account.
     #[arg(long, env = "FLATNET_KUBE_API_SERVER")]
     pub kube_api_server: Option<String>,
 
@@ -163,5 +172,32 @@ mod tests {
         assert_eq!(args.peer_source, SourceKind::File);
         assert!(!args.install_binaries);
         assert_eq!(DatapathMode::from(args.datapath), DatapathMode::Xdp);
+    }
+
+    #[test]
+    fn uninstall_needs_no_node_name_and_running_does() {
+        let args = Args::try_parse_from(["flatnet-agent", "--uninstall"]).unwrap();
+        assert!(args.uninstall);
+        assert_eq!(args.node_name, None);
+        // (NODE_NAME from the environment would satisfy it: not in tests.)
+        if std::env::var_os("NODE_NAME").is_none() {
+            assert!(Args::try_parse_from(["flatnet-agent"]).is_err());
+        }
+    }
+
+    #[test]
+    fn the_kubeconfig_help_names_the_order_kube_infers_in() {
+        // kube's Config::infer reads KUBECONFIG / ~/.kube/config first and
+        // falls back to the in-cluster service account.
+        let command = Args::command();
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_id() == "kube_api_server")
+            .and_then(|a| a.get_help())
+            .map(|h| h.to_string())
+            .unwrap();
+        let kubeconfig = help.find("KUBECONFIG").expect("mentions KUBECONFIG");
+        let in_cluster = help.find("in-cluster").expect("mentions in-cluster");
+        assert!(kubeconfig < in_cluster, "{help}");
     }
 }

@@ -41,6 +41,10 @@ pub enum AgentError {
     #[error("{context}: {reason}")]
     Route { context: String, reason: String },
 
+    /// `--uninstall` could not do every step (each one that failed, why).
+    #[error("uninstall incomplete: {0}")]
+    Incomplete(String),
+
     /// The peer source stopped for good.
     #[error("peer source ended: {0}")]
     SourceEnded(String),

@@ -49,6 +49,8 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
     }
     let mut plugin = json!({
         "type": "flatnet",
+        // What a runtime may pass as runtimeConfig (as the install conflist).
+        "capabilities": {"mtu": true, "mac": true, "ips": true},
         "bridge": spec.bridge,
         "datapath": spec.datapath.as_str(),
         AGENT_MANAGED_KEY: true,
@@ -159,6 +161,10 @@ mod tests {
         assert_eq!(plugin["type"], "flatnet");
         assert_eq!(plugin["agentManaged"], true);
         assert_eq!(plugin["mtu"], 1450);
+        assert_eq!(
+            plugin["capabilities"],
+            json!({"mtu": true, "mac": true, "ips": true})
+        );
         assert_eq!(plugin["ipam"]["type"], "flatnet-ipam");
         assert_eq!(
             plugin["ipam"]["ranges"],

@@ -44,8 +44,9 @@ impl KubeSource {
         }
     }
 
-    /// A client from the usual places: in-cluster service account, else
-    /// KUBECONFIG or ~/.kube/config.
+    /// A client from the usual places, in kube's `Config::infer` order:
+    /// KUBECONFIG or ~/.kube/config when there is one, else the in-cluster
+    /// service account.
     pub async fn connect() -> Result<Self> {
         let config = kube::Config::infer().await?;
         Ok(Self::new(Client::try_from(config)?))

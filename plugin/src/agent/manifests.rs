@@ -1,7 +1,9 @@
 //! The Kubernetes manifests in xtask/deploy/kubernetes parse as the API's own
 //! types (k8s-openapi) and agree with the agent: RBAC is get/list/watch on
-//! nodes only, the DaemonSet mounts what the agent writes to, and every
-//! ConfigMap key is a setting the agent reads.
+//! nodes only, the DaemonSet mounts what the agent writes to, every
+//! ConfigMap key is a setting the agent reads, images are named so that
+//! containerd finds them, and the uninstall DaemonSet runs `--uninstall`
+//! with the agent's settings and host paths.
 
 use std::collections::BTreeSet;
 
@@ -17,6 +19,7 @@ const SERVICE_ACCOUNT: &str = include_str!("../../../xtask/deploy/kubernetes/ser
 const RBAC: &str = include_str!("../../../xtask/deploy/kubernetes/rbac.yaml");
 const CONFIG_MAP: &str = include_str!("../../../xtask/deploy/kubernetes/configmap.yaml");
 const DAEMON_SET: &str = include_str!("../../../xtask/deploy/kubernetes/daemonset.yaml");
+const UNINSTALL: &str = include_str!("../../../xtask/deploy/kubernetes/uninstall/daemonset.yaml");
 
 /// Each YAML document as `T` (through JSON values, as kubectl does).
 fn documents<T: DeserializeOwned>(text: &str) -> Vec<T> {
@@ -172,4 +175,97 @@ fn every_config_map_key_is_a_setting_the_agent_reads() {
     if let Err(e) = <Args as clap::Parser>::try_parse_from(&argv) {
         panic!("the ConfigMap's values do not parse: {e}");
     }
+}
+
+/// The registry domain of an image reference as containerd resolves it:
+/// the first path component when it looks like a host (has a dot or a
+/// port, or is `localhost`), else docker.io.
+fn image_domain(image: &str) -> &str {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
+        _ => "docker.io",
+    }
+}
+
+#[test]
+fn images_are_named_as_podman_stores_them() {
+    // `podman build -t localhost/flatnet:0.1.0` stores that name; a bare
+    // `flatnet:0.1.0` would make containerd look on docker.io.
+    assert_eq!(image_domain("flatnet:0.1.0"), "docker.io");
+    assert_eq!(
+        image_domain("registry.example:5000/flatnet:0.1.0"),
+        "registry.example:5000"
+    );
+    let set: DaemonSet = one(DAEMON_SET);
+    let uninstall: DaemonSet = one(UNINSTALL);
+    let agent_image = set.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert_eq!(image_domain(&agent_image), "localhost", "{agent_image}");
+    let pod = uninstall.spec.unwrap().template.spec.unwrap();
+    for container in pod.init_containers.unwrap().iter().chain(&pod.containers) {
+        assert_eq!(container.image.as_deref(), Some(agent_image.as_str()));
+    }
+}
+
+#[test]
+fn the_uninstall_daemon_set_runs_uninstall_with_the_agents_settings() {
+    let agent: DaemonSet = one(DAEMON_SET);
+    let uninstall: DaemonSet = one(UNINSTALL);
+    let config: ConfigMap = one(CONFIG_MAP);
+    assert_ne!(uninstall.metadata.name, agent.metadata.name);
+    let agent_pod = agent.spec.unwrap().template.spec.unwrap();
+    let pod = uninstall.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    let command = init.command.as_ref().unwrap();
+    assert!(command[0].ends_with("/flatnet-agent"));
+    assert!(command.contains(&"--uninstall".to_string()));
+    assert_eq!(
+        init.security_context.as_ref().unwrap().privileged,
+        Some(true)
+    );
+    assert_eq!(
+        init.env_from.as_ref().unwrap()[0]
+            .config_map_ref
+            .as_ref()
+            .unwrap()
+            .name,
+        config.metadata.name.clone().unwrap()
+    );
+    // The same host paths as the agent, at the same places.
+    let agent_volumes = agent_pod.volumes.unwrap();
+    let volumes = pod.volumes.unwrap();
+    for path in ["/etc/cni/net.d", "/sys/fs/bpf", "/run/flatnet"] {
+        let host_path = |vs: &[k8s_openapi::api::core::v1::Volume]| {
+            vs.iter()
+                .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == path))
+                .map(|v| v.name.clone())
+        };
+        assert!(host_path(&agent_volumes).is_some());
+        let name = host_path(&volumes).unwrap_or_else(|| panic!("no hostPath volume for {path}"));
+        let mount = init
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{path} is not mounted"));
+        assert_eq!(mount.mount_path, path);
+    }
+    // The ConfigMap's values with --uninstall parse without a node name.
+    let mut argv = vec!["flatnet-agent".to_string()];
+    argv.extend(command[1..].iter().cloned());
+    for (key, value) in config.data.unwrap() {
+        let arg = Args::command()
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e.to_string_lossy() == key))
+            .map(|a| a.get_id().to_string())
+            .unwrap();
+        argv.push(format!("--{}={value}", arg.replace('_', "-")));
+    }
+    let args =
+        <Args as clap::Parser>::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    assert!(args.uninstall);
 }

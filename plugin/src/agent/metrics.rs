@@ -6,8 +6,9 @@
 //! - `flatnet_pod_{tx,rx}_{packets,bytes}_total{host_veth_ifindex}`: per pod.
 //! - `flatnet_remote_cidrs`: entries of the fast path's remote-CIDR tries.
 //! - `flatnet_agent_ready`, `flatnet_peer_nodes`, `flatnet_peer_routes`,
-//!   `flatnet_route_failures_total`, `flatnet_peer_updates_total`,
-//!   `flatnet_peer_source_errors_total`.
+//!   `flatnet_peer_routes_missing` (not in place now),
+//!   `flatnet_route_failures_total` (failed kernel requests),
+//!   `flatnet_peer_updates_total`, `flatnet_peer_source_errors_total`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub struct AgentMetrics {
     pub ready: Gauge,
     pub peer_nodes: Gauge,
     pub peer_routes: Gauge,
+    pub peer_routes_missing: Gauge,
     pub route_failures: Counter,
     pub peer_updates: Counter,
     pub source_errors: Counter,
@@ -128,7 +130,7 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
     let mut registry = Registry::default();
     registry.register(
         "flatnet_agent_ready",
-        "1 once the node is set up (datapath, uplink, routes, conflist)",
+        "1 while the node's own setup is complete at the last pass (datapath, uplink program, conflist)",
         agent.ready.clone(),
     );
     registry.register(
@@ -142,8 +144,13 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         agent.peer_routes.clone(),
     );
     registry.register(
+        "flatnet_peer_routes_missing",
+        "Routes to other nodes' pod CIDRs that are not in place now (a foreign route in the way, or the write failed)",
+        agent.peer_routes_missing.clone(),
+    );
+    registry.register(
         "flatnet_route_failures",
-        "Route writes or removals that failed",
+        "Route writes or removals the kernel refused",
         agent.route_failures.clone(),
     );
     registry.register(
@@ -191,7 +198,7 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
     }
 }
 
-/// 200 once ready, 503 before: a DaemonSet readiness probe.
+/// 200 while ready, 503 otherwise: a DaemonSet readiness probe.
 async fn readyz(State(served): State<Served>) -> impl IntoResponse {
     if served.agent.ready.get() == 1 {
         (StatusCode::OK, "ready\n")
@@ -230,11 +237,13 @@ mod tests {
         agent.ready.set(1);
         agent.peer_nodes.set(2);
         agent.route_failures.inc();
+        agent.peer_routes_missing.set(1);
         let datapath = Datapath::with_root(std::path::Path::new("/nonexistent"), "n");
         let text = render(&registry(&datapath, &agent)).unwrap();
         assert!(text.contains("flatnet_agent_ready 1"), "{text}");
         assert!(text.contains("flatnet_peer_nodes 2"), "{text}");
         assert!(text.contains("flatnet_route_failures_total 1"), "{text}");
+        assert!(text.contains("flatnet_peer_routes_missing 1"), "{text}");
         assert!(!text.contains("flatnet_datapath_packets"), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }

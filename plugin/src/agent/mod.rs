@@ -5,7 +5,7 @@
 //! `from_uplink` to the node's uplink, keeps a route per peer pod CIDR
 //! (host-gw) and the fast path's remote-CIDR map, writes the conflist and
 //! installs the plugin binaries, reports readiness to CNI STATUS, and
-//! serves Prometheus metrics.
+//! serves Prometheus metrics. [`uninstall`] takes all of it away again.
 //!
 //! Only [`ready`] is used by the plugin binaries; everything else (tokio
 //! server, kube client) is linked into `flatnet-agent` alone.
@@ -20,8 +20,10 @@ pub mod peers;
 pub mod ready;
 pub mod routes;
 pub mod run;
+pub mod uninstall;
 
 #[cfg(test)]
 mod manifests;
 
 pub use run::run;
+pub use uninstall::uninstall;

@@ -39,7 +39,14 @@ pub struct SyncOutcome {
     pub written: Vec<IpNetwork>,
     /// flatnet routes no longer wanted, removed.
     pub removed: Vec<IpNetwork>,
-    /// Routes that could not be written or removed, with the reason.
+    /// Wanted routes that are in place now (there already, or written):
+    /// the only ones the fast path may be told about, since it forwards by
+    /// the kernel FIB.
+    pub in_place: Vec<PeerRoute>,
+    /// Wanted routes that are not in place, with the reason (a route not
+    /// made by flatnet in the way, or a failed write).
+    pub missing: Vec<String>,
+    /// Kernel requests (writes and removals) that failed, with the reason.
     pub failures: Vec<String>,
 }
 
@@ -162,18 +169,25 @@ impl Routes {
             let cidr = normalize(route.cidr);
             let existing: Vec<&InstalledRoute> = table.iter().filter(|r| r.cidr == cidr).collect();
             if let Some(foreign) = existing.iter().find(|r| r.protocol != RTPROT_FLATNET) {
-                outcome.failures.push(format!(
+                outcome.missing.push(format!(
                     "{cidr} (node {}): a route not made by flatnet (protocol {}) is in the way",
                     route.node, foreign.protocol
                 ));
                 continue;
             }
             if existing.iter().any(|r| r.via == Some(route.via)) {
+                outcome.in_place.push(route.clone());
                 continue;
             }
             match self.write(route).await {
-                Ok(()) => outcome.written.push(cidr),
-                Err(e) => outcome.failures.push(e.to_string()),
+                Ok(()) => {
+                    outcome.written.push(cidr);
+                    outcome.in_place.push(route.clone());
+                }
+                Err(e) => {
+                    outcome.missing.push(e.to_string());
+                    outcome.failures.push(e.to_string());
+                }
             }
         }
         for stale in table.iter().filter(|r| r.protocol == RTPROT_FLATNET) {

@@ -1,9 +1,11 @@
 //! The agent's life: set the node up once (forwarding, bpffs, the datapath
 //! loaded and pinned, binaries installed), then follow the peer source and
-//! make the node match each node list (routes, remote-CIDR map, uplink
-//! program, conflist), re-checking everything every `--resync-secs`.
+//! make the node match each node list (routes, remote-CIDR map, no-masquerade
+//! sets, uplink program, conflist), re-checking everything every
+//! `--resync-secs`. Readiness is decided afresh at each pass from the node's
+//! own setup; a peer whose route cannot be written does not change it.
 //! Nothing the datapath needs is torn down on exit: pods keep talking while
-//! the agent restarts.
+//! the agent restarts (`--uninstall` is the way to take it all away).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +28,7 @@ use crate::cmd::repair::ensure_datapath;
 use crate::cni::config::NetConf;
 use crate::datapath::{self, DATAPATH_ID, Datapath};
 use crate::link::{Netlink, set_sysctl};
+use crate::masq;
 
 /// tc filter priority and handle of `from_uplink` on the uplink: its own
 /// slot, so other tc users of the uplink keep theirs, and a restart or an
@@ -35,6 +38,10 @@ pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<()> {
+    let node_name = args
+        .node_name
+        .clone()
+        .ok_or_else(|| AgentError::Config("--node-name (NODE_NAME) is required".into()))?;
     let conf = network_conf(&args)?;
     let peer_file =
         match args.peer_source {
@@ -58,7 +65,7 @@ pub async fn run(args: Args) -> Result<()> {
             tracing::error!(error = %e, "the metrics server stopped");
         }
     });
-    let mut agent = Agent::start(args, conf, datapath, agent_metrics).await?;
+    let mut agent = Agent::start(args, node_name, conf, datapath, agent_metrics).await?;
 
     let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
     match peer_file {
@@ -140,7 +147,7 @@ fn spawn_source<S: PeerSource>(
 
 /// The flatnet plugin configuration the agent loads the datapath for
 /// (validates the network name and gateway device as the plugin would).
-fn network_conf(args: &Args) -> Result<NetConf> {
+pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": args.network,
@@ -151,10 +158,11 @@ fn network_conf(args: &Args) -> Result<NetConf> {
     Ok(NetConf::parse(conf.to_string().as_bytes())?)
 }
 
-fn remove_if_present(path: &Path) -> Result<()> {
+/// Removes `path`; true when it was there.
+pub(super) fn remove_if_present(path: &Path) -> Result<bool> {
     match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(AgentError::io(format!("removing {}", path.display()), e)),
     }
 }
@@ -162,6 +170,7 @@ fn remove_if_present(path: &Path) -> Result<()> {
 /// The node's state as the agent keeps it.
 pub struct Agent {
     args: Args,
+    node_name: String,
     conf: NetConf,
     datapath: Datapath,
     host: Netlink,
@@ -169,6 +178,9 @@ pub struct Agent {
     metrics: AgentMetrics,
     /// What the last reconcile logged as skipped (to log changes only).
     last_skipped: Vec<String>,
+    /// Peer routes not in place at the last pass (to log changes only).
+    last_missing: Vec<String>,
+    /// The readiness last reported (marker, gauge, /readyz).
     ready: bool,
 }
 
@@ -178,12 +190,13 @@ impl Agent {
     /// live node), the network marked as the agent's, binaries installed.
     async fn start(
         args: Args,
+        node_name: String,
         conf: NetConf,
         datapath: Datapath,
         metrics: AgentMetrics,
     ) -> Result<Self> {
         tracing::info!(
-            node = %args.node_name,
+            node = %node_name,
             network = %args.network,
             pin_dir = %datapath.pin_dir().display(),
             datapath_id = DATAPATH_ID,
@@ -200,7 +213,7 @@ impl Agent {
         drop(ensure_datapath(&conf, &datapath, &host).await?);
         install::write_atomically(
             &ready::managed_marker(&args.network),
-            format!("{}\n", args.node_name).as_bytes(),
+            format!("{node_name}\n").as_bytes(),
             0o644,
         )?;
         if args.install_binaries {
@@ -219,31 +232,31 @@ impl Agent {
         Ok(Agent {
             routes: Routes::connect()?,
             args,
+            node_name,
             conf,
             datapath,
             host,
             metrics,
             last_skipped: Vec::new(),
+            last_missing: Vec::new(),
             ready: false,
         })
     }
 
-    /// Makes the node match `nodes`. Failures are logged and retried at the
-    /// next resync; `fresh` marks a new list (logged in more detail).
+    /// Makes the node match `nodes`, then reports readiness as the node's
+    /// own setup turned out. Failures are logged and retried at the next
+    /// resync; `fresh` marks a new list (logged in more detail).
     async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
-        let plan = peers::plan(nodes, &self.args.node_name);
+        let plan = peers::plan(nodes, &self.node_name);
         if plan.skipped != self.last_skipped {
             for reason in &plan.skipped {
                 tracing::warn!(%reason, "peer left out");
             }
             self.last_skipped = plan.skipped.clone();
         }
-        self.metrics.peer_nodes.set(
-            nodes
-                .iter()
-                .filter(|n| n.name != self.args.node_name)
-                .count() as i64,
-        );
+        self.metrics
+            .peer_nodes
+            .set(nodes.iter().filter(|n| n.name != self.node_name).count() as i64);
         self.metrics.peer_routes.set(plan.routes.len() as i64);
         if fresh {
             tracing::info!(
@@ -252,11 +265,17 @@ impl Agent {
                 "node list received"
             );
         }
-        if let Err(e) = self.sync(&plan).await {
+        let outcome = self.sync(&plan).await;
+        if let Err(e) = &outcome {
             tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
         }
+        self.report_ready(outcome.is_ok());
     }
 
+    /// One pass. An error is this node's own (no datapath, no pod CIDR, no
+    /// uplink, conflist or nftables not writable): the node is not ready.
+    /// A peer route that is not in place is the peer's problem: logged,
+    /// counted, kept out of the fast path, and the pass goes on.
     async fn sync(&mut self, plan: &Plan) -> Result<()> {
         // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
         drop(ensure_datapath(&self.conf, &self.datapath, &self.host).await?);
@@ -267,24 +286,34 @@ impl Agent {
         for cidr in &outcome.removed {
             tracing::info!(%cidr, "stale route removed");
         }
-        for failure in &outcome.failures {
-            self.metrics.route_failures.inc();
-            tracing::warn!(%failure, "route not written");
+        self.metrics
+            .route_failures
+            .inc_by(outcome.failures.len() as u64);
+        self.metrics
+            .peer_routes_missing
+            .set(outcome.missing.len() as i64);
+        if outcome.missing != self.last_missing {
+            for reason in &outcome.missing {
+                tracing::warn!(%reason, "route to a peer not in place; retrying at each resync");
+            }
+            self.last_missing = outcome.missing.clone();
         }
-        // After the routes: a CIDR in the map must find its route in the FIB.
+        // Only CIDRs whose route is in place: the fast path forwards by the
+        // FIB, which would otherwise send them by whatever route is there.
         let remote: Vec<(IpNetwork, std::net::IpAddr)> =
-            plan.routes.iter().map(|r| (r.cidr, r.via)).collect();
+            outcome.in_place.iter().map(|r| (r.cidr, r.via)).collect();
         self.datapath.set_remote_cidrs(&remote)?;
+        self.sync_no_masquerade(plan).await?;
 
         let Some(me) = &plan.me else {
             return Err(AgentError::Config(format!(
-                "node {} is not in the node list yet",
-                self.args.node_name
+                "node {} is not in the node list",
+                self.node_name
             )));
         };
         if me.pod_cidrs.is_empty() {
             return Err(AgentError::Config(format!(
-                "node {} has no pod CIDR yet (kube-controller-manager --allocate-node-cidrs assigns one)",
+                "node {} has no pod CIDR (kube-controller-manager --allocate-node-cidrs assigns one)",
                 me.name
             )));
         }
@@ -309,22 +338,70 @@ impl Agent {
         if install::write_atomically(&path, format!("{text}\n").as_bytes(), 0o644)? {
             tracing::info!(path = %path.display(), cidrs = ?me.pod_cidrs, "conflist written");
         }
-        if !self.ready {
-            let marker = serde_json::json!({
-                "node": self.args.node_name,
+        Ok(())
+    }
+
+    /// With ipMasq (or rules a pod made under an earlier setting): the
+    /// other nodes' pod CIDRs are never masqueraded, whether a packet takes
+    /// the fast path or the host stack. All planned peer CIDRs, routed or
+    /// not: what matters is that the destination is a pod.
+    async fn sync_no_masquerade(&self, plan: &Plan) -> Result<()> {
+        let network = self.args.network.clone();
+        if !self.args.ip_masq && !masq::installed(&network) {
+            return Ok(());
+        }
+        let cidrs: Vec<IpNetwork> = plan.routes.iter().map(|r| r.cidr).collect();
+        let count = cidrs.len();
+        // nft and the nftables lock block: off the async thread.
+        let changed =
+            tokio::task::spawn_blocking(move || masq::set_unmasqueraded(&network, &cidrs))
+                .await
+                .map_err(|e| AgentError::Config(format!("the nftables task failed: {e}")))??;
+        if changed {
+            tracing::info!(cidrs = count, "no-masquerade sets updated");
+        }
+        Ok(())
+    }
+
+    /// Makes the ready marker, `flatnet_agent_ready` and /readyz say
+    /// `ready`. The marker goes first when leaving readiness (STATUS is
+    /// what stops new pods) and comes first when entering it.
+    fn report_ready(&mut self, ready: bool) {
+        let marker = ready::ready_marker(&self.args.network);
+        if ready {
+            if self.ready && marker.exists() {
+                return;
+            }
+            let content = serde_json::json!({
+                "node": self.node_name,
                 "pid": std::process::id(),
                 "datapathId": DATAPATH_ID,
             });
-            install::write_atomically(
-                &ready::ready_marker(&self.args.network),
-                format!("{marker}\n").as_bytes(),
-                0o644,
-            )?;
-            self.ready = true;
+            if let Err(e) =
+                install::write_atomically(&marker, format!("{content}\n").as_bytes(), 0o644)
+            {
+                tracing::error!(error = %e, "cannot write the ready marker; not ready");
+                self.metrics.ready.set(0);
+                self.ready = false;
+                return;
+            }
             self.metrics.ready.set(1);
-            tracing::info!("node ready: CNI STATUS now answers ready");
+            if !self.ready {
+                tracing::info!("node ready: CNI STATUS now answers ready");
+            }
+            self.ready = true;
+        } else {
+            if let Err(e) = remove_if_present(&marker) {
+                tracing::error!(error = %e, "cannot remove the ready marker");
+            }
+            self.metrics.ready.set(0);
+            if self.ready {
+                tracing::warn!(
+                    "node no longer ready: CNI STATUS answers 50 until it is set up again"
+                );
+            }
+            self.ready = false;
         }
-        Ok(())
     }
 
     /// The uplink's ifindex: `--uplink`, else the interface holding the

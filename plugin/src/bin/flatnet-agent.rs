@@ -1,4 +1,5 @@
-//! flatnet's node agent: `flatnet-agent --node-name NODE [...]` (see
+//! flatnet's node agent: `flatnet-agent --node-name NODE [...]`, or
+//! `flatnet-agent --uninstall [...]` once its DaemonSet is gone (see
 //! `flatnet-agent --help`). Logs are JSON lines on stderr.
 use std::process::ExitCode;
 
@@ -24,7 +25,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(flatnet::agent::run(args)) {
+    let outcome = if args.uninstall {
+        runtime.block_on(flatnet::agent::uninstall(args))
+    } else {
+        runtime.block_on(flatnet::agent::run(args))
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "flatnet-agent failed");

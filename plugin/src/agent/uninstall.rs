@@ -1,0 +1,277 @@
+//! `flatnet-agent --uninstall`: takes away what the agent put on this node,
+//! for after its DaemonSet is gone (an agent that stops, for a restart or an
+//! upgrade, leaves everything in place on purpose). Every step is tried even
+//! when an earlier one failed, and each finds nothing to do the second time.
+//!
+//! Removed: the ready marker, the conflist (only if it is flatnet's, for
+//! this network, agent-managed), the `.managed` marker (so the last pod's
+//! DEL unpins the datapath again), the remote-CIDR map entries, the
+//! no-masquerade set elements, every `proto 102` route, and `from_uplink`'s
+//! tc filter (by its priority and handle, wherever it is). Kept: the
+//! datapath and the gateway device while pods use them (pods on this node
+//! keep talking to each other and to the host), the plugin binaries (their
+//! DEL needs them), the clsact qdisc (other filters may sit on it). With no
+//! pod left, the datapath, the ipMasq rules and the gateway device go too.
+
+use futures::{StreamExt, TryStreamExt};
+use rtnetlink::Handle;
+use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
+use serde_json::Value;
+
+use super::config::Args;
+use super::error::{AgentError, Result};
+use super::ready::{self, AGENT_MANAGED_KEY};
+use super::routes::Routes;
+use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
+use crate::datapath::Datapath;
+use crate::link::{Netlink, errno};
+use crate::lock::{self, Lock};
+use crate::masq;
+use flatnet_common::PROG_FROM_UPLINK;
+
+/// Runs every step; an error names the steps that failed.
+pub async fn uninstall(args: Args) -> Result<()> {
+    let conf = network_conf(&args)?;
+    let network = args.network.clone();
+    let datapath = Datapath::with_root(&args.pin_root, &network);
+    let mut failed: Vec<String> = Vec::new();
+    let mut note = |step: &str, outcome: Result<()>| {
+        if let Err(e) = outcome {
+            tracing::error!(step, error = %e, "uninstall step failed");
+            failed.push(format!("{step}: {e}"));
+        }
+    };
+
+    // STATUS answers 50 from here on.
+    note(
+        "ready marker",
+        remove_if_present(&ready::ready_marker(&network)).map(|was| {
+            if was {
+                tracing::warn!(
+                    "the ready marker was there: if an agent still runs, it sets the node up again at its next resync"
+                );
+            }
+        }),
+    );
+    let conflist = args.cni_conf_dir.join(&args.conflist_name);
+    note("conflist", remove_conflist(&conflist, &network));
+    note(
+        "managed marker",
+        remove_if_present(&ready::managed_marker(&network)).map(drop),
+    );
+    // Map entries before routes: a CIDR left in the map without its route
+    // would go wherever the FIB says.
+    if datapath.exists() {
+        note(
+            "remote-CIDR map",
+            datapath.set_remote_cidrs(&[]).map_err(AgentError::from),
+        );
+    }
+    note(
+        "no-masquerade sets",
+        masq::forget_unmasqueraded(&network).map_err(AgentError::from),
+    );
+    note("peer routes", remove_routes().await);
+    let (connection, handle, _) =
+        rtnetlink::new_connection().map_err(|e| AgentError::io("opening a netlink socket", e))?;
+    tokio::spawn(connection);
+    note("uplink filter", remove_uplink_filters(&handle).await);
+    note(
+        "unused datapath",
+        release_if_unused(&datapath, &network, &conf.gateway_device).await,
+    );
+
+    if failed.is_empty() {
+        tracing::info!(%network, "flatnet-agent's setup removed from this node");
+        Ok(())
+    } else {
+        Err(AgentError::Incomplete(failed.join("; ")))
+    }
+}
+
+/// True for a conflist the agent writes for `network`: that name, and a
+/// flatnet entry marked agent-managed. Anything else is someone else's.
+pub fn is_agents_conflist(list: &Value, network: &str) -> bool {
+    list["name"].as_str() == Some(network)
+        && list["plugins"].as_array().is_some_and(|plugins| {
+            plugins
+                .iter()
+                .any(|p| p["type"] == "flatnet" && p[AGENT_MANAGED_KEY] == Value::Bool(true))
+        })
+}
+
+fn remove_conflist(path: &std::path::Path, network: &str) -> Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(AgentError::io(format!("reading {}", path.display()), e)),
+    };
+    let ours =
+        serde_json::from_slice::<Value>(&bytes).is_ok_and(|l| is_agents_conflist(&l, network));
+    if !ours {
+        tracing::warn!(path = %path.display(), "not the agent's conflist for this network: left alone");
+        return Ok(());
+    }
+    remove_if_present(path)?;
+    tracing::info!(path = %path.display(), "conflist removed");
+    Ok(())
+}
+
+async fn remove_routes() -> Result<()> {
+    let routes = Routes::connect()?;
+    for route in routes.ours().await? {
+        routes.remove(&route).await?;
+        tracing::info!(cidr = %route.cidr, "peer route removed");
+    }
+    Ok(())
+}
+
+/// True for the agent's `from_uplink` filter: its priority, its handle, a
+/// BPF program of that name (the head entry of the priority has handle 0).
+fn is_uplink_filter(msg: &TcMessage) -> bool {
+    let program = msg.attributes.iter().any(|attr| match attr {
+        TcAttribute::Options(options) => options.iter().any(|o| {
+            matches!(o, TcOption::Bpf(TcFilterBpfOption::ProgName(name)) if name.starts_with(PROG_FROM_UPLINK))
+        }),
+        _ => false,
+    });
+    msg.header.info >> 16 == u32::from(UPLINK_TC_PRIORITY)
+        && u32::from(msg.header.handle) == UPLINK_TC_HANDLE
+        && program
+}
+
+/// Removes the agent's filter from every interface that has it (the
+/// uplink is not known without a node list, and may have changed).
+async fn remove_uplink_filters(handle: &Handle) -> Result<()> {
+    let failed = |context: String| {
+        move |e: rtnetlink::Error| AgentError::Route {
+            context,
+            reason: e.to_string(),
+        }
+    };
+    let mut indexes = Vec::new();
+    let mut links = handle.link().get().execute();
+    while let Some(link) = links
+        .try_next()
+        .await
+        .map_err(failed("listing interfaces".into()))?
+    {
+        indexes.push(link.header.index);
+    }
+    for index in indexes {
+        let mut ours = Vec::new();
+        let mut filters = handle
+            .traffic_filter(index as i32)
+            .get()
+            .ingress()
+            .execute();
+        loop {
+            match filters.try_next().await {
+                Ok(Some(msg)) if is_uplink_filter(&msg) => ours.push(msg),
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                // No clsact qdisc, or the interface just went: nothing there.
+                Err(e)
+                    if matches!(
+                        errno(&e),
+                        Some(libc::ENOENT) | Some(libc::EINVAL) | Some(libc::ENODEV)
+                    ) =>
+                {
+                    break;
+                }
+                Err(e) => {
+                    return Err(failed(format!("listing tc filters of interface #{index}"))(
+                        e,
+                    ));
+                }
+            }
+        }
+        for found in ours {
+            let mut message = TcMessage::with_index(index as i32);
+            message.header.parent = found.header.parent;
+            message.header.handle = found.header.handle;
+            message.header.info = found.header.info;
+            message.attributes.push(TcAttribute::Kind("bpf".into()));
+            let mut request = NetlinkMessage::from(RouteNetlinkMessage::DelTrafficFilter(message));
+            request.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+            let context = format!("removing from_uplink's tc filter from interface #{index}");
+            let mut responses = handle
+                .clone()
+                .request(request)
+                .map_err(failed(context.clone()))?;
+            while let Some(response) = responses.next().await {
+                if let NetlinkPayload::Error(err) = response.payload
+                    && err.code.is_some()
+                {
+                    let error = rtnetlink::Error::NetlinkError(err);
+                    if !matches!(errno(&error), Some(libc::ENOENT) | Some(libc::ENODEV)) {
+                        return Err(failed(context)(error));
+                    }
+                }
+            }
+            tracing::info!(ifindex = index, "from_uplink's tc filter removed");
+        }
+    }
+    Ok(())
+}
+
+/// With no pod left, what the last pod's DEL would have removed had the
+/// agent not owned the network: pins, ipMasq rules, gateway device. Under
+/// the network lock held exclusively, as a DEL does it, so no ADD is half
+/// way through.
+async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) -> Result<()> {
+    if !datapath.exists() {
+        return Ok(());
+    }
+    let _lock = Lock::exclusive(&lock::network(network))?;
+    if !datapath.has_no_pod()? {
+        tracing::info!(
+            pods = datapath.pod_count()?,
+            "pods remain: the datapath stays until the last one's DEL removes it"
+        );
+        return Ok(());
+    }
+    datapath.remove_pins()?;
+    masq::remove(network)?;
+    let host = Netlink::connect()?;
+    if let Some((index, _)) = host.retire_gateway_device(gateway, network).await? {
+        host.delete_link(index).await?;
+    }
+    tracing::info!(
+        network,
+        "no pod left: datapath unpinned, gateway device removed"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::install::{ConflistSpec, render_conflist};
+    use crate::cni::config::DatapathMode;
+
+    #[test]
+    fn only_the_agents_own_conflist_counts_as_its_own() {
+        let spec = ConflistSpec {
+            network: "pods".into(),
+            bridge: "flatnet0".into(),
+            datapath: DatapathMode::Tc,
+            mtu: None,
+            ip_masq: false,
+            ipam_data_dir: None,
+        };
+        let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
+        assert!(is_agents_conflist(&list, "pods"));
+        assert!(!is_agents_conflist(&list, "other"));
+        let mut by_hand = list.clone();
+        by_hand["plugins"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove(AGENT_MANAGED_KEY);
+        assert!(!is_agents_conflist(&by_hand, "pods"));
+        let bridge = serde_json::json!({"name": "pods", "plugins": [{"type": "bridge"}]});
+        assert!(!is_agents_conflist(&bridge, "pods"));
+    }
+}
