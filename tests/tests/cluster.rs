@@ -1030,6 +1030,8 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
     drop(a);
     drop(a2);
     assert!(!n1.datapath().exists(), "pins left after the last DEL");
+    let lock_file = PathBuf::from(format!("/run/flatnet/network-{}.lock", n1.network));
+    assert!(!lock_file.exists(), "{} left", lock_file.display());
     assert_eq!(no_masq_elements(n1), None, "no-masquerade set left");
     let tables = n1.netns.exec(&["nft", "list", "tables"]);
     assert!(!tables.contains("flatnet"), "{tables}");

@@ -255,6 +255,11 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
         "pins left at {}",
         net.datapath().pin_dir().display()
     );
+    let lock_file = format!("/run/flatnet/network-{}.lock", net.name);
+    assert!(
+        !std::path::Path::new(&lock_file).exists(),
+        "{lock_file} left behind"
+    );
     // Renamed out of the way at once, so a new ADD builds a fresh one...
     assert!(
         !link_exists(&net.gateway_device),

@@ -225,7 +225,7 @@ async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) ->
     if !datapath.exists() {
         return Ok(());
     }
-    let _lock = Lock::exclusive(&lock::network(network))?;
+    let lock = Lock::exclusive(&lock::network(network))?;
     if !datapath.has_no_pod()? {
         tracing::info!(
             pods = datapath.pod_count()?,
@@ -239,6 +239,7 @@ async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) ->
     if let Some((index, _)) = host.retire_gateway_device(gateway, network).await? {
         host.delete_link(index).await?;
     }
+    lock.remove()?;
     tracing::info!(
         network,
         "no pod left: datapath unpinned, gateway device removed"

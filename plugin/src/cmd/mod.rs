@@ -63,7 +63,7 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
     if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {
         return Ok(());
     }
-    let _lock = Lock::exclusive(&lock::network(&conf.name))?;
+    let lock = Lock::exclusive(&lock::network(&conf.name))?;
     if !datapath.has_no_pod()? {
         return Ok(());
     }
@@ -77,5 +77,6 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
     {
         reaper::defer(index, &retired);
     }
-    Ok(())
+    // Last: nothing of the network is left once its lock file goes too.
+    lock.remove()
 }

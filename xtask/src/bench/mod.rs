@@ -296,11 +296,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", ip_forward.trim());
     let _ = std::fs::remove_dir_all(&data_dir);
-    // The last DEL unpinned each flatnet network; its lock file stays by
-    // design (removing a lock others may wait on races), so the bench's go here.
-    for network in ["fb-flatnet", "fb-flatnet-xdp", "fb-cp-flatnet"] {
-        let _ = std::fs::remove_file(format!("/run/flatnet/network-{network}.lock"));
-    }
     let results = outcome?;
 
     let out_dir = match (&args.out, args.smoke) {
