@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -63,11 +63,22 @@ struct NodeSpec {
     index: u8,
     /// None: no pod CIDR allocated yet.
     pod_cidr: Option<String>,
+    /// Dual-stack: also fd30::<index> on the underlay and pod CIDR
+    /// fd44:0:0:<index>::/64.
+    dual_stack: bool,
 }
 
 impl NodeSpec {
     fn address(&self) -> Ipv4Addr {
         Ipv4Addr::new(172, 30, 0, self.index)
+    }
+
+    fn address6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, u16::from(self.index))
+    }
+
+    fn pod_cidr6(&self) -> String {
+        format!("fd44:0:0:{:x}::/64", self.index)
     }
 }
 
@@ -277,18 +288,29 @@ impl SimNode {
         let container = unique("cpod-");
         let out = self.cni("ADD", Some((&container, &netns.path())));
         assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
-        let address = out.json()["ips"][0]["address"]
-            .as_str()
-            .expect("address")
-            .split('/')
-            .next()
-            .and_then(|ip| ip.parse().ok())
+        let addresses: Vec<IpAddr> = out.json()["ips"]
+            .as_array()
+            .expect("ips")
+            .iter()
+            .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+            .collect();
+        let ip = addresses
+            .iter()
+            .find_map(|a| match a {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
             .expect("IPv4 address");
+        let ip6 = addresses.iter().find_map(|a| match a {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        });
         SimPod {
             node: self,
             netns,
             container,
-            ip: address,
+            ip,
+            ip6,
         }
     }
 
@@ -389,6 +411,8 @@ struct SimPod<'a> {
     netns: Netns,
     container: String,
     ip: Ipv4Addr,
+    /// The pod's IPv6 address on a dual-stack node.
+    ip6: Option<Ipv6Addr>,
 }
 
 impl Drop for SimPod<'_> {
@@ -464,6 +488,17 @@ impl Cluster {
                 "dev",
                 "up0",
             ]);
+            if spec.dual_stack {
+                netns.exec(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("{}/64", spec.address6()),
+                    "dev",
+                    "up0",
+                    "nodad",
+                ]);
+            }
             netns.exec(&["ip", "link", "set", "up0", "up"]);
             let node_dir = dir.join(&spec.name);
             std::fs::create_dir_all(&node_dir).expect("node dir");
@@ -489,18 +524,30 @@ impl Cluster {
 
     /// As [`Self::with_file_agents`], each agent also given `flags`.
     fn with_file_agents_flagged(count: u8, flags: &[&str]) -> Self {
-        let specs: Vec<NodeSpec> = (1..=count)
+        Self::started(&Self::numbered(count, false), flags)
+    }
+
+    /// `count` nodes n1..n<count> with an IPv4 pod CIDR each (and an IPv6
+    /// one when `dual_stack`).
+    fn numbered(count: u8, dual_stack: bool) -> Vec<NodeSpec> {
+        (1..=count)
             .map(|i| NodeSpec {
                 name: format!("n{i}"),
                 index: i,
                 pod_cidr: Some(format!("10.244.{i}.0/24")),
+                dual_stack,
             })
-            .collect();
-        let mut cluster = Self::new(&specs);
+            .collect()
+    }
+
+    /// Nodes of `specs`, all in the peer file, agents (given `flags`)
+    /// started and ready.
+    fn started(specs: &[NodeSpec], flags: &[&str]) -> Self {
+        let mut cluster = Self::new(specs);
         for node in &mut cluster.nodes {
             node.agent_flags = flags.iter().map(|f| f.to_string()).collect();
         }
-        cluster.write_peers(&specs);
+        cluster.write_peers(specs);
         for node in &cluster.nodes {
             node.start_agent(&cluster.file());
         }
@@ -518,13 +565,25 @@ impl Cluster {
     fn write_peers(&self, specs: &[NodeSpec]) {
         let mut text = String::from("nodes:\n");
         for spec in specs {
-            text.push_str(&format!(
-                "  - name: {}\n    address: {}\n",
-                spec.name,
-                spec.address()
-            ));
-            if let Some(cidr) = &spec.pod_cidr {
-                text.push_str(&format!("    podCIDR: {cidr}\n"));
+            if spec.dual_stack {
+                text.push_str(&format!(
+                    "  - name: {}\n    addresses: [{}, '{}']\n",
+                    spec.name,
+                    spec.address(),
+                    spec.address6()
+                ));
+                if let Some(cidr) = &spec.pod_cidr {
+                    text.push_str(&format!("    podCIDRs: [{cidr}, '{}']\n", spec.pod_cidr6()));
+                }
+            } else {
+                text.push_str(&format!(
+                    "  - name: {}\n    address: {}\n",
+                    spec.name,
+                    spec.address()
+                ));
+                if let Some(cidr) = &spec.pod_cidr {
+                    text.push_str(&format!("    podCIDR: {cidr}\n"));
+                }
             }
         }
         let temp = self.dir.join(".peers.yaml.tmp");
@@ -563,6 +622,7 @@ fn specs(list: &[(&str, u8, Option<&str>)]) -> Vec<NodeSpec> {
             name: name.to_string(),
             index: *index,
             pod_cidr: cidr.map(str::to_string),
+            dual_stack: false,
         })
         .collect()
 }
@@ -1050,6 +1110,93 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
         n1.conflist_path().exists(),
         "a hand-written conflist was removed"
     );
+}
+
+#[test]
+fn dual_stack_pods_on_two_nodes_talk_over_ipv6_through_the_fast_path() {
+    if !root_or_skip("dual_stack_pods_on_two_nodes_talk_over_ipv6_through_the_fast_path") {
+        return;
+    }
+    let cluster = Cluster::started(&Cluster::numbered(2, true), &[]);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let list = n1.conflist();
+    assert_eq!(
+        list["plugins"][0]["ipam"]["ranges"][1][0]["subnet"],
+        "fd44:0:0:1::/64"
+    );
+    let routes6 = n1
+        .netns
+        .exec(&["ip", "-6", "route", "show", "proto", ROUTE_PROTO]);
+    assert!(routes6.contains("fd44:0:0:2::/64 via fd30::2"), "{routes6}");
+    assert!(
+        n1.remote_cidrs()
+            .contains(&"fd44:0:0:2::/64 via fd30::2".to_string()),
+        "{:?}",
+        n1.remote_cidrs()
+    );
+    let a = n1.pod();
+    let b = n2.pod();
+    let (a6, b6) = (
+        a.ip6.expect("an IPv6 address"),
+        b.ip6.expect("an IPv6 address"),
+    );
+    assert!(a6.to_string().starts_with("fd44:0:0:1::"), "{a6}");
+    let before = (
+        n1.packets(action::TO_REMOTE_NODE),
+        n2.packets(action::FROM_UPLINK),
+        n2.packets(action::TO_REMOTE_NODE),
+        n1.packets(action::FROM_UPLINK),
+    );
+    tcp_echo(Some(&b.netns), b6, Some(&a.netns), 1 << 20).expect("n1 -> n2 over IPv6");
+    tcp_echo(Some(&a.netns), a6, Some(&b.netns), 1 << 20).expect("n2 -> n1 over IPv6");
+    let sent1 = n1.packets(action::TO_REMOTE_NODE) - before.0;
+    let received2 = n2.packets(action::FROM_UPLINK) - before.1;
+    let sent2 = n2.packets(action::TO_REMOTE_NODE) - before.2;
+    let received1 = n1.packets(action::FROM_UPLINK) - before.3;
+    eprintln!(
+        "IPv6: n1 sent {sent1}, n2 delivered {received2}; n2 sent {sent2}, n1 delivered {received1}"
+    );
+    for (what, count) in [
+        ("n1 fast path out", sent1),
+        ("n2 uplink to pod", received2),
+        ("n2 fast path out", sent2),
+        ("n1 uplink to pod", received1),
+    ] {
+        assert!(count > 50, "{what}: {count} packets");
+    }
+    // IPv4 still works beside it.
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1000).expect("n1 -> n2 over IPv4");
+}
+
+#[test]
+fn xdp_mode_pods_on_two_nodes_talk_through_the_stack_out_and_the_uplink_program_in() {
+    if !root_or_skip(
+        "xdp_mode_pods_on_two_nodes_talk_through_the_stack_out_and_the_uplink_program_in",
+    ) {
+        return;
+    }
+    let cluster = Cluster::with_file_agents_flagged(2, &["--datapath", "xdp"]);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    assert_eq!(n1.conflist()["plugins"][0]["datapath"], "xdp");
+    assert!(
+        uplink_program_attached(n1),
+        "from_uplink not on n1's uplink"
+    );
+    let a = n1.pod();
+    let b = n2.pod();
+    let (passed, forwarded, delivered) = (
+        n1.packets(action::REMOTE_PASSED),
+        n1.forwarded(),
+        n2.packets(action::FROM_UPLINK),
+    );
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 20).expect("n1 -> n2");
+    tcp_echo(Some(&a.netns), a.ip, Some(&b.netns), 1 << 20).expect("n2 -> n1");
+    // XDP has no redirect-to-neighbour: the sender's stack routes them...
+    assert!(n1.packets(action::REMOTE_PASSED) - passed > 50);
+    assert!(n1.forwarded() - forwarded > 50);
+    assert_eq!(n1.packets(action::TO_REMOTE_NODE), 0);
+    // ...and the receiver's uplink program puts them into the pod.
+    assert!(n2.packets(action::FROM_UPLINK) - delivered > 50);
 }
 
 /// Streams bytes from `client` to a server in `server` while `during`
