@@ -188,7 +188,7 @@ fn uplink_to_pod(start: usize, end: usize) -> Option<(u32, u32)> {
             // SAFETY: bounds checked by `header_at`; the frame is writable.
             let ip = unsafe { &mut *ip };
             // SAFETY: copied at once, before any update can reuse the slot.
-            let peer = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).copied()?;
+            let peer = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).map(snapshot)?;
             // An expiring packet is the stack's: it answers with ICMP.
             if ip.ttl <= 1 {
                 return None;
@@ -201,7 +201,7 @@ fn uplink_to_pod(start: usize, end: usize) -> Option<(u32, u32)> {
             // SAFETY: bounds checked by `header_at`; the frame is writable.
             let ip = unsafe { &mut *ip };
             // SAFETY: copied at once, see above.
-            let peer = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).copied()?;
+            let peer = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot)?;
             if ip.hop_limit <= 1 {
                 return None;
             }
@@ -331,6 +331,16 @@ fn words(address: [u8; 16]) -> [u32; 4] {
     ]
 }
 
+/// The map entry read once, into the program's stack: a hash map slot can
+/// be reused by a concurrent update, and a plain copy would let the compiler
+/// read the fields from the map later (and, not knowing the slot from the
+/// packet, copy MACs with a `memmove` call).
+#[inline(always)]
+fn snapshot(entry: &Endpoint) -> Endpoint {
+    // SAFETY: `entry` is a valid, aligned map value for the program's run.
+    unsafe { core::ptr::read_volatile(entry) }
+}
+
 /// One routing hop: TTL minus one, header checksum patched as the kernel's
 /// `ip_decrease_ttl` does (RFC 1624: the TTL is the high byte of its word).
 #[inline(always)]
@@ -428,7 +438,7 @@ fn frame(start: usize, end: usize, ingress: u32) -> Result<Decision, ()> {
             // SAFETY: bounds checked by `header_at`.
             let dst = unsafe { (*ip).dst_addr };
             // SAFETY: the value is copied at once, before any update can reuse the slot.
-            Ok(match unsafe { ENDPOINTS_V4.get(dst) }.copied() {
+            Ok(match unsafe { ENDPOINTS_V4.get(dst) }.map(snapshot) {
                 Some(peer) => to_pod(eth, Some(peer), ingress),
                 None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Decision::Remote,
                 None => Decision::Pass,
@@ -476,7 +486,7 @@ fn ipv6(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Deci
     }
     let dst = header.dst_addr;
     // SAFETY: copied at once, see above.
-    Ok(match unsafe { ENDPOINTS_V6.get(dst) }.copied() {
+    Ok(match unsafe { ENDPOINTS_V6.get(dst) }.map(snapshot) {
         Some(peer) => to_pod(eth, Some(peer), ingress),
         None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Decision::Remote,
         None => Decision::Pass,
@@ -505,7 +515,7 @@ fn arp(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Decis
         return Ok(Decision::Pass);
     }
     // SAFETY: copied at once, see above.
-    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).copied() else {
+    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).map(snapshot) else {
         return Ok(Decision::Pass);
     };
     let pod_mac = req.sha;
@@ -551,7 +561,7 @@ fn neighbour_solicitation(
         return Decision::Pass;
     }
     // SAFETY: copied at once, see above.
-    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).copied() else {
+    let Some(me) = (unsafe { HOST_VETHS.get(ingress) }).map(snapshot) else {
         return Decision::Pass;
     };
     let pod_mac = msg.link_addr;
