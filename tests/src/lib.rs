@@ -870,3 +870,60 @@ impl Network {
         )
     }
 }
+
+/// Streams bytes from `client` to a server in `server` while `during`
+/// runs; returns (sent, received). A reset or stall fails the test.
+pub fn stream_during(
+    server: &Netns,
+    ip: impl Into<std::net::IpAddr>,
+    client: &Netns,
+    during: impl FnOnce(),
+) -> (u64, u64) {
+    let ip = ip.into();
+    let listener = server.run(|| TcpListener::bind((ip, 0)).unwrap());
+    let addr = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return total,
+                Ok(n) => total += n as u64,
+                Err(e) => panic!("receiver: {e} after {total} bytes"),
+            }
+        }
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client_path = client.path();
+    let sender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let ns = File::open(client_path).unwrap();
+            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+            conn.set_write_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let chunk = vec![7u8; 16 * 1024];
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = conn.write_all(&chunk) {
+                    panic!("sender: {e} after {sent} bytes");
+                }
+                sent += chunk.len() as u64;
+                // Paced, so the stream spans the whole of `during`.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    during();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let sent = sender.join().expect("sender");
+    let received = receiver.join().expect("receiver");
+    (sent, received)
+}

@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -823,34 +823,8 @@ fn what_the_fast_path_cannot_route_falls_back_to_the_host_stack() {
     // must fragment it.
     n1.netns.exec(&["ip", "link", "set", "up0", "mtu", "1400"]);
     let (passed, forwarded) = (n1.packets(action::REMOTE_PASSED), n1.forwarded());
-    let receiver = b.netns.run(|| UdpSocket::bind((b.ip, 0))).unwrap();
-    receiver
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let target = receiver.local_addr().unwrap();
-    let payload = vec![0x5a_u8; 1472];
-    a.netns.run(|| {
-        let socket = UdpSocket::bind((a.ip, 0)).unwrap();
-        // No DF bit: the node may fragment it, as routers do.
-        let dont = nix::libc::IP_PMTUDISC_DONT;
-        // SAFETY: a valid socket and an int option of the size given.
-        let rc = unsafe {
-            nix::libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                nix::libc::IPPROTO_IP,
-                nix::libc::IP_MTU_DISCOVER,
-                (&dont as *const i32).cast(),
-                size_of::<i32>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "IP_MTU_DISCOVER");
-        socket.send_to(&payload, target).unwrap();
-    });
-    let mut buf = vec![0u8; 2048];
-    let (len, _) = receiver
-        .recv_from(&mut buf)
-        .expect("the datagram did not arrive");
-    assert_eq!(&buf[..len], &payload[..]);
+    // No DF bit: the node may fragment it, as routers do.
+    udp_source(&a.netns, a.ip, &b.netns, b.ip, 1472);
     assert!(
         n1.packets(action::REMOTE_PASSED) > passed,
         "not handed to the stack"
@@ -1232,62 +1206,6 @@ fn an_explicit_uplink_and_mtu_reach_the_conflist_the_pods_and_the_traffic() {
         sent > 1 << 20 && passed < sent / 50,
         "fast path {sent} B, passed to the stack {passed} B"
     );
-}
-
-/// Streams bytes from `client` to a server in `server` while `during`
-/// runs; returns (sent, received). A reset or stall fails the test.
-fn stream_during(
-    server: &Netns,
-    ip: Ipv4Addr,
-    client: &Netns,
-    during: impl FnOnce(),
-) -> (u64, u64) {
-    let listener = server.run(|| TcpListener::bind((ip, 0)).unwrap());
-    let addr = listener.local_addr().unwrap();
-    let receiver = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut total = 0u64;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match conn.read(&mut buf) {
-                Ok(0) => return total,
-                Ok(n) => total += n as u64,
-                Err(e) => panic!("receiver: {e} after {total} bytes"),
-            }
-        }
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let client_path = client.path();
-    let sender = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let ns = File::open(client_path).unwrap();
-            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
-            let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-            conn.set_write_timeout(Some(Duration::from_secs(10)))
-                .unwrap();
-            let chunk = vec![7u8; 16 * 1024];
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                if let Err(e) = conn.write_all(&chunk) {
-                    panic!("sender: {e} after {sent} bytes");
-                }
-                sent += chunk.len() as u64;
-                // Paced, so the stream spans the whole of `during`.
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            sent
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300));
-    during();
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let sent = sender.join().expect("sender");
-    let received = receiver.join().expect("receiver");
-    (sent, received)
 }
 
 #[test]

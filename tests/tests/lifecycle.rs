@@ -2,10 +2,7 @@
 //! program under a live TCP stream, a wiped pin directory is rebuilt from
 //! the pods that exist, and `flatnet inspect` shows what is there.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::DATAPATH_ID;
@@ -21,58 +18,6 @@ fn attached_ids(link: &str) -> Vec<u32> {
         .filter(|w| w[0] == "id")
         .filter_map(|w| w[1].parse().ok())
         .collect()
-}
-
-/// Streams bytes from `client` to a server in `server` for `duration`
-/// while `during` runs; returns (sent, received). Any reset fails the test.
-fn stream_during(
-    server: &Netns,
-    ip: std::net::Ipv4Addr,
-    client: &Netns,
-    duration: Duration,
-    during: impl FnOnce(),
-) -> (u64, u64) {
-    let listener = server.run(|| TcpListener::bind((ip, 0)).unwrap());
-    let addr = listener.local_addr().unwrap();
-    let receiver = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut total = 0u64;
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match conn.read(&mut buf) {
-                Ok(0) => return total,
-                Ok(n) => total += n as u64,
-                Err(e) => panic!("receiver: {e} after {total} bytes"),
-            }
-        }
-    });
-    let client_path = client.path();
-    let sender = std::thread::spawn(move || {
-        let file = std::fs::File::open(client_path).unwrap();
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let mut conn = TcpStream::connect_timeout(
-            &SocketAddr::new(ip.into(), addr.port()),
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        let chunk = vec![0x5au8; 16 << 10];
-        let mut sent = 0u64;
-        let deadline = Instant::now() + duration;
-        while Instant::now() < deadline {
-            conn.write_all(&chunk)
-                .unwrap_or_else(|e| panic!("sender: {e} after {sent} bytes"));
-            sent += chunk.len() as u64;
-        }
-        conn.shutdown(std::net::Shutdown::Write).unwrap();
-        sent
-    });
-    std::thread::sleep(duration / 4);
-    during();
-    let sent = sender.join().expect("sender failed");
-    let received = receiver.join().expect("receiver failed");
-    (sent, received)
 }
 
 #[test]
@@ -95,10 +40,9 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     assert!(!datapath.is_loaded(DatapathMode::Tc));
 
     let mut third = None;
-    let (sent, received) =
-        stream_during(&b.netns, b.ip(), &a.netns, Duration::from_secs(2), || {
-            third = Some(net.pod());
-        });
+    let (sent, received) = stream_during(&b.netns, b.ip(), &a.netns, || {
+        third = Some(net.pod());
+    });
     assert_eq!(sent, received, "bytes were lost across the upgrade");
     assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
 
