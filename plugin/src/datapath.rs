@@ -707,16 +707,13 @@ impl Datapath {
         Ok(totals)
     }
 
-    /// One pod's traffic summed over all CPUs, by its host veth's ifindex.
-    pub fn pod_counters(&self, host_ifindex: u32) -> Result<EndpointCounters> {
-        let slot = match self
-            .hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
-            .get(&host_ifindex, 0)
-        {
-            Ok(endpoint) if endpoint.counter_slot != NO_COUNTER_SLOT => endpoint.counter_slot,
-            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => return Ok(EndpointCounters::default()),
-            Err(e) => return Err(datapath_err("reading a host veth", e)),
-        };
+    /// The traffic counted in one counter slot, summed over all CPUs (all
+    /// zero for `NO_COUNTER_SLOT`). A pod's slot is in its `Endpoint`; a
+    /// freed slot keeps its counts until an ADD claims and zeroes it.
+    pub fn slot_counters(&self, slot: u32) -> Result<EndpointCounters> {
+        if slot == NO_COUNTER_SLOT {
+            return Ok(EndpointCounters::default());
+        }
         let per_cpu = self
             .endpoint_counters()?
             .get(&slot, 0)

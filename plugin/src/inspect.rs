@@ -124,7 +124,7 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
                 .map(|(id, _)| id),
             _ => None,
         };
-        let counters = datapath.pod_counters(index)?;
+        let counters = datapath.slot_counters(endpoint.counter_slot)?;
         let mut pod_addresses = addresses.remove(&index).unwrap_or_default();
         pod_addresses.sort();
         report.pods.push(PodReport {

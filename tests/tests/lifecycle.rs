@@ -211,13 +211,13 @@ fn per_pod_counters_are_removed_with_the_pod() {
 
     tcp_echo(Some(&pod.netns), pod.ip(), None, 64 << 10).expect("host -> pod");
     tcp_echo(Some(&keep.netns), keep.ip(), Some(&pod.netns), 64 << 10).expect("pod -> keep");
-    let counters = net.datapath().pod_counters(index).unwrap();
+    let counters = net.datapath().slot_counters(slot).unwrap();
     assert!(
         counters.tx_packets > 0 && counters.tx_bytes > 0,
         "{counters:?}"
     );
     assert!(
-        net.datapath().pod_counters(keep_index).unwrap().rx_packets > 0,
+        net.datapath().slot_counters(keep_slot).unwrap().rx_packets > 0,
         "redirected packets not counted for the receiver"
     );
     drop(pod);
@@ -228,21 +228,29 @@ fn per_pod_counters_are_removed_with_the_pod() {
             .iter()
             .all(|(i, _)| *i != index)
     );
-    assert_eq!(
-        net.datapath().pod_counters(index).unwrap(),
-        flatnet_common::EndpointCounters::default()
+    // The slot is free again (its claim file gone) and counts from zero
+    // for whoever claims it next: the same ifindex starts the search there.
+    let claims = format!("/run/flatnet/slots-{}", net.name);
+    assert!(
+        !std::path::Path::new(&format!("{claims}/{slot}")).exists(),
+        "slot {slot} still claimed"
     );
-    // The slot is free again: the next pod may take it, counting from zero.
-    let next = net.pod();
-    let next_slot = slot_of(index_of(&next)).unwrap();
-    assert_eq!(
-        net.datapath()
-            .pod_counters(index_of(&next))
-            .unwrap()
-            .rx_packets,
-        0
+    let datapath = net.datapath();
+    assert_ne!(
+        datapath.slot_counters(slot).unwrap(),
+        flatnet_common::EndpointCounters::default(),
+        "a freed slot keeps its counts until claimed"
     );
-    assert_ne!(next_slot, keep_slot);
+    let reclaimed = datapath.claim_counter_slot(index).unwrap();
+    assert_eq!(reclaimed, slot);
+    let fresh = datapath.slot_counters(slot).unwrap();
+    datapath.release_counter_slot(slot);
+    assert_eq!(fresh, flatnet_common::EndpointCounters::default());
+    assert_ne!(
+        net.datapath().slot_counters(keep_slot).unwrap().rx_packets,
+        0,
+        "zeroing a claimed slot touched another pod's"
+    );
 }
 
 fn mac_of(netns: &Netns) -> Vec<u8> {

@@ -84,7 +84,9 @@ impl Collector for DatapathCollector {
         if let Ok(veths) = datapath.host_veths() {
             let pods: Vec<(u32, EndpointCounters)> = veths
                 .iter()
-                .filter_map(|(index, _)| Some((*index, datapath.pod_counters(*index).ok()?)))
+                .filter_map(|(index, pod)| {
+                    Some((*index, datapath.slot_counters(pod.counter_slot).ok()?))
+                })
                 .collect();
             let fields: [(&str, &str, ReadCounter); 4] = [
                 ("flatnet_pod_tx_packets", "Packets a pod sent", |c| {
