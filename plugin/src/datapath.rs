@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues};
+use aya::maps::{HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
@@ -287,15 +287,10 @@ impl Datapath {
     /// lost; programs still attached keep the old maps until their veth moves.
     fn retire_stale_counters(&self) -> Result<()> {
         for name in [MAP_STATS, MAP_ENDPOINT_STATS] {
-            let path = self.map_path(name);
-            if !path.exists() {
+            let Some(info) = self.pinned_map_info(name)? else {
                 continue;
-            }
-            let map = MapData::from_pin(&path)
-                .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-            let info = map
-                .info()
-                .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
+            };
+            let path = self.map_path(name);
             let stale = match name {
                 MAP_STATS => info.max_entries() < action::COUNT,
                 _ => !matches!(info.map_type(), Ok(aya::maps::MapType::PerCpuArray)),
@@ -418,19 +413,28 @@ impl Datapath {
             .map_err(|e| datapath_err("zeroing a pod's counters", e))
     }
 
+    /// What the kernel says of a pinned map of this network; None when
+    /// it is not pinned.
+    fn pinned_map_info(&self, name: &str) -> Result<Option<MapInfo>> {
+        let path = self.map_path(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let map = MapData::from_pin(&path)
+            .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
+        map.info()
+            .map(Some)
+            .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))
+    }
+
     /// Refuses to reuse pinned maps whose layout is not this build's: the
     /// programs would read garbage. (A layout change needs a drained node.)
     fn check_pinned_maps(&self) -> Result<()> {
         for (name, key_size, value_size) in MAP_LAYOUTS {
-            let path = self.map_path(name);
-            if !path.exists() {
+            let Some(info) = self.pinned_map_info(name)? else {
                 continue;
-            }
-            let map = MapData::from_pin(&path)
-                .map_err(|e| datapath_err(&format!("opening {}", path.display()), e))?;
-            let info = map
-                .info()
-                .map_err(|e| datapath_err(&format!("reading {}", path.display()), e))?;
+            };
+            let path = self.map_path(name);
             if info.key_size() != key_size || info.value_size() != value_size {
                 return Err(Error::Datapath(format!(
                     "{} has key/value sizes {}/{}, this build needs {key_size}/{value_size}: delete this network's pods, then remove {}",
@@ -780,7 +784,11 @@ impl Datapath {
             }
             .map_err(|e| datapath_err(&format!("inserting remote CIDR {cidr}"), e))?;
         }
-        let keep = |net: IpNetwork| wanted.iter().any(|(cidr, _)| normalized(*cidr) == net);
+        let keep = |net: IpNetwork| {
+            wanted
+                .iter()
+                .any(|(cidr, _)| crate::util::normalized(*cidr) == net)
+        };
         let stale_v4: Vec<LpmKey<RemoteCidrV4>> = v4
             .keys()
             .filter_map(|k| k.ok())
@@ -810,11 +818,6 @@ impl Datapath {
             Err(e) => Err(Error::io(format!("removing {}", self.dir.display()), e)),
         }
     }
-}
-
-/// A CIDR with its host bits cleared (the form the tries hold).
-fn normalized(cidr: IpNetwork) -> IpNetwork {
-    IpNetwork::new(cidr.network(), cidr.prefix()).unwrap_or(cidr)
 }
 
 /// The CIDR an LPM key stands for.
@@ -944,7 +947,7 @@ mod tests {
             assert_eq!(node_address(&remote_node(ip)), ip);
         }
         assert_eq!(
-            normalized("10.1.2.3/16".parse().unwrap()),
+            crate::util::normalized("10.1.2.3/16".parse().unwrap()),
             "10.1.0.0/16".parse::<IpNetwork>().unwrap()
         );
     }

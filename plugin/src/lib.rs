@@ -20,3 +20,4 @@ pub mod netns;
 pub mod reaper;
 pub mod runner;
 pub mod trace;
+pub mod util;

@@ -83,14 +83,9 @@ impl Lock {
     /// of a torn-down network stays behind; a process waiting on it finds
     /// it gone once it gets it, and locks a new one.
     pub fn remove(self) -> Result<()> {
-        match std::fs::remove_file(&self.path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(
-                format!("removing lock {}", self.path.display()),
-                e,
-            )),
-        }
+        crate::util::remove_file_if_present(&self.path)
+            .map(drop)
+            .map_err(|e| Error::io(format!("removing lock {}", self.path.display()), e))
         // `self._file` closes here, after the unlink: no one can lock the
         // old file and believe it current.
     }

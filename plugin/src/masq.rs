@@ -25,6 +25,7 @@ use ipnetwork::IpNetwork;
 use crate::cni::error::{Error, Result};
 use crate::link::set_sysctl;
 use crate::lock::{LOCK_DIR, Lock};
+use crate::util::normalized;
 
 const TABLE: &str = "flatnet";
 const CHAIN: &str = "postrouting";
@@ -70,15 +71,11 @@ fn nft(args: &[&str], script: Option<&str>) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn normalized(net: &IpNetwork) -> IpNetwork {
-    IpNetwork::new(net.network(), net.prefix()).unwrap_or(*net)
-}
-
 /// The rule text for one subnet: masquerade what leaves it, unless it goes
 /// to another node's pods.
 fn rule(subnet: &IpNetwork, network: &str) -> String {
     let family = if subnet.is_ipv4() { "ip" } else { "ip6" };
-    let subnet = normalized(subnet);
+    let subnet = normalized(*subnet);
     let set = no_masq_set(network, subnet.is_ipv4());
     format!(
         "add rule inet {TABLE} {CHAIN} {family} saddr {subnet} {family} daddr != {subnet} {family} daddr != @{set} masquerade comment \"{}\"\n",
@@ -219,20 +216,26 @@ pub fn installed(network: &str) -> bool {
 pub fn set_unmasqueraded(network: &str, cidrs: &[IpNetwork]) -> Result<bool> {
     let mut wanted: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     for cidr in cidrs {
-        wanted[usize::from(cidr.is_ipv6())].push(normalized(cidr).to_string());
+        wanted[usize::from(cidr.is_ipv6())].push(normalized(*cidr).to_string());
     }
     for family in &mut wanted {
         family.sort();
         family.dedup();
     }
-    let _lock = Lock::exclusive(LOCK)?;
-    let listing = list_table()?;
     let names = [no_masq_set(network, true), no_masq_set(network, false)];
-    if names
-        .iter()
-        .zip(&wanted)
-        .all(|(name, elements)| listing.sets.get(name) == Some(elements))
-    {
+    let in_place = |listing: &Listing| {
+        names
+            .iter()
+            .zip(&wanted)
+            .all(|(name, elements)| listing.sets.get(name) == Some(elements))
+    };
+    // The common case, nothing changed, without the lock a network's
+    // teardown may be waiting for; checked again under it before writing.
+    if in_place(&list_table()?) {
+        return Ok(false);
+    }
+    let _lock = Lock::exclusive(LOCK)?;
+    if in_place(&list_table()?) {
         return Ok(false);
     }
     let mut script = declare_sets(network);

@@ -106,7 +106,7 @@ pub fn plan(nodes: &[Node], me: &str) -> Plan {
             claimed.push((peer.name.clone(), *cidr));
             plan.routes.push(PeerRoute {
                 node: peer.name.clone(),
-                cidr: normalize(*cidr),
+                cidr: crate::util::normalized(*cidr),
                 via,
             });
         }
@@ -117,11 +117,6 @@ pub fn plan(nodes: &[Node], me: &str) -> Plan {
 
 fn overlaps(a: &IpNetwork, b: &IpNetwork) -> bool {
     a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
-}
-
-/// A CIDR with its host bits cleared, the form routes are listed in.
-pub fn normalize(cidr: IpNetwork) -> IpNetwork {
-    IpNetwork::new(cidr.network(), cidr.prefix()).unwrap_or(cidr)
 }
 
 #[cfg(test)]

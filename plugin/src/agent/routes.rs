@@ -15,7 +15,7 @@ use rtnetlink::packet_route::route::{
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::error::{AgentError, Result};
-use super::peers::{PeerRoute, normalize};
+use super::peers::PeerRoute;
 use crate::link::errno;
 
 /// The route protocol flatnet's routes carry: `ip route show proto 102`.
@@ -161,12 +161,13 @@ impl Routes {
     /// Makes flatnet's routes exactly `wanted`: writes the missing and
     /// changed ones first, then removes the ones no longer wanted. A CIDR
     /// that some other route (not flatnet's) already covers exactly is left
-    /// alone: the node's administrator put it there.
+    /// alone: the node's administrator put it there. `wanted` comes from
+    /// [`super::peers::plan`], CIDRs normalized, as the kernel lists them.
     pub async fn sync(&self, wanted: &[PeerRoute]) -> Result<SyncOutcome> {
         let table = self.main_table().await?;
         let mut outcome = SyncOutcome::default();
         for route in wanted {
-            let cidr = normalize(route.cidr);
+            let cidr = route.cidr;
             let existing: Vec<&InstalledRoute> = table.iter().filter(|r| r.cidr == cidr).collect();
             if let Some(foreign) = existing.iter().find(|r| r.protocol != RTPROT_FLATNET) {
                 outcome.missing.push(format!(
@@ -191,7 +192,7 @@ impl Routes {
             }
         }
         for stale in table.iter().filter(|r| r.protocol == RTPROT_FLATNET) {
-            if wanted.iter().any(|w| normalize(w.cidr) == stale.cidr) {
+            if wanted.iter().any(|w| w.cidr == stale.cidr) {
                 continue;
             }
             match self.remove(stale).await {

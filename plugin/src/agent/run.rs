@@ -160,11 +160,8 @@ pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
 
 /// Removes `path`; true when it was there.
 pub(super) fn remove_if_present(path: &Path) -> Result<bool> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(AgentError::io(format!("removing {}", path.display()), e)),
-    }
+    crate::util::remove_file_if_present(path)
+        .map_err(|e| AgentError::io(format!("removing {}", path.display()), e))
 }
 
 /// The node's state as the agent keeps it.

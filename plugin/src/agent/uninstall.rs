@@ -25,9 +25,9 @@ use super::error::{AgentError, Result};
 use super::ready::{self, AGENT_MANAGED_KEY};
 use super::routes::Routes;
 use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
+use crate::cmd::remove_unused_network;
 use crate::datapath::Datapath;
 use crate::link::{Netlink, errno};
-use crate::lock::{self, Lock};
 use crate::masq;
 use flatnet_common::PROG_FROM_UPLINK;
 
@@ -218,32 +218,28 @@ async fn remove_uplink_filters(handle: &Handle) -> Result<()> {
 }
 
 /// With no pod left, what the last pod's DEL would have removed had the
-/// agent not owned the network: pins, ipMasq rules, gateway device. Under
-/// the network lock held exclusively, as a DEL does it, so no ADD is half
-/// way through.
+/// agent not owned the network: pins, ipMasq rules, gateway device (deleted
+/// here, not deferred: no runtime waits on this process).
 async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) -> Result<()> {
     if !datapath.exists() {
         return Ok(());
     }
-    let lock = Lock::exclusive(&lock::network(network))?;
-    if !datapath.has_no_pod()? {
+    let host = Netlink::connect()?;
+    if let Some((index, _)) = remove_unused_network(datapath, network, gateway, true, &host).await?
+    {
+        host.delete_link(index).await?;
+    }
+    if datapath.exists() {
         tracing::info!(
             pods = datapath.pod_count()?,
             "pods remain: the datapath stays until the last one's DEL removes it"
         );
-        return Ok(());
+    } else {
+        tracing::info!(
+            network,
+            "no pod left: datapath unpinned, gateway device removed"
+        );
     }
-    datapath.remove_pins()?;
-    masq::remove(network)?;
-    let host = Netlink::connect()?;
-    if let Some((index, _)) = host.retire_gateway_device(gateway, network).await? {
-        host.delete_link(index).await?;
-    }
-    lock.remove()?;
-    tracing::info!(
-        network,
-        "no pod left: datapath unpinned, gateway device removed"
-    );
     Ok(())
 }
 

@@ -63,20 +63,42 @@ pub async fn release_network_if_empty(conf: &NetConf, host: &Netlink) -> Result<
     if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {
         return Ok(());
     }
-    let lock = Lock::exclusive(&lock::network(&conf.name))?;
-    if !datapath.has_no_pod()? {
-        return Ok(());
-    }
-    datapath.remove_pins()?;
-    if conf.ip_masq || masq::installed(&conf.name) {
-        masq::remove(&conf.name)?;
-    }
-    if let Some((index, retired)) = host
-        .retire_gateway_device(&conf.gateway_device, &conf.name)
-        .await?
+    if let Some((index, retired)) = remove_unused_network(
+        &datapath,
+        &conf.name,
+        &conf.gateway_device,
+        conf.ip_masq,
+        host,
+    )
+    .await?
     {
         reaper::defer(index, &retired);
     }
+    Ok(())
+}
+
+/// Under the network's exclusive lock (no ADD half way through), if no pod
+/// is left: unpins the datapath, removes the ipMasq rules, retires the
+/// gateway device (returned, renamed, for the caller to delete) and the
+/// lock file. Ok(None) when pods remain or there was no device. `ip_masq`:
+/// look for masquerade rules even without their marker.
+pub async fn remove_unused_network(
+    datapath: &Datapath,
+    network: &str,
+    gateway_device: &str,
+    ip_masq: bool,
+    host: &Netlink,
+) -> Result<Option<(u32, String)>> {
+    let lock = Lock::exclusive(&lock::network(network))?;
+    if !datapath.has_no_pod()? {
+        return Ok(None);
+    }
+    datapath.remove_pins()?;
+    if ip_masq || masq::installed(network) {
+        masq::remove(network)?;
+    }
+    let retired = host.retire_gateway_device(gateway_device, network).await?;
     // Last: nothing of the network is left once its lock file goes too.
-    lock.remove()
+    lock.remove()?;
+    Ok(retired)
 }

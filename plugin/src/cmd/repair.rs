@@ -40,7 +40,7 @@ pub async fn rebuild_pods(
         .addresses(gateway.index)
         .await?
         .into_iter()
-        .filter_map(|gw| IpNetwork::new(gw.network(), gw.prefix()).ok())
+        .map(crate::util::normalized)
         .collect();
     let mut pods: BTreeMap<u32, Vec<IpAddr>> = BTreeMap::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {

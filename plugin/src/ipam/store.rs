@@ -256,13 +256,11 @@ impl DiskStore {
 
     fn remove(&mut self, name: &str) -> Result<()> {
         let path = self.path(name);
-        match std::fs::remove_file(&path) {
-            // Not flushed: a release lost to a power loss leaves the address
-            // reserved (GC frees it), never handed out twice.
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(store_err("removing", &path, e)),
-        }
+        // Not flushed: a release lost to a power loss leaves the address
+        // reserved (GC frees it), never handed out twice.
+        crate::util::remove_file_if_present(&path)
+            .map(drop)
+            .map_err(|e| store_err("removing", &path, e))
     }
 
     /// Whether the attachment file is a name of the record at its address;
