@@ -11,7 +11,8 @@
 //!
 //! Cross-node: a packet for another node's pod CIDR (the `REMOTE_CIDRS_*`
 //! tries the node agent fills) leaves `from_pod` through the kernel's own
-//! route to that node (`bpf_fib_lookup`, `bpf_redirect_neigh`), or goes to
+//! route to that node (`bpf_fib_lookup`, then `bpf_redirect`, or
+//! `bpf_redirect_neigh` while the next hop's MAC is unknown), or goes to
 //! the host stack when the FIB has no usable answer. `from_uplink`, on the
 //! node's uplink, hands packets from other nodes for a local pod straight
 //! into it with `bpf_redirect_peer`.
@@ -219,9 +220,10 @@ fn uplink_to_pod(start: usize, end: usize) -> Option<(u32, u32)> {
 }
 
 /// Sends a pod's packet for another node the way the kernel's FIB says
-/// (the agent's route via that node), resolving the next hop's MAC with
-/// `bpf_redirect_neigh`. None: the host stack must take it (no route,
-/// forwarding off, TTL expiring, too big for the way out).
+/// (the agent's route via that node), with the next hop's MAC the FIB
+/// found, or, when it has none yet, resolved by `bpf_redirect_neigh`.
+/// None: the host stack must take it (no route, forwarding off, TTL
+/// expiring, too big for the way out).
 #[inline(always)]
 fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
     let (start, end) = (ctx.data(), ctx.data_end());
@@ -295,6 +297,17 @@ fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
         let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
         // SAFETY: as above.
         unsafe { (*ip).hop_limit -= 1 };
+    }
+    if found == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        // The FIB resolved the next hop's MAC too: write the frame as the
+        // stack would and send it, without a second neighbour lookup.
+        // SAFETY: bounds checked above; the frame is writable.
+        unsafe {
+            (*eth).dst_addr = params.dmac;
+            (*eth).src_addr = params.smac;
+        }
+        // SAFETY: plain helper call: egress of the way out.
+        return Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32);
     }
     // SAFETY: all-zero is a valid bpf_redir_neigh.
     let mut next_hop: bpf_redir_neigh = unsafe { core::mem::zeroed() };
