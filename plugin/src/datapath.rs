@@ -764,46 +764,33 @@ impl Datapath {
 
     /// Makes the remote-CIDR tries hold exactly `wanted` (CIDR -> node
     /// address): new and changed entries first, then the ones no longer
-    /// wanted, so a CIDR that stays never misses a packet.
+    /// wanted, so a CIDR that stays never misses a packet. Entries already
+    /// right are not written again (the agent calls this at every pass).
     pub fn set_remote_cidrs(&self, wanted: &[(IpNetwork, IpAddr)]) -> Result<()> {
+        let current: std::collections::HashMap<IpNetwork, IpAddr> =
+            self.remote_cidrs()?.into_iter().collect();
+        let wanted: std::collections::HashMap<IpNetwork, IpAddr> = wanted
+            .iter()
+            .map(|(cidr, node)| (crate::util::normalized(*cidr), *node))
+            .collect();
         let mut v4 = self.remote_v4()?;
         let mut v6 = self.remote_v6()?;
-        for (cidr, node) in wanted {
+        for (cidr, node) in &wanted {
+            if current.get(cidr) == Some(node) {
+                continue;
+            }
             let value = remote_node(*node);
             match cidr {
-                IpNetwork::V4(net) => v4.insert(
-                    &LpmKey::new(u32::from(net.prefix()), net.network().octets()),
-                    value,
-                    0,
-                ),
-                IpNetwork::V6(net) => v6.insert(
-                    &LpmKey::new(u32::from(net.prefix()), net.network().octets()),
-                    value,
-                    0,
-                ),
+                IpNetwork::V4(net) => v4.insert(&remote_key_v4(net), value, 0),
+                IpNetwork::V6(net) => v6.insert(&remote_key_v6(net), value, 0),
             }
             .map_err(|e| datapath_err(&format!("inserting remote CIDR {cidr}"), e))?;
         }
-        let keep = |net: IpNetwork| {
-            wanted
-                .iter()
-                .any(|(cidr, _)| crate::util::normalized(*cidr) == net)
-        };
-        let stale_v4: Vec<LpmKey<RemoteCidrV4>> = v4
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| remote_network(k.prefix_len(), &k.data()).is_ok_and(|n| !keep(n)))
-            .collect();
-        for key in stale_v4 {
-            ignore_missing(v4.remove(&key))?;
-        }
-        let stale_v6: Vec<LpmKey<RemoteCidrV6>> = v6
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| remote_network(k.prefix_len(), &k.data()).is_ok_and(|n| !keep(n)))
-            .collect();
-        for key in stale_v6 {
-            ignore_missing(v6.remove(&key))?;
+        for cidr in current.keys().filter(|cidr| !wanted.contains_key(cidr)) {
+            ignore_missing(match cidr {
+                IpNetwork::V4(net) => v4.remove(&remote_key_v4(net)),
+                IpNetwork::V6(net) => v6.remove(&remote_key_v6(net)),
+            })?;
         }
         Ok(())
     }
@@ -829,6 +816,14 @@ fn remote_network(prefix_len: u32, data: &[u8]) -> Result<IpNetwork> {
     let prefix = u8::try_from(prefix_len).unwrap_or(u8::MAX);
     IpNetwork::new(ip, prefix)
         .map_err(|e| Error::Datapath(format!("a remote CIDR key is malformed: {e}")))
+}
+
+fn remote_key_v4(net: &ipnetwork::Ipv4Network) -> LpmKey<RemoteCidrV4> {
+    LpmKey::new(u32::from(net.prefix()), net.network().octets())
+}
+
+fn remote_key_v6(net: &ipnetwork::Ipv6Network) -> LpmKey<RemoteCidrV6> {
+    LpmKey::new(u32::from(net.prefix()), net.network().octets())
 }
 
 fn remote_node(address: IpAddr) -> RemoteNode {

@@ -779,6 +779,15 @@ fn the_peer_file_drives_routes_and_stale_ones_go_at_start() {
         n1.routes()
             .contains(&"10.244.2.0/24 via 172.30.0.22".to_string())
     });
+    // The fast-path entry follows it too (an entry changed in place).
+    wait_until("n2's map entry to follow its address", SETTLE, || {
+        n1.remote_cidrs()
+            .contains(&"10.244.2.0/24 via 172.30.0.22".to_string())
+    });
+    assert!(
+        !n1.remote_cidrs()
+            .contains(&"10.244.2.0/24 via 172.30.0.2".to_string())
+    );
 
     // A flatnet route a previous run left behind goes when the agent
     // starts; a route of someone else's stays.
