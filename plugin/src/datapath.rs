@@ -628,22 +628,29 @@ impl Datapath {
     pub fn remove_pod(&self, index: u32, addresses: Option<&[IpAddr]>) -> Result<()> {
         match addresses {
             Some(addresses) => {
-                for address in addresses {
-                    if self
-                        .endpoint(*address)?
-                        .is_some_and(|ep| ep.host_ifindex == index)
-                    {
-                        match address {
-                            IpAddr::V4(v4) => ignore_missing(
-                                self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
-                                    .remove(&v4.octets()),
-                            )?,
-                            IpAddr::V6(v6) => ignore_missing(
-                                self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
-                                    .remove(&v6.octets()),
-                            )?,
-                        }
-                    }
+                // Each address map opened once, and only for a family the
+                // pod has: this runs on every DEL.
+                let (v4, v6): (Vec<Ipv4Key>, Vec<Ipv6Key>) = (
+                    addresses
+                        .iter()
+                        .filter_map(|a| match a {
+                            IpAddr::V4(v4) => Some(v4.octets()),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect(),
+                    addresses
+                        .iter()
+                        .filter_map(|a| match a {
+                            IpAddr::V6(v6) => Some(v6.octets()),
+                            IpAddr::V4(_) => None,
+                        })
+                        .collect(),
+                );
+                if !v4.is_empty() {
+                    remove_if_pointing_at(&mut self.hash_map(MAP_ENDPOINTS_V4)?, &v4, index)?;
+                }
+                if !v6.is_empty() {
+                    remove_if_pointing_at(&mut self.hash_map(MAP_ENDPOINTS_V6)?, &v6, index)?;
                 }
             }
             None => self.remove_addresses_of(|i| i == index)?,
@@ -849,6 +856,23 @@ fn node_address(node: &RemoteNode) -> IpAddr {
         v4.copy_from_slice(&node.node_address[..4]);
         IpAddr::from(v4)
     }
+}
+
+/// Removes each of `keys` whose endpoint is the pod behind host veth
+/// `index` (an address already handed to another pod stays).
+fn remove_if_pointing_at<K: aya::Pod>(
+    map: &mut HashMap<MapData, K, Endpoint>,
+    keys: &[K],
+    index: u32,
+) -> Result<()> {
+    for key in keys {
+        match map.get(key, 0) {
+            Ok(endpoint) if endpoint.host_ifindex == index => ignore_missing(map.remove(key))?,
+            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => return Err(datapath_err("reading an endpoint", e)),
+        }
+    }
+    Ok(())
 }
 
 fn ignore_missing(outcome: std::result::Result<(), aya::maps::MapError>) -> Result<()> {
