@@ -243,10 +243,7 @@ fn two_podman_containers_talk_through_the_redirect_and_rm_cleans_up() {
 
     // /bin/busybox (~2 MB here) each way over TCP: busybox wget from the other's httpd.
     let want = sha256(&run_ok(Command::new("sha256sum").arg("/bin/busybox")));
-    let redirected_bytes = || {
-        net.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].bytes
-    };
-    let before = (net.redirected_packets(), redirected_bytes());
+    let before = (net.redirected_packets(), net.redirected_bytes());
     for (client, server_ip) in [(&a, &ips[1]), (&b, &ips[0])] {
         let got = podman.ok(&[
             "exec",
@@ -259,7 +256,7 @@ fn two_podman_containers_talk_through_the_redirect_and_rm_cleans_up() {
     }
     // Segments are GSO-sized on veths: count bytes, not just packets.
     let packets = net.redirected_packets() - before.0;
-    let bytes = redirected_bytes() - before.1;
+    let bytes = net.redirected_bytes() - before.1;
     eprintln!("{packets} packets, {bytes} bytes redirected between the two containers");
     let file = std::fs::metadata("/bin/busybox").expect("busybox").len();
     // Two fetches of the file, each in full (plus headers and ACKs).

@@ -82,7 +82,7 @@ pub fn cargo() -> Command {
 
 /// The plugins a runtime executes for every pod; release builds link them
 /// statically (see [`build`]).
-pub const STATIC_BINARIES: &[&str] = &["flatnet", "flatnet-ipam"];
+pub const STATIC_BINARIES: &[&str] = crate::install::BINARIES;
 
 /// Builds the plugin crate's binaries (debug or release): `only` names
 /// some of them (install and bench need the two plugins, not the agent and
@@ -99,7 +99,6 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
         "build ({})",
         if release { "release" } else { "debug" }
     ));
-    let wanted = |bin: &&str| only.is_empty() || only.contains(bin);
     let (static_bins, dynamic_bins): (Vec<&str>, Vec<&str>) = if release {
         let all: Vec<&str> = if only.is_empty() {
             STATIC_BINARIES
@@ -111,7 +110,6 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
             only.to_vec()
         };
         all.into_iter()
-            .filter(wanted)
             .partition(|bin| STATIC_BINARIES.contains(bin))
     } else {
         (Vec::new(), only.to_vec())
