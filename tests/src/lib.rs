@@ -212,21 +212,33 @@ impl CniCall {
     }
 
     pub fn run(&self, plugin: &Path, stdin: &[u8]) -> CniOutput {
-        let mut child = self
-            .command(plugin)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plugin");
-        let mut input = child.stdin.take().expect("stdin");
-        let data = stdin.to_vec();
-        // Written from a thread: a plugin may answer before reading it all.
-        let writer = std::thread::spawn(move || {
-            let _ = input.write_all(&data);
-        });
-        let out = child.wait_with_output().expect("wait plugin");
-        let _ = writer.join();
+        run_with_stdin(&mut self.command(plugin), stdin)
+    }
+}
+
+/// Runs a plugin command (env already set) with `stdin`, as a runtime
+/// does, and collects what it answered.
+pub fn run_with_stdin(cmd: &mut Command, stdin: &[u8]) -> CniOutput {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn plugin");
+    let mut input = child.stdin.take().expect("stdin");
+    let data = stdin.to_vec();
+    // Written from a thread: a plugin may answer before reading it all (a
+    // 10 MB stdin).
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("wait plugin");
+    let _ = writer.join();
+    CniOutput::from(out)
+}
+
+impl From<std::process::Output> for CniOutput {
+    fn from(out: std::process::Output) -> Self {
         CniOutput {
             code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

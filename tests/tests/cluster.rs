@@ -258,29 +258,14 @@ impl SimNode {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("CNI_COMMAND", command)
             .env("CNI_PATH", self.bin_dir())
-            .env("FLATNET_PIN_ROOT", &self.pin_root)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env("FLATNET_PIN_ROOT", &self.pin_root);
         if let Some((id, netns)) = container {
             cmd.env("CNI_CONTAINERID", id)
                 .env("CNI_NETNS", netns)
                 .env("CNI_IFNAME", "eth0");
         }
         enter(&mut cmd, &self.netns.path());
-        let mut child = cmd.spawn().expect("spawn flatnet");
-        let stdin = self.plugin_stdin();
-        let mut input = child.stdin.take().expect("stdin");
-        let writer = std::thread::spawn(move || {
-            let _ = input.write_all(&stdin);
-        });
-        let out = child.wait_with_output().expect("wait flatnet");
-        let _ = writer.join();
-        CniOutput {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        run_with_stdin(&mut cmd, &self.plugin_stdin())
     }
 
     fn pod(&self) -> SimPod<'_> {

@@ -60,16 +60,11 @@ fn sixty_four_pods_added_and_deleted_at_once() {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().expect("wait for ADD");
-        if out.status.success() {
-            results.push(serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON"));
+        let out = CniOutput::from(child.wait_with_output().expect("wait for ADD"));
+        if out.success() {
+            results.push(out.json());
         } else {
-            failures.push(format!(
-                "pod {i}: {:?} {} {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+            failures.push(format!("pod {i}: {out:?}"));
         }
     }
     assert!(
@@ -134,14 +129,9 @@ fn sixty_four_pods_added_and_deleted_at_once() {
         .collect();
     let mut failures = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().expect("wait for DEL");
-        if !out.status.success() {
-            failures.push(format!(
-                "pod {i}: {:?} {} {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
+        let out = CniOutput::from(child.wait_with_output().expect("wait for DEL"));
+        if !out.success() {
+            failures.push(format!("pod {i}: {out:?}"));
         }
     }
     pods.deleted = failures.is_empty();

@@ -1,7 +1,7 @@
 //! End to end on one node: pods (network namespaces) attached by the real
 //! `flatnet` binary, real TCP traffic, and the BPF maps read back.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flatnet_common::action;
 use flatnet_tests::*;
@@ -9,14 +9,7 @@ use flatnet_tests::*;
 /// DEL cuts a link off at once and leaves its unregister (tens of ms of RCU
 /// waiting in the kernel) to a detached reaper: wait for it to vanish.
 fn wait_gone(link: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while link_exists(link) {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
+    wait_link_gone(link, Duration::from_secs(10))
 }
 
 /// True when the link is gone or administratively down.

@@ -11,7 +11,6 @@
 //! /sys/fs/bpf, the endpoint and host-veth maps (bpftool), and the IPAM data
 //! dir.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -700,25 +699,7 @@ fn invoke(
             cmd.env(key, value);
         }
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the plugin");
-    let mut input = child.stdin.take().expect("stdin");
-    let data = stdin.to_vec();
-    // A plugin may stop reading early (a 10 MB stdin): write from a thread.
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let out = child.wait_with_output().expect("wait for the plugin");
-    let _ = writer.join();
-    CniOutput {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_with_stdin(&mut cmd, stdin)
 }
 
 fn env_for(
