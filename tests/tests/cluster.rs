@@ -745,7 +745,8 @@ fn the_peer_file_drives_routes_and_stale_ones_go_at_start() {
     cluster.write_peers(&late);
     // Once n1's agent has read that list (it says it left n3 out)...
     wait_until("n1 to leave n3 out", SETTLE, || {
-        n1.agent_log().contains("node n3: no pod CIDR allocated yet")
+        n1.agent_log()
+            .contains("node n3: no pod CIDR allocated yet")
     });
     assert_eq!(n1.routes(), ["10.244.2.0/24 via 172.30.0.2"]);
     // It gets one: the route appears.

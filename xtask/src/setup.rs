@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::util::{self, heading, output, run_cmd, succeeds};
+use crate::util::{self, heading, output, run_cmd};
 
 /// Debian packages the build, tests, demo and benchmark use.
 pub const PACKAGES: &[&str] = &[
@@ -39,7 +39,7 @@ pub fn all() -> anyhow::Result<()> {
 /// (the targets themselves build with nightly, already needed for eBPF).
 fn cargo_fuzz() -> anyhow::Result<()> {
     let tools = util::root().join(".tools");
-    if succeeds(Command::new(tools.join("bin/cargo-fuzz")).arg("--version")) {
+    if has_version(&tools.join("bin/cargo-fuzz"), CARGO_FUZZ_VERSION) {
         return Ok(());
     }
     heading(&format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
@@ -55,6 +55,13 @@ fn cargo_fuzz() -> anyhow::Result<()> {
             ])
             .arg(&tools),
     )
+}
+
+/// True when the tool at `path` runs and says it is `version` (a pinned
+/// version bump then installs the new one).
+fn has_version(path: &std::path::Path, version: &str) -> bool {
+    output(Command::new(path).arg("--version"))
+        .is_ok_and(|said| said.split_whitespace().any(|word| word == version))
 }
 
 /// nightly's rust-src, for `-Z build-std=core`.
@@ -96,7 +103,7 @@ fn bpf_linker() -> anyhow::Result<()> {
             std::os::unix::fs::symlink(&libllvm, &link)?;
         }
     }
-    if succeeds(Command::new(&linker).arg("--version")) {
+    if has_version(&linker, BPF_LINKER_VERSION) {
         return Ok(());
     }
     heading(&format!(

@@ -54,13 +54,6 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// True when the command runs and succeeds (output discarded).
-pub fn succeeds(cmd: &mut Command) -> bool {
-    cmd.output()
-        .map(|out| out.status.success())
-        .unwrap_or(false)
-}
-
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
