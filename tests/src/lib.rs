@@ -436,9 +436,11 @@ pub fn link_packets(name: &str) -> (u64, u64) {
     (read("rx_packets"), read("tx_packets"))
 }
 
-/// The host stack's IPv4 ForwDatagrams counter (/proc/net/snmp).
+/// The IPv4 ForwDatagrams counter of the calling thread's network
+/// namespace (the host's, or a node's inside `Netns::run`).
 pub fn forwarded_datagrams() -> u64 {
-    let snmp = std::fs::read_to_string("/proc/net/snmp").expect("snmp");
+    // thread-self: /proc/net would show the process's namespace.
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp");
     let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
     let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
         return 0;

@@ -350,18 +350,7 @@ impl SimNode {
 
     /// The node stack's IPv4 ForwDatagrams: packets it routed itself.
     fn forwarded(&self) -> u64 {
-        self.netns.run(|| {
-            // thread-self: /proc/net would show the process's namespace.
-            let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp");
-            let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
-            let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
-            names
-                .split_whitespace()
-                .zip(values.split_whitespace())
-                .find(|(name, _)| *name == "ForwDatagrams")
-                .and_then(|(_, value)| value.parse().ok())
-                .unwrap_or(0)
-        })
+        self.netns.run(forwarded_datagrams)
     }
 
     /// The agent's /metrics page.
