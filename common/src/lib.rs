@@ -130,7 +130,8 @@ pub mod action {
     pub const PASSED: u32 = 1;
     /// An ARP request from a pod answered by the datapath itself.
     pub const ARP_ANSWERED: u32 = 2;
-    /// Dropped by the datapath (redirect failed).
+    /// Dropped by the datapath itself: a pod's packet whose source address
+    /// is not one of the pod's, or whose IP header is too short to read.
     pub const DROPPED: u32 = 3;
     /// An IPv6 neighbour solicitation from a pod answered by the datapath.
     pub const ND_ANSWERED: u32 = 4;
@@ -143,8 +144,18 @@ pub mod action {
     /// A packet from another node, handed from the uplink straight into a
     /// local pod with `bpf_redirect_peer`.
     pub const FROM_UPLINK: u32 = 7;
+    /// A packet for a pod (local or on another node) of a flow the host's
+    /// netfilter translated (a Service's DNAT, a hostPort, masquerade):
+    /// handed to the host stack, which undoes the translation, instead of
+    /// taking the fast path.
+    pub const TRANSLATED: u32 = 8;
+    /// A packet for a pod of a flow the host's conntrack tracks without a
+    /// translation (its first packet went through the stack: to a node
+    /// address, say): handed to the stack, so that conntrack sees every
+    /// packet of the flow and keeps its state right.
+    pub const TRACKED: u32 = 9;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 10;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -156,7 +167,30 @@ pub mod action {
         "to_remote_node",
         "remote_passed_to_stack",
         "uplink_to_pod",
+        "translated_to_stack",
+        "tracked_to_stack",
     ];
+}
+
+/// Kernel functions the datapath calls, and the placeholder each call
+/// carries in the object until the loader writes the function's BTF id in
+/// the running kernel there (see the eBPF crate's kfunc.rs).
+pub mod kfunc {
+    /// `bpf_skb_ct_lookup`: the conntrack entry of a tuple, from tc.
+    pub const KFUNC_SKB_CT_LOOKUP: u32 = 0x6b66_6e01;
+    /// `bpf_xdp_ct_lookup`: the same from XDP.
+    pub const KFUNC_XDP_CT_LOOKUP: u32 = 0x6b66_6e02;
+    /// `bpf_ct_release`: drops the reference a lookup returned.
+    pub const KFUNC_CT_RELEASE: u32 = 0x6b66_6e03;
+    /// (placeholder, kernel function name) for each.
+    pub const PLACEHOLDERS: [(u32, &str); 3] = [
+        (KFUNC_SKB_CT_LOOKUP, "bpf_skb_ct_lookup"),
+        (KFUNC_XDP_CT_LOOKUP, "bpf_xdp_ct_lookup"),
+        (KFUNC_CT_RELEASE, "bpf_ct_release"),
+    ];
+    /// The first four bytes of a kfunc call instruction: `BPF_JMP | BPF_CALL`,
+    /// source register `BPF_PSEUDO_KFUNC_CALL`, offset 0 (vmlinux BTF).
+    pub const CALL_PREFIX: [u8; 4] = [0x85, 0x20, 0x00, 0x00];
 }
 
 #[cfg(feature = "user")]

@@ -18,6 +18,11 @@
 //! into it with `bpf_redirect_peer`.
 #![no_std]
 #![no_main]
+// Kfunc calls are written as raw instructions (see kfunc.rs).
+#![feature(asm_experimental_arch)]
+
+mod flow;
+mod kfunc;
 
 use aya_ebpf::{
     bindings::{
@@ -36,6 +41,7 @@ use flatnet_common::{
     Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, MAX_REMOTE_CIDRS,
     NO_COUNTER_SLOT, RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
 };
+use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use network_types::{
     arp::ArpHdr,
     eth::EthHdr,
@@ -80,7 +86,6 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const ARPHRD_ETHER: u16 = 1;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
-const IPPROTO_ICMPV6: u8 = 58;
 const ND_NEIGHBOR_SOLICIT: u8 = 135;
 const ND_NEIGHBOR_ADVERT: u8 = 136;
 const ND_OPT_SOURCE_LL: u8 = 1;
@@ -114,12 +119,21 @@ const ND_LEN: usize = size_of::<NeighbourMessage>();
 enum Decision {
     /// To the host stack.
     Pass,
+    /// To the host stack, which translated the flow and must undo it.
+    Translated,
+    /// To the host stack, which tracks the flow.
+    Tracked,
+    /// Dropped: a source address the pod does not own, or an IP header too
+    /// short to tell.
+    Drop,
     /// Into the pod behind host veth `host_ifindex`; `slot`: its counters.
     ToPod { host_ifindex: u32, slot: u32 },
     /// Back out of the veth it came from (a neighbour answer).
     Bounce,
     /// To another node's pod: routed by the caller, or passed to the stack.
     Remote,
+    /// To another node's pod, of a kind only the stack may judge.
+    RemoteToStack,
 }
 
 #[classifier]
@@ -128,8 +142,18 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     let (ingress, ingress_slot) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).tc_classid) };
     // The filter's classid is the sending pod's counter slot (cls_bpf sets
     // tc_classid to it before running us): its counters without a lookup.
-    match decide(ctx.data(), ctx.data_end(), ingress, ingress_slot, ctx.len()) {
-        Decision::Pass => TC_ACT_OK as i32,
+    match decide(
+        &ctx,
+        ctx.data(),
+        ctx.data_end(),
+        ingress,
+        ingress_slot,
+        ctx.len(),
+    ) {
+        Decision::Pass | Decision::Translated | Decision::Tracked | Decision::RemoteToStack => {
+            TC_ACT_OK as i32
+        }
+        Decision::Drop => TC_ACT_SHOT as i32,
         Decision::ToPod { host_ifindex, .. } => {
             // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
             let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
@@ -163,8 +187,13 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
         return TC_ACT_OK as i32;
     }
     let len = ctx.len();
-    let Some((host_ifindex, slot)) = uplink_to_pod(ctx.data(), ctx.data_end()) else {
-        return TC_ACT_OK as i32;
+    let (host_ifindex, slot) = match uplink_to_pod(&ctx, ctx.data(), ctx.data_end()) {
+        Uplink::ToPod { host_ifindex, slot } => (host_ifindex, slot),
+        Uplink::ToStack(what) => {
+            count(what, len);
+            return TC_ACT_OK as i32;
+        }
+        Uplink::Pass => return TC_ACT_OK as i32,
     };
     // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
     let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
@@ -177,46 +206,85 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
     verdict
 }
 
-/// The host veth of the local pod a frame from the uplink is for, with the
-/// frame rewritten as the host would forward it (MACs, TTL/hop limit).
+/// Where a frame from the uplink goes.
+enum Uplink {
+    /// Into the local pod behind host veth `host_ifindex` (`slot`: its
+    /// counters); the frame is rewritten as the host would forward it.
+    ToPod { host_ifindex: u32, slot: u32 },
+    /// To the host stack, which tracks the flow (counted as `action`).
+    ToStack(u32),
+    /// To the host stack: not for a local pod, or the stack's to judge.
+    Pass,
+}
+
+/// The local pod a frame from the uplink is for, if the fast path may take
+/// it: only a packet from another node's pod, whose replies the fast path
+/// takes too. From anywhere else (a node's address, the outside) the
+/// replies go through the stack, so the stack must see this direction as
+/// well, or its conntrack would see half a flow (and call the rest INVALID).
 #[inline(always)]
-fn uplink_to_pod(start: usize, end: usize) -> Option<(u32, u32)> {
-    let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
+fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Uplink {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return Uplink::Pass;
+    };
     // SAFETY: `header_at` checked the header lies inside the packet.
-    let peer = match u16::from_be(unsafe { (*eth).ether_type }) {
+    let (peer, judged) = match u16::from_be(unsafe { (*eth).ether_type }) {
         ETH_P_IP => {
-            let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return Uplink::Pass;
+            };
             // SAFETY: bounds checked by `header_at`; the frame is writable.
             let ip = unsafe { &mut *ip };
             // SAFETY: copied at once, before any update can reuse the slot.
-            let peer = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).map(snapshot)?;
+            let Some(peer) = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).map(snapshot) else {
+                return Uplink::Pass;
+            };
             // An expiring packet is the stack's: it answers with ICMP.
-            if ip.ttl <= 1 {
-                return None;
+            if ip.ttl <= 1 || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)).is_none() {
+                return Uplink::Pass;
             }
-            decrement_ttl(ip);
-            peer
+            let judged = flow::ipv4(ct, start, end, ip);
+            if judged == Flow::Clear {
+                decrement_ttl(ip);
+            }
+            (peer, judged)
         }
         ETH_P_IPV6 => {
-            let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return Uplink::Pass;
+            };
             // SAFETY: bounds checked by `header_at`; the frame is writable.
             let ip = unsafe { &mut *ip };
             // SAFETY: copied at once, see above.
-            let peer = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot)?;
-            if ip.hop_limit <= 1 {
-                return None;
+            let Some(peer) = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot) else {
+                return Uplink::Pass;
+            };
+            if ip.hop_limit <= 1 || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)).is_none() {
+                return Uplink::Pass;
             }
-            ip.hop_limit -= 1;
-            peer
+            let judged = flow::ipv6(ct, start, end, ip);
+            if judged == Flow::Clear {
+                ip.hop_limit -= 1;
+            }
+            (peer, judged)
         }
-        _ => return None,
+        _ => return Uplink::Pass,
     };
+    match judged {
+        Flow::Clear => {}
+        Flow::Translated => return Uplink::ToStack(action::TRANSLATED),
+        Flow::Tracked => return Uplink::ToStack(action::TRACKED),
+        Flow::Opaque => return Uplink::Pass,
+    }
     // SAFETY: bounds checked above; the frame is writable.
     unsafe {
         (*eth).dst_addr = peer.pod_mac;
         (*eth).src_addr = peer.host_mac;
     }
-    Some((peer.host_ifindex, peer.counter_slot))
+    Uplink::ToPod {
+        host_ifindex: peer.host_ifindex,
+        slot: peer.counter_slot,
+    }
 }
 
 /// Sends a pod's packet for another node the way the kernel's FIB says
@@ -372,8 +440,18 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
     // SAFETY: copied at once, before any update can reuse the slot.
     let ingress_slot =
         unsafe { HOST_VETHS.get(ingress) }.map_or(NO_COUNTER_SLOT, |me| me.counter_slot);
-    match decide(start, end, ingress, ingress_slot, (end - start) as u32) {
-        Decision::Pass => xdp_action::XDP_PASS,
+    match decide(
+        &ctx,
+        start,
+        end,
+        ingress,
+        ingress_slot,
+        (end - start) as u32,
+    ) {
+        Decision::Pass | Decision::Translated | Decision::Tracked | Decision::RemoteToStack => {
+            xdp_action::XDP_PASS
+        }
+        Decision::Drop => xdp_action::XDP_DROP,
         // SAFETY: plain helper call: transmit on the destination's host veth,
         // which hands the frame to its peer, the destination pod.
         Decision::ToPod { host_ifindex, .. } => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
@@ -392,15 +470,22 @@ pub fn pod_xdp_pass(_ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn decide(start: usize, end: usize, ingress: u32, ingress_slot: u32, len: u32) -> Decision {
+fn decide(
+    ct: &impl Conntrack,
+    start: usize,
+    end: usize,
+    ingress: u32,
+    ingress_slot: u32,
+    len: u32,
+) -> Decision {
     count_pod(ingress_slot, Direction::Tx, len);
-    let decision = match frame(start, end, ingress) {
-        Ok(decision) => decision,
-        // Too short for the header it announces: let the stack judge it.
-        Err(()) => Decision::Pass,
-    };
+    let decision = frame(ct, start, end, ingress);
     match decision {
         Decision::Pass => count(action::PASSED, len),
+        Decision::Translated => count(action::TRANSLATED, len),
+        Decision::Tracked => count(action::TRACKED, len),
+        Decision::Drop => count(action::DROPPED, len),
+        Decision::RemoteToStack => count(action::REMOTE_PASSED, len),
         Decision::ToPod { slot, .. } => {
             count(action::REDIRECTED, len);
             count_pod(slot, Direction::Rx, len);
@@ -442,68 +527,185 @@ fn count_pod(slot: u32, direction: Direction, len: u32) {
 }
 
 #[inline(always)]
-fn frame(start: usize, end: usize, ingress: u32) -> Result<Decision, ()> {
-    let eth: *mut EthHdr = header_at(start, end, 0)?;
+fn frame(ct: &impl Conntrack, start: usize, end: usize, ingress: u32) -> Decision {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return Decision::Pass;
+    };
     // SAFETY: `header_at` checked the header lies inside the packet.
     match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETH_P_IP => {
-            let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN)?;
-            // SAFETY: bounds checked by `header_at`.
-            let dst = unsafe { (*ip).dst_addr };
-            // SAFETY: the value is copied at once, before any update can reuse the slot.
-            Ok(match unsafe { ENDPOINTS_V4.get(dst) }.map(snapshot) {
-                Some(peer) => to_pod(eth, Some(peer), ingress),
-                None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Decision::Remote,
-                None => Decision::Pass,
-            })
-        }
-        ETH_P_IPV6 => ipv6(start, end, eth, ingress),
-        ETH_P_ARP => arp(start, end, eth, ingress),
-        _ => Ok(Decision::Pass),
-    }
-}
-
-/// Rewrites the frame for the destination pod, if it is a local one.
-#[inline(always)]
-fn to_pod(eth: *mut EthHdr, peer: Option<Endpoint>, ingress: u32) -> Decision {
-    match peer {
-        // Addressed to the sending pod itself: nothing to shortcut.
-        Some(peer) if peer.host_ifindex != ingress => {
-            // The receiving pod must see a frame addressed to it, coming from
-            // its host veth (its only neighbour), as if the host had routed it.
-            // SAFETY: `eth` was bounds checked by the caller; the frame is writable.
-            unsafe {
-                (*eth).dst_addr = peer.pod_mac;
-                (*eth).src_addr = peer.host_mac;
-            }
-            Decision::ToPod {
-                host_ifindex: peer.host_ifindex,
-                slot: peer.counter_slot,
-            }
-        }
+        ETH_P_IP => ipv4(ct, start, end, eth, ingress),
+        ETH_P_IPV6 => ipv6(ct, start, end, eth, ingress),
+        ETH_P_ARP => arp(start, end, eth, ingress).unwrap_or(Decision::Pass),
         _ => Decision::Pass,
     }
 }
 
+/// Where a pod's packet is for, as the fast path sees it: another local
+/// pod (`peer`), or a pod on another node (`peer` all zero). A struct, not
+/// an enum with data: LLVM may spill an enum's unset payload from a
+/// register the verifier knows to be uninitialised, and it refuses that.
+struct Target {
+    local: bool,
+    peer: Endpoint,
+}
+
+impl Target {
+    #[inline(always)]
+    fn pod(peer: Endpoint) -> Self {
+        Target { local: true, peer }
+    }
+
+    #[inline(always)]
+    fn remote() -> Self {
+        Target {
+            local: false,
+            peer: Endpoint::default(),
+        }
+    }
+}
+
+/// A pod's IPv4 packet: dropped unless it comes from one of the pod's own
+/// addresses; to another pod on the fast path unless the host stack tracks
+/// its flow.
 #[inline(always)]
-fn ipv6(start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Result<Decision, ()> {
-    let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN)?;
+fn ipv4(ct: &impl Conntrack, start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Decision {
+    let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+        return Decision::Drop;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let ip = unsafe { &*ip };
+    // SAFETY: one field read at once, before any update can reuse the slot.
+    let owner = unsafe { ENDPOINTS_V4.get(ip.src_addr) }.map(host_ifindex);
+    if owner != Some(ingress) {
+        return Decision::Drop;
+    }
+    let dst = ip.dst_addr;
+    // SAFETY: the value is copied at once, before any update can reuse the slot.
+    let target = match unsafe { ENDPOINTS_V4.get(dst) }.map(snapshot) {
+        // Addressed to the sending pod itself: nothing to shortcut.
+        Some(peer) if peer.host_ifindex == ingress => return Decision::Pass,
+        Some(peer) => Target::pod(peer),
+        None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Target::remote(),
+        None => return Decision::Pass,
+    };
+    fast_path(flow::ipv4(ct, start, end, ip), target, eth)
+}
+
+/// The fast path's answer for a packet to `target`, given what the host
+/// stack has to say about its flow.
+#[inline(always)]
+fn fast_path(judged: Flow, target: Target, eth: *mut EthHdr) -> Decision {
+    match (judged, target.local) {
+        (Flow::Translated, _) => Decision::Translated,
+        (Flow::Tracked, _) => Decision::Tracked,
+        (Flow::Opaque, true) => Decision::Pass,
+        (Flow::Opaque, false) => Decision::RemoteToStack,
+        (Flow::Clear, true) => to_pod(eth, target.peer),
+        (Flow::Clear, false) => Decision::Remote,
+    }
+}
+
+#[inline(always)]
+fn host_ifindex(entry: &Endpoint) -> u32 {
+    // SAFETY: a valid, aligned map value for the program's run.
+    unsafe { core::ptr::read_volatile(&entry.host_ifindex) }
+}
+
+/// Rewrites the frame for the destination pod: it must see a frame
+/// addressed to it, coming from its host veth (its only neighbour), as if
+/// the host had routed it.
+#[inline(always)]
+fn to_pod(eth: *mut EthHdr, peer: Endpoint) -> Decision {
+    // SAFETY: `eth` was bounds checked by the caller; the frame is writable.
+    unsafe {
+        (*eth).dst_addr = peer.pod_mac;
+        (*eth).src_addr = peer.host_mac;
+    }
+    Decision::ToPod {
+        host_ifindex: peer.host_ifindex,
+        slot: peer.counter_slot,
+    }
+}
+
+/// Whose an IPv6 source address is, as far as forwarding goes.
+#[derive(PartialEq, Eq)]
+enum Source {
+    /// One of the pod's addresses.
+    Owned,
+    /// Link-local, or unspecified (duplicate address detection), to a
+    /// destination on the link: the host's to answer, never forwarded.
+    Link,
+    /// Anything else: dropped.
+    Foreign,
+}
+
+#[inline(always)]
+fn is_link_local(address: &[u8; 16]) -> bool {
+    address[0] == 0xfe && address[1] & 0xc0 == 0x80
+}
+
+#[inline(always)]
+fn is_multicast(address: &[u8; 16]) -> bool {
+    address[0] == 0xff
+}
+
+#[inline(always)]
+fn source_v6(ip: &Ipv6Hdr, ingress: u32) -> Source {
+    let (src, dst) = (&ip.src_addr, &ip.dst_addr);
+    if is_link_local(src) {
+        return if is_link_local(dst) || is_multicast(dst) {
+            Source::Link
+        } else {
+            Source::Foreign
+        };
+    }
+    if *src == [0; 16] {
+        return if is_multicast(dst) {
+            Source::Link
+        } else {
+            Source::Foreign
+        };
+    }
+    // SAFETY: one field read at once, see above.
+    if unsafe { ENDPOINTS_V6.get(*src) }.map(host_ifindex) == Some(ingress) {
+        Source::Owned
+    } else {
+        Source::Foreign
+    }
+}
+
+#[inline(always)]
+fn ipv6(ct: &impl Conntrack, start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Decision {
+    let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+        return Decision::Drop;
+    };
     // SAFETY: bounds checked by `header_at`.
     let header = unsafe { &mut *ip };
+    let source = source_v6(header, ingress);
+    if source == Source::Foreign {
+        return Decision::Drop;
+    }
     if header.next_hdr == IPPROTO_ICMPV6 {
-        let nd: *mut NeighbourMessage = header_at(start, end, EthHdr::LEN + Ipv6Hdr::LEN)?;
-        // SAFETY: bounds checked by `header_at`.
-        if unsafe { (*nd).icmp_type } == ND_NEIGHBOR_SOLICIT {
-            return Ok(neighbour_solicitation(eth, header, nd, ingress));
+        // Shorter ICMPv6 messages (echo, MLD) are simply not solicitations.
+        if let Ok(nd) = header_at::<NeighbourMessage>(start, end, EthHdr::LEN + Ipv6Hdr::LEN) {
+            // SAFETY: bounds checked by `header_at`.
+            if unsafe { (*nd).icmp_type } == ND_NEIGHBOR_SOLICIT {
+                return neighbour_solicitation(eth, header, nd, ingress);
+            }
         }
+    }
+    if source == Source::Link {
+        return Decision::Pass;
     }
     let dst = header.dst_addr;
     // SAFETY: copied at once, see above.
-    Ok(match unsafe { ENDPOINTS_V6.get(dst) }.map(snapshot) {
-        Some(peer) => to_pod(eth, Some(peer), ingress),
-        None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Decision::Remote,
-        None => Decision::Pass,
-    })
+    let target = match unsafe { ENDPOINTS_V6.get(dst) }.map(snapshot) {
+        Some(peer) if peer.host_ifindex == ingress => return Decision::Pass,
+        Some(peer) => Target::pod(peer),
+        None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Target::remote(),
+        None => return Decision::Pass,
+    };
+    fast_path(flow::ipv6(ct, start, end, header), target, eth)
 }
 
 /// Answers a pod's ARP request with the MAC of its host veth, so the pod

@@ -28,6 +28,11 @@ use crate::lock::{LOCK_DIR, Lock};
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
 static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flatnet-ebpf"));
 
+/// The embedded datapath object, as built (kfunc calls unresolved).
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 /// A short hash of `OBJECT`: pinned programs carry it in their name.
 pub const DATAPATH_ID: &str = env!("FLATNET_DATAPATH_ID");
 
@@ -462,8 +467,10 @@ impl Datapath {
         for (name, path) in &map_pins {
             loader.map_pin_path(name, path.as_path());
         }
+        // Kfunc calls aimed at this kernel's functions first.
+        let object = crate::kfunc::resolve(OBJECT)?;
         let mut ebpf = loader
-            .load(OBJECT)
+            .load(object.bytes())
             .map_err(|e| datapath_err("loading the eBPF object", e))?;
         for name in programs(mode) {
             let program = ebpf

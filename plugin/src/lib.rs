@@ -13,6 +13,7 @@ pub mod datapath;
 pub mod delegate;
 pub mod inspect;
 pub mod ipam;
+pub mod kfunc;
 pub mod link;
 pub mod lock;
 pub mod masq;

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use flatnet::datapath::Datapath;
 use flatnet::link::AttachmentNames;
+
+pub mod cluster;
+pub mod kube_proxy;
 use nix::sched::{CloneFlags, setns};
 use serde_json::{Value, json};
 

@@ -1,0 +1,338 @@
+//! Which packets may skip the host stack: none of a flow the host's
+//! netfilter tracks.
+//!
+//! The fast path hands a packet to a pod without passing the host's
+//! netfilter. For flows the host never saw, that changes nothing. A flow the
+//! host saw (its first packet went through the stack: to a Service's
+//! ClusterIP, a NodePort, a hostPort, a node address) has a conntrack entry,
+//! and every packet of it must meet that entry: replies of a translated flow
+//! (kube-proxy's DNAT to a Service backend, portmap's hostPort, ipMasq, an
+//! operator's rule) must have the translation undone, or the peer gets a
+//! reply from an address it never talked to; replies of any tracked flow
+//! must keep its TCP state right, or the next packet the stack does see is
+//! INVALID (kube-proxy drops those). The kernel's conntrack table is the
+//! only complete record of what the host tracks and translates, whoever
+//! did it, and it survives any restart of flatnet: each candidate packet is
+//! looked up there, and one found goes to the stack.
+//!
+//! Whether a tracked flow is translated only decides how it is counted:
+//! translated when the entry's other direction is not the packet's tuple
+//! reversed (looking the reversed tuple up finds nothing).
+//!
+//! The kfuncs answer for TCP and UDP. ICMP errors are judged by the packet
+//! they quote. ICMP echo is never translated by kube-proxy (any mode) and
+//! keeps the fast path. Every other protocol (SCTP, fragments, IPv4 options,
+//! IPv6 extension headers) goes through the stack, which tracks it as the
+//! bridge would.
+
+use aya_ebpf::programs::{TcContext, XdpContext};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+
+use crate::header_at;
+use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
+
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
+/// More-fragments flag and fragment offset of the IPv4 `frags` field.
+const IPV4_FRAGMENT_MASK: u16 = 0x3fff;
+/// The length of an IPv4 header without options, as `Ipv4Hdr::ihl` gives it.
+const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
+/// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
+const ICMP_HEADER_LEN: usize = 8;
+
+/// What the host stack has to say about a packet the fast path could take.
+#[derive(PartialEq, Eq)]
+pub enum Flow {
+    /// Nothing: the host never saw the flow, the fast path is invisible.
+    Clear,
+    /// Of a flow the host translated: the stack must undo it.
+    Translated,
+    /// Of a flow the host tracks untranslated: the stack keeps its state.
+    Tracked,
+    /// Of a kind the conntrack lookup cannot judge: the stack takes it.
+    Opaque,
+}
+
+/// A program context that can ask the kernel's conntrack table.
+pub trait Conntrack {
+    /// True when the table has an entry with `tuple` in either direction.
+    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool;
+}
+
+impl Conntrack for TcContext {
+    #[inline(always)]
+    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool {
+        let mut opts = CtOpts::new(l4proto);
+        // SAFETY: our own context, an initialised tuple and options on the stack.
+        let entry = unsafe {
+            skb_ct_lookup(
+                self.skb.skb as *mut u8,
+                tuple as *const T as *const u8,
+                size_of::<T>() as u64,
+                &mut opts,
+            )
+        };
+        release(entry)
+    }
+}
+
+impl Conntrack for XdpContext {
+    #[inline(always)]
+    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool {
+        let mut opts = CtOpts::new(l4proto);
+        // SAFETY: as above, for XDP.
+        let entry = unsafe {
+            xdp_ct_lookup(
+                self.ctx as *mut u8,
+                tuple as *const T as *const u8,
+                size_of::<T>() as u64,
+                &mut opts,
+            )
+        };
+        release(entry)
+    }
+}
+
+/// Drops a lookup's reference; true when there was an entry.
+#[inline(always)]
+fn release(entry: u64) -> bool {
+    if entry == 0 {
+        return false;
+    }
+    // SAFETY: a non-zero lookup result, released once.
+    unsafe { ct_release(entry) };
+    true
+}
+
+/// `struct bpf_sock_tuple`'s IPv4 form, network byte order.
+#[repr(C, align(4))]
+struct TupleV4 {
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: [u8; 2],
+    dport: [u8; 2],
+}
+const _: () = assert!(size_of::<TupleV4>() == 12);
+
+/// `struct bpf_sock_tuple`'s IPv6 form.
+#[repr(C, align(4))]
+struct TupleV6 {
+    src: [u8; 16],
+    dst: [u8; 16],
+    sport: [u8; 2],
+    dport: [u8; 2],
+}
+const _: () = assert!(size_of::<TupleV6>() == 36);
+
+/// Source and destination ports, as the first 4 bytes of TCP and UDP.
+#[repr(C)]
+struct Ports {
+    src: [u8; 2],
+    dst: [u8; 2],
+}
+
+/// The 4-byte start of an ICMP or ICMPv6 header.
+#[repr(C)]
+struct IcmpHeader {
+    icmp_type: u8,
+    code: u8,
+    checksum: [u8; 2],
+}
+
+/// What the table says of the flow whose packets look like `forward`:
+/// nothing, tracked, or tracked with a translation (no entry for the
+/// reverse of `forward`).
+#[inline(always)]
+fn judge_v4(ct: &impl Conntrack, proto: u8, forward: TupleV4) -> Flow {
+    if !ct.has_entry(&forward, proto) {
+        return Flow::Clear;
+    }
+    let reverse = TupleV4 {
+        src: forward.dst,
+        dst: forward.src,
+        sport: forward.dport,
+        dport: forward.sport,
+    };
+    if ct.has_entry(&reverse, proto) {
+        Flow::Tracked
+    } else {
+        Flow::Translated
+    }
+}
+
+#[inline(always)]
+fn judge_v6(ct: &impl Conntrack, proto: u8, forward: TupleV6) -> Flow {
+    if !ct.has_entry(&forward, proto) {
+        return Flow::Clear;
+    }
+    let reverse = TupleV6 {
+        src: forward.dst,
+        dst: forward.src,
+        sport: forward.dport,
+        dport: forward.sport,
+    };
+    if ct.has_entry(&reverse, proto) {
+        Flow::Tracked
+    } else {
+        Flow::Translated
+    }
+}
+
+/// ICMPv4 messages that quote the packet they are about.
+#[inline(always)]
+fn is_icmp_error(icmp_type: u8) -> bool {
+    // Destination unreachable, source quench, redirect, time exceeded,
+    // parameter problem.
+    matches!(icmp_type, 3 | 4 | 5 | 11 | 12)
+}
+
+/// ICMPv6 errors (types below 128).
+#[inline(always)]
+fn is_icmpv6_error(icmp_type: u8) -> bool {
+    icmp_type < 128
+}
+
+/// The IPv4 packet at `EthHdr::LEN`, whose header the caller already read.
+#[inline(always)]
+pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow {
+    if ip.ihl() != IPV4_PLAIN_LEN || u16::from_be_bytes(ip.frags) & IPV4_FRAGMENT_MASK != 0 {
+        return Flow::Opaque;
+    }
+    let l4 = EthHdr::LEN + Ipv4Hdr::LEN;
+    match ip.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ports = unsafe { &*ports };
+            judge_v4(
+                ct,
+                ip.proto,
+                TupleV4 {
+                    src: ip.src_addr,
+                    dst: ip.dst_addr,
+                    sport: ports.src,
+                    dport: ports.dst,
+                },
+            )
+        }
+        IPPROTO_ICMP => {
+            let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            if !is_icmp_error(unsafe { (*icmp).icmp_type }) {
+                return Flow::Clear;
+            }
+            quoted_v4(ct, start, end, l4 + ICMP_HEADER_LEN)
+        }
+        _ => Flow::Opaque,
+    }
+}
+
+/// An ICMP error about the IPv4 packet quoted at `offset`: translated when
+/// a reply to the quoted packet would be.
+#[inline(always)]
+fn quoted_v4(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Flow {
+    let Ok(inner) = header_at::<Ipv4Hdr>(start, end, offset) else {
+        return Flow::Opaque;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let inner = unsafe { &*inner };
+    if inner.ihl() != IPV4_PLAIN_LEN {
+        return Flow::Opaque;
+    }
+    match inner.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Ok(ports) = header_at::<Ports>(start, end, offset + Ipv4Hdr::LEN) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ports = unsafe { &*ports };
+            judge_v4(
+                ct,
+                inner.proto,
+                TupleV4 {
+                    src: inner.dst_addr,
+                    dst: inner.src_addr,
+                    sport: ports.dst,
+                    dport: ports.src,
+                },
+            )
+        }
+        IPPROTO_ICMP => Flow::Clear,
+        _ => Flow::Opaque,
+    }
+}
+
+/// The IPv6 packet at `EthHdr::LEN`.
+#[inline(always)]
+pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow {
+    let l4 = EthHdr::LEN + Ipv6Hdr::LEN;
+    match ip.next_hdr {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ports = unsafe { &*ports };
+            judge_v6(
+                ct,
+                ip.next_hdr,
+                TupleV6 {
+                    src: ip.src_addr,
+                    dst: ip.dst_addr,
+                    sport: ports.src,
+                    dport: ports.dst,
+                },
+            )
+        }
+        IPPROTO_ICMPV6 => {
+            let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            if !is_icmpv6_error(unsafe { (*icmp).icmp_type }) {
+                return Flow::Clear;
+            }
+            quoted_v6(ct, start, end, l4 + ICMP_HEADER_LEN)
+        }
+        _ => Flow::Opaque,
+    }
+}
+
+#[inline(always)]
+fn quoted_v6(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Flow {
+    let Ok(inner) = header_at::<Ipv6Hdr>(start, end, offset) else {
+        return Flow::Opaque;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let inner = unsafe { &*inner };
+    match inner.next_hdr {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Ok(ports) = header_at::<Ports>(start, end, offset + Ipv6Hdr::LEN) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ports = unsafe { &*ports };
+            judge_v6(
+                ct,
+                inner.next_hdr,
+                TupleV6 {
+                    src: inner.dst_addr,
+                    dst: inner.src_addr,
+                    sport: ports.dst,
+                    dport: ports.src,
+                },
+            )
+        }
+        IPPROTO_ICMPV6 => Flow::Clear,
+        _ => Flow::Opaque,
+    }
+}

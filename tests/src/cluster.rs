@@ -1,0 +1,608 @@
+//! A simulated cluster on this machine: nodes are network namespaces on an
+//! underlay (each node's `up0` is a veth into a switch namespace, whose
+//! bridge joins them), each node runs `flatnet-agent` (static peer file or a
+//! stub of the Kubernetes API server) with its own pin root on a test-owned
+//! bpffs, and pods on each node are made through the plugin the agent
+//! installed, with the conflist it wrote. Plugins and agents run in the
+//! host's mount namespace entered into their node's network namespace only,
+//! so the bpffs and the pins are the same for all of them.
+//!
+//! Node i has underlay address 172.30.0.i/24 (fd30::i/64 when dual-stack)
+//! and pod CIDR 10.244.i.0/24 (fd44:0:0:i::/64).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use flatnet::datapath::Datapath;
+use nix::sched::{CloneFlags, setns};
+use serde_json::{Value, json};
+
+use crate::*;
+
+/// flatnet's route protocol number (agent::routes::RTPROT_FLATNET).
+pub const ROUTE_PROTO: &str = "102";
+pub const METRICS_PORT: u16 = 9603;
+/// Generous: agents and plugins share two cores with the other suites.
+pub const SETTLE: Duration = Duration::from_secs(20);
+
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `cmd` inside the network namespace at `netns` (and nothing else:
+/// the mount namespace stays the host's).
+pub fn enter(cmd: &mut Command, netns: &Path) {
+    let ns = File::open(netns).expect("open node netns");
+    // SAFETY: setns is async-signal-safe; the closure only calls it.
+    unsafe {
+        cmd.pre_exec(move || {
+            setns(&ns, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+        });
+    }
+}
+
+/// What a peer file or Node object says about one node.
+#[derive(Clone)]
+pub struct NodeSpec {
+    pub name: String,
+    pub index: u8,
+    /// None: no pod CIDR allocated yet.
+    pub pod_cidr: Option<String>,
+    /// Dual-stack: also fd30::<index> on the underlay and pod CIDR
+    /// fd44:0:0:<index>::/64.
+    pub dual_stack: bool,
+}
+
+impl NodeSpec {
+    pub fn address(&self) -> Ipv4Addr {
+        Ipv4Addr::new(172, 30, 0, self.index)
+    }
+
+    pub fn address6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, u16::from(self.index))
+    }
+
+    pub fn pod_cidr6(&self) -> String {
+        format!("fd44:0:0:{:x}::/64", self.index)
+    }
+}
+
+/// How the agents learn the nodes.
+pub enum Peers {
+    File(PathBuf),
+    Api(String),
+}
+
+/// One simulated node.
+pub struct SimNode {
+    pub spec: NodeSpec,
+    pub network: String,
+    pub netns: Netns,
+    pub dir: PathBuf,
+    pub pin_root: PathBuf,
+    pub agent: Mutex<Option<Child>>,
+    /// Agent flags besides the common ones (`--ip-masq true`, ...).
+    pub agent_flags: Vec<String>,
+    /// The plugin's stdin as last built from the conflist: DEL still has it
+    /// once an uninstall removed the conflist, as a runtime keeps its copy.
+    pub plugin_stdin: Mutex<Option<Vec<u8>>>,
+}
+
+impl SimNode {
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    pub fn conflist_path(&self) -> PathBuf {
+        self.dir.join("conf/10-flatnet.conflist")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+
+    pub fn ready_marker(&self) -> PathBuf {
+        flatnet::agent::ready::ready_marker(&self.network)
+    }
+
+    /// flatnet-agent with this node's network, directories and pin root,
+    /// run in the node's network namespace, logging to the node's log.
+    pub fn agent_command(&self) -> Command {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("agent log");
+        let mut cmd = Command::new(bin("flatnet-agent"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(["--network", &self.network])
+            .arg("--cni-conf-dir")
+            .arg(self.dir.join("conf"))
+            .arg("--cni-bin-dir")
+            .arg(self.bin_dir())
+            .arg("--ipam-data-dir")
+            .arg(self.dir.join("ipam"))
+            .arg("--pin-root")
+            .arg(&self.pin_root)
+            .args(&self.agent_flags)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        enter(&mut cmd, &self.netns.path());
+        cmd
+    }
+
+    /// `flatnet-agent --uninstall` on this node, as the uninstall
+    /// DaemonSet runs it; whether it succeeded.
+    pub fn uninstall(&self) -> bool {
+        self.agent_command()
+            .arg("--uninstall")
+            .status()
+            .expect("run flatnet-agent --uninstall")
+            .success()
+    }
+
+    pub fn start_agent(&self, peers: &Peers) {
+        let mut cmd = self.agent_command();
+        cmd.args(["--node-name", &self.spec.name])
+            .arg("--install-from")
+            .arg(bin_dir())
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{METRICS_PORT}"),
+                "--resync-secs",
+                "2",
+                "--log",
+                "info",
+            ]);
+        match peers {
+            Peers::File(path) => {
+                cmd.args(["--peer-source", "file", "--peer-file-poll-ms", "100"])
+                    .arg("--peer-file")
+                    .arg(path);
+            }
+            Peers::Api(url) => {
+                cmd.args(["--peer-source", "kubernetes", "--kube-api-server", url]);
+            }
+        }
+        let child = cmd.spawn().expect("spawn flatnet-agent");
+        *self.agent.lock().unwrap() = Some(child);
+    }
+
+    /// SIGTERM, as a DaemonSet rollout does; SIGKILL after 10 s.
+    pub fn stop_agent(&self) {
+        let Some(mut child) = self.agent.lock().unwrap().take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + SETTLE;
+        while !(self.ready_marker().exists() && self.conflist_path().exists()) {
+            if let Some(child) = self.agent.lock().unwrap().as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "agent of {} exited ({status}):\n{}",
+                    self.spec.name,
+                    self.agent_log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent of {} not ready:\n{}",
+                self.spec.name,
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn conflist(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.conflist_path()).expect("conflist"))
+            .expect("conflist JSON")
+    }
+
+    /// The flatnet plugin's stdin as a runtime builds it from the conflist.
+    pub fn plugin_stdin(&self) -> Vec<u8> {
+        let mut cached = self.plugin_stdin.lock().unwrap();
+        if self.conflist_path().exists() || cached.is_none() {
+            let list = Conflist::new(self.conflist());
+            let plugin = list.list["plugins"][0].clone();
+            let stdin = list.plugin_conf(&plugin, &json!({}), None).to_string();
+            *cached = Some(stdin.into_bytes());
+        }
+        cached.clone().expect("plugin stdin")
+    }
+
+    /// Runs the installed plugin on this node as a runtime would.
+    pub fn cni(&self, command: &str, container: Option<(&str, &Path)>) -> CniOutput {
+        let mut cmd = Command::new(self.bin_dir().join("flatnet"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_PATH", self.bin_dir())
+            .env("FLATNET_PIN_ROOT", &self.pin_root);
+        if let Some((id, netns)) = container {
+            cmd.env("CNI_CONTAINERID", id)
+                .env("CNI_NETNS", netns)
+                .env("CNI_IFNAME", "eth0");
+        }
+        enter(&mut cmd, &self.netns.path());
+        run_with_stdin(&mut cmd, &self.plugin_stdin())
+    }
+
+    pub fn pod(&self) -> SimPod<'_> {
+        let netns = Netns::new();
+        let container = unique("cpod-");
+        let out = self.cni("ADD", Some((&container, &netns.path())));
+        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        let result = out.json();
+        let addresses: Vec<IpAddr> = result["ips"]
+            .as_array()
+            .expect("ips")
+            .iter()
+            .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+            .collect();
+        let ip = addresses
+            .iter()
+            .find_map(|a| match a {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
+            .expect("IPv4 address");
+        let ip6 = addresses.iter().find_map(|a| match a {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        });
+        SimPod {
+            node: self,
+            netns,
+            container,
+            ip,
+            ip6,
+            result,
+        }
+    }
+
+    pub fn datapath(&self) -> Datapath {
+        Datapath::with_root(&self.pin_root, &self.network)
+    }
+
+    pub fn packets(&self, what: u32) -> u64 {
+        self.datapath().stats().expect("STATS")[what as usize].packets
+    }
+
+    /// Bytes of an action: what a transfer moved, however the pods' TCP
+    /// cut it into (GSO) packets.
+    pub fn bytes(&self, what: u32) -> u64 {
+        self.datapath().stats().expect("STATS")[what as usize].bytes
+    }
+
+    /// flatnet's routes on this node: "CIDR via ADDRESS".
+    pub fn routes(&self) -> Vec<String> {
+        let mut routes: Vec<String> = run_ok(Command::new("ip").args([
+            "-n",
+            &self.netns.name,
+            "-4",
+            "route",
+            "show",
+            "proto",
+            ROUTE_PROTO,
+        ]))
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+        routes.sort();
+        routes
+    }
+
+    pub fn remote_cidrs(&self) -> Vec<String> {
+        let mut cidrs: Vec<String> = self
+            .datapath()
+            .remote_cidrs()
+            .expect("remote CIDRs")
+            .into_iter()
+            .map(|(cidr, via)| format!("{cidr} via {via}"))
+            .collect();
+        cidrs.sort();
+        cidrs
+    }
+
+    /// The node stack's IPv4 ForwDatagrams: packets it routed itself.
+    pub fn forwarded(&self) -> u64 {
+        self.netns.run(forwarded_datagrams)
+    }
+
+    /// The agent's /metrics page.
+    pub fn metrics(&self) -> String {
+        self.netns.run(|| {
+            let mut conn =
+                TcpStream::connect((Ipv4Addr::LOCALHOST, METRICS_PORT)).expect("metrics port");
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .unwrap();
+            let mut page = String::new();
+            conn.read_to_string(&mut page).unwrap();
+            page
+        })
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        self.stop_agent();
+        for path in [
+            flatnet::agent::ready::ready_marker(&self.network),
+            flatnet::agent::ready::managed_marker(&self.network),
+            PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
+            // An agent-managed network keeps these past its last DEL; the
+            // node's namespace (and its nftables table) goes with the test.
+            PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
+        ] {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = std::fs::remove_dir_all(format!("/run/flatnet/slots-{}", self.network));
+    }
+}
+
+/// A pod on a simulated node; DEL on drop.
+pub struct SimPod<'a> {
+    pub node: &'a SimNode,
+    pub netns: Netns,
+    pub container: String,
+    pub ip: Ipv4Addr,
+    /// The pod's IPv6 address on a dual-stack node.
+    pub ip6: Option<Ipv6Addr>,
+    /// What ADD answered: a chained plugin's prevResult.
+    pub result: Value,
+}
+
+impl Drop for SimPod<'_> {
+    fn drop(&mut self) {
+        let out = self
+            .node
+            .cni("DEL", Some((&self.container, &self.netns.path())));
+        if !out.success() {
+            eprintln!("cleanup DEL of {} failed: {out:?}", self.container);
+        }
+    }
+}
+
+/// The switch, the nodes and the test-owned bpffs; all removed on drop.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub bpffs: PathBuf,
+    pub peer_file: PathBuf,
+    pub nodes: Vec<SimNode>,
+    pub _switch: Netns,
+}
+
+impl Cluster {
+    /// Nodes on the underlay, agents not started.
+    pub fn new(specs: &[NodeSpec]) -> Self {
+        let id = unique("fc");
+        let dir = std::env::temp_dir().join(format!("flatnet-cluster-{id}"));
+        let bpffs = dir.join("bpf");
+        std::fs::create_dir_all(&bpffs).expect("cluster dir");
+        nix::mount::mount(
+            Some("bpf"),
+            &bpffs,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .expect("mount a test bpffs");
+        let switch = Netns::new();
+        switch.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
+        switch.exec(&["ip", "link", "set", "br0", "up"]);
+        let mut cluster = Cluster {
+            peer_file: dir.join("peers.yaml"),
+            dir: dir.clone(),
+            bpffs: bpffs.clone(),
+            nodes: Vec::new(),
+            _switch: switch,
+        };
+        for spec in specs {
+            let netns = Netns::new();
+            let port = format!("p{}", spec.index);
+            run_ok(Command::new("ip").args([
+                "-n",
+                &cluster._switch.name,
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "up0",
+                "netns",
+                &netns.name,
+            ]));
+            cluster
+                ._switch
+                .exec(&["ip", "link", "set", &port, "master", "br0", "up"]);
+            netns.exec(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/24", spec.address()),
+                "dev",
+                "up0",
+            ]);
+            if spec.dual_stack {
+                netns.exec(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("{}/64", spec.address6()),
+                    "dev",
+                    "up0",
+                    "nodad",
+                ]);
+            }
+            netns.exec(&["ip", "link", "set", "up0", "up"]);
+            let node_dir = dir.join(&spec.name);
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            cluster.nodes.push(SimNode {
+                spec: spec.clone(),
+                network: format!("{id}-{}", spec.name),
+                netns,
+                pin_root: bpffs.join(&spec.name),
+                dir: node_dir,
+                agent: Mutex::new(None),
+                agent_flags: Vec::new(),
+                plugin_stdin: Mutex::new(None),
+            });
+        }
+        cluster
+    }
+
+    /// `count` nodes n1..n<count>, each with a pod CIDR, all in the peer
+    /// file, agents started and ready.
+    pub fn with_file_agents(count: u8) -> Self {
+        Self::with_file_agents_flagged(count, &[])
+    }
+
+    /// As [`Self::with_file_agents`], each agent also given `flags`.
+    pub fn with_file_agents_flagged(count: u8, flags: &[&str]) -> Self {
+        Self::started(&Self::numbered(count, false), flags)
+    }
+
+    /// `count` nodes n1..n<count> with an IPv4 pod CIDR each (and an IPv6
+    /// one when `dual_stack`).
+    pub fn numbered(count: u8, dual_stack: bool) -> Vec<NodeSpec> {
+        (1..=count)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                index: i,
+                pod_cidr: Some(format!("10.244.{i}.0/24")),
+                dual_stack,
+            })
+            .collect()
+    }
+
+    /// Nodes of `specs`, all in the peer file, agents (given `flags`)
+    /// started and ready.
+    pub fn started(specs: &[NodeSpec], flags: &[&str]) -> Self {
+        let mut cluster = Self::new(specs);
+        for node in &mut cluster.nodes {
+            node.agent_flags = flags.iter().map(|f| f.to_string()).collect();
+        }
+        cluster.write_peers(specs);
+        for node in &cluster.nodes {
+            node.start_agent(&cluster.file());
+        }
+        for node in &cluster.nodes {
+            node.wait_ready();
+        }
+        cluster
+    }
+
+    pub fn file(&self) -> Peers {
+        Peers::File(self.peer_file.clone())
+    }
+
+    /// Replaces the peer file (whole, by rename, as a ConfigMap update does).
+    pub fn write_peers(&self, specs: &[NodeSpec]) {
+        let mut text = String::from("nodes:\n");
+        for spec in specs {
+            if spec.dual_stack {
+                text.push_str(&format!(
+                    "  - name: {}\n    addresses: [{}, '{}']\n",
+                    spec.name,
+                    spec.address(),
+                    spec.address6()
+                ));
+                if let Some(cidr) = &spec.pod_cidr {
+                    text.push_str(&format!("    podCIDRs: [{cidr}, '{}']\n", spec.pod_cidr6()));
+                }
+            } else {
+                text.push_str(&format!(
+                    "  - name: {}\n    address: {}\n",
+                    spec.name,
+                    spec.address()
+                ));
+                if let Some(cidr) = &spec.pod_cidr {
+                    text.push_str(&format!("    podCIDR: {cidr}\n"));
+                }
+            }
+        }
+        let temp = self.dir.join(".peers.yaml.tmp");
+        std::fs::write(&temp, text).expect("peer file");
+        std::fs::rename(&temp, &self.peer_file).expect("peer file");
+    }
+
+    pub fn node(&self, name: &str) -> &SimNode {
+        self.nodes
+            .iter()
+            .find(|n| n.spec.name == name)
+            .expect("node")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Agents stop and node namespaces go (their veths, routes, tc
+        // filters and the programs' last references with them) first.
+        self.nodes.clear();
+        for entry in std::fs::read_dir(&self.bpffs)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+        let _ = nix::mount::umount2(&self.bpffs, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn specs(list: &[(&str, u8, Option<&str>)]) -> Vec<NodeSpec> {
+    list.iter()
+        .map(|(name, index, cidr)| NodeSpec {
+            name: name.to_string(),
+            index: *index,
+            pod_cidr: cidr.map(str::to_string),
+            dual_stack: false,
+        })
+        .collect()
+}
