@@ -43,6 +43,10 @@ pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";
 /// pods goes straight into them.
 pub const PROG_FROM_UPLINK: &str = "from_uplink";
 
+/// The datapath's load-time setting: whether `from_uplink` hands packets
+/// from other nodes' pods straight to local pods (a u32, 1 or 0).
+pub const GLOBAL_UPLINK_TO_PODS: &str = "UPLINK_TO_PODS";
+
 /// Maximum number of other nodes' pod CIDRs per family.
 pub const MAX_REMOTE_CIDRS: u32 = 16384;
 

@@ -80,6 +80,14 @@ static REMOTE_CIDRS_V4: LpmTrie<RemoteCidrV4, RemoteNode, { MAX_REMOTE_CIDRS as 
 static REMOTE_CIDRS_V6: LpmTrie<RemoteCidrV6, RemoteNode, { MAX_REMOTE_CIDRS as usize }> =
     LpmTrie::new();
 
+/// Whether `from_uplink` may hand packets to pods: set by the loader (1 in
+/// tc mode, 0 in XDP mode; see `flatnet_common::GLOBAL_UPLINK_TO_PODS`).
+/// XDP mode sends every packet for another node through the host stack, so
+/// the replies must take the stack too, or its conntrack would see half of
+/// each flow.
+#[unsafe(no_mangle)]
+static UPLINK_TO_PODS: u32 = 1;
+
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -184,6 +192,10 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 pub fn from_uplink(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
+        return TC_ACT_OK as i32;
+    }
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } == 0 {
         return TC_ACT_OK as i32;
     }
     let len = ctx.len();

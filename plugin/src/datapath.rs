@@ -14,10 +14,11 @@ use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4,
-    MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_STATS, MAPS,
-    MAX_ENDPOINTS, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK,
-    PROG_POD_XDP_PASS, RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
+    Counter, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key, Ipv6Key,
+    MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_REMOTE_CIDRS_V4,
+    MAP_REMOTE_CIDRS_V6, MAP_STATS, MAPS, MAX_ENDPOINTS, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD,
+    PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, RemoteCidrV4, RemoteCidrV6, RemoteNode,
+    action,
 };
 use ipnetwork::IpNetwork;
 
@@ -467,6 +468,10 @@ impl Datapath {
         for (name, path) in &map_pins {
             loader.map_pin_path(name, path.as_path());
         }
+        // XDP mode routes pods' packets for other nodes through the stack:
+        // the replies must not skip it (see the eBPF crate).
+        let uplink_to_pods: u32 = u32::from(mode == DatapathMode::Tc);
+        loader.override_global(GLOBAL_UPLINK_TO_PODS, &uplink_to_pods, true);
         // Kfunc calls aimed at this kernel's functions first.
         let object = crate::kfunc::resolve(OBJECT)?;
         let mut ebpf = loader

@@ -66,8 +66,13 @@ struct ServiceCluster {
 
 impl ServiceCluster {
     fn new(mode: Mode, nodes: u8) -> Self {
+        Self::flagged(mode, nodes, &[])
+    }
+
+    /// As `new`, each agent also given `flags` (`--datapath xdp`).
+    fn flagged(mode: Mode, nodes: u8, flags: &[&str]) -> Self {
         ServiceCluster {
-            cluster: Cluster::started(&Cluster::numbered(nodes, true), &[]),
+            cluster: Cluster::started(&Cluster::numbered(nodes, true), flags),
             mode,
         }
     }
@@ -273,8 +278,8 @@ fn translated(node: &SimNode) -> u64 {
 
 // ---------------------------------------------------------------------------
 
-fn clusterip_to_a_backend_on_the_same_node(mode: Mode) {
-    let services = ServiceCluster::new(mode, 2);
+fn clusterip_to_a_backend_on_the_same_node(mode: Mode, flags: &[&str]) {
+    let services = ServiceCluster::flagged(mode, 2, flags);
     let n1 = services.node("n1");
     let (client, backend) = (n1.pod(), n1.pod());
     let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
@@ -324,14 +329,106 @@ fn clusterip_to_a_backend_on_the_same_node(mode: Mode) {
 #[test]
 fn clusterip_to_a_backend_on_the_same_node_iptables() {
     if root_or_skip("clusterip_to_a_backend_on_the_same_node_iptables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Iptables);
+        clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &[]);
     }
 }
 
 #[test]
 fn clusterip_to_a_backend_on_the_same_node_nftables() {
     if root_or_skip("clusterip_to_a_backend_on_the_same_node_nftables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Nftables);
+        clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &[]);
+    }
+}
+
+#[test]
+fn clusterip_to_a_backend_on_the_same_node_xdp_iptables() {
+    if root_or_skip("clusterip_to_a_backend_on_the_same_node_xdp_iptables") {
+        clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &["--datapath", "xdp"]);
+    }
+}
+
+#[test]
+fn clusterip_to_a_backend_on_the_same_node_xdp_nftables() {
+    if root_or_skip("clusterip_to_a_backend_on_the_same_node_xdp_nftables") {
+        clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &["--datapath", "xdp"]);
+    }
+}
+
+/// True when a datagram from `client` to `to` (on a connected socket) is
+/// answered by an ICMP port unreachable the socket accepts as its own:
+/// `recv` fails with "connection refused".
+fn udp_refused(client: &SimPod, to: SocketAddr) -> bool {
+    client.netns.run(|| {
+        let bind: SocketAddr = if to.is_ipv4() {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let socket = UdpSocket::bind(bind).expect("bind");
+        socket.connect(to).expect("connect");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        for _ in 0..4 {
+            let _ = socket.send(b"anyone?");
+            if let Err(e) = socket.recv(&mut buf)
+                && e.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return true;
+            }
+        }
+        false
+    })
+}
+
+/// ICMP errors of a translated flow (a UDP Service whose backend has no
+/// socket on the port, on the client's node and on the other node) reach
+/// the client as errors about the ClusterIP it talked to; errors of a
+/// direct flow keep working too.
+fn icmp_errors_reach_the_client(mode: Mode) {
+    let services = ServiceCluster::new(mode, 2);
+    let (n1, n2) = (services.node("n1"), services.node("n2"));
+    let client = n1.pod();
+    let (near, far) = (n1.pod(), n2.pod());
+    let mut list = Vec::new();
+    for family in FAMILIES {
+        for (n, backend) in [(20, &near), (21, &far)] {
+            list.push(ServicePort::cluster_ip(
+                &format!("closed{n}-{family:?}").to_lowercase(),
+                cluster_ip(family, n),
+                9999,
+                Protocol::Udp,
+                vec![SocketAddr::new(pod_ip(backend, family), 9999)],
+            ));
+        }
+    }
+    services.program(&list);
+    for family in FAMILIES {
+        for (n, what) in [(20, "on the same node"), (21, "on another node")] {
+            assert!(
+                udp_refused(&client, SocketAddr::new(cluster_ip(family, n), 9999)),
+                "{mode:?} {family:?}: no port unreachable through a ClusterIP whose backend is {what}"
+            );
+        }
+        assert!(
+            udp_refused(&client, SocketAddr::new(pod_ip(&near, family), 9999)),
+            "{mode:?} {family:?}: no port unreachable from a pod directly"
+        );
+    }
+}
+
+#[test]
+fn icmp_errors_reach_the_client_iptables() {
+    if root_or_skip("icmp_errors_reach_the_client_iptables") {
+        icmp_errors_reach_the_client(Mode::Iptables);
+    }
+}
+
+#[test]
+fn icmp_errors_reach_the_client_nftables() {
+    if root_or_skip("icmp_errors_reach_the_client_nftables") {
+        icmp_errors_reach_the_client(Mode::Nftables);
     }
 }
 
@@ -711,57 +808,78 @@ fn program_ids(node: &SimNode) -> Vec<u32> {
     .collect()
 }
 
-/// A TCP stream through a ClusterIP (backend on the same node, so every
-/// reply is a translated flow the fast path must hand to the stack) while
-/// the datapath is upgraded: the pinned programs are made to look like an
-/// older build's, and the next ADD loads this build's and moves every veth
-/// over, as a plugin upgrade does. No reset, no byte lost either way.
-fn stream_through_clusterip_survives_an_upgrade(mode: Mode) {
+/// Two TCP streams through ClusterIPs, one to a backend on the client's
+/// node (every reply a translated flow `from_pod` must hand to the stack),
+/// one to a backend on the other node (replies `from_uplink` must hand to
+/// the stack), while the client's node's datapath is upgraded (the pinned
+/// programs are made to look like an older build's, and the next ADD loads
+/// this build's and moves every veth over, as a plugin upgrade does) and
+/// both nodes' agents restart. No reset, no byte lost either way.
+fn streams_through_clusterips_survive_an_upgrade(mode: Mode) {
     let services = ServiceCluster::new(mode, 2);
-    let n1 = services.node("n1");
-    let (client, backend) = (n1.pod(), n1.pod());
-    let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
-    let list: Vec<ServicePort> = FAMILIES
-        .iter()
-        .map(|family| {
-            ServicePort::cluster_ip(
-                &format!("web-{family:?}").to_lowercase(),
-                cluster_ip(*family, 10),
+    let (n1, n2) = (services.node("n1"), services.node("n2"));
+    let (client, near, far) = (n1.pod(), n1.pod(), n2.pod());
+    let _servers = [
+        TcpBackend::start(&near, "near", BACKEND_PORT),
+        TcpBackend::start(&far, "far", BACKEND_PORT),
+    ];
+    let mut list = Vec::new();
+    for family in FAMILIES {
+        for (n, backend) in [(10, &near), (11, &far)] {
+            list.push(ServicePort::cluster_ip(
+                &format!("web{n}-{family:?}").to_lowercase(),
+                cluster_ip(family, n),
                 80,
                 Protocol::Tcp,
-                vec![SocketAddr::new(pod_ip(&backend, *family), BACKEND_PORT)],
-            )
-        })
-        .collect();
+                vec![SocketAddr::new(pod_ip(backend, family), BACKEND_PORT)],
+            ));
+        }
+    }
     services.program(&list);
+    let peers = services.cluster.file();
     for family in FAMILIES {
         let before = program_ids(n1);
         let datapath = n1.datapath();
         let mut third = None;
-        let (sent, echoed) = echo_stream_during(
-            &client,
-            SocketAddr::new(cluster_ip(family, 10), 80),
-            Duration::from_secs(10),
-            || {
-                for name in [
-                    flatnet_common::PROG_FROM_POD,
-                    flatnet_common::PROG_FROM_UPLINK,
-                ] {
-                    let pinned = datapath.program_path(name);
-                    let older = pinned.with_file_name(format!("{name}-000000000000"));
-                    std::fs::rename(&pinned, &older).expect("age the pinned program");
-                }
-                third = Some(n1.pod());
-            },
-        );
-        assert_eq!(
-            sent, echoed,
-            "{mode:?} {family:?}: bytes lost across the upgrade"
-        );
-        assert!(
-            sent > 1 << 20,
-            "{mode:?} {family:?}: the stream barely moved: {sent} bytes"
-        );
+        let ((sent, echoed), (sent_far, echoed_far)) = std::thread::scope(|scope| {
+            let far_stream = scope.spawn(|| {
+                echo_stream_during(
+                    &client,
+                    SocketAddr::new(cluster_ip(family, 11), 80),
+                    Duration::from_secs(10),
+                    || {},
+                )
+            });
+            let near_stream = echo_stream_during(
+                &client,
+                SocketAddr::new(cluster_ip(family, 10), 80),
+                Duration::from_secs(10),
+                || {
+                    for name in [
+                        flatnet_common::PROG_FROM_POD,
+                        flatnet_common::PROG_FROM_UPLINK,
+                    ] {
+                        let pinned = datapath.program_path(name);
+                        let older = pinned.with_file_name(format!("{name}-000000000000"));
+                        std::fs::rename(&pinned, &older).expect("age the pinned program");
+                    }
+                    third = Some(n1.pod());
+                    for node in [n1, n2] {
+                        node.stop_agent();
+                        node.start_agent(&peers);
+                        node.wait_ready();
+                    }
+                },
+            );
+            (near_stream, far_stream.join().expect("far stream"))
+        });
+        for (what, sent, echoed) in [("near", sent, echoed), ("far", sent_far, echoed_far)] {
+            assert_eq!(sent, echoed, "{mode:?} {family:?} {what}: bytes lost");
+            assert!(
+                sent > 1 << 20,
+                "{mode:?} {family:?} {what}: the stream barely moved: {sent} bytes"
+            );
+        }
         let after = program_ids(n1);
         assert!(
             after.iter().zip(&before).all(|(a, b)| a != b),
@@ -772,16 +890,16 @@ fn stream_through_clusterip_survives_an_upgrade(mode: Mode) {
 }
 
 #[test]
-fn stream_through_clusterip_survives_an_upgrade_iptables() {
-    if root_or_skip("stream_through_clusterip_survives_an_upgrade_iptables") {
-        stream_through_clusterip_survives_an_upgrade(Mode::Iptables);
+fn streams_through_clusterips_survive_an_upgrade_iptables() {
+    if root_or_skip("streams_through_clusterips_survive_an_upgrade_iptables") {
+        streams_through_clusterips_survive_an_upgrade(Mode::Iptables);
     }
 }
 
 #[test]
-fn stream_through_clusterip_survives_an_upgrade_nftables() {
-    if root_or_skip("stream_through_clusterip_survives_an_upgrade_nftables") {
-        stream_through_clusterip_survives_an_upgrade(Mode::Nftables);
+fn streams_through_clusterips_survive_an_upgrade_nftables() {
+    if root_or_skip("streams_through_clusterips_survive_an_upgrade_nftables") {
+        streams_through_clusterips_survive_an_upgrade(Mode::Nftables);
     }
 }
 
@@ -946,8 +1064,8 @@ fn tcp_connect_from(source: SocketAddr, to: SocketAddr, timeout: Duration) -> st
 /// CIDR, and another pod's) and sends from it, TCP SYNs and UDP, to a pod
 /// on its node and a pod on the other node: nothing arrives, the drops are
 /// counted, and its own address still works.
-fn spoofed_sources_reach_no_pod(mode: Mode) {
-    let services = ServiceCluster::new(mode, 2);
+fn spoofed_sources_reach_no_pod(mode: Mode, flags: &[&str]) {
+    let services = ServiceCluster::flagged(mode, 2, flags);
     let (n1, n2) = (services.node("n1"), services.node("n2"));
     let (spoofer, neighbour, local, remote) = (n1.pod(), n1.pod(), n1.pod(), n2.pod());
     services.program(&[]);
@@ -1026,13 +1144,20 @@ fn spoofed_sources_reach_no_pod(mode: Mode) {
 #[test]
 fn spoofed_sources_reach_no_pod_iptables() {
     if root_or_skip("spoofed_sources_reach_no_pod_iptables") {
-        spoofed_sources_reach_no_pod(Mode::Iptables);
+        spoofed_sources_reach_no_pod(Mode::Iptables, &[]);
     }
 }
 
 #[test]
 fn spoofed_sources_reach_no_pod_nftables() {
     if root_or_skip("spoofed_sources_reach_no_pod_nftables") {
-        spoofed_sources_reach_no_pod(Mode::Nftables);
+        spoofed_sources_reach_no_pod(Mode::Nftables, &[]);
+    }
+}
+
+#[test]
+fn spoofed_sources_reach_no_pod_xdp() {
+    if root_or_skip("spoofed_sources_reach_no_pod_xdp") {
+        spoofed_sources_reach_no_pod(Mode::Iptables, &["--datapath", "xdp"]);
     }
 }
