@@ -19,16 +19,22 @@ pub const MAP_ENDPOINTS_V6: &str = "ENDPOINTS_V6";
 pub const MAP_HOST_VETHS: &str = "HOST_VETHS";
 pub const MAP_STATS: &str = "STATS";
 pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
+/// Each pod's own addresses, by counter slot: the source check.
+pub const MAP_POD_SOURCES: &str = "POD_SOURCES";
+/// What conntrack said of each TCP flow the fast path saw (an LRU cache).
+pub const MAP_TCP_FLOWS: &str = "TCP_FLOWS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
 /// Every map, in the order they are pinned.
-pub const MAPS: [&str; 7] = [
+pub const MAPS: [&str; 9] = [
     MAP_ENDPOINTS_V4,
     MAP_ENDPOINTS_V6,
     MAP_HOST_VETHS,
     MAP_STATS,
     MAP_ENDPOINT_STATS,
+    MAP_POD_SOURCES,
+    MAP_TCP_FLOWS,
     MAP_REMOTE_CIDRS_V4,
     MAP_REMOTE_CIDRS_V6,
 ];
@@ -116,6 +122,73 @@ pub struct EndpointCounters {
     pub rx_bytes: u64,
 }
 const _: () = assert!(size_of::<EndpointCounters>() == 32);
+
+/// Addresses per family that `PodSources` holds; a pod with more has
+/// `SOURCES_F_MORE` set and the rest are checked in `ENDPOINTS_V4/V6`.
+pub const SOURCES_PER_FAMILY: usize = 4;
+
+/// The addresses a pod may send from, in the array `POD_SOURCES` by its
+/// counter slot: the datapath drops a pod's packet from any other source.
+/// An array, not a lookup of the source in `ENDPOINTS_V4/V6`: the sender's
+/// slot is known without a lookup (tc classid), and an array read costs
+/// next to nothing (a hash lookup cost ~35 ns per packet here).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PodSources {
+    /// IPv4 addresses, network byte order; unused ones 0.0.0.0.
+    pub v4: [[u8; 4]; SOURCES_PER_FAMILY],
+    /// IPv6 addresses; unused ones `::`.
+    pub v6: [[u8; 16]; SOURCES_PER_FAMILY],
+    /// `SOURCES_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PodSources>() == 88);
+
+/// The entry is written (an all-zero one is a slot no ADD filled: an
+/// older build's pod, checked in `ENDPOINTS_V4/V6` instead).
+pub const SOURCES_F_VALID: u32 = 1;
+/// The pod has more addresses than the entry holds.
+pub const SOURCES_F_MORE: u32 = 2;
+
+/// Entries of `TCP_FLOWS`: an LRU, so a busy node forgets old flows (a
+/// forgotten flow's next packet asks conntrack again: slower, never wrong).
+pub const MAX_TCP_FLOWS: u32 = 65536;
+
+/// One direction of a TCP flow: the packet's own addresses and ports
+/// (IPv4 in the first 4 bytes of each address), network byte order.
+/// Aligned to 8 so that building one takes word stores, not a `memset`.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    /// 4 or 6.
+    pub family: u32,
+}
+const _: () = assert!(size_of::<FlowKey>() == 40);
+
+/// What the kernel's conntrack said of a flow when its last SYN (or its
+/// first packet the fast path saw) passed: `verdict::*`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowVerdict {
+    pub verdict: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<FlowVerdict>() == 8);
+
+/// Values of `FlowVerdict::verdict`.
+pub mod verdict {
+    /// The host never saw the flow: the fast path takes it.
+    pub const CLEAR: u32 = 0;
+    /// The host tracks the flow: the stack takes it.
+    pub const TRACKED: u32 = 1;
+    /// The host translated the flow: the stack takes it and undoes that.
+    pub const TRANSLATED: u32 = 2;
+}
 
 /// A packet and byte counter; one per action in the per-CPU `STATS` map.
 #[repr(C)]
@@ -207,4 +280,10 @@ mod pod {
     unsafe impl aya::Pod for super::EndpointCounters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::RemoteNode {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PodSources {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowVerdict {}
 }

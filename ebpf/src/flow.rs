@@ -19,13 +19,28 @@
 //! translated when the entry's other direction is not the packet's tuple
 //! reversed (looking the reversed tuple up finds nothing).
 //!
+//! A conntrack lookup costs more than the rest of the program, so for TCP
+//! the answer is kept per flow direction in `TCP_FLOWS` (an LRU hash):
+//! every packet with SYN set asks conntrack and writes the answer, every
+//! other packet reads it (asking conntrack when it is not there). That is
+//! exact: the host tracks a flow from its first packet on, so a flow whose
+//! SYN and SYN-ACK were judged has its answer for good, and a new
+//! connection on a reused 4-tuple starts with SYNs that judge it anew. A
+//! forgotten entry (LRU) only costs a lookup. UDP has no such start, so
+//! every UDP packet asks conntrack.
+//!
 //! The kfuncs answer for TCP and UDP. ICMP errors are judged by the packet
 //! they quote. ICMP echo is never translated by kube-proxy (any mode) and
 //! keeps the fast path. Every other protocol (SCTP, fragments, IPv4 options,
 //! IPv6 extension headers) goes through the stack, which tracks it as the
 //! bridge would.
 
-use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::{
+    btf_maps::LruHashMap,
+    macros::btf_map,
+    programs::{TcContext, XdpContext},
+};
+use flatnet_common::{FlowKey, FlowVerdict, MAX_TCP_FLOWS, verdict};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -44,6 +59,13 @@ const IPV4_FRAGMENT_MASK: u16 = 0x3fff;
 const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
 /// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
 const ICMP_HEADER_LEN: usize = 8;
+
+/// What conntrack said of each TCP flow direction (see above).
+#[btf_map]
+static TCP_FLOWS: LruHashMap<FlowKey, FlowVerdict, { MAX_TCP_FLOWS as usize }> = LruHashMap::new();
+
+/// SYN in the TCP flags byte.
+const TCP_SYN: u8 = 0x02;
 
 /// What the host stack has to say about a packet the fast path could take.
 #[derive(PartialEq, Eq)]
@@ -136,6 +158,74 @@ struct Ports {
     dst: [u8; 2],
 }
 
+/// The first 14 bytes of TCP: ports, then flags in the last byte.
+#[repr(C)]
+struct TcpStart {
+    ports: Ports,
+    seq: [u8; 4],
+    ack: [u8; 4],
+    offset: u8,
+    flags: u8,
+}
+
+impl Flow {
+    #[inline(always)]
+    fn verdict(&self) -> u32 {
+        match self {
+            Flow::Translated => verdict::TRANSLATED,
+            Flow::Tracked => verdict::TRACKED,
+            Flow::Clear | Flow::Opaque => verdict::CLEAR,
+        }
+    }
+
+    #[inline(always)]
+    fn from_verdict(value: u32) -> Flow {
+        match value {
+            verdict::TRANSLATED => Flow::Translated,
+            verdict::TRACKED => Flow::Tracked,
+            _ => Flow::Clear,
+        }
+    }
+}
+
+/// A TCP packet's verdict: from `TCP_FLOWS` unless the packet has SYN set
+/// (or the flow is not there), else from conntrack (`judge`), remembered.
+#[inline(always)]
+fn judge_tcp(key: &FlowKey, syn: bool, judge: impl FnOnce() -> Flow) -> Flow {
+    if !syn && let Some(known) = TCP_FLOWS.get_ptr(key) {
+        // SAFETY: a valid map value for the program's run; read once.
+        return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
+    }
+    let flow = judge();
+    let value = FlowVerdict {
+        verdict: flow.verdict(),
+        _pad: 0,
+    };
+    // A full map evicts its least recently used entry; a failed write only
+    // means the next packet asks conntrack again.
+    let _ = TCP_FLOWS.insert(key, &value, 0);
+    flow
+}
+
+/// The flow key of a packet with these addresses and ports.
+#[inline(always)]
+fn key_v4(src: [u8; 4], dst: [u8; 4], ports: &Ports) -> FlowKey {
+    FlowKey {
+        src: in_16_bytes(src),
+        dst: in_16_bytes(dst),
+        sport: ports.src,
+        dport: ports.dst,
+        family: 4,
+    }
+}
+
+/// An IPv4 address in the first 4 of 16 bytes, the rest zero: built as
+/// one wide integer (two word stores), not byte by byte with a `memset`.
+#[inline(always)]
+fn in_16_bytes(address: [u8; 4]) -> [u8; 16] {
+    u128::from(u32::from_le_bytes(address)).to_le_bytes()
+}
+
 /// The 4-byte start of an ICMP or ICMPv6 header.
 #[repr(C)]
 struct IcmpHeader {
@@ -205,7 +295,27 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
     }
     let l4 = EthHdr::LEN + Ipv4Hdr::LEN;
     match ip.proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
+        IPPROTO_TCP => {
+            let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let tcp = unsafe { &*tcp };
+            let key = key_v4(ip.src_addr, ip.dst_addr, &tcp.ports);
+            judge_tcp(&key, tcp.flags & TCP_SYN != 0, || {
+                judge_v4(
+                    ct,
+                    IPPROTO_TCP,
+                    TupleV4 {
+                        src: ip.src_addr,
+                        dst: ip.dst_addr,
+                        sport: tcp.ports.src,
+                        dport: tcp.ports.dst,
+                    },
+                )
+            })
+        }
+        IPPROTO_UDP => {
             let Ok(ports) = header_at::<Ports>(start, end, l4) else {
                 return Flow::Opaque;
             };
@@ -213,7 +323,7 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
             let ports = unsafe { &*ports };
             judge_v4(
                 ct,
-                ip.proto,
+                IPPROTO_UDP,
                 TupleV4 {
                     src: ip.src_addr,
                     dst: ip.dst_addr,
@@ -276,7 +386,33 @@ fn quoted_v4(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Fl
 pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow {
     let l4 = EthHdr::LEN + Ipv6Hdr::LEN;
     match ip.next_hdr {
-        IPPROTO_TCP | IPPROTO_UDP => {
+        IPPROTO_TCP => {
+            let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
+                return Flow::Opaque;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let tcp = unsafe { &*tcp };
+            let key = FlowKey {
+                src: ip.src_addr,
+                dst: ip.dst_addr,
+                sport: tcp.ports.src,
+                dport: tcp.ports.dst,
+                family: 6,
+            };
+            judge_tcp(&key, tcp.flags & TCP_SYN != 0, || {
+                judge_v6(
+                    ct,
+                    IPPROTO_TCP,
+                    TupleV6 {
+                        src: ip.src_addr,
+                        dst: ip.dst_addr,
+                        sport: tcp.ports.src,
+                        dport: tcp.ports.dst,
+                    },
+                )
+            })
+        }
+        IPPROTO_UDP => {
             let Ok(ports) = header_at::<Ports>(start, end, l4) else {
                 return Flow::Opaque;
             };
@@ -284,7 +420,7 @@ pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow
             let ports = unsafe { &*ports };
             judge_v6(
                 ct,
-                ip.next_hdr,
+                IPPROTO_UDP,
                 TupleV6 {
                     src: ip.src_addr,
                     dst: ip.dst_addr,

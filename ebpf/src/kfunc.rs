@@ -16,18 +16,17 @@ pub use flatnet_common::kfunc::{KFUNC_CT_RELEASE, KFUNC_SKB_CT_LOOKUP, KFUNC_XDP
 
 /// `struct bpf_ct_opts` (16 bytes since Linux 6.5; the kernel also takes
 /// the 12-byte form of older kernels, which this is a prefix of).
-#[repr(C)]
+#[repr(C, align(8))]
 pub struct CtOpts {
     /// `BPF_F_CURRENT_NETNS`: the table of the namespace the packet is in.
     pub netns_id: i32,
     /// Written by the kernel when the lookup fails.
     pub error: i32,
-    pub l4proto: u8,
-    /// Written by the kernel: which direction of the entry matched.
-    pub dir: u8,
-    pub ct_zone_id: u16,
-    pub ct_zone_dir: u8,
-    pub reserved: [u8; 3],
+    /// `l4proto` in the first byte (little endian), then `dir` (written by
+    /// the kernel), `ct_zone_id`, `ct_zone_dir` and three reserved bytes,
+    /// all zero here: the default zone. One word, so that zeroing it takes
+    /// one store and no `memset` call.
+    pub proto_and_zone: u64,
 }
 pub const CT_OPTS_LEN: u64 = core::mem::size_of::<CtOpts>() as u64;
 const _: () = assert!(CT_OPTS_LEN == 16);
@@ -40,11 +39,7 @@ impl CtOpts {
         CtOpts {
             netns_id: CURRENT_NETNS,
             error: 0,
-            l4proto,
-            dir: 0,
-            ct_zone_id: 0,
-            ct_zone_dir: 0,
-            reserved: [0; 3],
+            proto_and_zone: u64::from(l4proto),
         }
     }
 }

@@ -29,7 +29,7 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
         bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh, xdp_action,
     },
-    btf_maps::{HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
         bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
     },
@@ -39,7 +39,8 @@ use aya_ebpf::{
 use core::mem::size_of;
 use flatnet_common::{
     Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, MAX_REMOTE_CIDRS,
-    NO_COUNTER_SLOT, RemoteCidrV4, RemoteCidrV6, RemoteNode, action,
+    NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use network_types::{
@@ -69,6 +70,10 @@ static STATS: PerCpuArray<Counter, { action::COUNT as usize }> = PerCpuArray::ne
 #[btf_map]
 static ENDPOINT_STATS: PerCpuArray<EndpointCounters, { MAX_ENDPOINTS as usize }> =
     PerCpuArray::new();
+
+/// Each pod's own addresses by counter slot: the source check.
+#[btf_map]
+static POD_SOURCES: Array<PodSources, { MAX_ENDPOINTS as usize }> = Array::new();
 
 /// Other nodes' IPv4 pod CIDRs: packets for them take the fast path.
 #[btf_map]
@@ -491,7 +496,11 @@ fn decide(
     len: u32,
 ) -> Decision {
     count_pod(ingress_slot, Direction::Tx, len);
-    let decision = frame(ct, start, end, ingress);
+    let sender = Sender {
+        ifindex: ingress,
+        slot: ingress_slot,
+    };
+    let decision = frame(ct, start, end, sender);
     match decision {
         Decision::Pass => count(action::PASSED, len),
         Decision::Translated => count(action::TRANSLATED, len),
@@ -539,16 +548,66 @@ fn count_pod(slot: u32, direction: Direction, len: u32) {
 }
 
 #[inline(always)]
-fn frame(ct: &impl Conntrack, start: usize, end: usize, ingress: u32) -> Decision {
+fn frame(ct: &impl Conntrack, start: usize, end: usize, sender: Sender) -> Decision {
     let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
         return Decision::Pass;
     };
     // SAFETY: `header_at` checked the header lies inside the packet.
     match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETH_P_IP => ipv4(ct, start, end, eth, ingress),
-        ETH_P_IPV6 => ipv6(ct, start, end, eth, ingress),
-        ETH_P_ARP => arp(start, end, eth, ingress).unwrap_or(Decision::Pass),
+        ETH_P_IP => ipv4(ct, start, end, eth, sender),
+        ETH_P_IPV6 => ipv6(ct, start, end, eth, sender),
+        ETH_P_ARP => arp(start, end, eth, sender.ifindex).unwrap_or(Decision::Pass),
         _ => Decision::Pass,
+    }
+}
+
+/// The pod a frame comes from: its host veth and its counter slot.
+#[derive(Clone, Copy)]
+struct Sender {
+    ifindex: u32,
+    slot: u32,
+}
+
+/// What the sender's `POD_SOURCES` entry says of a source address.
+enum Owned {
+    Yes,
+    No,
+    /// No entry (an older build's pod) or not all addresses in it.
+    Unknown,
+}
+
+/// Looks `address` up among the sender's own addresses (`pick` chooses
+/// the family's list in its entry). Field by field, in place: a copy of the
+/// whole entry would not fit the program's stack.
+#[inline(always)]
+fn owned_by<const N: usize>(
+    sender: Sender,
+    address: &[u8; N],
+    pick: impl Fn(*const PodSources) -> *const [[u8; N]; SOURCES_PER_FAMILY],
+) -> Owned {
+    if sender.slot == NO_COUNTER_SLOT {
+        return Owned::Unknown;
+    }
+    let Some(entry) = POD_SOURCES.get_ptr(sender.slot) else {
+        return Owned::Unknown;
+    };
+    // SAFETY: a valid map value for the program's run.
+    let flags = unsafe { core::ptr::read_volatile(&(*entry).flags) };
+    if flags & SOURCES_F_VALID == 0 {
+        return Owned::Unknown;
+    }
+    let list = pick(entry);
+    for i in 0..SOURCES_PER_FAMILY {
+        // SAFETY: an element of the entry's array, read once.
+        let own = unsafe { core::ptr::read_volatile(&(*list)[i]) };
+        if own == *address {
+            return Owned::Yes;
+        }
+    }
+    if flags & SOURCES_F_MORE != 0 {
+        Owned::Unknown
+    } else {
+        Owned::No
     }
 }
 
@@ -580,15 +639,31 @@ impl Target {
 /// addresses; to another pod on the fast path unless the host stack tracks
 /// its flow.
 #[inline(always)]
-fn ipv4(ct: &impl Conntrack, start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Decision {
+fn ipv4(
+    ct: &impl Conntrack,
+    start: usize,
+    end: usize,
+    eth: *mut EthHdr,
+    sender: Sender,
+) -> Decision {
+    let ingress = sender.ifindex;
     let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
         return Decision::Drop;
     };
     // SAFETY: bounds checked by `header_at`.
     let ip = unsafe { &*ip };
-    // SAFETY: one field read at once, before any update can reuse the slot.
-    let owner = unsafe { ENDPOINTS_V4.get(ip.src_addr) }.map(host_ifindex);
-    if owner != Some(ingress) {
+    let owned = match owned_by(sender, &ip.src_addr, |entry| {
+        // SAFETY: a field address of a valid map value, not read here.
+        unsafe { &raw const (*entry).v4 }
+    }) {
+        Owned::Yes => true,
+        Owned::No => false,
+        // SAFETY: one field read at once, before any update can reuse the slot.
+        Owned::Unknown => {
+            unsafe { ENDPOINTS_V4.get(ip.src_addr) }.map(host_ifindex) == Some(ingress)
+        }
+    };
+    if !owned {
         return Decision::Drop;
     }
     let dst = ip.dst_addr;
@@ -662,7 +737,7 @@ fn is_multicast(address: &[u8; 16]) -> bool {
 }
 
 #[inline(always)]
-fn source_v6(ip: &Ipv6Hdr, ingress: u32) -> Source {
+fn source_v6(ip: &Ipv6Hdr, sender: Sender) -> Source {
     let (src, dst) = (&ip.src_addr, &ip.dst_addr);
     if is_link_local(src) {
         return if is_link_local(dst) || is_multicast(dst) {
@@ -678,8 +753,18 @@ fn source_v6(ip: &Ipv6Hdr, ingress: u32) -> Source {
             Source::Foreign
         };
     }
-    // SAFETY: one field read at once, see above.
-    if unsafe { ENDPOINTS_V6.get(*src) }.map(host_ifindex) == Some(ingress) {
+    let owned = match owned_by(sender, src, |entry| {
+        // SAFETY: as above.
+        unsafe { &raw const (*entry).v6 }
+    }) {
+        Owned::Yes => true,
+        Owned::No => false,
+        // SAFETY: one field read at once, see above.
+        Owned::Unknown => {
+            unsafe { ENDPOINTS_V6.get(*src) }.map(host_ifindex) == Some(sender.ifindex)
+        }
+    };
+    if owned {
         Source::Owned
     } else {
         Source::Foreign
@@ -687,13 +772,20 @@ fn source_v6(ip: &Ipv6Hdr, ingress: u32) -> Source {
 }
 
 #[inline(always)]
-fn ipv6(ct: &impl Conntrack, start: usize, end: usize, eth: *mut EthHdr, ingress: u32) -> Decision {
+fn ipv6(
+    ct: &impl Conntrack,
+    start: usize,
+    end: usize,
+    eth: *mut EthHdr,
+    sender: Sender,
+) -> Decision {
+    let ingress = sender.ifindex;
     let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
         return Decision::Drop;
     };
     // SAFETY: bounds checked by `header_at`.
     let header = unsafe { &mut *ip };
-    let source = source_v6(header, ingress);
+    let source = source_v6(header, sender);
     if source == Source::Foreign {
         return Decision::Drop;
     }

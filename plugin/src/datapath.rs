@@ -9,16 +9,17 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapInfo, PerCpuArray, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key, Ipv6Key,
-    MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_REMOTE_CIDRS_V4,
-    MAP_REMOTE_CIDRS_V6, MAP_STATS, MAPS, MAX_ENDPOINTS, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD,
-    PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, RemoteCidrV4, RemoteCidrV6, RemoteNode,
-    action,
+    Counter, Endpoint, EndpointCounters, FlowKey, FlowVerdict, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
+    Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
+    MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_STATS, MAP_TCP_FLOWS, MAPS,
+    MAX_ENDPOINTS, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK,
+    PROG_POD_XDP_PASS, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
 };
 use ipnetwork::IpNetwork;
 
@@ -60,7 +61,7 @@ pub fn pin_root() -> PathBuf {
 }
 
 /// (map, key size, value size) as this build's programs expect them.
-const MAP_LAYOUTS: [(&str, u32, u32); 7] = [
+const MAP_LAYOUTS: [(&str, u32, u32); 9] = [
     (
         MAP_ENDPOINTS_V4,
         size_of::<Ipv4Key>() as u32,
@@ -85,6 +86,16 @@ const MAP_LAYOUTS: [(&str, u32, u32); 7] = [
         MAP_ENDPOINT_STATS,
         size_of::<u32>() as u32,
         size_of::<EndpointCounters>() as u32,
+    ),
+    (
+        MAP_POD_SOURCES,
+        size_of::<u32>() as u32,
+        size_of::<PodSources>() as u32,
+    ),
+    (
+        MAP_TCP_FLOWS,
+        size_of::<FlowKey>() as u32,
+        size_of::<FlowVerdict>() as u32,
     ),
     // LPM keys: a u32 prefix length, then the address.
     (
@@ -386,6 +397,8 @@ impl Datapath {
             return Ok(endpoint.counter_slot);
         }
         endpoint.counter_slot = self.claim_counter_slot(index)?;
+        let addresses = self.addresses_of(index)?;
+        self.set_sources(endpoint.counter_slot, &addresses)?;
         veths
             .insert(index, endpoint, 0)
             .map_err(|e| datapath_err("updating a host veth", e))?;
@@ -406,6 +419,80 @@ impl Datapath {
         for key in keys {
             map.insert(key, endpoint, 0)
                 .map_err(|e| datapath_err("updating an endpoint", e))?;
+        }
+        Ok(())
+    }
+
+    /// The addresses the address maps give the pod behind host veth `index`.
+    fn addresses_of(&self, index: u32) -> Result<Vec<IpAddr>> {
+        Ok(self
+            .all_endpoints()?
+            .into_iter()
+            .filter(|(_, endpoint)| endpoint.host_ifindex == index)
+            .map(|(ip, _)| ip)
+            .collect())
+    }
+
+    fn pod_sources(&self) -> Result<Array<MapData, PodSources>> {
+        Array::try_from(Map::Array(self.open_map(MAP_POD_SOURCES)?))
+            .map_err(|e| datapath_err(&format!("opening {MAP_POD_SOURCES}"), e))
+    }
+
+    /// Writes the addresses the pod in counter slot `slot` may send from.
+    fn set_sources(&self, slot: u32, addresses: &[IpAddr]) -> Result<()> {
+        if slot == NO_COUNTER_SLOT {
+            return Ok(());
+        }
+        self.pod_sources()?
+            .set(slot, sources_of(addresses), 0)
+            .map_err(|e| datapath_err("writing a pod's source addresses", e))
+    }
+
+    /// The source addresses written for counter slot `slot`.
+    pub fn sources(&self, slot: u32) -> Result<PodSources> {
+        self.pod_sources()?
+            .get(&slot, 0)
+            .map_err(|e| datapath_err("reading a pod's source addresses", e))
+    }
+
+    /// Empties a freed slot's source addresses.
+    fn clear_sources(&self, slot: u32) -> Result<()> {
+        if slot == NO_COUNTER_SLOT || !self.map_path(MAP_POD_SOURCES).exists() {
+            return Ok(());
+        }
+        self.pod_sources()?
+            .set(slot, PodSources::default(), 0)
+            .map_err(|e| datapath_err("clearing a pod's source addresses", e))
+    }
+
+    /// Fills `POD_SOURCES` for every pod whose entry is not written yet (an
+    /// upgrade from a build without the map), before the new programs are
+    /// attached: they drop what they find neither there nor in the address
+    /// maps. One pass over the maps, however many pods.
+    fn fill_missing_sources(&self) -> Result<()> {
+        let veths = self.host_veths()?;
+        if veths.is_empty() {
+            return Ok(());
+        }
+        let sources = self.pod_sources()?;
+        let endpoints = self.all_endpoints()?;
+        for (index, endpoint) in veths {
+            let slot = endpoint.counter_slot;
+            if slot == NO_COUNTER_SLOT {
+                continue;
+            }
+            let current = sources
+                .get(&slot, 0)
+                .map_err(|e| datapath_err("reading a pod's source addresses", e))?;
+            if current.flags & SOURCES_F_VALID != 0 {
+                continue;
+            }
+            let addresses: Vec<IpAddr> = endpoints
+                .iter()
+                .filter(|(_, e)| e.host_ifindex == index)
+                .map(|(ip, _)| *ip)
+                .collect();
+            self.set_sources(slot, &addresses)?;
         }
         Ok(())
     }
@@ -507,7 +594,7 @@ impl Datapath {
                 )
             })?;
         }
-        Ok(())
+        self.fill_missing_sources()
     }
 
     /// Unpins every program that is not this build's `mode` set. Attached
@@ -557,6 +644,7 @@ impl Datapath {
     /// packet is redirected to a half-known pod).
     pub fn insert_pod(&self, endpoint: Endpoint, addresses: &[IpAddr]) -> Result<()> {
         let index = endpoint.host_ifindex;
+        self.set_sources(endpoint.counter_slot, addresses)?;
         self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
             .insert(index, endpoint, 0)
             .map_err(|e| datapath_err("inserting the host veth", e))?;
@@ -669,6 +757,7 @@ impl Datapath {
         }
         let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
         if let Ok(endpoint) = veths.get(&index, 0) {
+            self.clear_sources(endpoint.counter_slot)?;
             self.release_counter_slot(endpoint.counter_slot);
         }
         ignore_missing(veths.remove(&index))
@@ -707,6 +796,7 @@ impl Datapath {
             .collect();
         for (index, endpoint) in pods {
             ignore_missing(veths.remove(&index))?;
+            self.clear_sources(endpoint.counter_slot)?;
             self.release_counter_slot(endpoint.counter_slot);
         }
         Ok(())
@@ -824,6 +914,30 @@ impl Datapath {
             Err(e) => Err(Error::io(format!("removing {}", self.dir.display()), e)),
         }
     }
+}
+
+/// The `POD_SOURCES` entry of a pod with `addresses`: up to
+/// `SOURCES_PER_FAMILY` per family, `SOURCES_F_MORE` when it has more.
+pub fn sources_of(addresses: &[IpAddr]) -> PodSources {
+    let mut sources = PodSources {
+        flags: SOURCES_F_VALID,
+        ..PodSources::default()
+    };
+    let (mut v4, mut v6) = (0, 0);
+    for address in addresses {
+        match address {
+            IpAddr::V4(ip) if v4 < SOURCES_PER_FAMILY => {
+                sources.v4[v4] = ip.octets();
+                v4 += 1;
+            }
+            IpAddr::V6(ip) if v6 < SOURCES_PER_FAMILY => {
+                sources.v6[v6] = ip.octets();
+                v6 += 1;
+            }
+            _ => sources.flags |= SOURCES_F_MORE,
+        }
+    }
+    sources
 }
 
 /// The CIDR an LPM key stands for.
@@ -961,6 +1075,27 @@ mod tests {
     fn an_explicit_root_moves_the_pins() {
         let dp = Datapath::with_root(Path::new("/tmp/bpf/node1"), "a.b");
         assert_eq!(dp.pin_dir(), Path::new("/tmp/bpf/node1/a~b"));
+    }
+
+    #[test]
+    fn sources_hold_a_pods_addresses_and_say_when_there_are_more() {
+        let ips: Vec<IpAddr> = ["10.1.0.5", "fd00::5", "10.2.0.5"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let sources = sources_of(&ips);
+        assert_eq!(sources.flags, SOURCES_F_VALID);
+        assert_eq!(sources.v4[..2], [[10, 1, 0, 5], [10, 2, 0, 5]]);
+        assert_eq!(sources.v4[2], [0; 4]);
+        assert_eq!(
+            sources.v6[0],
+            "fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        let many: Vec<IpAddr> = (1..=5).map(|i| IpAddr::from([10, 0, 0, i])).collect();
+        let sources = sources_of(&many);
+        assert_eq!(sources.flags, SOURCES_F_VALID | SOURCES_F_MORE);
+        assert_eq!(sources.v4[3], [10, 0, 0, 4]);
+        assert_eq!(sources_of(&[]).flags, SOURCES_F_VALID);
     }
 
     #[test]

@@ -14,7 +14,8 @@ use flatnet::datapath::Datapath;
 use flatnet::link::AttachmentNames;
 
 pub mod cluster;
-pub mod kube_proxy;
+/// kube-proxy's Service rules (its own crate: the benchmark uses it too).
+pub use kube_proxy_fixture as kube_proxy;
 use nix::sched::{CloneFlags, setns};
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::DATAPATH_ID;
-use flatnet_common::{PROG_FROM_POD, action};
+use flatnet_common::{MAP_POD_SOURCES, PROG_FROM_POD, SOURCES_F_VALID, action};
 use flatnet_tests::*;
 
 /// IDs of the tc ingress programs on a host interface.
@@ -38,6 +38,9 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     let older = pinned.with_file_name(format!("{PROG_FROM_POD}-000000000000"));
     std::fs::rename(&pinned, &older).unwrap();
     assert!(!datapath.is_loaded(DatapathMode::Tc));
+    // Builds before the source check had no POD_SOURCES: the upgrade must
+    // fill a new one for the pods already there, or their packets drop.
+    std::fs::remove_file(datapath.map_path(MAP_POD_SOURCES)).unwrap();
 
     let mut third = None;
     let (sent, received) = stream_during(&b.netns, b.ip(), &a.netns, || {
@@ -56,6 +59,17 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
         );
     }
     assert!(!older.exists(), "the old program's pin was kept");
+    // The new POD_SOURCES holds the pods that were there before it.
+    for pod in [&a, &b] {
+        let slot = datapath
+            .endpoint(pod.ip().into())
+            .unwrap()
+            .expect("endpoint")
+            .counter_slot;
+        let sources = datapath.sources(slot).unwrap();
+        assert_eq!(sources.flags & SOURCES_F_VALID, SOURCES_F_VALID);
+        assert_eq!(sources.v4[0], pod.ip().octets());
+    }
     assert!(
         datapath
             .program_path(PROG_FROM_POD)

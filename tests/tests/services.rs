@@ -96,7 +96,9 @@ impl ServiceCluster {
                     IpAddr::V6(node.spec.address6()),
                 ],
             };
-            proxy.apply(&node.netns, services);
+            proxy
+                .apply(&node.netns.name, services)
+                .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
         }
     }
 }

@@ -1,23 +1,43 @@
 //! Calling a CNI plugin the way a runtime does: env + stdin, JSON back.
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, bail};
 
 /// A plugin binary with the configuration and CNI_PATH a runtime would use.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Plugin {
     pub binary: PathBuf,
     pub cni_path: String,
     /// The configuration for this plugin (name and cniVersion included).
     pub conf: String,
+    /// The network namespace the runtime (the "node") runs in: the plugin
+    /// enters it (and only it: the mount namespace stays, bpffs with it).
+    /// None: the calling process's own.
+    pub node: Option<PathBuf>,
+    /// More environment for the plugin (`FLATNET_PIN_ROOT`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Plugin {
     fn command(&self, verb: &str, container_id: &str, netns: &Path) -> Command {
         let mut cmd = Command::new(&self.binary);
+        if let Some(node) = &self.node {
+            let node = node.clone();
+            // SAFETY: the closure only opens a file and calls setns, both
+            // async-signal-safe enough for a child before exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let file = std::fs::File::open(&node)?;
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+                });
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("CNI_COMMAND", verb)
             .env("CNI_CONTAINERID", container_id)
             .env("CNI_NETNS", netns)

@@ -37,6 +37,7 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
         binary: args.bin_dir.join("flatnet"),
         cni_path: format!("{}:{REFERENCE_PLUGINS}", args.bin_dir.display()),
         conf,
+        ..Plugin::default()
     };
     let mut demo = Demo {
         plugin,

@@ -6,6 +6,7 @@ mod control;
 mod paths;
 mod pingpong;
 mod report;
+mod services;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,13 +42,81 @@ pub struct BenchArgs {
     pub out: Option<PathBuf>,
 }
 
-/// One path's data-plane numbers in one round.
+/// One path's data-plane numbers in one round (NaN: not measured there).
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct DataSample {
     pub tcp_gbps: f64,
     pub rr_p50_us: f64,
     pub rr_p99_us: f64,
     pub udp_kpps: f64,
+    /// TCP round trip p50 through a kube-proxy ClusterIP (bridge, flatnet).
+    pub clusterip_rr_p50_us: f64,
+    /// The datapath program's run time per packet during the UDP flood,
+    /// from the kernel's BPF statistics (flatnet, flatnet-xdp).
+    pub program_ns: f64,
+    /// The same during the TCP stream (packets of up to 64 KiB: GSO).
+    pub program_tcp_ns: f64,
+}
+
+/// `kernel.bpf_stats_enabled`: the kernel times every BPF program run
+/// while it is 1 (a few ns per run, on every path alike).
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// (run time in ns, runs) of the program `network` has pinned under a name
+/// starting with `program-`, while BPF statistics are on.
+fn program_stats(network: &str, program: &str) -> Option<(u64, u64)> {
+    let dir = PathBuf::from("/sys/fs/bpf/flatnet").join(network);
+    let pin = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(program)
+                    .is_some_and(|rest| rest.starts_with('-'))
+            })
+        })?;
+    let shown = util::output(
+        Command::new("bpftool")
+            .args(["prog", "show", "pinned"])
+            .arg(&pin)
+            .arg("-j"),
+    )
+    .ok()?;
+    let json: serde_json::Value = serde_json::from_str(&shown).ok()?;
+    Some((json["run_time_ns"].as_u64()?, json["run_cnt"].as_u64()?))
+}
+
+/// Runs `measure` on `label`'s path with the kernel's BPF statistics on
+/// (only then: they cost every BPF program a clock read or two per run),
+/// and returns its result with the path's program time per packet (NaN
+/// for paths without one).
+fn with_program_cost<T>(
+    label: &str,
+    measure: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, f64)> {
+    let Some((network, program)) = measured_program(label) else {
+        return Ok((measure()?, f64::NAN));
+    };
+    std::fs::write(BPF_STATS, "1").context("turning BPF statistics on")?;
+    let before = program_stats(network, program);
+    let outcome = measure();
+    let after = program_stats(network, program);
+    std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
+    let cost = match (before, after) {
+        (Some((ns0, n0)), Some((ns1, n1))) if n1 > n0 => (ns1 - ns0) as f64 / (n1 - n0) as f64,
+        _ => f64::NAN,
+    };
+    Ok((outcome?, cost))
+}
+
+/// The network and datapath program of a path whose program cost is measured.
+fn measured_program(label: &str) -> Option<(&'static str, &'static str)> {
+    match label {
+        "flatnet" => Some(("fb-flatnet", "from_pod")),
+        "flatnet-xdp" => Some(("fb-flatnet-xdp", "from_pod_xdp")),
+        _ => None,
+    }
 }
 
 /// Everything measured in one round.
@@ -120,15 +189,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let cni_path = format!("{}:{REFERENCE_PLUGINS}", bin.display());
     let data_dir = std::env::temp_dir().join(format!("flatnet-bench-{}", std::process::id()));
     let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
+    let bpf_stats = std::fs::read_to_string(BPF_STATS).unwrap_or_default();
+    std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
     let bridge_plugin = |conf: String| Plugin {
         binary: PathBuf::from(REFERENCE_PLUGINS).join("bridge"),
         cni_path: cni_path.clone(),
         conf,
+        ..Plugin::default()
     };
     let flatnet_plugin = |conf: String| Plugin {
         binary: bin.join("flatnet"),
         cni_path: cni_path.clone(),
         conf,
+        ..Plugin::default()
     };
 
     heading(&format!(
@@ -177,6 +250,32 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             )?,
             paths::Pair::bare_veth("veth", "10.213.0")?,
         ];
+        let service_paths = services::ServicePaths::new(vec![
+            (
+                "bridge",
+                bridge_plugin(conf(
+                    "bridge",
+                    "fb-svc-bridge",
+                    "fbsvbr0",
+                    "10.219.0",
+                    "host-local",
+                    &data_dir,
+                )),
+                "10.96.0.10".parse()?,
+            ),
+            (
+                "flatnet",
+                flatnet_plugin(conf(
+                    "flatnet",
+                    "fb-svc-flatnet",
+                    "fbsvfl0",
+                    "10.220.0",
+                    flatnet_ipam,
+                    &data_dir,
+                )),
+                "10.96.0.11".parse()?,
+            ),
+        ])?;
         let cp_bridge = bridge_plugin(conf(
             "bridge",
             "fb-cp-bridge",
@@ -199,25 +298,47 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             // Latency in short slices taken in turn (see pingpong.rs), medians per path.
             let slices = (seconds as usize * 3).max(3);
             let mut latency: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+            let mut clusterip: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+            let slice = std::time::Duration::from_millis(300);
             for _ in 0..slices {
                 for pair in &pairs {
-                    let (p50, p99) = pair.tcp_latency(std::time::Duration::from_millis(300))?;
+                    let (p50, p99) = pair.tcp_latency(slice)?;
                     let entry = latency.entry(pair.label).or_default();
                     entry.0.push(p50);
                     entry.1.push(p99);
                 }
+                for label in service_paths.labels() {
+                    let (p50, _) = service_paths.round_trip(label, paths::SERVER_CPU, slice)?;
+                    clusterip.entry(label).or_default().push(p50);
+                }
             }
             for pair in &pairs {
                 let (p50s, p99s) = latency.get_mut(pair.label).context("latency samples")?;
+                let (tcp_gbps, program_tcp_ns) =
+                    with_program_cost(pair.label, || pair.tcp_throughput(seconds))?;
+                let (udp_kpps, program_ns) =
+                    with_program_cost(pair.label, || pair.udp_rate(seconds))?;
                 let data = DataSample {
-                    tcp_gbps: pair.tcp_throughput(seconds)?,
+                    tcp_gbps,
                     rr_p50_us: control::median(p50s),
                     rr_p99_us: control::median(p99s),
-                    udp_kpps: pair.udp_rate(seconds)?,
+                    udp_kpps,
+                    clusterip_rr_p50_us: clusterip
+                        .get_mut(pair.label)
+                        .map_or(f64::NAN, |p50s| control::median(p50s)),
+                    program_ns,
+                    program_tcp_ns,
                 };
                 println!(
-                    "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps",
-                    pair.label, data.tcp_gbps, data.rr_p50_us, data.rr_p99_us, data.udp_kpps
+                    "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps  clusterip rr p50 {:6.1} us  program {:5.0} ns/pkt (udp) {:5.0} (tcp)",
+                    pair.label,
+                    data.tcp_gbps,
+                    data.rr_p50_us,
+                    data.rr_p99_us,
+                    data.udp_kpps,
+                    data.clusterip_rr_p50_us,
+                    data.program_ns,
+                    data.program_tcp_ns
                 );
                 sample.data.insert(pair.label, data);
             }
@@ -245,6 +366,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     },
                     cni_path: cni_path.clone(),
                     conf: ipam_only(&plugin.conf, &ipam_dir, label == "flatnet-nofsync"),
+                    ..Plugin::default()
                 };
                 let times = control::measure_ipam(
                     &ipam_plugin,
@@ -295,6 +417,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let _ = Command::new("ip").args(["link", "del", device]).output();
     }
     let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", ip_forward.trim());
+    let _ = std::fs::write(BPF_STATS, bpf_stats.trim());
     let _ = std::fs::remove_dir_all(&data_dir);
     let results = outcome?;
 

@@ -16,7 +16,7 @@ const IPERF_PORT: &str = "5201";
 /// The latency client shares the server's CPU: across CPUs every round trip
 /// is two cross-CPU wake-ups, which dwarf the path under test.
 const CLIENT_CPU: usize = 0;
-const SERVER_CPU: usize = 1;
+pub const SERVER_CPU: usize = 1;
 
 /// `args` run under `taskset -c cpu` when the machine has that CPU.
 fn pinned(cpu: usize, args: &[&str]) -> Vec<String> {
@@ -159,10 +159,12 @@ impl Pair {
 
     /// TCP ping-pong of 64-byte messages for `duration`: (p50, p99) round trip in µs.
     pub fn tcp_latency(&self, duration: Duration) -> anyhow::Result<(f64, f64)> {
+        let ip: std::net::IpAddr = self.ip_b.parse().context("pod b's address")?;
         super::pingpong::round_trips(
             self.a.path(),
             self.b.path(),
-            &self.ip_b,
+            (ip, 0).into(),
+            None,
             SERVER_CPU,
             duration,
         )

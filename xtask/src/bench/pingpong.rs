@@ -39,20 +39,21 @@ fn enter(netns: &PathBuf, cpu: usize) -> anyhow::Result<()> {
 }
 
 /// (p50, p99) round trip in µs between a client in `client_ns` and an echo
-/// server on `server_ip` in `server_ns`, for `duration`.
+/// server bound to `bind` (port 0: any) in `server_ns`, for `duration`.
+/// The client connects to `via` (a Service's address) or to the server.
 pub fn round_trips(
     client_ns: PathBuf,
     server_ns: PathBuf,
-    server_ip: &str,
+    bind: SocketAddr,
+    via: Option<SocketAddr>,
     cpu: usize,
     duration: Duration,
 ) -> anyhow::Result<(f64, f64)> {
-    let ip: std::net::IpAddr = server_ip.parse().context("server address")?;
     let (ready, port) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
     let server = std::thread::spawn(move || -> anyhow::Result<()> {
         let listener = (|| {
             enter(&server_ns, cpu)?;
-            Ok(TcpListener::bind((ip, 0))?)
+            Ok(TcpListener::bind(bind)?)
         })();
         let listener = match listener {
             Ok(listener) => {
@@ -70,7 +71,8 @@ pub fn round_trips(
         while conn.read_exact(&mut buf).is_ok() && conn.write_all(&buf).is_ok() {}
         Ok(())
     });
-    let addr = port.recv().context("echo server thread")??;
+    let bound = port.recv().context("echo server thread")??;
+    let addr = via.unwrap_or(bound);
     let client = std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
         enter(&client_ns, cpu)?;
         let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;

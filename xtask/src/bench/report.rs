@@ -107,7 +107,7 @@ fn value_median(
 fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     type DataPick = fn(&DataSample) -> f64;
     type CniPick = fn(&CniTimes) -> f64;
-    let data_metrics: [(&str, DataPick, Option<Bound>, Option<Bound>); 4] = [
+    let data_metrics: [(&str, DataPick, Option<Bound>, Option<Bound>); 7] = [
         (
             "TCP throughput, 1 stream (Gbit/s)",
             |d| d.tcp_gbps,
@@ -125,6 +125,24 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             "UDP 64 B received (kpps)",
             |d| d.udp_kpps,
             Some(Bound::AtLeast(1.2)),
+            None,
+        ),
+        (
+            "TCP round trip p50 through a ClusterIP, kube-proxy iptables rules (us)",
+            |d| d.clusterip_rr_p50_us,
+            None,
+            None,
+        ),
+        (
+            "datapath program per packet, 64 B UDP (ns, bpf_stats)",
+            |d| d.program_ns,
+            None,
+            None,
+        ),
+        (
+            "datapath program per packet, TCP stream (ns, bpf_stats)",
+            |d| d.program_tcp_ns,
+            None,
             None,
         ),
     ];
@@ -175,11 +193,14 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             "flatnet-nofsync",
         ),
     ];
-    const DATA_LABELS: [[&str; 2]; 4] = [
+    const DATA_LABELS: [[&str; 2]; 7] = [
         ["TCP", "throughput"],
         ["TCP RTT", "p50"],
         ["TCP RTT", "p99"],
         ["UDP 64 B", "rate"],
+        ["ClusterIP", "RTT p50"],
+        ["program", "ns, UDP"],
+        ["program", "ns, TCP"],
     ];
     const CNI_LABELS: [[&str; 2]; 8] = [
         ["ADD", "in turn"],
@@ -202,10 +223,11 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             bridge: value_median(results, &value, "bridge"),
             flatnet: value_median(results, &value, "flatnet"),
             xdp: Some(value_median(results, &value, "flatnet-xdp")).filter(|v| !v.is_nan()),
-            veth: Some(value_median(results, &value, "veth")),
+            veth: Some(value_median(results, &value, "veth")).filter(|v| !v.is_nan()),
             vs_bridge: ratio_median(results, value, "flatnet", "bridge").unwrap_or(f64::NAN),
-            vs_veth: ratio_median(results, value, "flatnet", "veth"),
-            xdp_vs_bridge: ratio_median(results, value, "flatnet-xdp", "bridge"),
+            vs_veth: ratio_median(results, value, "flatnet", "veth").filter(|v| !v.is_nan()),
+            xdp_vs_bridge: ratio_median(results, value, "flatnet-xdp", "bridge")
+                .filter(|v| !v.is_nan()),
             target_bridge,
             target_veth,
         });

@@ -15,15 +15,14 @@
 //!
 //! Rules are applied inside a node's network namespace with the real
 //! `iptables-restore`/`ip6tables-restore` (iptables-nft) and `nft`, so they
-//! go with the namespace.
+//! go with the namespace. The integration tests (`flatnet_tests::kube_proxy`)
+//! and the benchmark's ClusterIP row both use it.
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 
 use sha2::Digest;
-
-use crate::Netns;
 
 /// How kube-proxy programs the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -455,8 +454,9 @@ impl KubeProxy {
         s
     }
 
-    /// Programs `services` (both families) into the node's namespace.
-    pub fn apply(&self, node: &Netns, services: &[ServicePort]) {
+    /// Programs `services` (both families) into the network namespace
+    /// named `node` (as `ip netns` knows it).
+    pub fn apply(&self, node: &str, services: &[ServicePort]) -> Result<(), String> {
         for v6 in [false, true] {
             match self.mode {
                 Mode::Iptables => {
@@ -469,7 +469,7 @@ impl KubeProxy {
                         node,
                         &[tool, "--noflush"],
                         &self.iptables_restore(v6, services),
-                    );
+                    )?;
                 }
                 Mode::Nftables => {
                     let family = if v6 { "ip6" } else { "ip" };
@@ -478,7 +478,7 @@ impl KubeProxy {
                         .args([
                             "netns",
                             "exec",
-                            &node.name,
+                            node,
                             "nft",
                             "delete",
                             "table",
@@ -486,36 +486,42 @@ impl KubeProxy {
                             "kube-proxy",
                         ])
                         .output();
-                    feed(node, &["nft", "-f", "-"], &self.nft_script(v6, services));
+                    feed(node, &["nft", "-f", "-"], &self.nft_script(v6, services))?;
                 }
             }
         }
+        Ok(())
     }
 }
 
-/// Runs `command` in `node` with `input` on stdin; panics with its stderr
-/// (and the input) when it fails.
-fn feed(node: &Netns, command: &[&str], input: &str) {
+/// Runs `command` in the namespace `node` with `input` on stdin; its
+/// stderr (and the input) when it fails.
+fn feed(node: &str, command: &[&str], input: &str) -> Result<(), String> {
     let mut child = Command::new("ip")
-        .args(["netns", "exec", &node.name])
+        .args(["netns", "exec", node])
         .args(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn a rule loader");
+        .map_err(|e| format!("running {command:?}: {e}"))?;
     child
         .stdin
         .take()
-        .expect("stdin")
+        .ok_or("no stdin")?
         .write_all(input.as_bytes())
-        .expect("write rules");
-    let out = child.wait_with_output().expect("rule loader");
-    assert!(
-        out.status.success(),
-        "{command:?} refused the rules: {}\n{input}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .map_err(|e| format!("writing rules to {command:?}: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {command:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{command:?} refused the rules: {}\n{input}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }
 
 #[cfg(test)]
