@@ -208,3 +208,33 @@ fn tcp_echo_ip(server: &Netns, ip: IpAddr, client: &Netns, bytes: usize) {
 fn tcp_echo_host(ip: IpAddr, pod: &Netns) {
     tcp_echo(Some(pod), ip, None, 64 << 10).unwrap_or_else(|e| panic!("host -> {ip}: {e}"));
 }
+
+#[test]
+fn short_icmpv6_messages_keep_the_fast_path() {
+    if !root_or_skip("short_icmpv6_messages_keep_the_fast_path") {
+        return;
+    }
+    let net = dual_stack("tc");
+    let a = net.pod();
+    let b = net.pod();
+    let ip_b = address(&b, true).to_string();
+    // Resolve the neighbour first, so what follows is the echoes alone.
+    a.netns.exec(&["ping", "-6", "-c", "1", "-W", "2", &ip_b]);
+    let (redirected, passed) = (
+        net.action_packets(action::REDIRECTED),
+        net.action_packets(action::PASSED),
+    );
+    // 8-byte echo requests (no payload): shorter than a neighbour
+    // solicitation, which the datapath once failed to parse and passed on.
+    a.netns.exec(&[
+        "ping", "-6", "-c", "5", "-i", "0.2", "-s", "0", "-W", "2", &ip_b,
+    ]);
+    let redirected = net.action_packets(action::REDIRECTED) - redirected;
+    let passed = net.action_packets(action::PASSED) - passed;
+    // Five requests and five replies, through the redirect.
+    assert!(
+        redirected >= 10,
+        "only {redirected} redirected, {passed} passed"
+    );
+    assert!(passed < 5, "{passed} of the echoes went to the host stack");
+}

@@ -84,7 +84,11 @@ fn program_stats(network: &str, program: &str) -> Option<(u64, u64)> {
     )
     .ok()?;
     let json: serde_json::Value = serde_json::from_str(&shown).ok()?;
-    Some((json["run_time_ns"].as_u64()?, json["run_cnt"].as_u64()?))
+    // bpftool leaves both out while they are still zero.
+    Some((
+        json["run_time_ns"].as_u64().unwrap_or(0),
+        json["run_cnt"].as_u64().unwrap_or(0),
+    ))
 }
 
 /// Runs `measure` on `label`'s path with the kernel's BPF statistics on
