@@ -6,12 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::cmd::{attach_host_veth, repair};
 use crate::cni::config::NetConf;
 use crate::cni::error::{Error, Result};
 use crate::datapath::{self, Datapath};
 use crate::inspect;
 use crate::link::Netlink;
+use crate::network::{ensure_datapath, reattach_all};
 
 #[derive(Parser)]
 #[command(
@@ -131,16 +131,9 @@ async fn run_repair(path: &std::path::Path) -> Result<()> {
     let host = Netlink::connect()?;
     let datapath = Datapath::new(&conf.name);
     datapath::ensure_bpffs()?;
-    let _lock = repair::ensure_datapath(&conf, &datapath, &host).await?;
+    let _lock = ensure_datapath(&conf, &datapath, &host).await?;
     // Whatever happened before, every pod's veth runs this build's program now.
-    let mut attached = 0;
-    for (index, _) in datapath.host_veths()? {
-        if host.link_by_index(index).await?.is_some() {
-            let counter_slot = datapath.ensure_counter_slot(index)?;
-            attach_host_veth(&datapath, conf.datapath, &host, index, counter_slot).await?;
-            attached += 1;
-        }
-    }
+    let attached = reattach_all(&datapath, conf.datapath, &host).await?;
     println!(
         "network {}: {} datapath pinned at {}, {attached} pod(s) attached",
         conf.name,

@@ -5,7 +5,6 @@
 //! IPAM plugin (`delegate`), one handler per verb (`cmd`), and the
 //! flatnet-ipam plugin (`ipam`); `runner` runs either binary.
 
-pub mod agent;
 pub mod cli;
 pub mod cmd;
 pub mod cni;
@@ -18,6 +17,7 @@ pub mod link;
 pub mod lock;
 pub mod masq;
 pub mod netns;
+pub mod network;
 pub mod reaper;
 pub mod runner;
 pub mod trace;

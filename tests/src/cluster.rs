@@ -113,7 +113,7 @@ impl SimNode {
     }
 
     pub fn ready_marker(&self) -> PathBuf {
-        flatnet::agent::ready::ready_marker(&self.network)
+        flatnet::network::markers::ready_marker(&self.network)
     }
 
     /// flatnet-agent with this node's network, directories and pin root,
@@ -370,8 +370,8 @@ impl Drop for SimNode {
     fn drop(&mut self) {
         self.stop_agent();
         for path in [
-            flatnet::agent::ready::ready_marker(&self.network),
-            flatnet::agent::ready::managed_marker(&self.network),
+            flatnet::network::markers::ready_marker(&self.network),
+            flatnet::network::markers::managed_marker(&self.network),
             PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
             // An agent-managed network keeps these past its last DEL; the
             // node's namespace (and its nftables table) goes with the test.

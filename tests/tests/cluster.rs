@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flatnet::agent::kube_source::KubeSource;
-use flatnet::agent::peers::{Node, PeerSource};
+use flatnet_agent::kube_source::KubeSource;
+use flatnet_agent::peers::{Node, PeerSource};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_UPLINK, action};
 use flatnet_tests::cluster::*;
 use flatnet_tests::*;
@@ -441,7 +441,7 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
         no_masq_elements(n1).is_some_and(|e| !e.is_empty())
     });
     assert!(uplink_program_attached(n1));
-    let managed = flatnet::agent::ready::managed_marker(&n1.network);
+    let managed = flatnet::network::markers::managed_marker(&n1.network);
     assert!(managed.exists());
 
     // As the uninstall DaemonSet does it: the agent gone first.

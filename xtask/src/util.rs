@@ -77,6 +77,9 @@ pub fn cargo() -> Command {
 /// statically (see [`build`]).
 pub const STATIC_BINARIES: &[&str] = crate::install::BINARIES;
 
+/// The agent's crate, whose binary has the same name.
+pub const AGENT_PACKAGE: &str = "flatnet-agent";
+
 /// Builds the plugin crate's binaries (debug or release): `only` names
 /// some of them (install and bench need the two plugins, not the agent and
 /// its Kubernetes stack), empty means all.
@@ -97,7 +100,7 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
             STATIC_BINARIES
                 .iter()
                 .copied()
-                .chain(["flatnet-agent"])
+                .chain([AGENT_PACKAGE])
                 .collect()
         } else {
             only.to_vec()
@@ -134,12 +137,19 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "flatnet"]);
+    cmd.arg("build");
     if dynamic_bins.is_empty() {
-        cmd.arg("--bins");
-    }
-    for bin in &dynamic_bins {
-        cmd.args(["--bin", bin]);
+        // Every binary: the plugins' crate and the agent's.
+        cmd.args(["--package", "flatnet", "--package", AGENT_PACKAGE, "--bins"]);
+    } else {
+        for bin in &dynamic_bins {
+            let package = if *bin == AGENT_PACKAGE {
+                AGENT_PACKAGE
+            } else {
+                "flatnet"
+            };
+            cmd.args(["--package", package, "--bin", bin]);
+        }
     }
     if release {
         cmd.arg("--release");

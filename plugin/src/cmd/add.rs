@@ -9,7 +9,6 @@ use std::path::Path;
 use flatnet_common::{ENDPOINT_F_NONE, Endpoint, PROG_POD_XDP_PASS};
 use ipnetwork::IpNetwork;
 
-use super::{attach_host_veth, release_network_if_empty, repair};
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
@@ -20,6 +19,7 @@ use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, format_mac, set_sysctl, set_tx_checksum};
 use crate::masq;
 use crate::netns;
+use crate::network::{attach_host_veth, ensure_datapath, release_if_empty};
 use crate::trace::mark;
 
 /// What an ADD has done so far, so a failure can take it back.
@@ -103,7 +103,7 @@ async fn add_steps(
     // Host side, under the network lock: datapath, gateway, routes, the pod.
     let datapath = Datapath::new(&conf.name);
     datapath::ensure_bpffs()?;
-    let _lock = repair::ensure_datapath(conf, &datapath, host).await?;
+    let _lock = ensure_datapath(conf, &datapath, host).await?;
     mark("bpffs, lock, datapath loaded");
     let gateway_index = host
         .ensure_gateway_device(&conf.gateway_device, &conf.name)
@@ -334,7 +334,7 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink,
     {
         eprintln!("flatnet: rollback: releasing the address: {e}");
     }
-    if let Err(e) = release_network_if_empty(conf, host).await {
+    if let Err(e) = release_if_empty(conf, host).await {
         eprintln!("flatnet: rollback: {e}");
     }
 }

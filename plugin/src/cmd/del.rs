@@ -5,7 +5,6 @@ use std::net::IpAddr;
 
 use flatnet_common::MAP_HOST_VETHS;
 
-use super::release_network_if_empty;
 use crate::cni::config::NetConf;
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::Result;
@@ -13,6 +12,7 @@ use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink, ifindex_is_gone};
 use crate::lock::{self, Lock};
+use crate::network::release_if_empty;
 use crate::reaper;
 use crate::trace::mark;
 
@@ -57,6 +57,6 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     // The rest of the teardown does not need the address back: it goes on
     // when IPAM failed (the error is still reported, so the runtime retries
     // DEL and the retry releases the address).
-    let network_released = release_network_if_empty(conf, &host).await;
+    let network_released = release_if_empty(conf, &host).await;
     ipam_released.and(network_released)
 }

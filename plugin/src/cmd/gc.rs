@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashSet};
 
 use flatnet_common::{Endpoint, MAP_HOST_VETHS};
 
-use super::release_network_if_empty;
 use crate::cni::config::NetConf;
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
@@ -21,6 +20,7 @@ use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::link::{AttachmentNames, Netlink};
 use crate::lock::{self, Lock};
+use crate::network::release_if_empty;
 
 pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let valid: HashSet<String> = valid_attachments(stdin)?
@@ -42,7 +42,7 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     {
         failures.push(e);
     }
-    if let Err(e) = release_network_if_empty(conf, &host).await {
+    if let Err(e) = release_if_empty(conf, &host).await {
         failures.push(e);
     }
     report(failures)

@@ -17,7 +17,7 @@ const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
 pub async fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut problems = datapath_problems(conf);
-    if let Some(problem) = crate::agent::ready::agent_problem(&conf.name, stdin) {
+    if let Some(problem) = crate::network::markers::agent_problem(&conf.name, stdin) {
         problems.push(problem);
     }
     if let Some(problem) = gateway_problem(conf).await {

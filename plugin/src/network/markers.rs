@@ -6,8 +6,8 @@
 //! - `agent-<network>.managed` from the agent's first start on: the network's
 //!   datapath belongs to the agent, so the last pod's DEL leaves it pinned.
 //!
-//! This module is all the plugin binary uses of the agent: plain files, no
-//! async runtime, no Kubernetes client.
+//! Plain files: the plugin reads them, the agent (its own crate) writes
+//! them; neither needs the other's code.
 
 use std::path::{Path, PathBuf};
 

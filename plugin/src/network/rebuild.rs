@@ -14,12 +14,11 @@ use flatnet_common::{ENDPOINT_F_NONE, Endpoint};
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 
-use super::attach_host_veth;
-use crate::cni::config::{DatapathMode, NetConf};
-use crate::cni::error::{Error, Result};
+use super::lifecycle::attach_host_veth;
+use crate::cni::config::DatapathMode;
+use crate::cni::error::Result;
 use crate::datapath::Datapath;
 use crate::link::{Netlink, gateway_alias};
-use crate::lock::{self, Lock};
 
 /// Re-inserts every pod of `network` found on the host into the (freshly
 /// loaded) datapath and attaches it to their veths; returns how many.
@@ -87,54 +86,4 @@ pub async fn rebuild_pods(
         restored += 1;
     }
     Ok(restored)
-}
-
-/// Makes sure this build's programs for the configured mode are pinned and
-/// returns the network lock to hold for the rest of the ADD: shared when
-/// they already were (the common case: no verifier run per pod), exclusive
-/// when this ADD loaded them. Loading over an older build moves every
-/// existing pod's veth onto the new programs, atomically per veth.
-pub async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink) -> Result<Lock> {
-    let lock_name = lock::network(&conf.name);
-    let shared = Lock::shared(&lock_name)?;
-    if datapath.is_loaded(conf.datapath) {
-        return Ok(shared);
-    }
-    drop(shared);
-    let exclusive = Lock::exclusive(&lock_name)?;
-    if datapath.is_loaded(conf.datapath) {
-        return Ok(exclusive);
-    }
-    if let Some(pinned) = datapath.pinned_mode()
-        && pinned != conf.datapath
-        && datapath.pod_count()? > 0
-    {
-        return Err(Error::config(format!(
-            "network {} runs the {} datapath with pods attached; \"datapath\": \"{}\" needs them deleted first",
-            conf.name,
-            pinned.as_str(),
-            conf.datapath.as_str()
-        )));
-    }
-    datapath.load(conf.datapath)?;
-    if datapath.pod_count()? == 0 {
-        // Empty maps: a new network, or pins wiped under running pods.
-        rebuild_pods(
-            &conf.name,
-            &conf.gateway_device,
-            conf.datapath,
-            datapath,
-            host,
-        )
-        .await?;
-    } else {
-        for (index, _) in datapath.host_veths()? {
-            if host.link_by_index(index).await?.is_some() {
-                let counter_slot = datapath.ensure_counter_slot(index)?;
-                attach_host_veth(datapath, conf.datapath, host, index, counter_slot).await?;
-            }
-        }
-    }
-    datapath.retire_other_programs(conf.datapath)?;
-    Ok(exclusive)
 }

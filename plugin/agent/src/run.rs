@@ -22,13 +22,13 @@ use super::install::{self, BINARIES, ConflistSpec};
 use super::kube_source::KubeSource;
 use super::metrics::{self, AgentMetrics};
 use super::peers::{self, Node, PeerSource, Plan};
-use super::ready;
 use super::routes::Routes;
-use crate::cmd::repair::ensure_datapath;
-use crate::cni::config::NetConf;
-use crate::datapath::{self, DATAPATH_ID, Datapath};
-use crate::link::{Netlink, set_sysctl};
-use crate::masq;
+use flatnet::cni::config::NetConf;
+use flatnet::datapath::{self, DATAPATH_ID, Datapath};
+use flatnet::link::{Netlink, set_sysctl};
+use flatnet::masq;
+use flatnet::network::ensure_datapath;
+use flatnet::network::markers as ready;
 
 /// tc filter priority and handle of `from_uplink` on the uplink: its own
 /// slot, so other tc users of the uplink keep theirs, and a restart or an
@@ -153,14 +153,14 @@ pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
         "name": args.network,
         "type": "flatnet",
         "bridge": args.bridge,
-        "datapath": crate::cni::config::DatapathMode::from(args.datapath).as_str(),
+        "datapath": flatnet::cni::config::DatapathMode::from(args.datapath).as_str(),
     });
     Ok(NetConf::parse(conf.to_string().as_bytes())?)
 }
 
 /// Removes `path`; true when it was there.
 pub(super) fn remove_if_present(path: &Path) -> Result<bool> {
-    crate::util::remove_file_if_present(path)
+    flatnet::util::remove_file_if_present(path)
         .map_err(|e| AgentError::io(format!("removing {}", path.display()), e))
 }
 

@@ -27,7 +27,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use super::error::{AgentError, Result};
-use crate::datapath::Datapath;
+use flatnet::datapath::Datapath;
 
 /// The agent's own metrics, updated as it works.
 #[derive(Debug, Default, Clone)]

@@ -7,8 +7,10 @@
 //! installs the plugin binaries, reports readiness to CNI STATUS, and
 //! serves Prometheus metrics. [`uninstall`] takes all of it away again.
 //!
-//! Only [`ready`] is used by the plugin binaries; everything else (tokio
-//! server, kube client) is linked into `flatnet-agent` alone.
+//! Its own crate, on top of the plugin's library: the `flatnet` and
+//! `flatnet-ipam` binaries never build its Kubernetes client, HTTP server
+//! or metrics. What the plugin and the agent share about a network (its
+//! lifecycle, the ready markers) is in `flatnet::network`.
 
 pub mod config;
 pub mod error;
@@ -17,7 +19,6 @@ pub mod install;
 pub mod kube_source;
 pub mod metrics;
 pub mod peers;
-pub mod ready;
 pub mod routes;
 pub mod run;
 pub mod uninstall;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use flatnet::agent::config::Args;
+use flatnet_agent::config::Args;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -26,9 +26,9 @@ fn main() -> ExitCode {
         }
     };
     let outcome = if args.uninstall {
-        runtime.block_on(flatnet::agent::uninstall(args))
+        runtime.block_on(flatnet_agent::uninstall(args))
     } else {
-        runtime.block_on(flatnet::agent::run(args))
+        runtime.block_on(flatnet_agent::run(args))
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,13 +22,13 @@ use serde_json::Value;
 
 use super::config::Args;
 use super::error::{AgentError, Result};
-use super::ready::{self, AGENT_MANAGED_KEY};
 use super::routes::Routes;
 use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
-use crate::cmd::remove_unused_network;
-use crate::datapath::Datapath;
-use crate::link::{Netlink, errno};
-use crate::masq;
+use flatnet::datapath::Datapath;
+use flatnet::link::{Netlink, errno};
+use flatnet::masq;
+use flatnet::network::markers::{self as ready, AGENT_MANAGED_KEY};
+use flatnet::network::remove_unused;
 use flatnet_common::PROG_FROM_UPLINK;
 
 /// Runs every step; an error names the steps that failed.
@@ -225,8 +225,7 @@ async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) ->
         return Ok(());
     }
     let host = Netlink::connect()?;
-    if let Some((index, _)) = remove_unused_network(datapath, network, gateway, true, &host).await?
-    {
+    if let Some((index, _)) = remove_unused(datapath, network, gateway, true, &host).await? {
         host.delete_link(index).await?;
     }
     if datapath.exists() {
@@ -246,8 +245,8 @@ async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::install::{ConflistSpec, render_conflist};
-    use crate::cni::config::DatapathMode;
+    use crate::install::{ConflistSpec, render_conflist};
+    use flatnet::cni::config::DatapathMode;
 
     #[test]
     fn only_the_agents_own_conflist_counts_as_its_own() {

@@ -12,8 +12,8 @@ use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
 use super::error::{AgentError, Result};
-use super::ready::AGENT_MANAGED_KEY;
-use crate::cni::config::DatapathMode;
+use flatnet::cni::config::DatapathMode;
+use flatnet::network::markers::AGENT_MANAGED_KEY;
 
 /// The binaries a node needs, installed side by side.
 pub const BINARIES: [&str; 2] = ["flatnet", "flatnet-ipam"];
@@ -136,7 +136,7 @@ pub fn install_binaries(from: &Path, to: &Path, names: &[&str]) -> Result<Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::config::NetConf;
+    use flatnet::cni::config::NetConf;
 
     fn spec() -> ConflistSpec {
         ConflistSpec {

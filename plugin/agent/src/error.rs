@@ -35,7 +35,7 @@ pub enum AgentError {
 
     /// Loading, pinning, attaching or a kernel operation (plugin code).
     #[error(transparent)]
-    Node(#[from] crate::cni::error::Error),
+    Node(#[from] flatnet::cni::error::Error),
 
     /// A route request to the kernel failed.
     #[error("{context}: {reason}")]

@@ -1,0 +1,166 @@
+//! A network's life on a node, shared by the CNI verbs, `flatnet repair`
+//! and flatnet-agent: the datapath loaded (or upgraded, or rebuilt) under
+//! the network lock, programs attached to host veths, and everything of the
+//! network taken away once its last pod is gone.
+
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
+
+use super::markers;
+use super::rebuild::rebuild_pods;
+use crate::cni::config::{DatapathMode, NetConf};
+use crate::cni::error::{Error, Result};
+use crate::datapath::{Datapath, TC_HANDLE, TC_PRIORITY};
+use crate::link::Netlink;
+use crate::lock::{self, Lock};
+use crate::masq;
+use crate::reaper;
+
+/// Puts this build's host-side program on a pod's host veth, replacing an
+/// older one atomically (tc: same filter priority/handle; XDP: same slot).
+/// tc carries the pod's counter slot as the filter's classid.
+pub async fn attach_host_veth(
+    datapath: &Datapath,
+    mode: DatapathMode,
+    host: &Netlink,
+    index: u32,
+    counter_slot: u32,
+) -> Result<()> {
+    match mode {
+        DatapathMode::Tc => {
+            host.add_clsact(index).await?;
+            let program = datapath.program(PROG_FROM_POD)?;
+            host.set_tc_ingress_bpf(
+                index,
+                program.raw_fd()?,
+                PROG_FROM_POD,
+                TC_PRIORITY,
+                TC_HANDLE,
+                counter_slot,
+            )
+            .await
+        }
+        DatapathMode::Xdp => {
+            host.set_xdp(index, datapath.program(PROG_FROM_POD_XDP)?.raw_fd()?)
+                .await
+        }
+    }
+}
+
+/// Puts this build's program on every pod's host veth the datapath knows
+/// (those still there), giving older pods their counter slot; returns how
+/// many. After a load: an upgrade, a repair.
+pub async fn reattach_all(
+    datapath: &Datapath,
+    mode: DatapathMode,
+    host: &Netlink,
+) -> Result<usize> {
+    let mut attached = 0;
+    for (index, _) in datapath.host_veths()? {
+        if host.link_by_index(index).await?.is_some() {
+            let counter_slot = datapath.ensure_counter_slot(index)?;
+            attach_host_veth(datapath, mode, host, index, counter_slot).await?;
+            attached += 1;
+        }
+    }
+    Ok(attached)
+}
+
+/// Makes sure this build's programs for the configured mode are pinned and
+/// returns the network lock to hold for the rest of the ADD: shared when
+/// they already were (the common case: no verifier run per pod), exclusive
+/// when this ADD loaded them. Loading over an older build moves every
+/// existing pod's veth onto the new programs, atomically per veth.
+pub async fn ensure_datapath(conf: &NetConf, datapath: &Datapath, host: &Netlink) -> Result<Lock> {
+    let lock_name = lock::network(&conf.name);
+    let shared = Lock::shared(&lock_name)?;
+    if datapath.is_loaded(conf.datapath) {
+        return Ok(shared);
+    }
+    drop(shared);
+    let exclusive = Lock::exclusive(&lock_name)?;
+    if datapath.is_loaded(conf.datapath) {
+        return Ok(exclusive);
+    }
+    if let Some(pinned) = datapath.pinned_mode()
+        && pinned != conf.datapath
+        && datapath.pod_count()? > 0
+    {
+        return Err(Error::config(format!(
+            "network {} runs the {} datapath with pods attached; \"datapath\": \"{}\" needs them deleted first",
+            conf.name,
+            pinned.as_str(),
+            conf.datapath.as_str()
+        )));
+    }
+    datapath.load(conf.datapath)?;
+    if datapath.pod_count()? == 0 {
+        // Empty maps: a new network, or pins wiped under running pods.
+        rebuild_pods(
+            &conf.name,
+            &conf.gateway_device,
+            conf.datapath,
+            datapath,
+            host,
+        )
+        .await?;
+    } else {
+        reattach_all(datapath, conf.datapath, host).await?;
+    }
+    datapath.retire_other_programs(conf.datapath)?;
+    Ok(exclusive)
+}
+
+/// Once a network has no pod left, removes what only it used: the pinned
+/// datapath and the gateway device flatnet created for it (taken out of use
+/// here, unregistered by the reaper). Runs under the network lock held
+/// exclusively, so no ADD is half way through.
+pub async fn release_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
+    // A node agent owns this network's datapath: it stays for the next pod.
+    if markers::is_agent_managed(&conf.name) {
+        return Ok(());
+    }
+    let datapath = Datapath::new(&conf.name);
+    // The common case, other pods remain, is answered under the shared lock:
+    // concurrent DELs do not queue for the exclusive one.
+    if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {
+        return Ok(());
+    }
+    if let Some((index, retired)) = remove_unused(
+        &datapath,
+        &conf.name,
+        &conf.gateway_device,
+        conf.ip_masq,
+        host,
+    )
+    .await?
+    {
+        reaper::defer(index, &retired);
+    }
+    Ok(())
+}
+
+/// Under the network's exclusive lock (no ADD half way through), if no pod
+/// is left: unpins the datapath, removes the ipMasq rules, retires the
+/// gateway device (returned, renamed, for the caller to delete) and the
+/// lock file. Ok(None) when pods remain or there was no device. `ip_masq`:
+/// look for masquerade rules even without their marker.
+pub async fn remove_unused(
+    datapath: &Datapath,
+    network: &str,
+    gateway_device: &str,
+    ip_masq: bool,
+    host: &Netlink,
+) -> Result<Option<(u32, String)>> {
+    let lock = Lock::exclusive(&lock::network(network))?;
+    if !datapath.has_no_pod()? {
+        return Ok(None);
+    }
+    datapath.remove_pins()?;
+    if ip_masq || masq::installed(network) {
+        masq::remove(network)?;
+    }
+    let retired = host.retire_gateway_device(gateway_device, network).await?;
+    // Last: nothing of the network is left once its lock file goes too.
+    lock.remove()?;
+    Ok(retired)
+}
