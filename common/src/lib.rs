@@ -26,18 +26,16 @@ pub const MAP_TCP_FLOWS: &str = "TCP_FLOWS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
-/// Every map, in the order they are pinned.
-pub const MAPS: [&str; 9] = [
-    MAP_ENDPOINTS_V4,
-    MAP_ENDPOINTS_V6,
-    MAP_HOST_VETHS,
-    MAP_STATS,
-    MAP_ENDPOINT_STATS,
-    MAP_POD_SOURCES,
-    MAP_TCP_FLOWS,
-    MAP_REMOTE_CIDRS_V4,
-    MAP_REMOTE_CIDRS_V6,
-];
+/// Every map's name, in the order of `MAP_SPECS` (the order they are pinned).
+pub const MAPS: [&str; MAP_SPECS.len()] = {
+    let mut names = [""; MAP_SPECS.len()];
+    let mut i = 0;
+    while i < MAP_SPECS.len() {
+        names[i] = MAP_SPECS[i].name;
+        i += 1;
+    }
+    names
+};
 /// tc classifier on host veths (`"datapath": "tc"`).
 pub const PROG_FROM_POD: &str = "from_pod";
 /// XDP program on host veths (`"datapath": "xdp"`).
@@ -269,6 +267,100 @@ pub mod kfunc {
     /// source register `BPF_PSEUDO_KFUNC_CALL`, offset 0 (vmlinux BTF).
     pub const CALL_PREFIX: [u8; 4] = [0x85, 0x20, 0x00, 0x00];
 }
+
+/// The kind of a BPF map (`BPF_MAP_TYPE_*`), as the loader checks a pinned
+/// map against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    LruHash,
+    Array,
+    PerCpuArray,
+    LpmTrie,
+}
+
+/// One map of the datapath: what the eBPF side declares (its statics take
+/// `max_entries` from here and assert their key and value types against
+/// it) and what the loader expects of a pinned map before it reuses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    pub name: &'static str,
+    pub kind: MapKind,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+impl MapSpec {
+    /// True when `K` and `V` are this map's key and value (by size: the
+    /// eBPF side's compile-time check).
+    pub const fn holds<K, V>(&self) -> bool {
+        self.key_size as usize == size_of::<K>() && self.value_size as usize == size_of::<V>()
+    }
+
+    const fn new<K, V>(name: &'static str, kind: MapKind, max_entries: u32) -> Self {
+        MapSpec {
+            name,
+            kind,
+            key_size: size_of::<K>() as u32,
+            value_size: size_of::<V>() as u32,
+            max_entries,
+        }
+    }
+}
+
+/// The key of an LPM trie: a prefix length, then the address.
+#[repr(C)]
+pub struct LpmKey<T> {
+    pub prefix_len: u32,
+    pub data: T,
+}
+
+/// The datapath's maps, one spec each (see `MapSpec`).
+pub mod maps {
+    use super::*;
+
+    pub const ENDPOINTS_V4: MapSpec =
+        MapSpec::new::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4, MapKind::Hash, MAX_ENDPOINTS);
+    pub const ENDPOINTS_V6: MapSpec =
+        MapSpec::new::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6, MapKind::Hash, MAX_ENDPOINTS);
+    pub const HOST_VETHS: MapSpec =
+        MapSpec::new::<u32, Endpoint>(MAP_HOST_VETHS, MapKind::Hash, MAX_ENDPOINTS);
+    pub const STATS: MapSpec =
+        MapSpec::new::<u32, Counter>(MAP_STATS, MapKind::PerCpuArray, action::COUNT);
+    pub const ENDPOINT_STATS: MapSpec = MapSpec::new::<u32, EndpointCounters>(
+        MAP_ENDPOINT_STATS,
+        MapKind::PerCpuArray,
+        MAX_ENDPOINTS,
+    );
+    pub const POD_SOURCES: MapSpec =
+        MapSpec::new::<u32, PodSources>(MAP_POD_SOURCES, MapKind::Array, MAX_ENDPOINTS);
+    pub const TCP_FLOWS: MapSpec =
+        MapSpec::new::<FlowKey, FlowVerdict>(MAP_TCP_FLOWS, MapKind::LruHash, MAX_TCP_FLOWS);
+    pub const REMOTE_CIDRS_V4: MapSpec = MapSpec::new::<LpmKey<RemoteCidrV4>, RemoteNode>(
+        MAP_REMOTE_CIDRS_V4,
+        MapKind::LpmTrie,
+        MAX_REMOTE_CIDRS,
+    );
+    pub const REMOTE_CIDRS_V6: MapSpec = MapSpec::new::<LpmKey<RemoteCidrV6>, RemoteNode>(
+        MAP_REMOTE_CIDRS_V6,
+        MapKind::LpmTrie,
+        MAX_REMOTE_CIDRS,
+    );
+}
+
+/// Every map, in the order they are pinned.
+pub const MAP_SPECS: [MapSpec; 9] = [
+    maps::ENDPOINTS_V4,
+    maps::ENDPOINTS_V6,
+    maps::HOST_VETHS,
+    maps::STATS,
+    maps::ENDPOINT_STATS,
+    maps::POD_SOURCES,
+    maps::TCP_FLOWS,
+    maps::REMOTE_CIDRS_V4,
+    maps::REMOTE_CIDRS_V6,
+];
 
 #[cfg(feature = "user")]
 mod pod {

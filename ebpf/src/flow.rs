@@ -40,7 +40,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::{TcContext, XdpContext},
 };
-use flatnet_common::{FlowKey, FlowVerdict, MAX_TCP_FLOWS, verdict};
+use flatnet_common::{FlowKey, FlowVerdict, maps, verdict};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -62,7 +62,9 @@ const ICMP_HEADER_LEN: usize = 8;
 
 /// What conntrack said of each TCP flow direction (see above).
 #[btf_map]
-static TCP_FLOWS: LruHashMap<FlowKey, FlowVerdict, { MAX_TCP_FLOWS as usize }> = LruHashMap::new();
+static TCP_FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::TCP_FLOWS.max_entries as usize }> =
+    LruHashMap::new();
+const _: () = assert!(maps::TCP_FLOWS.holds::<FlowKey, FlowVerdict>());
 
 /// SYN in the TCP flags byte.
 const TCP_SYN: u8 = 0x02;

@@ -38,9 +38,9 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, MAX_ENDPOINTS, MAX_REMOTE_CIDRS,
-    NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
-    SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
+    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, NO_COUNTER_SLOT, PodSources,
+    RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE, SOURCES_F_VALID, SOURCES_PER_FAMILY,
+    action, maps,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use network_types::{
@@ -49,41 +49,63 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 
+// The maps, each sized by and checked against its spec in
+// `flatnet_common::maps` (the loader checks pinned maps against the same).
+
 /// Local pods by IPv4 address.
 #[btf_map]
-static ENDPOINTS_V4: HashMap<Ipv4Key, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+static ENDPOINTS_V4: HashMap<Ipv4Key, Endpoint, { maps::ENDPOINTS_V4.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::ENDPOINTS_V4.holds::<Ipv4Key, Endpoint>());
 
 /// Local pods by IPv6 address.
 #[btf_map]
-static ENDPOINTS_V6: HashMap<Ipv6Key, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+static ENDPOINTS_V6: HashMap<Ipv6Key, Endpoint, { maps::ENDPOINTS_V6.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::ENDPOINTS_V6.holds::<Ipv6Key, Endpoint>());
 
 /// The pod behind each host veth, by the veth's ifindex: who is asking when
 /// a frame arrives (neighbour answers need the host veth's MAC).
 #[btf_map]
-static HOST_VETHS: HashMap<u32, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+static HOST_VETHS: HashMap<u32, Endpoint, { maps::HOST_VETHS.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::HOST_VETHS.holds::<u32, Endpoint>());
 
 /// Per-CPU packet/byte counters, indexed by `flatnet_common::action`.
 #[btf_map]
-static STATS: PerCpuArray<Counter, { action::COUNT as usize }> = PerCpuArray::new();
+static STATS: PerCpuArray<Counter, { maps::STATS.max_entries as usize }> = PerCpuArray::new();
+const _: () = assert!(maps::STATS.holds::<u32, Counter>());
 
 /// Per-CPU traffic of each pod, by its `counter_slot`.
 #[btf_map]
-static ENDPOINT_STATS: PerCpuArray<EndpointCounters, { MAX_ENDPOINTS as usize }> =
-    PerCpuArray::new();
+static ENDPOINT_STATS: PerCpuArray<
+    EndpointCounters,
+    { maps::ENDPOINT_STATS.max_entries as usize },
+> = PerCpuArray::new();
+const _: () = assert!(maps::ENDPOINT_STATS.holds::<u32, EndpointCounters>());
 
 /// Each pod's own addresses by counter slot: the source check.
 #[btf_map]
-static POD_SOURCES: Array<PodSources, { MAX_ENDPOINTS as usize }> = Array::new();
+static POD_SOURCES: Array<PodSources, { maps::POD_SOURCES.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::POD_SOURCES.holds::<u32, PodSources>());
 
 /// Other nodes' IPv4 pod CIDRs: packets for them take the fast path.
 #[btf_map]
-static REMOTE_CIDRS_V4: LpmTrie<RemoteCidrV4, RemoteNode, { MAX_REMOTE_CIDRS as usize }> =
-    LpmTrie::new();
+static REMOTE_CIDRS_V4: LpmTrie<
+    RemoteCidrV4,
+    RemoteNode,
+    { maps::REMOTE_CIDRS_V4.max_entries as usize },
+> = LpmTrie::new();
+const _: () = assert!(maps::REMOTE_CIDRS_V4.holds::<Key<RemoteCidrV4>, RemoteNode>());
 
 /// Other nodes' IPv6 pod CIDRs.
 #[btf_map]
-static REMOTE_CIDRS_V6: LpmTrie<RemoteCidrV6, RemoteNode, { MAX_REMOTE_CIDRS as usize }> =
-    LpmTrie::new();
+static REMOTE_CIDRS_V6: LpmTrie<
+    RemoteCidrV6,
+    RemoteNode,
+    { maps::REMOTE_CIDRS_V6.max_entries as usize },
+> = LpmTrie::new();
+const _: () = assert!(maps::REMOTE_CIDRS_V6.holds::<Key<RemoteCidrV6>, RemoteNode>());
 
 /// Whether `from_uplink` may hand packets to pods: set by the loader (1 in
 /// tc mode, 0 in XDP mode; see `flatnet_common::GLOBAL_UPLINK_TO_PODS`).

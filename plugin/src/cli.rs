@@ -10,7 +10,7 @@ use crate::cni::config::NetConf;
 use crate::cni::error::{Error, Result};
 use crate::datapath::{self, Datapath};
 use crate::inspect;
-use crate::link::Netlink;
+use crate::net::Netlink;
 use crate::network::{ensure_datapath, reattach_all};
 
 #[derive(Parser)]

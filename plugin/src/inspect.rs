@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::cni::config::DatapathMode;
 use crate::cni::error::Result;
 use crate::datapath::{DATAPATH_ID, Datapath, programs};
-use crate::link::{Netlink, format_mac};
+use crate::net::{Netlink, format_mac};
 
 #[derive(Debug, Serialize)]
 pub struct NetworkReport {

@@ -12,10 +12,10 @@ pub mod datapath;
 pub mod delegate;
 pub mod inspect;
 pub mod ipam;
-pub mod kfunc;
-pub mod link;
+
 pub mod lock;
 pub mod masq;
+pub mod net;
 pub mod netns;
 pub mod network;
 pub mod reaper;

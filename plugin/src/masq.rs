@@ -23,8 +23,8 @@ use std::process::{Command, Stdio};
 use ipnetwork::IpNetwork;
 
 use crate::cni::error::{Error, Result};
-use crate::link::set_sysctl;
 use crate::lock::{LOCK_DIR, Lock};
+use crate::net::set_sysctl;
 use crate::util::normalized;
 
 const TABLE: &str = "flatnet";

@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use crate::link::Netlink;
+use crate::net::Netlink;
 
 /// Links (ifindex, name) to delete after the answer is out.
 static PENDING: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());

@@ -136,12 +136,9 @@ fn flatnet_dispatch(
     runtime.block_on(async {
         match command {
             Command::Add => {
+                // Later in a chain, the result keeps what the earlier
+                // plugins reported (see cmd::plan).
                 let result = cmd::add::add(env, &conf, stdin).await?;
-                // Later in a chain: keep what the earlier plugins reported.
-                let result = match &conf.prev_result {
-                    Some(prev) => result.after(prev),
-                    None => result,
-                };
                 Ok(Output::Json(result.to_version(conf.version)))
             }
             Command::Del => cmd::del::del(env, &conf, stdin)

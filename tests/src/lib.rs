@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use flatnet::datapath::Datapath;
-use flatnet::link::AttachmentNames;
+use flatnet::net::AttachmentNames;
 
 pub mod cluster;
 /// kube-proxy's Service rules (its own crate: the benchmark uses it too).

@@ -164,8 +164,16 @@ fn check_passes_on_a_healthy_pod_and_names_what_broke() {
     };
     let a = net.pod();
     let b = net.pod();
+    let c = net.pod();
     let out = check(&a);
     assert!(out.success(), "{out:?}");
+
+    // The host side of the plan: the route to the pod, its neighbour entry.
+    let ip_c = c.ip().to_string();
+    run_ok(std::process::Command::new("ip").args(["neigh", "del", &ip_c, "dev", &c.host_veth()]));
+    check(&c).assert_error(102, &format!("no neighbour entry {ip_c}"));
+    run_ok(std::process::Command::new("ip").args(["route", "del", &format!("{ip_c}/32")]));
+    check(&c).assert_error(102, &format!("no route to {ip_c}/32"));
 
     a.netns.exec(&["ip", "addr", "flush", "dev", "eth0"]);
     check(&a).assert_error(102, &format!("address {}/24 is missing", a.ip()));

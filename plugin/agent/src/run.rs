@@ -25,8 +25,8 @@ use super::peers::{self, Node, PeerSource, Plan};
 use super::routes::Routes;
 use flatnet::cni::config::NetConf;
 use flatnet::datapath::{self, DATAPATH_ID, Datapath};
-use flatnet::link::{Netlink, set_sysctl};
 use flatnet::masq;
+use flatnet::net::{Netlink, set_sysctl};
 use flatnet::network::ensure_datapath;
 use flatnet::network::markers as ready;
 

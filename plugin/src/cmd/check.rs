@@ -1,15 +1,19 @@
-//! CHECK: the attachment still looks the way ADD left it (prevResult).
+//! CHECK: the kernel still holds what ADD planned. The plan is rebuilt from
+//! `prevResult` (`plan.rs`) and each part compared with what is there: the
+//! host veth and its program, the pod's interface, MAC, addresses and
+//! routes, the host routes and neighbours, and the datapath's endpoints.
 
 use rtnetlink::packet_route::AddressFamily;
 
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
 
+use super::plan::{AttachmentPlan, InterfacePlan};
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
 use crate::datapath::Datapath;
 use crate::delegate::Delegate;
-use crate::link::{AttachmentNames, Netlink, format_mac, parse_mac};
+use crate::net::{LinkState, Netlink, RouteState, format_mac};
 use crate::netns;
 
 fn mismatch(msg: impl Into<String>) -> Error {
@@ -25,33 +29,55 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         .as_deref()
         .ok_or_else(|| Error::invalid_env("CNI_NETNS", "is missing"))?;
     let netns = netns::open_cni_netns(netns_path)?;
-    let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
+    let interface = InterfacePlan::new(conf, &env.container_id, &env.ifname, netns_path);
+    let plan = AttachmentPlan::for_check(conf, interface, prev)?;
     let host = Netlink::connect()?;
 
-    // Host side: the veth and the program on it.
-    let host_link = host.link_by_name(&names.host_veth).await?.ok_or_else(|| {
-        mismatch(format!(
-            "host veth {} of container {} ({}) is missing",
-            names.host_veth, env.container_id, env.ifname
-        ))
-    })?;
+    let host_link = host
+        .link_by_name(&plan.interface.host_veth)
+        .await?
+        .ok_or_else(|| {
+            mismatch(format!(
+                "host veth {} of container {} ({}) is missing",
+                plan.interface.host_veth, env.container_id, env.ifname
+            ))
+        })?;
     let datapath = Datapath::new(&conf.name);
-    if !datapath.is_loaded(conf.datapath) {
+    check_program(conf, &plan, &datapath, &host, &host_link).await?;
+    let pod = Netlink::connect_in(&netns)?;
+    let pod_link = check_pod_side(&plan, &pod).await?;
+    check_host_side(&plan, &host, &host_link).await?;
+    check_endpoints(&plan, &datapath, &host_link, &pod_link)?;
+
+    let ipam = Delegate::find(conf.require_ipam()?, &env.path)?;
+    ipam.run(Command::Check, stdin)?;
+    Ok(())
+}
+
+/// This build's program for the network's mode runs on the host veth.
+async fn check_program(
+    conf: &NetConf,
+    plan: &AttachmentPlan,
+    datapath: &Datapath,
+    host: &Netlink,
+    host_link: &LinkState,
+) -> Result<()> {
+    if !datapath.is_loaded(plan.datapath) {
         return Err(mismatch(format!(
             "the {} datapath of network {} is not pinned under {}",
-            conf.datapath.as_str(),
+            plan.datapath.as_str(),
             conf.name,
             datapath.pin_dir().display()
         )));
     }
-    match conf.datapath {
+    let veth = &plan.interface.host_veth;
+    match plan.datapath {
         DatapathMode::Tc => {
             let program_id = datapath.program(PROG_FROM_POD)?.id()?;
             let attached = host.tc_ingress_programs(host_link.index).await?;
             if !attached.iter().any(|(id, _)| *id == program_id) {
                 return Err(mismatch(format!(
-                    "host veth {} has no {PROG_FROM_POD} program (id {program_id}) at tc ingress; attached: {attached:?}",
-                    names.host_veth
+                    "host veth {veth} has no {PROG_FROM_POD} program (id {program_id}) at tc ingress; attached: {attached:?}"
                 )));
             }
         }
@@ -59,87 +85,106 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             let program_id = datapath.program(PROG_FROM_POD_XDP)?.id()?;
             if host_link.xdp_prog_id != Some(program_id) {
                 return Err(mismatch(format!(
-                    "host veth {} runs XDP program {:?}, not {PROG_FROM_POD_XDP} (id {program_id})",
-                    names.host_veth, host_link.xdp_prog_id
+                    "host veth {veth} runs XDP program {:?}, not {PROG_FROM_POD_XDP} (id {program_id})",
+                    host_link.xdp_prog_id
                 )));
             }
         }
     }
+    Ok(())
+}
 
-    // Pod side: interface, MAC, addresses, routes.
-    let pod = Netlink::connect_in(&netns)?;
-    let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        mismatch(format!(
-            "interface {} is missing in {}",
-            env.ifname,
-            netns_path.display()
-        ))
-    })?;
-    let prev_iface = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == env.ifname && i.sandbox.is_some());
-    if let Some(expected) = prev_iface
-        .and_then(|i| prev.interfaces[i].mac.as_deref())
-        .and_then(parse_mac)
-        && pod_link.mac != Some(expected)
-    {
+/// Inside the pod: the interface with its MAC, the addresses, the routes.
+async fn check_pod_side(plan: &AttachmentPlan, pod: &Netlink) -> Result<LinkState> {
+    let (ifname, netns) = (&plan.interface.ifname, plan.interface.netns.display());
+    let pod_link = pod
+        .link_by_name(ifname)
+        .await?
+        .ok_or_else(|| mismatch(format!("interface {ifname} is missing in {netns}")))?;
+    if pod_link.mac != Some(plan.interface.pod_mac) {
         return Err(mismatch(format!(
-            "interface {} has MAC {}, prevResult says {}",
-            env.ifname,
+            "interface {ifname} has MAC {}, prevResult says {}",
             pod_link.mac.as_ref().map(format_mac).unwrap_or_default(),
-            format_mac(&expected)
+            format_mac(&plan.interface.pod_mac)
         )));
     }
-    let ours: Vec<_> = prev
-        .ips
-        .iter()
-        // flatnet's own IPs always name its interface; one naming none is
-        // an earlier plugin's (unless no interface of ours is listed at all).
-        .filter(|ip| ip.interface == prev_iface)
-        .cloned()
-        .collect();
     let addresses = pod.addresses(pod_link.index).await?;
-    for ip in &ours {
+    for ip in &plan.ips {
         if !addresses.contains(&ip.address) {
+            let found = if addresses.is_empty() {
+                "none".to_string()
+            } else {
+                addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             return Err(mismatch(format!(
-                "address {} is missing from {} in {} (found: {})",
-                ip.address,
-                env.ifname,
-                netns_path.display(),
-                if addresses.is_empty() {
-                    "none".to_string()
-                } else {
-                    addresses
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
+                "address {} is missing from {ifname} in {netns} (found: {found})",
+                ip.address
             )));
         }
     }
-    let mut routes = pod.routes(AddressFamily::Inet).await?;
-    routes.extend(pod.routes(AddressFamily::Inet6).await?);
-    for route in &prev.routes {
+    let routes = all_routes(pod).await?;
+    for route in &plan.pod_routes {
         let present = routes
             .iter()
             .any(|r| r.dst == route.dst && (route.gw.is_none() || r.gateway == route.gw));
         if !present {
             let via = route.gw.map(|gw| format!(" via {gw}")).unwrap_or_default();
             return Err(mismatch(format!(
-                "route {}{via} is missing in {}",
-                route.dst,
-                netns_path.display()
+                "route {}{via} is missing in {netns}",
+                route.dst
             )));
         }
     }
+    Ok(pod_link)
+}
 
-    // Datapath: one endpoint per address, pointing at this veth.
-    for ip in &ours {
-        let address = ip.address.ip();
+/// On the host: a route and a permanent neighbour per pod address on the
+/// host veth.
+async fn check_host_side(
+    plan: &AttachmentPlan,
+    host: &Netlink,
+    host_link: &LinkState,
+) -> Result<()> {
+    let veth = &plan.interface.host_veth;
+    let routes = all_routes(host).await?;
+    for route in &plan.host_routes {
+        if !routes
+            .iter()
+            .any(|r| r.dst == route.dst && r.oif == Some(host_link.index))
+        {
+            return Err(mismatch(format!(
+                "the host has no route to {} via {veth}",
+                route.dst
+            )));
+        }
+    }
+    let neighbours = host.neighbours(host_link.index).await?;
+    for (ip, mac) in &plan.neighbours {
+        if !neighbours.iter().any(|(n, m)| n == ip && m == mac) {
+            return Err(mismatch(format!(
+                "the host has no neighbour entry {ip} -> {} on {veth}",
+                format_mac(mac)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The datapath: one endpoint per address, pointing at this veth and these
+/// MACs.
+fn check_endpoints(
+    plan: &AttachmentPlan,
+    datapath: &Datapath,
+    host_link: &LinkState,
+    pod_link: &LinkState,
+) -> Result<()> {
+    for address in &plan.endpoint_addresses {
         let endpoint = datapath
-            .endpoint(address)?
+            .endpoint(*address)?
             .ok_or_else(|| mismatch(format!("the datapath has no endpoint for {address}")))?;
         if endpoint.host_ifindex != host_link.index
             || Some(endpoint.pod_mac) != pod_link.mac
@@ -156,8 +201,11 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             )));
         }
     }
-
-    let ipam = Delegate::find(conf.require_ipam()?, &env.path)?;
-    ipam.run(Command::Check, stdin)?;
     Ok(())
+}
+
+async fn all_routes(netlink: &Netlink) -> Result<Vec<RouteState>> {
+    let mut routes = netlink.routes(AddressFamily::Inet).await?;
+    routes.extend(netlink.routes(AddressFamily::Inet6).await?);
+    Ok(routes)
 }

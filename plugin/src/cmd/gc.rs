@@ -18,8 +18,8 @@ use crate::cni::error::{Error, Result};
 use crate::cni::runtime::valid_attachments;
 use crate::datapath::Datapath;
 use crate::delegate::Delegate;
-use crate::link::{AttachmentNames, Netlink};
 use crate::lock::{self, Lock};
+use crate::net::{AttachmentNames, Netlink};
 use crate::network::release_if_empty;
 
 pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {

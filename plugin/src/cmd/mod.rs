@@ -5,4 +5,5 @@ pub mod add;
 pub mod check;
 pub mod del;
 pub mod gc;
+pub mod plan;
 pub mod status;

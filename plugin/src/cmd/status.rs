@@ -11,7 +11,7 @@ use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result, code};
 use crate::datapath::{self, Datapath};
 use crate::delegate::Delegate;
-use crate::link::{Netlink, gateway_alias};
+use crate::net::{Netlink, gateway_alias};
 
 const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 

@@ -3,48 +3,15 @@
 //! the network lock, programs attached to host veths, and everything of the
 //! network taken away once its last pod is gone.
 
-use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
-
 use super::markers;
 use super::rebuild::rebuild_pods;
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::error::{Error, Result};
-use crate::datapath::{Datapath, TC_HANDLE, TC_PRIORITY};
-use crate::link::Netlink;
+use crate::datapath::{Datapath, attach_host_veth};
 use crate::lock::{self, Lock};
 use crate::masq;
+use crate::net::Netlink;
 use crate::reaper;
-
-/// Puts this build's host-side program on a pod's host veth, replacing an
-/// older one atomically (tc: same filter priority/handle; XDP: same slot).
-/// tc carries the pod's counter slot as the filter's classid.
-pub async fn attach_host_veth(
-    datapath: &Datapath,
-    mode: DatapathMode,
-    host: &Netlink,
-    index: u32,
-    counter_slot: u32,
-) -> Result<()> {
-    match mode {
-        DatapathMode::Tc => {
-            host.add_clsact(index).await?;
-            let program = datapath.program(PROG_FROM_POD)?;
-            host.set_tc_ingress_bpf(
-                index,
-                program.raw_fd()?,
-                PROG_FROM_POD,
-                TC_PRIORITY,
-                TC_HANDLE,
-                counter_slot,
-            )
-            .await
-        }
-        DatapathMode::Xdp => {
-            host.set_xdp(index, datapath.program(PROG_FROM_POD_XDP)?.raw_fd()?)
-                .await
-        }
-    }
-}
 
 /// Puts this build's program on every pod's host veth the datapath knows
 /// (those still there), giving older pods their counter slot; returns how

@@ -8,6 +8,4 @@ pub mod lifecycle;
 pub mod markers;
 pub mod rebuild;
 
-pub use lifecycle::{
-    attach_host_veth, ensure_datapath, reattach_all, release_if_empty, remove_unused,
-};
+pub use lifecycle::{ensure_datapath, reattach_all, release_if_empty, remove_unused};

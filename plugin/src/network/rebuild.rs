@@ -14,11 +14,11 @@ use flatnet_common::{ENDPOINT_F_NONE, Endpoint};
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 
-use super::lifecycle::attach_host_veth;
 use crate::cni::config::DatapathMode;
 use crate::cni::error::Result;
 use crate::datapath::Datapath;
-use crate::link::{Netlink, gateway_alias};
+use crate::datapath::attach_host_veth;
+use crate::net::{Netlink, gateway_alias};
 
 /// Re-inserts every pod of `network` found on the host into the (freshly
 /// loaded) datapath and attaches it to their veths; returns how many.

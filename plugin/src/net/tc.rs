@@ -1,0 +1,138 @@
+//! Program attachment: the clsact qdisc and tc filters, and XDP.
+
+use super::*;
+
+impl Netlink {
+    /// Adds the clsact qdisc (tc's ingress and egress hooks) to `index`;
+    /// one already there is fine.
+    pub async fn add_clsact(&self, index: u32) -> Result<()> {
+        /// TC_H_CLSACT and its qdisc handle (ffff:), from linux/pkt_sched.h.
+        const TC_H_CLSACT: u32 = 0xffff_fff1;
+        const CLSACT_HANDLE: u32 = 0xffff_0000;
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(TC_H_CLSACT);
+        message.header.handle = TcHandle::from(CLSACT_HANDLE);
+        message.attributes.push(TcAttribute::Kind("clsact".into()));
+        match self
+            .acked(
+                RouteNetlinkMessage::NewQueueDiscipline(message),
+                NLM_F_CREATE | NLM_F_EXCL,
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+            Err(e) => Err(kernel(
+                format!("adding the clsact qdisc to interface #{index}"),
+                e,
+            )),
+        }
+    }
+
+    /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
+    /// as a direct-action filter with a fixed priority and handle, and
+    /// `classid` for the program to read: created
+    /// when absent, replaced in one atomic request when present (an upgrade).
+    pub async fn set_tc_ingress_bpf(
+        &self,
+        index: u32,
+        program_fd: std::os::fd::RawFd,
+        name: &str,
+        priority: u16,
+        handle: u32,
+        classid: u32,
+    ) -> Result<()> {
+        /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS) and htons(ETH_P_ALL).
+        const CLSACT_INGRESS: u32 = 0xffff_fff2;
+        const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(CLSACT_INGRESS);
+        message.header.handle = TcHandle::from(handle);
+        message.header.info = (u32::from(priority) << 16) | u32::from(ALL_PROTOCOLS);
+        message.attributes.push(TcAttribute::Kind("bpf".into()));
+        message.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd as u32)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(name.into())),
+            // Handed to the program as skb->tc_classid: per-veth data for free.
+            TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(classid))),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+        ]));
+        self.acked(
+            RouteNetlinkMessage::NewTrafficFilter(message),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
+        .map_err(|e| {
+            kernel(
+                format!("attaching {name} at tc ingress of interface #{index}"),
+                e,
+            )
+        })
+    }
+
+    /// Attaches an XDP program (by fd) in driver mode through plain netlink,
+    /// replacing one already there: unlike a bpf_link it outlives this
+    /// process, and goes away with the device.
+    pub async fn set_xdp(&self, index: u32, program_fd: std::os::fd::RawFd) -> Result<()> {
+        /// XDP_FLAGS_DRV_MODE from linux/if_link.h.
+        const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+        let message = LinkUnspec::new_with_index(index)
+            .append_extra_attribute(LinkAttribute::Xdp(vec![
+                LinkXdp::Fd(program_fd),
+                LinkXdp::Flags(XDP_FLAGS_DRV_MODE),
+            ]))
+            .build();
+        self.handle
+            .link()
+            .set(message)
+            .execute()
+            .await
+            .map_err(|e| kernel(format!("attaching XDP to interface #{index}"), e))
+    }
+
+    /// IDs of the BPF programs attached as tc ingress filters on `index`.
+    pub async fn tc_ingress_programs(&self, index: u32) -> Result<Vec<(u32, String)>> {
+        let mut stream = self
+            .handle
+            .traffic_filter(index as i32)
+            .get()
+            .ingress()
+            .execute();
+        let mut found = Vec::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(msg)) => {
+                    for attr in &msg.attributes {
+                        let TcAttribute::Options(options) = attr else {
+                            continue;
+                        };
+                        let mut id = None;
+                        let mut name = String::new();
+                        for option in options {
+                            match option {
+                                TcOption::Bpf(TcFilterBpfOption::ProgId(prog)) => id = Some(*prog),
+                                TcOption::Bpf(TcFilterBpfOption::ProgName(prog)) => {
+                                    name = prog.clone()
+                                }
+                                _ => {}
+                            }
+                        }
+                        if let Some(id) = id {
+                            found.push((id, name));
+                        }
+                    }
+                }
+                Ok(None) => break,
+                // No clsact qdisc: nothing attached.
+                Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => break,
+                Err(e) => {
+                    return Err(kernel(
+                        format!("listing tc filters on interface #{index}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(found)
+    }
+}
