@@ -189,13 +189,10 @@ pub fn from_pod(ctx: TcContext) -> i32 {
             TC_ACT_OK as i32
         }
         Decision::Drop => TC_ACT_SHOT as i32,
+        // SAFETY: plain helper call; a stale ifindex makes the kernel drop
+        // the frame (with flags 0 the helper itself never fails).
         Decision::ToPod { host_ifindex, .. } => {
-            // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
-            let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
-            if verdict == TC_ACT_SHOT as i32 {
-                count(action::DROPPED, ctx.len());
-            }
-            verdict
+            (unsafe { bpf_redirect_peer(host_ifindex, 0) }) as i32
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
@@ -234,12 +231,9 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
         }
         Uplink::Pass => return TC_ACT_OK as i32,
     };
-    // SAFETY: plain helper call; a stale ifindex makes the kernel drop the frame.
+    // SAFETY: plain helper call; a stale ifindex makes the kernel drop the
+    // frame (with flags 0 the helper itself never fails).
     let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
-    if verdict == TC_ACT_SHOT as i32 {
-        count(action::DROPPED, len);
-        return verdict;
-    }
     count(action::FROM_UPLINK, len);
     count_pod(slot, Direction::Rx, len);
     verdict

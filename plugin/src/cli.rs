@@ -129,8 +129,8 @@ fn plugin_conf(path: &std::path::Path) -> Result<NetConf> {
 async fn run_repair(path: &std::path::Path) -> Result<()> {
     let conf = plugin_conf(path)?;
     let host = Netlink::connect()?;
-    let datapath = Datapath::new(&conf.name);
-    datapath::ensure_bpffs()?;
+    let datapath = Datapath::for_conf(&conf)?;
+    datapath::ensure_bpffs_at(datapath.root())?;
     let _lock = ensure_datapath(&conf, &datapath, &host).await?;
     // Whatever happened before, every pod's veth runs this build's program now.
     let attached = reattach_all(&datapath, conf.datapath, &host).await?;

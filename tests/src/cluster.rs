@@ -247,14 +247,27 @@ impl SimNode {
         cached.clone().expect("plugin stdin")
     }
 
-    /// Runs the installed plugin on this node as a runtime would.
+    /// Runs the installed plugin on this node as a runtime would: with the
+    /// CNI variables only (the pin root comes from the conflist).
     pub fn cni(&self, command: &str, container: Option<(&str, &Path)>) -> CniOutput {
+        self.cni_with_env(command, container, &[])
+    }
+
+    /// `cni`, with more environment for the plugin.
+    pub fn cni_with_env(
+        &self,
+        command: &str,
+        container: Option<(&str, &Path)>,
+        env: &[(&str, &Path)],
+    ) -> CniOutput {
         let mut cmd = Command::new(self.bin_dir().join("flatnet"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("CNI_COMMAND", command)
-            .env("CNI_PATH", self.bin_dir())
-            .env("FLATNET_PIN_ROOT", &self.pin_root);
+            .env("CNI_PATH", self.bin_dir());
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
         if let Some((id, netns)) = container {
             cmd.env("CNI_CONTAINERID", id)
                 .env("CNI_NETNS", netns)

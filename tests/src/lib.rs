@@ -14,6 +14,8 @@ use flatnet::datapath::Datapath;
 use flatnet::net::AttachmentNames;
 
 pub mod cluster;
+/// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
+pub mod test_run;
 /// kube-proxy's Service rules (its own crate: the benchmark uses it too).
 pub use kube_proxy_fixture as kube_proxy;
 use nix::sched::{CloneFlags, setns};

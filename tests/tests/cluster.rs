@@ -981,3 +981,48 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
     node.stop_agent();
     drop(served);
 }
+
+#[test]
+fn a_moved_pin_root_travels_in_the_conflist_and_cannot_split_the_datapath() {
+    if !root_or_skip("a_moved_pin_root_travels_in_the_conflist_and_cannot_split_the_datapath") {
+        return;
+    }
+    // The agents pin under the test's own bpffs, not /sys/fs/bpf/flatnet;
+    // the plugin runs with the CNI variables only, as a runtime runs it.
+    let cluster = Cluster::with_file_agents(2);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    assert_eq!(
+        n1.conflist()["plugins"][0]["pinRoot"],
+        n1.pin_root.display().to_string()
+    );
+    let a = n1.pod();
+    let b = n2.pod();
+    // The pods' entries are in the maps the agents' uplink programs read.
+    for (node, pod) in [(n1, &a), (n2, &b)] {
+        let endpoint = node.datapath().endpoint(pod.ip.into()).expect("endpoint");
+        assert!(
+            endpoint.is_some(),
+            "{} is not in {}'s maps",
+            pod.ip,
+            node.spec.name
+        );
+    }
+    let (out, delivered) = (
+        n1.bytes(action::TO_REMOTE_NODE),
+        n2.bytes(action::FROM_UPLINK),
+    );
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 20).expect("n1 -> n2");
+    // 1 MiB out to b and 1 MiB of echo back in (headers on top).
+    assert!(n1.bytes(action::TO_REMOTE_NODE) - out > (1 << 20) * 49 / 50);
+    assert!(n2.bytes(action::FROM_UPLINK) - delivered > (1 << 20) * 49 / 50);
+    // A plugin told to pin elsewhere is refused, and makes nothing.
+    let netns = Netns::new();
+    let elsewhere = std::path::Path::new("/sys/fs/bpf/flatnet-elsewhere");
+    let out = n1.cni_with_env(
+        "ADD",
+        Some(("split", &netns.path())),
+        &[("FLATNET_PIN_ROOT", elsewhere)],
+    );
+    out.assert_error(7, "disagrees with the configuration's \"pinRoot\"");
+    assert!(!elsewhere.exists(), "the refused ADD pinned something");
+}

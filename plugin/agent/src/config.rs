@@ -123,8 +123,8 @@ pub struct Args {
     #[arg(long, env = "FLATNET_IPAM_DATA_DIR")]
     pub ipam_data_dir: Option<PathBuf>,
 
-    /// bpffs directory the networks are pinned under (the plugin reads
-    /// FLATNET_PIN_ROOT; both must agree).
+    /// bpffs directory the networks are pinned under; the conflist the
+    /// agent writes carries it (`pinRoot`) to the plugin.
     #[arg(long, env = "FLATNET_PIN_ROOT", default_value = PIN_ROOT)]
     pub pin_root: PathBuf,
 

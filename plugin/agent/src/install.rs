@@ -27,6 +27,10 @@ pub struct ConflistSpec {
     pub mtu: Option<u32>,
     pub ip_masq: bool,
     pub ipam_data_dir: Option<PathBuf>,
+    /// The agent's pin root: the plugin must pin its pods' entries into the
+    /// maps the agent's uplink program reads, so it learns the root here
+    /// (a runtime sets no environment of flatnet's).
+    pub pin_root: PathBuf,
 }
 
 /// The conflist for a node owning `pod_cidrs`: flatnet with flatnet-ipam
@@ -54,6 +58,7 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
         "bridge": spec.bridge,
         "datapath": spec.datapath.as_str(),
         AGENT_MANAGED_KEY: true,
+        "pinRoot": spec.pin_root.display().to_string(),
         "ipam": ipam,
     });
     if let Some(mtu) = spec.mtu {
@@ -146,6 +151,7 @@ mod tests {
             mtu: Some(1450),
             ip_masq: false,
             ipam_data_dir: None,
+            pin_root: PathBuf::from("/sys/fs/bpf/flatnet"),
         }
     }
 

@@ -154,6 +154,7 @@ pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
         "type": "flatnet",
         "bridge": args.bridge,
         "datapath": flatnet::cni::config::DatapathMode::from(args.datapath).as_str(),
+        "pinRoot": args.pin_root.display().to_string(),
     });
     Ok(NetConf::parse(conf.to_string().as_bytes())?)
 }
@@ -327,6 +328,7 @@ impl Agent {
             mtu,
             ip_masq: self.args.ip_masq,
             ipam_data_dir: self.args.ipam_data_dir.clone(),
+            pin_root: self.args.pin_root.clone(),
         };
         let list = install::render_conflist(&spec, &me.pod_cidrs)?;
         let text = serde_json::to_string_pretty(&list)

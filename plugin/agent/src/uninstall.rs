@@ -257,6 +257,7 @@ mod tests {
             mtu: None,
             ip_masq: false,
             ipam_data_dir: None,
+            pin_root: std::path::PathBuf::from("/sys/fs/bpf/flatnet"),
         };
         let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
         assert!(is_agents_conflist(&list, "pods"));

@@ -88,8 +88,8 @@ async fn add_steps(
     mark("pod side configured");
 
     // Host side, under the network lock: datapath, gateway, routes, the pod.
-    let datapath = Datapath::new(&conf.name);
-    datapath::ensure_bpffs()?;
+    let datapath = Datapath::for_conf(conf)?;
+    datapath::ensure_bpffs_at(datapath.root())?;
     let _lock = ensure_datapath(conf, &datapath, host).await?;
     mark("bpffs, lock, datapath loaded");
     apply_host_side(conf, &plan, host, host_link.index).await?;
@@ -225,15 +225,18 @@ async fn apply_host_side(
 
 /// Takes back a failed ADD; every step is best effort and logged.
 async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink, done: &Done) {
-    let datapath = Datapath::new(&conf.name);
-    if done.in_datapath
+    // The ADD got as far as the datapath only with a usable pin root.
+    let datapath = Datapath::for_conf(conf).ok();
+    if let Some(datapath) = &datapath
+        && done.in_datapath
         && let Some(index) = done.host_veth
         && let Err(e) = datapath.remove_pods(|ifindex| ifindex == index)
     {
         eprintln!("flatnet: rollback: {e}");
     }
     // A slot not yet recorded with the pod is given back here.
-    if !done.in_datapath
+    if let Some(datapath) = &datapath
+        && !done.in_datapath
         && let Some(slot) = done.counter_slot
     {
         datapath.release_counter_slot(slot);

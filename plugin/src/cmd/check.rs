@@ -42,7 +42,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
                 plan.interface.host_veth, env.container_id, env.ifname
             ))
         })?;
-    let datapath = Datapath::new(&conf.name);
+    let datapath = Datapath::for_conf(conf)?;
     check_program(conf, &plan, &datapath, &host, &host_link).await?;
     let pod = Netlink::connect_in(&netns)?;
     let pod_link = check_pod_side(&plan, &pod).await?;

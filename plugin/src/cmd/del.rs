@@ -20,7 +20,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
     let host = Netlink::connect()?;
     let host_link = host.link_by_name(&names.host_veth).await?;
-    let datapath = Datapath::new(&conf.name);
+    let datapath = Datapath::for_conf(conf)?;
     mark("parse, connect, find veth");
 
     if datapath.map_path(MAP_HOST_VETHS).exists() {

@@ -30,7 +30,7 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let host = Netlink::connect()?;
     let mut failures: Vec<Error> = Vec::new();
 
-    let datapath = Datapath::new(&conf.name);
+    let datapath = Datapath::for_conf(conf)?;
     if datapath.map_path(MAP_HOST_VETHS).exists()
         && let Err(e) = sweep(conf, &datapath, &host, &valid, &mut failures).await
     {

@@ -61,7 +61,14 @@ fn datapath_problems(conf: &NetConf) -> Vec<String> {
     if !datapath::object_is_ebpf() {
         problems.push("the eBPF object embedded in this binary is missing or damaged".into());
     }
-    if !datapath::bpffs_is_mounted() {
+    let datapath = match Datapath::for_conf(conf) {
+        Ok(datapath) => datapath,
+        Err(e) => {
+            problems.push(e.to_string());
+            return problems;
+        }
+    };
+    if !datapath::bpffs_is_mounted(datapath.root()) {
         let supported = std::fs::read_to_string("/proc/filesystems").is_ok_and(|list| {
             list.lines()
                 .any(|l| l.split_whitespace().last() == Some("bpf"))
@@ -78,7 +85,6 @@ fn datapath_problems(conf: &NetConf) -> Vec<String> {
             ));
         }
     }
-    let datapath = Datapath::new(&conf.name);
     if !datapath.is_loaded(conf.datapath)
         && let Some(pinned) = datapath.pinned_mode()
         && pinned != conf.datapath

@@ -55,6 +55,7 @@ pub struct RawNetConf {
     pub datapath: Option<DatapathMode>,
     pub log_file: Option<PathBuf>,
     pub ip_masq: Option<bool>,
+    pub pin_root: Option<PathBuf>,
     /// Capability arguments from the runtime (`mtu`, `mac`, `ips`, ...).
     pub runtime_config: Option<serde_json::Value>,
     /// `args.cni.*` (conventions: `ips`, `mac`).
@@ -79,6 +80,10 @@ pub struct NetConf {
     /// The pod interface's MAC from `runtimeConfig.mac` or `args.cni.mac`
     /// (the runner falls back to CNI_ARGS `MAC=`); else derived from the name hash.
     pub mac: Option<super::runtime::Mac>,
+    /// `pinRoot`: where the network's datapath is pinned, when not the
+    /// default. flatnet-agent writes it into its conflist, so a plugin that a
+    /// runtime runs pins where the agent does (see `datapath::pin_root_for`).
+    pub pin_root: Option<PathBuf>,
 }
 
 impl NetConf {
@@ -141,6 +146,14 @@ impl NetConf {
             .as_ref()
             .map(|value| CniResult::from_value(value, "prevResult"))
             .transpose()?;
+        if let Some(root) = &raw.pin_root
+            && !root.is_absolute()
+        {
+            return Err(Error::config(format!(
+                "\"pinRoot\" {} is not an absolute path: name a directory on a bpf file system, e.g. /sys/fs/bpf/flatnet",
+                root.display()
+            )));
+        }
         Ok(NetConf {
             version,
             name: raw.name,
@@ -154,6 +167,7 @@ impl NetConf {
             log_file: raw.log_file,
             ip_masq: raw.ip_masq.unwrap_or(false),
             mac: runtime.mac,
+            pin_root: raw.pin_root,
         })
     }
 

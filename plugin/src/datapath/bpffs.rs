@@ -22,20 +22,16 @@ pub(super) fn on_bpffs(path: &Path) -> bool {
 
 /// Mounts bpffs at /sys/fs/bpf unless it already is, as production CNIs do:
 /// without it nothing can be pinned and every ADD would reload the programs.
-/// A pin root moved elsewhere (`FLATNET_PIN_ROOT`) must already be on a
-/// bpffs: flatnet mounts only at the standard place.
-pub fn ensure_bpffs() -> Result<()> {
-    ensure_bpffs_at(&pin_root())
-}
-
-/// `ensure_bpffs` for an explicit pin root (the agent's `--pin-root`).
+/// A pin root moved elsewhere (`pinRoot`, `FLATNET_PIN_ROOT`, the agent's
+/// `--pin-root`) must already be on a bpffs: flatnet mounts only at the
+/// standard place.
 pub fn ensure_bpffs_at(root: &Path) -> Result<()> {
     if !root.starts_with(BPFFS_MOUNT) {
         if on_bpffs(root) {
             return Ok(());
         }
         return Err(Error::Datapath(format!(
-            "the pin root {} is not on a bpf file system: mount one there (mount -t bpf bpf DIR) or unset {PIN_ROOT_ENV}",
+            "the pin root {} is not on a bpf file system: mount one there (mount -t bpf bpf DIR) or use the default pin root",
             root.display()
         )));
     }
@@ -65,12 +61,11 @@ pub fn ensure_bpffs_at(root: &Path) -> Result<()> {
     .map_err(|e| datapath_err(&format!("mounting bpffs at {BPFFS_MOUNT}"), e))
 }
 
-/// True when a bpffs is mounted where pins go: /sys/fs/bpf, or the moved
-/// pin root (STATUS reports it).
-pub fn bpffs_is_mounted() -> bool {
-    let root = pin_root();
+/// True when a bpffs is mounted where `root`'s pins go: /sys/fs/bpf, or the
+/// moved pin root (STATUS reports it).
+pub fn bpffs_is_mounted(root: &Path) -> bool {
     if !root.starts_with(BPFFS_MOUNT) {
-        return on_bpffs(&root);
+        return on_bpffs(root);
     }
     nix::sys::statfs::statfs(BPFFS_MOUNT).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
 }

@@ -40,7 +40,7 @@ mod sources;
 mod stats;
 
 pub use attach::{attach_host_veth, prepare_pod_for_xdp};
-pub use bpffs::{bpffs_is_mounted, ensure_bpffs, ensure_bpffs_at};
+pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use sources::sources_of;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
@@ -65,12 +65,35 @@ pub const TC_HANDLE: u32 = 1;
 /// with pins of its own.
 pub const PIN_ROOT_ENV: &str = "FLATNET_PIN_ROOT";
 
-/// Where networks are pinned: `FLATNET_PIN_ROOT` when set, else `PIN_ROOT`.
-pub fn pin_root() -> PathBuf {
+/// `FLATNET_PIN_ROOT`, when set.
+fn pin_root_from_env() -> Option<PathBuf> {
     std::env::var_os(PIN_ROOT_ENV)
         .filter(|root| !root.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(PIN_ROOT))
+}
+
+/// Where networks are pinned when no configuration says: `FLATNET_PIN_ROOT`
+/// when set, else `PIN_ROOT` (`flatnet inspect`, tests).
+pub fn pin_root() -> PathBuf {
+    pin_root_from_env().unwrap_or_else(|| PathBuf::from(PIN_ROOT))
+}
+
+/// Where a network whose configuration says `configured` (`pinRoot`) is
+/// pinned. A runtime runs the plugin with the node's conflist, which the
+/// agent wrote with its own pin root: that one wins. `FLATNET_PIN_ROOT`
+/// may say the same, but not something else: a plugin pinning elsewhere
+/// than the agent would split the node's datapath in two (pods in maps the
+/// uplink program never reads), so that is refused.
+pub fn pin_root_for(configured: Option<&Path>) -> Result<PathBuf> {
+    match (configured, pin_root_from_env()) {
+        (Some(conf), Some(env)) if conf != env => Err(Error::config(format!(
+            "{PIN_ROOT_ENV}={} disagrees with the configuration's \"pinRoot\" {}: the plugin and the node agent must pin in one place; unset {PIN_ROOT_ENV}",
+            env.display(),
+            conf.display()
+        ))),
+        (Some(conf), _) => Ok(conf.to_path_buf()),
+        (None, _) => Ok(pin_root()),
+    }
 }
 
 fn datapath_err(context: &str, err: impl std::error::Error) -> Error {
@@ -119,6 +142,7 @@ impl ProgramHandle {
 /// One network's pinned datapath.
 #[derive(Debug, Clone)]
 pub struct Datapath {
+    root: PathBuf,
     dir: PathBuf,
 }
 
@@ -128,11 +152,26 @@ impl Datapath {
         Self::with_root(&pin_root(), network)
     }
 
+    /// The datapath of the network `conf` configures, pinned where it says
+    /// (see `pin_root_for`).
+    pub fn for_conf(conf: &crate::cni::config::NetConf) -> Result<Self> {
+        Ok(Self::with_root(
+            &pin_root_for(conf.pin_root.as_deref())?,
+            &conf.name,
+        ))
+    }
+
     /// The network's datapath under an explicit pin root.
     pub fn with_root(root: &Path, network: &str) -> Self {
         Datapath {
+            root: root.to_path_buf(),
             dir: root.join(pin_name(network)),
         }
+    }
+
+    /// The pin root this network's directory is in.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     pub fn pin_dir(&self) -> &Path {

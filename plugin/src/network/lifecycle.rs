@@ -86,7 +86,7 @@ pub async fn release_if_empty(conf: &NetConf, host: &Netlink) -> Result<()> {
     if markers::is_agent_managed(&conf.name) {
         return Ok(());
     }
-    let datapath = Datapath::new(&conf.name);
+    let datapath = Datapath::for_conf(conf)?;
     // The common case, other pods remain, is answered under the shared lock:
     // concurrent DELs do not queue for the exclusive one.
     if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {

@@ -1,0 +1,1763 @@
+//! The datapath's programs, one frame at a time: each case crafts a frame
+//! by hand, runs `from_pod`, `from_uplink` or `from_pod_xdp` on it with
+//! `BPF_PROG_TEST_RUN` (`flatnet_tests::test_run`) and checks the verdict,
+//! every byte of the frame the program left and the `STATS` counters it
+//! moved. No pod, no traffic: the "pods" are map entries whose host veths
+//! are veth links in the test's own network namespace (test_run needs real
+//! ifindexes there), and the conntrack entries the Services cases judge are
+//! written with `conntrack -I` into that namespace's table. Everything goes
+//! with the namespace and the test's pin root.
+//!
+//! What test_run cannot show: a redirect is only its return value (the
+//! frame goes nowhere); the kernel refuses (EINVAL) a frame shorter than an
+//! Ethernet header in tc and XDP alike, and, in tc, an IPv4 or IPv6
+//! ethertype without a whole IP header, so those cut-short headers run in
+//! XDP mode, which makes the same decision; tc's `skb->tc_classid` is
+//! always 0, so `from_pod` runs without the sender's counter slot and
+//! checks sources in `ENDPOINTS_V4/V6`, while the `POD_SOURCES` check runs
+//! in the XDP cases, where the program finds the slot itself.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use flatnet::cni::config::DatapathMode;
+use flatnet_common::{
+    Counter, Endpoint, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, SOURCES_F_MORE, action,
+};
+use flatnet_tests::test_run::{
+    Outcome, ScratchDatapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS,
+    XDP_REDIRECT, XDP_TX, run_tc, run_xdp,
+};
+use flatnet_tests::{Netns, root_or_skip};
+use frame::*;
+use ipnetwork::IpNetwork;
+
+/// Frames built byte by byte, checksums computed here (RFC 1071), not
+/// with anything of the datapath's.
+mod frame {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    pub type Mac = [u8; 6];
+
+    pub const ETH_P_IP: u16 = 0x0800;
+    pub const ETH_P_ARP: u16 = 0x0806;
+    pub const ETH_P_IPV6: u16 = 0x86dd;
+    pub const ETH_P_8021Q: u16 = 0x8100;
+    pub const IPPROTO_ICMP: u8 = 1;
+    pub const IPPROTO_TCP: u8 = 6;
+    pub const IPPROTO_UDP: u8 = 17;
+    pub const IPPROTO_ICMPV6: u8 = 58;
+    pub const ETH_LEN: usize = 14;
+    pub const IPV4_LEN: usize = 20;
+    pub const IPV6_LEN: usize = 40;
+    pub const BROADCAST: Mac = [0xff; 6];
+    pub const TCP_SYN: u8 = 0x02;
+    pub const TCP_ACK: u8 = 0x10;
+    pub const ARPOP_REQUEST: u16 = 1;
+    pub const ARPOP_REPLY: u16 = 2;
+    pub const ND_NEIGHBOR_SOLICIT: u8 = 135;
+    pub const ND_NEIGHBOR_ADVERT: u8 = 136;
+    /// Hop limit every neighbour discovery message carries (RFC 4861).
+    pub const ND_HOP_LIMIT: u8 = 255;
+
+    /// The Internet checksum: ones' complement of the ones' complement sum
+    /// of the 16-bit words (an odd last byte padded with zero). Over data
+    /// that holds a correct checksum it gives 0.
+    pub fn checksum(bytes: &[u8]) -> u16 {
+        let mut sum: u32 = bytes
+            .chunks(2)
+            .map(|pair| u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)])))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    /// The pseudo-header TCP, UDP and ICMPv6 checksums cover.
+    pub fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
+        match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => [
+                &src.octets()[..],
+                &dst.octets(),
+                &[0, proto],
+                &(len as u16).to_be_bytes(),
+            ]
+            .concat(),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => [
+                &src.octets()[..],
+                &dst.octets(),
+                &(len as u32).to_be_bytes(),
+                &[0, 0, 0, proto],
+            ]
+            .concat(),
+            _ => panic!("{src} and {dst} are of different families"),
+        }
+    }
+
+    /// `message` with the checksum at `at` computed over the pseudo-header
+    /// of (`src`, `dst`, `proto`) and the message.
+    fn with_checksum(
+        mut message: Vec<u8>,
+        at: usize,
+        src: IpAddr,
+        dst: IpAddr,
+        proto: u8,
+    ) -> Vec<u8> {
+        let covered = [
+            pseudo_header(src, dst, proto, message.len()),
+            message.clone(),
+        ]
+        .concat();
+        message[at..at + 2].copy_from_slice(&checksum(&covered).to_be_bytes());
+        message
+    }
+
+    pub fn ethernet(dst: Mac, src: Mac, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+        [&dst[..], &src, &ethertype.to_be_bytes(), payload].concat()
+    }
+
+    /// An Ethernet/IPv4 ARP message.
+    pub fn arp(
+        operation: u16,
+        sender_mac: Mac,
+        sender_ip: Ipv4Addr,
+        target_mac: Mac,
+        target_ip: Ipv4Addr,
+    ) -> Vec<u8> {
+        [
+            &1u16.to_be_bytes()[..],
+            &ETH_P_IP.to_be_bytes(),
+            &[6, 4],
+            &operation.to_be_bytes(),
+            &sender_mac,
+            &sender_ip.octets(),
+            &target_mac,
+            &target_ip.octets(),
+        ]
+        .concat()
+    }
+
+    /// An IPv4 header without options (DF set) and `payload`.
+    pub fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, ttl: u8, proto: u8, payload: &[u8]) -> Vec<u8> {
+        ipv4_with_id(src, dst, ttl, proto, 0x1234, payload)
+    }
+
+    /// `ipv4` with the identification `id` (which moves the checksum).
+    pub fn ipv4_with_id(
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        ttl: u8,
+        proto: u8,
+        id: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let total = (IPV4_LEN + payload.len()) as u16;
+        let mut header = [
+            &[0x45, 0][..],
+            &total.to_be_bytes(),
+            &id.to_be_bytes(),
+            &0x4000u16.to_be_bytes(),
+            &[ttl, proto, 0, 0],
+            &src.octets(),
+            &dst.octets(),
+        ]
+        .concat();
+        let sum = checksum(&header);
+        header[10..12].copy_from_slice(&sum.to_be_bytes());
+        [header, payload.to_vec()].concat()
+    }
+
+    /// An IPv6 header (no extension headers) and `payload`.
+    pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8, next: u8, payload: &[u8]) -> Vec<u8> {
+        [
+            &[0x60, 0, 0, 0][..],
+            &(payload.len() as u16).to_be_bytes(),
+            &[next, hop_limit],
+            &src.octets(),
+            &dst.octets(),
+            payload,
+        ]
+        .concat()
+    }
+
+    /// An IP packet of the addresses' family: (ethertype, packet).
+    pub fn ip(src: IpAddr, dst: IpAddr, ttl: u8, proto: u8, payload: &[u8]) -> (u16, Vec<u8>) {
+        match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => (ETH_P_IP, ipv4(src, dst, ttl, proto, payload)),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => (ETH_P_IPV6, ipv6(src, dst, ttl, proto, payload)),
+            _ => panic!("{src} and {dst} are of different families"),
+        }
+    }
+
+    /// A TCP header without options, no payload.
+    pub fn tcp(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+        let ack_number: u32 = if flags & TCP_ACK != 0 { 1 } else { 0 };
+        let segment = [
+            &sport.to_be_bytes()[..],
+            &dport.to_be_bytes(),
+            &0x1000_0000u32.to_be_bytes(),
+            &ack_number.to_be_bytes(),
+            &[0x50, flags],
+            &64240u16.to_be_bytes(),
+            &[0, 0, 0, 0],
+        ]
+        .concat();
+        with_checksum(segment, 16, src, dst, IPPROTO_TCP)
+    }
+
+    pub fn udp(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+        let datagram = [
+            &sport.to_be_bytes()[..],
+            &dport.to_be_bytes(),
+            &((8 + payload.len()) as u16).to_be_bytes(),
+            &[0, 0],
+            payload,
+        ]
+        .concat();
+        with_checksum(datagram, 6, src, dst, IPPROTO_UDP)
+    }
+
+    /// An ICMP message (its checksum covers the message alone).
+    pub fn icmpv4(icmp_type: u8, code: u8, body: &[u8]) -> Vec<u8> {
+        let mut message = [&[icmp_type, code, 0, 0][..], body].concat();
+        let sum = checksum(&message);
+        message[2..4].copy_from_slice(&sum.to_be_bytes());
+        message
+    }
+
+    /// An ICMPv6 message (its checksum covers the pseudo-header too).
+    pub fn icmpv6(src: Ipv6Addr, dst: Ipv6Addr, icmp_type: u8, code: u8, body: &[u8]) -> Vec<u8> {
+        let message = [&[icmp_type, code, 0, 0][..], body].concat();
+        with_checksum(message, 2, src.into(), dst.into(), IPPROTO_ICMPV6)
+    }
+
+    /// An echo request of the addresses' family, 8 bytes of ICMP: (protocol, message).
+    pub fn echo_request(src: IpAddr, dst: IpAddr) -> (u8, Vec<u8>) {
+        let id_and_sequence = [0x12, 0x34, 0, 1];
+        match (src, dst) {
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                (IPPROTO_ICMPV6, icmpv6(src, dst, 128, 0, &id_and_sequence))
+            }
+            _ => (IPPROTO_ICMP, icmpv4(8, 0, &id_and_sequence)),
+        }
+    }
+
+    /// The "port unreachable" a host at `src` sends to `dst` about
+    /// `quoted` (the IP packet it got): (protocol, message).
+    pub fn port_unreachable(src: IpAddr, dst: IpAddr, quoted: &[u8]) -> (u8, Vec<u8>) {
+        let body = [&[0, 0, 0, 0][..], quoted].concat();
+        match (src, dst) {
+            (IpAddr::V6(src), IpAddr::V6(dst)) => (IPPROTO_ICMPV6, icmpv6(src, dst, 1, 4, &body)),
+            _ => (IPPROTO_ICMP, icmpv4(3, 3, &body)),
+        }
+    }
+
+    /// ff02::1:ffXX:XXXX, where a solicitation for `target` goes.
+    pub fn solicited_node(target: Ipv6Addr) -> Ipv6Addr {
+        let t = target.octets();
+        Ipv6Addr::from([
+            0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, t[13], t[14], t[15],
+        ])
+    }
+
+    /// 33:33 and the group's last 32 bits: an IPv6 multicast's MAC.
+    pub fn multicast_mac(group: Ipv6Addr) -> Mac {
+        let g = group.octets();
+        [0x33, 0x33, g[12], g[13], g[14], g[15]]
+    }
+
+    /// A neighbour solicitation (an IPv6 packet) for `target`, with the
+    /// source link-layer option when `source_mac` is given.
+    pub fn neighbour_solicitation(
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        source_mac: Option<Mac>,
+    ) -> Vec<u8> {
+        let dst = solicited_node(target);
+        let option: Vec<u8> = source_mac
+            .map(|mac| [&[1, 1][..], &mac].concat())
+            .unwrap_or_default();
+        let body = [&[0, 0, 0, 0][..], &target.octets(), &option].concat();
+        ipv6(
+            src,
+            dst,
+            ND_HOP_LIMIT,
+            IPPROTO_ICMPV6,
+            &icmpv6(src, dst, ND_NEIGHBOR_SOLICIT, 0, &body),
+        )
+    }
+
+    /// The advertisement a solicitation from `asker` for `target` must get:
+    /// Solicited and Override set, `target_mac` in the target link-layer option.
+    pub fn neighbour_advertisement(asker: Ipv6Addr, target: Ipv6Addr, target_mac: Mac) -> Vec<u8> {
+        let body = [&[0x60, 0, 0, 0][..], &target.octets(), &[2, 1], &target_mac].concat();
+        ipv6(
+            target,
+            asker,
+            ND_HOP_LIMIT,
+            IPPROTO_ICMPV6,
+            &icmpv6(target, asker, ND_NEIGHBOR_ADVERT, 0, &body),
+        )
+    }
+
+    /// `frame` with its Ethernet destination and source replaced.
+    pub fn with_macs(frame: &[u8], dst: Mac, src: Mac) -> Vec<u8> {
+        [&dst[..], &src, &frame[12..]].concat()
+    }
+}
+
+// ---- The node the programs run for ----------------------------------------
+
+/// Each role's address in both families.
+#[derive(Clone, Copy, Debug)]
+struct DualStack {
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+impl Family {
+    /// The length of the family's IP header (without options or extensions).
+    fn ip_header_len(self) -> usize {
+        match self {
+            Family::V4 => IPV4_LEN,
+            Family::V6 => IPV6_LEN,
+        }
+    }
+}
+
+impl DualStack {
+    const fn new(v4: [u8; 4], v6: [u16; 8]) -> Self {
+        DualStack {
+            v4: Ipv4Addr::new(v4[0], v4[1], v4[2], v4[3]),
+            v6: Ipv6Addr::new(v6[0], v6[1], v6[2], v6[3], v6[4], v6[5], v6[6], v6[7]),
+        }
+    }
+
+    fn of(self, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => self.v4.into(),
+            Family::V6 => self.v6.into(),
+        }
+    }
+}
+
+const POD_A: DualStack = DualStack::new([10, 244, 1, 2], [0xfd00, 0x244, 1, 0, 0, 0, 0, 2]);
+const POD_B: DualStack = DualStack::new([10, 244, 1, 3], [0xfd00, 0x244, 1, 0, 0, 0, 0, 3]);
+/// In the pods' subnet, but no pod's.
+const UNUSED: DualStack = DualStack::new([10, 244, 1, 99], [0xfd00, 0x244, 1, 0, 0, 0, 0, 0x99]);
+/// Outside the cluster: the host's to route.
+const OUTSIDE: DualStack = DualStack::new([192, 0, 2, 10], [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10]);
+/// A Service's ClusterIP, which the host translates to a backend.
+const CLUSTER_IP: DualStack = DualStack::new([10, 96, 0, 10], [0xfd96, 0, 0, 0, 0, 0, 0, 0x10]);
+/// A pod on another node (in `REMOTE_CIDRS`, via `REMOTE_NODE`).
+const REMOTE_POD: DualStack = DualStack::new([10, 244, 2, 5], [0xfd00, 0x244, 2, 0, 0, 0, 0, 5]);
+const REMOTE_NODE: DualStack = DualStack::new([192, 168, 50, 2], [0xfd00, 0x50, 0, 0, 0, 0, 0, 2]);
+/// A pod on a third node, whose MAC this node's neighbour table lacks.
+const UNRESOLVED_POD: DualStack =
+    DualStack::new([10, 244, 3, 5], [0xfd00, 0x244, 3, 0, 0, 0, 0, 5]);
+const UNRESOLVED_NODE: DualStack =
+    DualStack::new([192, 168, 50, 3], [0xfd00, 0x50, 0, 0, 0, 0, 0, 3]);
+/// This node's own address on the uplink.
+const THIS_NODE: DualStack = DualStack::new([192, 168, 50, 1], [0xfd00, 0x50, 0, 0, 0, 0, 0, 1]);
+/// Other nodes' pod CIDRs and their nodes, as the agent writes them.
+const REMOTE_CIDRS: [(&str, IpAddr); 4] = [
+    ("10.244.2.0/24", IpAddr::V4(REMOTE_NODE.v4)),
+    ("fd00:244:2::/64", IpAddr::V6(REMOTE_NODE.v6)),
+    ("10.244.3.0/24", IpAddr::V4(UNRESOLVED_NODE.v4)),
+    ("fd00:244:3::/64", IpAddr::V6(UNRESOLVED_NODE.v6)),
+];
+
+const POD_A_MAC: Mac = [0x02, 0, 0, 0, 0x0a, 0x01];
+const HOST_A_MAC: Mac = [0x02, 0, 0, 0, 0x0a, 0xfe];
+const POD_B_MAC: Mac = [0x02, 0, 0, 0, 0x0b, 0x01];
+const HOST_B_MAC: Mac = [0x02, 0, 0, 0, 0x0b, 0xfe];
+const UPLINK_MAC: Mac = [0x02, 0, 0, 0, 0, 0xfe];
+const REMOTE_NODE_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+
+const TTL: u8 = 64;
+
+/// A pod as the datapath knows it: an endpoint entry for its addresses,
+/// whose host veth is a veth link of the test's namespace.
+struct Pod {
+    host_ifindex: u32,
+    pod_mac: Mac,
+    host_mac: Mac,
+    slot: u32,
+    addresses: DualStack,
+}
+
+impl Pod {
+    /// Its entry in the endpoint maps.
+    fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            host_ifindex: self.host_ifindex,
+            flags: 0,
+            pod_mac: self.pod_mac,
+            host_mac: self.host_mac,
+            counter_slot: self.slot,
+        }
+    }
+
+    fn ip(&self, family: Family) -> IpAddr {
+        self.addresses.of(family)
+    }
+
+    /// A frame this pod sends: to its host veth, its only neighbour.
+    fn sends(&self, (ethertype, packet): (u16, Vec<u8>)) -> Vec<u8> {
+        ethernet(self.host_mac, self.pod_mac, ethertype, &packet)
+    }
+
+    /// `frame` as it must reach this pod from the datapath: addressed to
+    /// it, from its host veth.
+    fn receives(&self, frame: &[u8]) -> Vec<u8> {
+        with_macs(frame, self.pod_mac, self.host_mac)
+    }
+}
+
+/// Where a frame arrives, which picks the program that judges it.
+#[derive(Clone, Copy)]
+enum Hook<'a> {
+    /// From a pod, on its host veth's tc ingress: `from_pod`.
+    PodTc(&'a Pod),
+    /// From a pod, on its host veth's XDP hook: `from_pod_xdp`.
+    PodXdp(&'a Pod),
+    /// From another node, on the uplink's tc ingress: `from_uplink`.
+    Uplink,
+}
+
+type Stats = [Counter; action::COUNT as usize];
+
+/// One node's datapath for one test: a namespace with two pods' host veths
+/// and an uplink, the datapath loaded in `mode` under a pin root of its
+/// own, both pods in its maps and the other nodes' pod CIDRs in its tries.
+struct Node {
+    netns: Netns,
+    scratch: ScratchDatapath,
+    a: Pod,
+    b: Pod,
+    uplink_ifindex: u32,
+}
+
+impl Node {
+    fn new(mode: DatapathMode) -> Self {
+        let netns = Netns::new();
+        let scratch = ScratchDatapath::load(mode).expect("loading the datapath");
+        let a_index = add_veth(&netns, "host-a", HOST_A_MAC, "pod-a");
+        let b_index = add_veth(&netns, "host-b", HOST_B_MAC, "pod-b");
+        let uplink_ifindex = add_veth(&netns, "uplink", UPLINK_MAC, "uplink-peer");
+        let datapath = &scratch.datapath;
+        let pod = |host_ifindex: u32, pod_mac: Mac, host_mac: Mac, addresses: DualStack| {
+            let pod = Pod {
+                host_ifindex,
+                pod_mac,
+                host_mac,
+                slot: datapath
+                    .claim_counter_slot(host_ifindex)
+                    .expect("a counter slot"),
+                addresses,
+            };
+            datapath
+                .insert_pod(pod.endpoint(), &[addresses.v4.into(), addresses.v6.into()])
+                .expect("inserting a pod");
+            pod
+        };
+        let a = pod(a_index, POD_A_MAC, HOST_A_MAC, POD_A);
+        let b = pod(b_index, POD_B_MAC, HOST_B_MAC, POD_B);
+        let remote: Vec<(IpNetwork, IpAddr)> = REMOTE_CIDRS
+            .iter()
+            .map(|(cidr, node)| (cidr.parse().expect("CIDR"), *node))
+            .collect();
+        datapath
+            .set_remote_cidrs(&remote)
+            .expect("writing the remote CIDRs");
+        Node {
+            netns,
+            scratch,
+            a,
+            b,
+            uplink_ifindex,
+        }
+    }
+
+    /// Runs `frame` through the program at `hook` (in the namespace, where
+    /// the ifindexes are).
+    fn try_run(&self, hook: Hook, frame: &[u8]) -> anyhow::Result<Outcome> {
+        let (program, ifindex) = match hook {
+            Hook::PodTc(pod) => (PROG_FROM_POD, pod.host_ifindex),
+            Hook::PodXdp(pod) => (PROG_FROM_POD_XDP, pod.host_ifindex),
+            Hook::Uplink => (PROG_FROM_UPLINK, self.uplink_ifindex),
+        };
+        let path = self.scratch.program_path(program);
+        self.netns.run(|| match hook {
+            Hook::PodXdp(_) => run_xdp(&path, frame, ifindex),
+            Hook::PodTc(_) | Hook::Uplink => run_tc(&path, frame, ifindex),
+        })
+    }
+
+    /// Runs `frame` at `hook` and checks what came out: the verdict, the
+    /// frame the program left (`left`), and the counters it moved, by
+    /// name, every other one unmoved. Returns the outcome for more checks.
+    fn check(
+        &self,
+        case: &str,
+        hook: Hook,
+        frame: &[u8],
+        verdict: u32,
+        left: &[u8],
+        counted: &[(&str, u64)],
+    ) -> Outcome {
+        let before = self.stats();
+        let outcome = self.try_run(hook, frame).expect(case);
+        assert_eq!(outcome.verdict, verdict, "{case}: verdict");
+        assert_eq!(
+            hex(&outcome.frame),
+            hex(left),
+            "{case}: the frame the program left"
+        );
+        assert_eq!(self.counted_since(&before), counted, "{case}: STATS");
+        outcome
+    }
+
+    fn stats(&self) -> Stats {
+        self.scratch.datapath.stats().expect("reading STATS")
+    }
+
+    /// The actions counted since `before`, by name, with their packets.
+    fn counted_since(&self, before: &Stats) -> Vec<(&'static str, u64)> {
+        let after = self.stats();
+        action::NAMES
+            .iter()
+            .zip(after.iter().zip(before))
+            .map(|(name, (after, before))| (*name, after.packets - before.packets))
+            .filter(|(_, packets)| *packets > 0)
+            .collect()
+    }
+
+    /// `conntrack` with the arguments in `line` (space-separated) in the
+    /// node's namespace.
+    fn conntrack(&self, line: &str) {
+        let mut command = vec!["conntrack"];
+        command.extend(line.split_whitespace());
+        self.netns.exec(&command);
+    }
+
+    /// A conntrack entry as the host's stack would have made it: the
+    /// original direction `orig`, the reply direction `reply` (other than
+    /// `orig` reversed when the host translated the flow).
+    fn track(&self, proto: &str, orig: Tuple, reply: Tuple) {
+        let state = if proto == "tcp" {
+            "--state ESTABLISHED"
+        } else {
+            ""
+        };
+        self.conntrack(&format!(
+            "-I -p {proto} -s {} -d {} --sport {} --dport {} \
+             -r {} -q {} --reply-port-src {} --reply-port-dst {} -t 300 {state}",
+            orig.src,
+            orig.dst,
+            orig.sport,
+            orig.dport,
+            reply.src,
+            reply.dst,
+            reply.sport,
+            reply.dport,
+        ));
+    }
+
+    /// Deletes the entry whose original direction is `orig`.
+    fn untrack(&self, proto: &str, orig: Tuple) {
+        self.conntrack(&format!(
+            "-D -p {proto} -s {} -d {} --sport {} --dport {}",
+            orig.src, orig.dst, orig.sport, orig.dport
+        ));
+    }
+
+    /// Runs each of `lines` (a command, space-separated) in the node's
+    /// namespace.
+    fn exec_lines(&self, lines: &[String]) {
+        for line in lines {
+            self.netns
+                .exec(&line.split_whitespace().collect::<Vec<_>>());
+        }
+    }
+}
+
+/// Creates a veth pair in `netns` (the first end with `mac`), returns the
+/// first end's ifindex.
+fn add_veth(netns: &Netns, name: &str, mac: Mac, peer: &str) -> u32 {
+    netns.exec(&[
+        "ip",
+        "link",
+        "add",
+        name,
+        "address",
+        &mac_text(mac),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        peer,
+    ]);
+    let shown = netns.exec(&["ip", "-j", "link", "show", "dev", name]);
+    let links: serde_json::Value = serde_json::from_str(&shown).expect("ip -j output");
+    links[0]["ifindex"]
+        .as_u64()
+        .and_then(|index| u32::try_from(index).ok())
+        .unwrap_or_else(|| panic!("no ifindex for {name} in {shown}"))
+}
+
+fn mac_text(mac: Mac) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Bytes as hex, 16 a line: a differing frame shows where it differs.
+fn hex(bytes: &[u8]) -> String {
+    bytes
+        .chunks(16)
+        .map(|line| {
+            line.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One direction of a flow.
+#[derive(Clone, Copy, Debug)]
+struct Tuple {
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+}
+
+impl Tuple {
+    fn new(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Self {
+        Tuple {
+            src,
+            sport,
+            dst,
+            dport,
+        }
+    }
+
+    fn reversed(self) -> Self {
+        Tuple::new(self.dst, self.dport, self.src, self.sport)
+    }
+
+    /// An IP packet of this tuple, TCP with `flags`.
+    fn tcp(self, flags: u8) -> (u16, Vec<u8>) {
+        let segment = tcp(self.src, self.dst, self.sport, self.dport, flags);
+        ip(self.src, self.dst, TTL, IPPROTO_TCP, &segment)
+    }
+
+    /// An IP packet of this tuple, UDP with a small payload.
+    fn udp(self) -> (u16, Vec<u8>) {
+        let datagram = udp(self.src, self.dst, self.sport, self.dport, b"query");
+        ip(self.src, self.dst, TTL, IPPROTO_UDP, &datagram)
+    }
+}
+
+/// Skips the test (returns None) unless root; else the node for `mode`.
+fn node_or_skip(test: &str, mode: DatapathMode) -> Option<Node> {
+    if !root_or_skip(test) {
+        return None;
+    }
+    Some(Node::new(mode))
+}
+
+// ---- Neighbours: ARP and NDP answered in place ------------------------------
+
+#[test]
+fn arp_requests_are_answered_with_the_host_veth_mac() {
+    let Some(node) = node_or_skip(
+        "arp_requests_are_answered_with_the_host_veth_mac",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    // For another pod and for an address outside: the pod must send both
+    // to its host veth.
+    for target in [POD_B.v4, OUTSIDE.v4] {
+        let request = ethernet(
+            BROADCAST,
+            a.pod_mac,
+            ETH_P_ARP,
+            &arp(ARPOP_REQUEST, a.pod_mac, a.addresses.v4, [0; 6], target),
+        );
+        let reply = ethernet(
+            a.pod_mac,
+            a.host_mac,
+            ETH_P_ARP,
+            &arp(ARPOP_REPLY, a.host_mac, target, a.pod_mac, a.addresses.v4),
+        );
+        node.check(
+            &format!("who-has {target}"),
+            Hook::PodTc(a),
+            &request,
+            TC_ACT_REDIRECT,
+            &reply,
+            &[("arp_answered", 1)],
+        );
+    }
+}
+
+#[test]
+fn arp_probes_and_announcements_pass_unchanged() {
+    let Some(node) = node_or_skip(
+        "arp_probes_and_announcements_pass_unchanged",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    // A probe (sender 0.0.0.0, RFC 5227) and a gratuitous ARP (sender =
+    // target): answering either would tell the pod its address is taken.
+    let probe = arp(
+        ARPOP_REQUEST,
+        a.pod_mac,
+        Ipv4Addr::UNSPECIFIED,
+        [0; 6],
+        a.addresses.v4,
+    );
+    let announcement = arp(
+        ARPOP_REQUEST,
+        a.pod_mac,
+        a.addresses.v4,
+        [0; 6],
+        a.addresses.v4,
+    );
+    // A reply is not the datapath's to answer either.
+    let reply = arp(ARPOP_REPLY, a.pod_mac, a.addresses.v4, a.host_mac, POD_B.v4);
+    for (case, message) in [
+        ("probe", probe),
+        ("announcement", announcement),
+        ("reply", reply),
+    ] {
+        let frame = ethernet(BROADCAST, a.pod_mac, ETH_P_ARP, &message);
+        node.check(
+            case,
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("passed_to_stack", 1)],
+        );
+    }
+}
+
+#[test]
+fn neighbour_solicitations_become_advertisements_of_the_host_veth_mac() {
+    let Some(node) = node_or_skip(
+        "neighbour_solicitations_become_advertisements_of_the_host_veth_mac",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    let link_local_a: Ipv6Addr = "fe80::a".parse().expect("address");
+    let gateway: Ipv6Addr = "fe80::1".parse().expect("address");
+    // From the pod's own address for another pod, and from its link-local
+    // address for its gateway (how a default route is resolved).
+    for (asker, target) in [(a.addresses.v6, POD_B.v6), (link_local_a, gateway)] {
+        let solicitation = ethernet(
+            multicast_mac(solicited_node(target)),
+            a.pod_mac,
+            ETH_P_IPV6,
+            &neighbour_solicitation(asker, target, Some(a.pod_mac)),
+        );
+        let advertisement = ethernet(
+            a.pod_mac,
+            a.host_mac,
+            ETH_P_IPV6,
+            &neighbour_advertisement(asker, target, a.host_mac),
+        );
+        let case = format!("{asker} asks for {target}");
+        let outcome = node.check(
+            &case,
+            Hook::PodTc(a),
+            &solicitation,
+            TC_ACT_REDIRECT,
+            &advertisement,
+            &[("nd_answered", 1)],
+        );
+        // The equality above covers the checksum; checked on its own too,
+        // so that a failure says so.
+        let message = &outcome.frame[ETH_LEN + IPV6_LEN..];
+        let covered = [
+            pseudo_header(target.into(), asker.into(), IPPROTO_ICMPV6, message.len()),
+            message.to_vec(),
+        ]
+        .concat();
+        assert_eq!(checksum(&covered), 0, "{case}: ICMPv6 checksum");
+    }
+}
+
+#[test]
+fn duplicate_address_detection_passes_unchanged() {
+    let Some(node) = node_or_skip(
+        "duplicate_address_detection_passes_unchanged",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    // DAD comes from :: and has no source link-layer option (RFC 4862); one
+    // with the option has the exact shape the datapath answers, so it
+    // reaches the check for the unspecified source too.
+    for (case, option) in [("plain", None), ("with an option", Some(a.pod_mac))] {
+        let frame = ethernet(
+            multicast_mac(solicited_node(a.addresses.v6)),
+            a.pod_mac,
+            ETH_P_IPV6,
+            &neighbour_solicitation(Ipv6Addr::UNSPECIFIED, a.addresses.v6, option),
+        );
+        node.check(
+            case,
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("passed_to_stack", 1)],
+        );
+    }
+}
+
+// ---- Between local pods ----------------------------------------------------------
+
+#[test]
+fn packets_between_pods_are_redirected_with_the_peers_macs() {
+    let Some(node) = node_or_skip(
+        "packets_between_pods_are_redirected_with_the_peers_macs",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    let mut delivered = 0;
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 8080);
+        for (case, packet) in [
+            ("TCP SYN", flow.tcp(TCP_SYN)),
+            ("TCP ACK", flow.tcp(TCP_ACK)),
+            ("UDP", flow.udp()),
+        ] {
+            let frame = a.sends(packet);
+            node.check(
+                &format!("{family:?} {case}"),
+                Hook::PodTc(a),
+                &frame,
+                TC_ACT_REDIRECT,
+                // The IP header is untouched: between two local pods there
+                // is no routing hop.
+                &b.receives(&frame),
+                &[("redirected", 1)],
+            );
+            delivered += 1;
+        }
+    }
+    let received = node
+        .scratch
+        .datapath
+        .slot_counters(b.slot)
+        .expect("B's counters");
+    assert_eq!(received.rx_packets, delivered, "B's per-pod rx counter");
+}
+
+#[test]
+fn packets_for_no_local_pod_pass_unchanged() {
+    let Some(node) = node_or_skip("packets_for_no_local_pod_pass_unchanged", DatapathMode::Tc)
+    else {
+        return;
+    };
+    let a = &node.a;
+    for family in FAMILIES {
+        // An address outside, one of the subnet nobody has, the pod itself.
+        for (case, dst) in [
+            ("outside", OUTSIDE.of(family)),
+            ("unused", UNUSED.of(family)),
+            ("itself", a.ip(family)),
+        ] {
+            let frame = a.sends(Tuple::new(a.ip(family), 40000, dst, 80).tcp(TCP_SYN));
+            node.check(
+                &format!("{family:?} to {case}"),
+                Hook::PodTc(a),
+                &frame,
+                TC_ACT_OK,
+                &frame,
+                &[("passed_to_stack", 1)],
+            );
+        }
+    }
+}
+
+#[test]
+fn short_icmpv6_between_pods_is_redirected() {
+    let Some(node) = node_or_skip("short_icmpv6_between_pods_is_redirected", DatapathMode::Tc)
+    else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // 8 bytes of ICMPv6, shorter than any neighbour solicitation: it must
+    // not be taken for a truncated one. ICMP echo of IPv4 likewise.
+    for family in FAMILIES {
+        let (proto, echo) = echo_request(a.ip(family), b.ip(family));
+        let frame = a.sends(ip(a.ip(family), b.ip(family), TTL, proto, &echo));
+        node.check(
+            &format!("{family:?} echo request"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+    }
+}
+
+// ---- Source addresses -------------------------------------------------------------
+
+#[test]
+fn packets_from_an_address_not_the_pods_own_are_dropped() {
+    let Some(node) = node_or_skip(
+        "packets_from_an_address_not_the_pods_own_are_dropped",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        // An unused address and another pod's, to a pod and to the outside.
+        for (case, src) in [("unused", UNUSED.of(family)), ("B's", b.ip(family))] {
+            for dst in [b.ip(family), OUTSIDE.of(family)] {
+                let frame = a.sends(Tuple::new(src, 40000, dst, 80).udp());
+                node.check(
+                    &format!("{family:?} from {case} address to {dst}"),
+                    Hook::PodTc(a),
+                    &frame,
+                    TC_ACT_SHOT,
+                    &frame,
+                    &[("dropped", 1)],
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn link_local_sources_reach_only_the_link() {
+    let Some(node) = node_or_skip("link_local_sources_reach_only_the_link", DatapathMode::Tc)
+    else {
+        return;
+    };
+    let a = &node.a;
+    let link_local_a: Ipv6Addr = "fe80::a".parse().expect("address");
+    let all_routers: Ipv6Addr = "ff02::2".parse().expect("address");
+    // A router solicitation (type 133, the source link-layer option).
+    let body = [&[0, 0, 0, 0, 1, 1][..], &a.pod_mac].concat();
+    let message = icmpv6(link_local_a, all_routers, 133, 0, &body);
+    let to_routers = a.sends((
+        ETH_P_IPV6,
+        ipv6(
+            link_local_a,
+            all_routers,
+            ND_HOP_LIMIT,
+            IPPROTO_ICMPV6,
+            &message,
+        ),
+    ));
+    node.check(
+        "router solicitation to ff02::2",
+        Hook::PodTc(a),
+        &to_routers,
+        TC_ACT_OK,
+        &to_routers,
+        &[("passed_to_stack", 1)],
+    );
+    // A link-local source must never be forwarded: to a pod or outside.
+    for dst in [POD_B.of(Family::V6), OUTSIDE.of(Family::V6)] {
+        let frame = a.sends(Tuple::new(link_local_a.into(), 40000, dst, 80).udp());
+        node.check(
+            &format!("link-local to {dst}"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &frame,
+            &[("dropped", 1)],
+        );
+    }
+}
+
+// ---- Malformed and unknown frames -----------------------------------------------------
+
+#[test]
+fn frames_the_datapath_cannot_judge_pass_unchanged() {
+    let Some(node) = node_or_skip(
+        "frames_the_datapath_cannot_judge_pass_unchanged",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    let udp_v4 = Tuple::new(a.ip(Family::V4), 40000, b.ip(Family::V4), 80).udp();
+    // A VLAN tag in front of IPv4 (a pod never sends one; the host decides).
+    let tagged = ethernet(
+        a.host_mac,
+        a.pod_mac,
+        ETH_P_8021Q,
+        &[&[0, 100][..], &ETH_P_IP.to_be_bytes(), &udp_v4.1].concat(),
+    );
+    // An ARP request cut short.
+    let short_arp = ethernet(
+        BROADCAST,
+        a.pod_mac,
+        ETH_P_ARP,
+        &arp(ARPOP_REQUEST, a.pod_mac, a.addresses.v4, [0; 6], POD_B.v4)[..20],
+    );
+    let unknown = ethernet(a.host_mac, a.pod_mac, 0x88b5, b"local experimental");
+    let mut cases = vec![
+        ("VLAN-tagged".to_string(), tagged),
+        ("short ARP".to_string(), short_arp),
+        ("unknown ethertype".to_string(), unknown),
+    ];
+    // A whole IP header, the TCP or UDP one cut short, between two pods:
+    // conntrack cannot be asked, the stack takes it.
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 80);
+        let header_len = ETH_LEN + family.ip_header_len();
+        for (proto, frame) in [
+            ("TCP", a.sends(flow.tcp(TCP_ACK))),
+            ("UDP", a.sends(flow.udp())),
+        ] {
+            cases.push((
+                format!("{family:?} {proto}, 3 bytes of it"),
+                frame[..header_len + 3].to_vec(),
+            ));
+        }
+    }
+    for (case, frame) in cases {
+        node.check(
+            &case,
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("passed_to_stack", 1)],
+        );
+    }
+}
+
+// ---- Cross-node: from a pod to another node, from the uplink to a pod ---------------------
+
+#[test]
+fn packets_for_another_nodes_pod_leave_by_the_kernels_route() {
+    let Some(node) = node_or_skip(
+        "packets_for_another_nodes_pod_leave_by_the_kernels_route",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    let to = |family: Family, dst: DualStack, ttl: u8| {
+        let datagram = udp(a.ip(family), dst.of(family), 40000, 8080, b"query");
+        a.sends(ip(
+            a.ip(family),
+            dst.of(family),
+            ttl,
+            IPPROTO_UDP,
+            &datagram,
+        ))
+    };
+    // Forwarding off and no route yet: the FIB has no answer, the stack
+    // takes the packet as it is.
+    for family in FAMILIES {
+        let frame = to(family, REMOTE_POD, TTL);
+        node.check(
+            &format!("{family:?} without a route"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("remote_passed_to_stack", 1)],
+        );
+    }
+    // The routes the agent writes via the other nodes (REMOTE_CIDRS), and
+    // REMOTE_NODE's MAC known (UNRESOLVED_NODE's not).
+    let mut setup: Vec<String> = vec![
+        "sysctl -qw net.ipv4.conf.all.forwarding=1".into(),
+        "sysctl -qw net.ipv6.conf.all.forwarding=1".into(),
+        "ip link set uplink-peer up".into(),
+        "ip link set uplink up".into(),
+        format!("ip addr add {}/24 dev uplink", THIS_NODE.v4),
+        format!("ip addr add {}/64 dev uplink nodad", THIS_NODE.v6),
+    ];
+    for family in FAMILIES {
+        setup.push(format!(
+            "ip neigh add {} lladdr {} dev uplink nud permanent",
+            REMOTE_NODE.of(family),
+            mac_text(REMOTE_NODE_MAC)
+        ));
+    }
+    for (cidr, via) in REMOTE_CIDRS {
+        setup.push(format!("ip route add {cidr} via {via} dev uplink"));
+    }
+    node.exec_lines(&setup);
+    for family in FAMILIES {
+        // Resolved: the MACs the FIB found, one hop older (built anew here
+        // with TTL 63 and its checksum from scratch), bpf_redirect.
+        let frame = to(family, REMOTE_POD, TTL);
+        let routed = with_macs(
+            &to(family, REMOTE_POD, TTL - 1),
+            REMOTE_NODE_MAC,
+            UPLINK_MAC,
+        );
+        let outcome = node.check(
+            &format!("{family:?} to a resolved next hop"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &routed,
+            &[("to_remote_node", 1)],
+        );
+        if family == Family::V4 {
+            assert_eq!(
+                checksum(&outcome.frame[ETH_LEN..ETH_LEN + IPV4_LEN]),
+                0,
+                "IPv4 header checksum after the TTL decrement"
+            );
+        }
+        // Unresolved: one hop older, MACs left for bpf_redirect_neigh.
+        let frame = to(family, UNRESOLVED_POD, TTL);
+        node.check(
+            &format!("{family:?} to an unresolved next hop"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &to(family, UNRESOLVED_POD, TTL - 1),
+            &[("to_remote_node", 1)],
+        );
+        // Expiring: the stack answers it with ICMP time exceeded.
+        let frame = to(family, REMOTE_POD, 1);
+        node.check(
+            &format!("{family:?} with TTL 1"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("remote_passed_to_stack", 1)],
+        );
+    }
+}
+
+/// A frame from another node on the uplink, addressed to this node's
+/// uplink (the host's MAC: test_run's skb then gets PACKET_HOST).
+fn from_remote(src: IpAddr, dst: IpAddr, ttl: u8) -> Vec<u8> {
+    let datagram = udp(src, dst, 8080, 40000, b"answer");
+    let (ethertype, packet) = ip(src, dst, ttl, IPPROTO_UDP, &datagram);
+    ethernet(UPLINK_MAC, REMOTE_NODE_MAC, ethertype, &packet)
+}
+
+#[test]
+fn uplink_packets_from_remote_pods_are_redirected_one_hop_older() {
+    let Some(node) = node_or_skip(
+        "uplink_packets_from_remote_pods_are_redirected_one_hop_older",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let b = &node.b;
+    for family in FAMILIES {
+        let (src, dst) = (REMOTE_POD.of(family), b.ip(family));
+        let frame = from_remote(src, dst, TTL);
+        // TTL (hop limit) one less, the IPv4 checksum patched: built anew
+        // here with TTL 63 and a checksum computed from scratch.
+        let forwarded = b.receives(&from_remote(src, dst, TTL - 1));
+        let outcome = node.check(
+            &format!("{family:?} remote pod to B"),
+            Hook::Uplink,
+            &frame,
+            TC_ACT_REDIRECT,
+            &forwarded,
+            &[("uplink_to_pod", 1)],
+        );
+        if family == Family::V4 {
+            assert_eq!(
+                checksum(&outcome.frame[ETH_LEN..ETH_LEN + IPV4_LEN]),
+                0,
+                "IPv4 header checksum after the TTL decrement"
+            );
+        }
+    }
+    let received = node
+        .scratch
+        .datapath
+        .slot_counters(b.slot)
+        .expect("B's counters");
+    assert_eq!(received.rx_packets, 2, "B's per-pod rx counter");
+}
+
+#[test]
+fn ttl_decrements_keep_the_ipv4_checksum_valid_across_the_carry() {
+    let Some(node) = node_or_skip(
+        "ttl_decrements_keep_the_ipv4_checksum_valid_across_the_carry",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let b = &node.b;
+    let (src, dst) = (REMOTE_POD.v4, b.addresses.v4);
+    let datagram = udp(src.into(), dst.into(), 8080, 40000, b"answer");
+    let packet = |id: u16, ttl: u8| ipv4_with_id(src, dst, ttl, IPPROTO_UDP, id, &datagram);
+    // The decrement adds 0x0100 to the checksum: headers whose checksum is
+    // at, just under and past the point where that carries (the
+    // identification picks the checksum).
+    for wanted in [0x0000, 0x00ff, 0xfe00, 0xfeff, 0xff00, 0xff01, 0xfffe] {
+        let id = (0..=u16::MAX)
+            .find(|id| {
+                let header = packet(*id, TTL);
+                u16::from_be_bytes([header[10], header[11]]) == wanted
+            })
+            .expect("an identification for the checksum");
+        let frame = ethernet(UPLINK_MAC, REMOTE_NODE_MAC, ETH_P_IP, &packet(id, TTL));
+        let outcome = node.try_run(Hook::Uplink, &frame).expect("test run");
+        assert_eq!(outcome.verdict, TC_ACT_REDIRECT, "checksum {wanted:#06x}");
+        let header = &outcome.frame[ETH_LEN..ETH_LEN + IPV4_LEN];
+        assert_eq!(header[8], TTL - 1, "checksum {wanted:#06x}: TTL");
+        assert_eq!(
+            checksum(header),
+            0,
+            "checksum {wanted:#06x} became {:#04x}{:02x}",
+            header[10],
+            header[11]
+        );
+    }
+}
+
+#[test]
+fn uplink_leaves_to_the_stack_what_is_not_a_remote_pods_for_a_local_pod() {
+    let Some(node) = node_or_skip(
+        "uplink_leaves_to_the_stack_what_is_not_a_remote_pods_for_a_local_pod",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let b = &node.b;
+    for family in FAMILIES {
+        let (remote, local) = (REMOTE_POD.of(family), b.ip(family));
+        let to_other_host = with_macs(
+            &from_remote(remote, local, TTL),
+            [0x02, 0, 0, 0, 0, 0x77],
+            REMOTE_NODE_MAC,
+        );
+        for (case, frame) in [
+            // Expiring: the stack sends the time exceeded.
+            ("TTL 1", from_remote(remote, local, 1)),
+            // From a node's own address or the outside: the replies take
+            // the stack, so this direction must too.
+            (
+                "from a node",
+                from_remote(REMOTE_NODE.of(family), local, TTL),
+            ),
+            ("from outside", from_remote(OUTSIDE.of(family), local, TTL)),
+            // Not for a local pod.
+            ("to no pod", from_remote(remote, UNUSED.of(family), TTL)),
+            // Addressed to another host's MAC (PACKET_OTHERHOST).
+            ("to another MAC", to_other_host),
+        ] {
+            node.check(
+                &format!("{family:?} {case}"),
+                Hook::Uplink,
+                &frame,
+                TC_ACT_OK,
+                &frame,
+                &[],
+            );
+        }
+    }
+}
+
+#[test]
+fn uplink_hands_nothing_to_pods_in_xdp_mode() {
+    let Some(node) = node_or_skip(
+        "uplink_hands_nothing_to_pods_in_xdp_mode",
+        DatapathMode::Xdp,
+    ) else {
+        return;
+    };
+    // XDP mode sends pods' packets for other nodes through the stack, so
+    // the replies must take it too.
+    for family in FAMILIES {
+        let frame = from_remote(REMOTE_POD.of(family), node.b.ip(family), TTL);
+        node.check(
+            &format!("{family:?} remote pod to B"),
+            Hook::Uplink,
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[],
+        );
+    }
+}
+
+// ---- Flows the host's conntrack tracks -------------------------------------------------
+
+const SERVICE_PORT: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+
+#[test]
+fn replies_of_translated_flows_go_to_the_stack() {
+    let Some(node) = node_or_skip(
+        "replies_of_translated_flows_go_to_the_stack",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        // A asked the ClusterIP, the host sent it to B: B's replies must
+        // meet the entry to come back from the ClusterIP.
+        for proto in ["tcp", "udp"] {
+            let request = Tuple::new(a.ip(family), 40000, CLUSTER_IP.of(family), SERVICE_PORT);
+            let reply = Tuple::new(b.ip(family), BACKEND_PORT, a.ip(family), 40000);
+            node.track(proto, request, reply);
+            let packets = if proto == "tcp" {
+                vec![
+                    ("SYN-ACK", reply.tcp(TCP_SYN | TCP_ACK)),
+                    ("ACK", reply.tcp(TCP_ACK)),
+                ]
+            } else {
+                vec![("datagram", reply.udp())]
+            };
+            for (case, packet) in packets {
+                let frame = b.sends(packet);
+                node.check(
+                    &format!("{family:?} {proto} {case} of B's reply"),
+                    Hook::PodTc(b),
+                    &frame,
+                    TC_ACT_OK,
+                    &frame,
+                    &[("translated_to_stack", 1)],
+                );
+            }
+            // The same packets of a flow the host never saw: fast path.
+            let untracked = Tuple::new(b.ip(family), BACKEND_PORT, a.ip(family), 40001);
+            let packet = if proto == "tcp" {
+                untracked.tcp(TCP_ACK)
+            } else {
+                untracked.udp()
+            };
+            let frame = b.sends(packet);
+            node.check(
+                &format!("{family:?} {proto} without an entry"),
+                Hook::PodTc(b),
+                &frame,
+                TC_ACT_REDIRECT,
+                &a.receives(&frame),
+                &[("redirected", 1)],
+            );
+        }
+    }
+}
+
+#[test]
+fn packets_of_tracked_flows_go_to_the_stack() {
+    let Some(node) = node_or_skip("packets_of_tracked_flows_go_to_the_stack", DatapathMode::Tc)
+    else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        for proto in ["tcp", "udp"] {
+            // A flow between the two pods the host saw untranslated (its
+            // first packet went through the stack): both directions must
+            // keep meeting the entry.
+            let forward = Tuple::new(a.ip(family), 40010, b.ip(family), 9000);
+            node.track(proto, forward, forward.reversed());
+            for (who, sender, tuple) in [("A", a, forward), ("B", b, forward.reversed())] {
+                let packet = if proto == "tcp" {
+                    tuple.tcp(TCP_ACK)
+                } else {
+                    tuple.udp()
+                };
+                let frame = sender.sends(packet);
+                node.check(
+                    &format!("{family:?} {proto} from {who}"),
+                    Hook::PodTc(sender),
+                    &frame,
+                    TC_ACT_OK,
+                    &frame,
+                    &[("tracked_to_stack", 1)],
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tcp_verdicts_hold_until_the_next_syn() {
+    let Some(node) = node_or_skip("tcp_verdicts_hold_until_the_next_syn", DatapathMode::Tc) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        let forward = Tuple::new(a.ip(family), 40020, b.ip(family), 9000);
+        let reply = forward.reversed();
+        node.track("tcp", forward, reply);
+        let ack = b.sends(reply.tcp(TCP_ACK));
+        let syn_ack = b.sends(reply.tcp(TCP_SYN | TCP_ACK));
+        node.check(
+            &format!("{family:?} ACK of a tracked flow"),
+            Hook::PodTc(b),
+            &ack,
+            TC_ACT_OK,
+            &ack,
+            &[("tracked_to_stack", 1)],
+        );
+        // The entry goes; TCP_FLOWS still says "tracked" for this direction
+        // until a SYN asks conntrack again (a new connection on the same
+        // ports starts with one).
+        node.untrack("tcp", forward);
+        node.check(
+            &format!("{family:?} ACK after the entry went"),
+            Hook::PodTc(b),
+            &ack,
+            TC_ACT_OK,
+            &ack,
+            &[("tracked_to_stack", 1)],
+        );
+        node.check(
+            &format!("{family:?} SYN-ACK after the entry went"),
+            Hook::PodTc(b),
+            &syn_ack,
+            TC_ACT_REDIRECT,
+            &a.receives(&syn_ack),
+            &[("redirected", 1)],
+        );
+        node.check(
+            &format!("{family:?} ACK after the SYN-ACK"),
+            Hook::PodTc(b),
+            &ack,
+            TC_ACT_REDIRECT,
+            &a.receives(&ack),
+            &[("redirected", 1)],
+        );
+    }
+}
+
+#[test]
+fn icmp_errors_are_judged_by_the_packet_they_quote() {
+    let Some(node) = node_or_skip(
+        "icmp_errors_are_judged_by_the_packet_they_quote",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        // A sent UDP to the ClusterIP, the host sent it on to B, where
+        // nothing listens: B's port unreachable quotes A -> B:8080 and must
+        // reach A through the stack, rewritten to come from the ClusterIP.
+        let request = Tuple::new(a.ip(family), 40030, CLUSTER_IP.of(family), 53);
+        let translated = Tuple::new(a.ip(family), 40030, b.ip(family), BACKEND_PORT);
+        node.track("udp", request, translated.reversed());
+        let unreachable_about = |quoted: Tuple| {
+            let (_, quoted_packet) = quoted.udp();
+            let (proto, message) = port_unreachable(b.ip(family), a.ip(family), &quoted_packet);
+            b.sends(ip(b.ip(family), a.ip(family), TTL, proto, &message))
+        };
+        let frame = unreachable_about(translated);
+        node.check(
+            &format!("{family:?} port unreachable of a translated flow"),
+            Hook::PodTc(b),
+            &frame,
+            TC_ACT_OK,
+            &frame,
+            &[("translated_to_stack", 1)],
+        );
+        // One about a flow the host never saw keeps the fast path.
+        let frame = unreachable_about(Tuple::new(a.ip(family), 40031, b.ip(family), BACKEND_PORT));
+        node.check(
+            &format!("{family:?} port unreachable of a direct flow"),
+            Hook::PodTc(b),
+            &frame,
+            TC_ACT_REDIRECT,
+            &a.receives(&frame),
+            &[("redirected", 1)],
+        );
+    }
+}
+
+#[test]
+fn uplink_replies_of_translated_flows_go_to_the_stack() {
+    let Some(node) = node_or_skip(
+        "uplink_replies_of_translated_flows_go_to_the_stack",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    for family in FAMILIES {
+        // A's ClusterIP flow went to a backend on another node; its reply
+        // comes back over the uplink and must meet this node's entry.
+        let request = Tuple::new(a.ip(family), 40000, CLUSTER_IP.of(family), SERVICE_PORT);
+        let reply = Tuple::new(REMOTE_POD.of(family), BACKEND_PORT, a.ip(family), 40000);
+        node.track("udp", request, reply);
+        let frame = from_remote(reply.src, reply.dst, TTL);
+        node.check(
+            &format!("{family:?} remote backend's reply"),
+            Hook::Uplink,
+            &frame,
+            TC_ACT_OK,
+            // Untouched: not even the TTL, the stack forwards it.
+            &frame,
+            &[("translated_to_stack", 1)],
+        );
+    }
+}
+
+// ---- XDP mode ------------------------------------------------------------------------------
+
+#[test]
+fn xdp_packets_between_pods_are_redirected() {
+    let Some(node) = node_or_skip("xdp_packets_between_pods_are_redirected", DatapathMode::Xdp)
+    else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 8080);
+        for (case, packet) in [("TCP", flow.tcp(TCP_SYN)), ("UDP", flow.udp())] {
+            let frame = a.sends(packet);
+            node.check(
+                &format!("{family:?} {case}"),
+                Hook::PodXdp(a),
+                &frame,
+                XDP_REDIRECT,
+                &b.receives(&frame),
+                &[("redirected", 1)],
+            );
+        }
+    }
+    // XDP finds the sender's slot itself (HOST_VETHS): both pods' counters move.
+    let datapath = &node.scratch.datapath;
+    assert_eq!(datapath.slot_counters(a.slot).expect("A").tx_packets, 4);
+    assert_eq!(datapath.slot_counters(b.slot).expect("B").rx_packets, 4);
+}
+
+#[test]
+fn xdp_neighbour_questions_are_answered_with_xdp_tx() {
+    let Some(node) = node_or_skip(
+        "xdp_neighbour_questions_are_answered_with_xdp_tx",
+        DatapathMode::Xdp,
+    ) else {
+        return;
+    };
+    let a = &node.a;
+    let request = ethernet(
+        BROADCAST,
+        a.pod_mac,
+        ETH_P_ARP,
+        &arp(ARPOP_REQUEST, a.pod_mac, a.addresses.v4, [0; 6], POD_B.v4),
+    );
+    let reply = ethernet(
+        a.pod_mac,
+        a.host_mac,
+        ETH_P_ARP,
+        &arp(ARPOP_REPLY, a.host_mac, POD_B.v4, a.pod_mac, a.addresses.v4),
+    );
+    node.check(
+        "ARP",
+        Hook::PodXdp(a),
+        &request,
+        XDP_TX,
+        &reply,
+        &[("arp_answered", 1)],
+    );
+    let solicitation = ethernet(
+        multicast_mac(solicited_node(POD_B.v6)),
+        a.pod_mac,
+        ETH_P_IPV6,
+        &neighbour_solicitation(a.addresses.v6, POD_B.v6, Some(a.pod_mac)),
+    );
+    let advertisement = ethernet(
+        a.pod_mac,
+        a.host_mac,
+        ETH_P_IPV6,
+        &neighbour_advertisement(a.addresses.v6, POD_B.v6, a.host_mac),
+    );
+    node.check(
+        "neighbour solicitation",
+        Hook::PodXdp(a),
+        &solicitation,
+        XDP_TX,
+        &advertisement,
+        &[("nd_answered", 1)],
+    );
+}
+
+#[test]
+fn xdp_packets_from_an_address_not_the_pods_own_are_dropped() {
+    let Some(node) = node_or_skip(
+        "xdp_packets_from_an_address_not_the_pods_own_are_dropped",
+        DatapathMode::Xdp,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        for (case, src) in [("unused", UNUSED.of(family)), ("B's", b.ip(family))] {
+            let frame = a.sends(Tuple::new(src, 40000, b.ip(family), 80).udp());
+            node.check(
+                &format!("{family:?} from {case} address"),
+                Hook::PodXdp(a),
+                &frame,
+                XDP_DROP,
+                &frame,
+                &[("dropped", 1)],
+            );
+        }
+    }
+}
+
+#[test]
+fn xdp_checks_sources_in_the_senders_pod_sources_entry() {
+    let Some(node) = node_or_skip(
+        "xdp_checks_sources_in_the_senders_pod_sources_entry",
+        DatapathMode::Xdp,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    let datapath = &node.scratch.datapath;
+    let from = |src: Ipv4Addr| a.sends(Tuple::new(src.into(), 40000, b.ip(Family::V4), 80).udp());
+    // A with five more IPv4 addresses: its entry holds four of the six and
+    // says there are more, so the other two are checked in ENDPOINTS_V4.
+    let own: Vec<Ipv4Addr> = [a.addresses.v4]
+        .into_iter()
+        .chain((10..15).map(|n| Ipv4Addr::new(10, 244, 1, n)))
+        .collect();
+    let addresses: Vec<IpAddr> = own.iter().map(|ip| (*ip).into()).collect();
+    datapath
+        .insert_pod(a.endpoint(), &addresses)
+        .expect("A with six addresses");
+    let entry = datapath.sources(a.slot).expect("A's sources");
+    assert_ne!(entry.flags & SOURCES_F_MORE, 0, "{entry:?}");
+    for src in &own {
+        let frame = from(*src);
+        node.check(
+            &format!("from A's {src}"),
+            Hook::PodXdp(a),
+            &frame,
+            XDP_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+    }
+    let frame = from(UNUSED.v4);
+    node.check(
+        "from the unused address",
+        Hook::PodXdp(a),
+        &frame,
+        XDP_DROP,
+        &frame,
+        &[("dropped", 1)],
+    );
+    // The entry decides when it is complete: rewritten to hold only the
+    // unused address, that one passes and A's first address is dropped,
+    // though ENDPOINTS_V4 still maps it to A.
+    datapath
+        .insert_pod(a.endpoint(), &[UNUSED.v4.into()])
+        .expect("A's entry rewritten");
+    let frame = from(UNUSED.v4);
+    node.check(
+        "from the address the entry now holds",
+        Hook::PodXdp(a),
+        &frame,
+        XDP_REDIRECT,
+        &b.receives(&frame),
+        &[("redirected", 1)],
+    );
+    let frame = from(a.addresses.v4);
+    node.check(
+        "from the address the entry no longer holds",
+        Hook::PodXdp(a),
+        &frame,
+        XDP_DROP,
+        &frame,
+        &[("dropped", 1)],
+    );
+}
+
+/// Cut-short IP headers run in XDP mode: test_run (Linux 6.18 here)
+/// refuses an skb whose ethertype is IPv4 or IPv6 without a whole header
+/// of it (EINVAL), so `from_pod` cannot be handed one; `from_pod_xdp` makes the
+/// same decision (`decide`) on the same bytes.
+#[test]
+fn xdp_truncated_ip_headers_are_dropped() {
+    let Some(node) = node_or_skip("xdp_truncated_ip_headers_are_dropped", DatapathMode::Xdp) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    let full_v4 = a.sends(Tuple::new(a.ip(Family::V4), 40000, b.ip(Family::V4), 80).udp());
+    let full_v6 = a.sends(Tuple::new(a.ip(Family::V6), 40000, b.ip(Family::V6), 80).udp());
+    // An IP ethertype without a whole IP header cannot be judged: dropped.
+    for (case, frame) in [
+        ("IPv4, no header", &full_v4[..ETH_LEN]),
+        (
+            "IPv4, 19 bytes of header",
+            &full_v4[..ETH_LEN + IPV4_LEN - 1],
+        ),
+        ("IPv6, no header", &full_v6[..ETH_LEN]),
+        (
+            "IPv6, 39 bytes of header",
+            &full_v6[..ETH_LEN + IPV6_LEN - 1],
+        ),
+    ] {
+        node.check(
+            case,
+            Hook::PodXdp(a),
+            frame,
+            XDP_DROP,
+            frame,
+            &[("dropped", 1)],
+        );
+    }
+}
+
+#[test]
+fn xdp_replies_of_translated_flows_go_to_the_stack() {
+    let Some(node) = node_or_skip(
+        "xdp_replies_of_translated_flows_go_to_the_stack",
+        DatapathMode::Xdp,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        let request = Tuple::new(a.ip(family), 40000, CLUSTER_IP.of(family), SERVICE_PORT);
+        let reply = Tuple::new(b.ip(family), BACKEND_PORT, a.ip(family), 40000);
+        node.track("tcp", request, reply);
+        let frame = b.sends(reply.tcp(TCP_SYN | TCP_ACK));
+        node.check(
+            &format!("{family:?} B's SYN-ACK"),
+            Hook::PodXdp(b),
+            &frame,
+            XDP_PASS,
+            &frame,
+            &[("translated_to_stack", 1)],
+        );
+    }
+}
