@@ -1,0 +1,136 @@
+//! A pod's packet for another node: sent out the way the kernel's FIB
+//! says, or left to the host stack.
+
+use crate::*;
+
+pub(crate) const AF_INET: u8 = 2;
+
+pub(crate) const AF_INET6: u8 = 10;
+
+/// Traffic class and flow label of the first IPv6 header word (network order).
+pub(crate) const IPV6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
+
+/// Sends a pod's packet for another node the way the kernel's FIB says
+/// (the agent's route via that node), with the next hop's MAC the FIB
+/// found, or, when it has none yet, resolved by `bpf_redirect_neigh`.
+/// None: the host stack must take it (no route, forwarding off, TTL
+/// expiring, too big for the way out).
+#[inline(always)]
+pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    // tot_len stays 0: the kernel then checks the skb against the way
+    // out's MTU itself, GSO-aware.
+    params.ifindex = ingress;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let family = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if ip.ttl <= 1 {
+                return None;
+            }
+            params.family = AF_INET;
+            params.l4_protocol = ip.proto;
+            params.__bindgen_anon_2.tos = ip.tos;
+            params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
+            params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
+            AF_INET
+        }
+        ETH_P_IPV6 => {
+            let ip: *const Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if ip.hop_limit <= 1 {
+                return None;
+            }
+            params.family = AF_INET6;
+            params.l4_protocol = ip.next_hdr;
+            params.__bindgen_anon_2.flowinfo = u32::from_ne_bytes(ip.vcf) & IPV6_FLOWINFO_MASK;
+            params.__bindgen_anon_3.ipv6_src = words(ip.src_addr);
+            params.__bindgen_anon_4.ipv6_dst = words(ip.dst_addr);
+            AF_INET6
+        }
+        _ => return None,
+    };
+    // SAFETY: the skb pointer and a params struct of the size given.
+    let found = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut params,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if found == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        // The way out and the next hop are known, the next hop's MAC not
+        // yet: bpf_redirect_neigh resolves it as the stack would. The FIB
+        // checks the MTU only on SUCCESS, so it is checked here (GSO-aware).
+        let mut mtu_len: u32 = 0;
+        // SAFETY: the skb pointer and a u32 the helper writes the MTU to.
+        let fits =
+            unsafe { bpf_check_mtu(ctx.skb.skb as *mut _, params.ifindex, &mut mtu_len, 0, 0) };
+        if fits != i64::from(BPF_MTU_CHK_RET_SUCCESS) {
+            return None;
+        }
+    } else if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return None;
+    }
+    // Only now, when the packet is surely forwarded here, is it changed.
+    if family == AF_INET {
+        let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: bounds checked by `header_at`; the frame is writable.
+        decrement_ttl(unsafe { &mut *ip });
+    } else {
+        let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: as above.
+        unsafe { (*ip).hop_limit -= 1 };
+    }
+    if found == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        // The FIB resolved the next hop's MAC too: write the frame as the
+        // stack would and send it, without a second neighbour lookup.
+        // SAFETY: bounds checked above; the frame is writable.
+        unsafe {
+            (*eth).dst_addr = params.dmac;
+            (*eth).src_addr = params.smac;
+        }
+        // SAFETY: plain helper call: egress of the way out.
+        return Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32);
+    }
+    // SAFETY: all-zero is a valid bpf_redir_neigh.
+    let mut next_hop: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    // The FIB may answer an IPv4 route with an IPv6 next hop (RFC 5549).
+    next_hop.nh_family = u32::from(params.family);
+    // SAFETY: reading the union member the FIB filled in for this family.
+    unsafe {
+        if params.family == AF_INET {
+            next_hop.__bindgen_anon_1.ipv4_nh = params.__bindgen_anon_4.ipv4_dst;
+        } else {
+            next_hop.__bindgen_anon_1.ipv6_nh = params.__bindgen_anon_4.ipv6_dst;
+        }
+    }
+    // SAFETY: a next-hop struct of the size given.
+    let verdict = unsafe {
+        bpf_redirect_neigh(
+            params.ifindex,
+            &mut next_hop,
+            size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    };
+    Some(verdict as i32)
+}
+
+/// An IPv6 address as the four 32-bit words the FIB helper takes.
+#[inline(always)]
+pub(crate) fn words(address: [u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([address[0], address[1], address[2], address[3]]),
+        u32::from_ne_bytes([address[4], address[5], address[6], address[7]]),
+        u32::from_ne_bytes([address[8], address[9], address[10], address[11]]),
+        u32::from_ne_bytes([address[12], address[13], address[14], address[15]]),
+    ]
+}

@@ -1,0 +1,85 @@
+//! A frame from another node, on the uplink: straight into the local pod
+//! it is for, when the fast path may take it.
+
+use crate::*;
+
+/// Where a frame from the uplink goes.
+pub(crate) enum Uplink {
+    /// Into the local pod behind host veth `host_ifindex` (`slot`: its
+    /// counters); the frame is rewritten as the host would forward it.
+    ToPod { host_ifindex: u32, slot: u32 },
+    /// To the host stack, which tracks the flow (counted as `action`).
+    ToStack(u32),
+    /// To the host stack: not for a local pod, or the stack's to judge.
+    Pass,
+}
+
+/// The local pod a frame from the uplink is for, if the fast path may take
+/// it: only a packet from another node's pod, whose replies the fast path
+/// takes too. From anywhere else (a node's address, the outside) the
+/// replies go through the stack, so the stack must see this direction as
+/// well, or its conntrack would see half a flow (and call the rest INVALID).
+#[inline(always)]
+pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Uplink {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return Uplink::Pass;
+    };
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let (peer, judged) = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return Uplink::Pass;
+            };
+            // SAFETY: bounds checked by `header_at`; the frame is writable.
+            let ip = unsafe { &mut *ip };
+            // SAFETY: copied at once, before any update can reuse the slot.
+            let Some(peer) = (unsafe { ENDPOINTS_V4.get(ip.dst_addr) }).map(snapshot) else {
+                return Uplink::Pass;
+            };
+            // An expiring packet is the stack's: it answers with ICMP.
+            if ip.ttl <= 1 || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)).is_none() {
+                return Uplink::Pass;
+            }
+            let judged = flow::ipv4(ct, start, end, ip);
+            if judged == Flow::Clear {
+                decrement_ttl(ip);
+            }
+            (peer, judged)
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return Uplink::Pass;
+            };
+            // SAFETY: bounds checked by `header_at`; the frame is writable.
+            let ip = unsafe { &mut *ip };
+            // SAFETY: copied at once, see above.
+            let Some(peer) = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot) else {
+                return Uplink::Pass;
+            };
+            if ip.hop_limit <= 1 || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)).is_none() {
+                return Uplink::Pass;
+            }
+            let judged = flow::ipv6(ct, start, end, ip);
+            if judged == Flow::Clear {
+                ip.hop_limit -= 1;
+            }
+            (peer, judged)
+        }
+        _ => return Uplink::Pass,
+    };
+    match judged {
+        Flow::Clear => {}
+        Flow::Translated => return Uplink::ToStack(action::TRANSLATED),
+        Flow::Tracked => return Uplink::ToStack(action::TRACKED),
+        Flow::Opaque => return Uplink::Pass,
+    }
+    // SAFETY: bounds checked above; the frame is writable.
+    unsafe {
+        (*eth).dst_addr = peer.pod_mac;
+        (*eth).src_addr = peer.host_mac;
+    }
+    Uplink::ToPod {
+        host_ifindex: peer.host_ifindex,
+        slot: peer.counter_slot,
+    }
+}
