@@ -71,9 +71,8 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// MAC of the host-side veth: the pod's only neighbour.
     pub host_mac: [u8; 6],
-    /// The pod's index into `ENDPOINT_STATS` (`NO_COUNTER_SLOT`: none). The
-    /// tc filter on its host veth carries it as its classid too, so the
-    /// program finds the sender's counters without a lookup.
+    /// The pod's index into `ENDPOINT_STATS` and `POD_SOURCES`
+    /// (`NO_COUNTER_SLOT`: none).
     pub counter_slot: u32,
 }
 const _: () = assert!(size_of::<Endpoint>() == 24);
@@ -81,8 +80,21 @@ const _: () = assert!(size_of::<Endpoint>() == 24);
 /// `counter_slot` of a pod without per-pod counters (an older build's entry).
 pub const NO_COUNTER_SLOT: u32 = 0;
 
-/// No flags defined yet; the field reserves room without a map layout change.
+/// The counter slot ADD tries first for the pod behind host veth `ifindex`
+/// (and takes, unless another pod has it): the datapath computes it from
+/// the frame's ingress ifindex, so it finds the sender's slot without a
+/// lookup in most cases (`PodSources::host_ifindex` says whether it guessed
+/// right; else it looks the veth up in `HOST_VETHS`).
+pub const fn preferred_slot(ifindex: u32) -> u32 {
+    1 + ifindex % (MAX_ENDPOINTS - 1)
+}
+
+/// No flag set.
 pub const ENDPOINT_F_NONE: u32 = 0;
+/// Traffic into the pod is shaped by a qdisc on its host veth's egress (the
+/// bandwidth plugin's `ingressRate`): frames for it take the host stack,
+/// which delivers them through that qdisc, never the redirect past it.
+pub const ENDPOINT_F_SHAPED_INGRESS: u32 = 1;
 
 /// Key data of `REMOTE_CIDRS_V4`: the network address of the CIDR, in
 /// network byte order (the LPM key adds the prefix length in front).
@@ -128,7 +140,7 @@ pub const SOURCES_PER_FAMILY: usize = 4;
 /// The addresses a pod may send from, in the array `POD_SOURCES` by its
 /// counter slot: the datapath drops a pod's packet from any other source.
 /// An array, not a lookup of the source in `ENDPOINTS_V4/V6`: the sender's
-/// slot is known without a lookup (tc classid), and an array read costs
+/// slot is known without a lookup (`preferred_slot`), and an array read costs
 /// next to nothing (a hash lookup cost ~35 ns per packet here).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -139,7 +151,10 @@ pub struct PodSources {
     pub v6: [[u8; 16]; SOURCES_PER_FAMILY],
     /// `SOURCES_F_*` bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// The pod's host veth: whose slot this is. The datapath finds a
+    /// sender's slot from its ifindex (`preferred_slot`) and checks here
+    /// that the slot is that veth's.
+    pub host_ifindex: u32,
 }
 const _: () = assert!(size_of::<PodSources>() == 88);
 
@@ -148,6 +163,11 @@ const _: () = assert!(size_of::<PodSources>() == 88);
 pub const SOURCES_F_VALID: u32 = 1;
 /// The pod has more addresses than the entry holds.
 pub const SOURCES_F_MORE: u32 = 2;
+/// Traffic from the pod is shaped at its host veth's ingress (the bandwidth
+/// plugin's `egressRate`: an `ingress` qdisc redirecting to an ifb device),
+/// which runs after the tcx programs: the datapath hands the pod's frames
+/// to it (`TC_ACT_UNSPEC`) instead of redirecting them past it.
+pub const SOURCES_F_SHAPED_EGRESS: u32 = 4;
 
 /// Entries of `TCP_FLOWS`: an LRU, so a busy node forgets old flows (a
 /// forgotten flow's next packet asks conntrack again: slower, never wrong).
@@ -229,8 +249,12 @@ pub mod action {
     /// address, say): handed to the stack, so that conntrack sees every
     /// packet of the flow and keeps its state right.
     pub const TRACKED: u32 = 9;
+    /// A packet that would have taken the fast path, handed to the host
+    /// stack because the bandwidth plugin shapes its sender's egress or its
+    /// receiver's ingress there (see `ENDPOINT_F_SHAPED_INGRESS`).
+    pub const SHAPED: u32 = 10;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -244,6 +268,7 @@ pub mod action {
         "uplink_to_pod",
         "translated_to_stack",
         "tracked_to_stack",
+        "shaped_to_stack",
     ];
 }
 

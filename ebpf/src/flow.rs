@@ -383,11 +383,45 @@ fn quoted_v4(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Fl
     }
 }
 
+/// A Hop-by-Hop options header holding only a jumbo payload option (RFC
+/// 2675): how the kernel marks an IPv6 BIG TCP packet (payload length 0,
+/// its real length in the option), the one extension header flatnet looks
+/// past.
+#[repr(C)]
+struct JumboHopByHop {
+    next_hdr: u8,
+    /// In 8-byte units beyond the first 8: 0.
+    hdr_ext_len: u8,
+    option_type: u8,
+    option_len: u8,
+    jumbo_len: [u8; 4],
+}
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPV6_TLV_JUMBO: u8 = 0xc2;
+
+/// The transport protocol of an IPv6 packet and where its header starts:
+/// right after the IPv6 header, or after a jumbo Hop-by-Hop header. None
+/// for any other extension header (the stack's to judge).
+#[inline(always)]
+fn ipv6_transport(start: usize, end: usize, ip: &Ipv6Hdr) -> Option<(u8, usize)> {
+    let after = EthHdr::LEN + Ipv6Hdr::LEN;
+    if ip.next_hdr != IPPROTO_HOPOPTS {
+        return Some((ip.next_hdr, after));
+    }
+    let hop = header_at::<JumboHopByHop>(start, end, after).ok()?;
+    // SAFETY: bounds checked by `header_at`.
+    let hop = unsafe { &*hop };
+    let jumbo = hop.hdr_ext_len == 0 && hop.option_type == IPV6_TLV_JUMBO && hop.option_len == 4;
+    jumbo.then_some((hop.next_hdr, after + size_of::<JumboHopByHop>()))
+}
+
 /// The IPv6 packet at `EthHdr::LEN`.
 #[inline(always)]
 pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow {
-    let l4 = EthHdr::LEN + Ipv6Hdr::LEN;
-    match ip.next_hdr {
+    let Some((next_hdr, l4)) = ipv6_transport(start, end, ip) else {
+        return Flow::Opaque;
+    };
+    match next_hdr {
         IPPROTO_TCP => {
             let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
                 return Flow::Opaque;

@@ -30,7 +30,7 @@ mod uplink;
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC,
         bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh, xdp_action,
     },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
@@ -42,9 +42,9 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key, NO_COUNTER_SLOT, PodSources,
-    RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE, SOURCES_F_VALID, SOURCES_PER_FAMILY,
-    action, maps,
+    Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key,
+    NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, action, maps, preferred_slot,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use neighbours::arp;
@@ -148,25 +148,30 @@ enum Decision {
     Remote,
     /// To another node's pod, of a kind only the stack may judge.
     RemoteToStack,
+    /// To the host stack, where a qdisc shapes the sender's or the
+    /// receiver's traffic (the bandwidth plugin).
+    Shaped,
 }
+
+/// What a tc program returns to hand a frame on to the host stack: "next"
+/// (`TCX_NEXT`, `TC_ACT_UNSPEC`), not "pass" (`TCX_PASS`, `TC_ACT_OK`), so
+/// that what else sits on the hook after flatnet still runs: later tcx
+/// programs, and the legacy qdisc's filters (the bandwidth plugin's
+/// `ingress` qdisc, which shapes a pod's egress), which tcx runs only after
+/// a "next" from the last program.
+const TC_NEXT: i32 = TC_ACT_UNSPEC;
 
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
-    let (ingress, ingress_slot) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).tc_classid) };
-    // The filter's classid is the sending pod's counter slot (cls_bpf sets
-    // tc_classid to it before running us): its counters without a lookup.
-    match decide(
-        &ctx,
-        ctx.data(),
-        ctx.data_end(),
-        ingress,
-        ingress_slot,
-        ctx.len(),
-    ) {
-        Decision::Pass | Decision::Translated | Decision::Tracked | Decision::RemoteToStack => {
-            TC_ACT_OK as i32
-        }
+    let ingress = unsafe { (*ctx.skb.skb).ifindex };
+    let sender = sender(ingress);
+    match decide(&ctx, ctx.data(), ctx.data_end(), sender, ctx.len()) {
+        Decision::Pass
+        | Decision::Translated
+        | Decision::Tracked
+        | Decision::RemoteToStack
+        | Decision::Shaped => TC_NEXT,
         Decision::Drop => TC_ACT_SHOT as i32,
         // SAFETY: plain helper call; a stale ifindex makes the kernel drop
         // the frame (with flags 0 the helper itself never fails).
@@ -182,7 +187,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
             }
             None => {
                 count(action::REMOTE_PASSED, ctx.len());
-                TC_ACT_OK as i32
+                TC_NEXT
             }
         },
     }
@@ -195,20 +200,20 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 pub fn from_uplink(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
-        return TC_ACT_OK as i32;
+        return TC_NEXT;
     }
     // SAFETY: a read of a constant the loader set (frozen .rodata).
     if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } == 0 {
-        return TC_ACT_OK as i32;
+        return TC_NEXT;
     }
     let len = ctx.len();
     let (host_ifindex, slot) = match uplink_to_pod(&ctx, ctx.data(), ctx.data_end()) {
         Uplink::ToPod { host_ifindex, slot } => (host_ifindex, slot),
         Uplink::ToStack(what) => {
             count(what, len);
-            return TC_ACT_OK as i32;
+            return TC_NEXT;
         }
-        Uplink::Pass => return TC_ACT_OK as i32,
+        Uplink::Pass => return TC_NEXT,
     };
     // SAFETY: plain helper call; a stale ifindex makes the kernel drop the
     // frame (with flags 0 the helper itself never fails).
@@ -242,21 +247,13 @@ fn decrement_ttl(ip: &mut Ipv4Hdr) {
 pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
     let ingress = ctx.ingress_ifindex() as u32;
-    // XDP has no per-attachment value like tc's classid: look the sender up.
-    // SAFETY: copied at once, before any update can reuse the slot.
-    let ingress_slot =
-        unsafe { HOST_VETHS.get(ingress) }.map_or(NO_COUNTER_SLOT, |me| me.counter_slot);
-    match decide(
-        &ctx,
-        start,
-        end,
-        ingress,
-        ingress_slot,
-        (end - start) as u32,
-    ) {
-        Decision::Pass | Decision::Translated | Decision::Tracked | Decision::RemoteToStack => {
-            xdp_action::XDP_PASS
-        }
+    let sender = sender(ingress);
+    match decide(&ctx, start, end, sender, (end - start) as u32) {
+        Decision::Pass
+        | Decision::Translated
+        | Decision::Tracked
+        | Decision::RemoteToStack
+        | Decision::Shaped => xdp_action::XDP_PASS,
         Decision::Drop => xdp_action::XDP_DROP,
         // SAFETY: plain helper call: transmit on the destination's host veth,
         // which hands the frame to its peer, the destination pod.
@@ -275,20 +272,44 @@ pub fn pod_xdp_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// The pod behind host veth `ingress`. Its counter slot: the one the
+/// ifindex suggests when that slot is this veth's (the common case, an
+/// array read), else the one `HOST_VETHS` records.
 #[inline(always)]
-fn decide(
-    ct: &impl Conntrack,
-    start: usize,
-    end: usize,
-    ingress: u32,
-    ingress_slot: u32,
-    len: u32,
-) -> Decision {
-    count_pod(ingress_slot, Direction::Tx, len);
-    let sender = Sender {
-        ifindex: ingress,
-        slot: ingress_slot,
+fn sender(ingress: u32) -> Sender {
+    let guess = preferred_slot(ingress);
+    let mut slot = NO_COUNTER_SLOT;
+    let mut entry = POD_SOURCES.get_ptr(guess);
+    if let Some(sources) = entry {
+        // SAFETY: a valid map value for the program's run; one field read once.
+        if unsafe { core::ptr::read_volatile(&(*sources).host_ifindex) } == ingress {
+            slot = guess;
+        }
+    }
+    if slot == NO_COUNTER_SLOT {
+        // SAFETY: one field read at once, before any update can reuse the slot.
+        slot = unsafe { HOST_VETHS.get(ingress) }.map_or(NO_COUNTER_SLOT, |me| unsafe {
+            core::ptr::read_volatile(&me.counter_slot)
+        });
+        entry = POD_SOURCES.get_ptr(slot);
+    }
+    let flags = match entry {
+        // SAFETY: as above.
+        Some(sources) if slot != NO_COUNTER_SLOT => unsafe {
+            core::ptr::read_volatile(&(*sources).flags)
+        },
+        _ => 0,
     };
+    Sender {
+        ifindex: ingress,
+        slot,
+        egress_shaped: flags & SOURCES_F_SHAPED_EGRESS != 0,
+    }
+}
+
+#[inline(always)]
+fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u32) -> Decision {
+    count_pod(sender.slot, Direction::Tx, len);
     let decision = frame(ct, start, end, sender);
     match decision {
         Decision::Pass => count(action::PASSED, len),
@@ -296,6 +317,7 @@ fn decide(
         Decision::Tracked => count(action::TRACKED, len),
         Decision::Drop => count(action::DROPPED, len),
         Decision::RemoteToStack => count(action::REMOTE_PASSED, len),
+        Decision::Shaped => count(action::SHAPED, len),
         Decision::ToPod { slot, .. } => {
             count(action::REDIRECTED, len);
             count_pod(slot, Direction::Rx, len);

@@ -20,11 +20,14 @@ pub(crate) fn frame(ct: &impl Conntrack, start: usize, end: usize, sender: Sende
     }
 }
 
-/// The pod a frame comes from: its host veth and its counter slot.
+/// The pod a frame comes from: its host veth, its counter slot, and
+/// whether the bandwidth plugin shapes what it sends (at the host veth's
+/// ingress, after the tcx programs).
 #[derive(Clone, Copy)]
 pub(crate) struct Sender {
     pub(crate) ifindex: u32,
     pub(crate) slot: u32,
+    pub(crate) egress_shaped: bool,
 }
 
 /// What the sender's `POD_SOURCES` entry says of a source address.
@@ -134,18 +137,29 @@ pub(crate) fn ipv4(
         None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Target::remote(),
         None => return Decision::Pass,
     };
-    fast_path(flow::ipv4(ct, start, end, ip), target, eth)
+    fast_path(flow::ipv4(ct, start, end, ip), target, eth, sender)
 }
 
 /// The fast path's answer for a packet to `target`, given what the host
-/// stack has to say about its flow.
+/// stack has to say about its flow and whether a shaper wants the packet
+/// (the sender's egress, or a local receiver's ingress, is shaped by qdiscs
+/// on host veths that a redirect would skip).
 #[inline(always)]
-pub(crate) fn fast_path(judged: Flow, target: Target, eth: *mut EthHdr) -> Decision {
+pub(crate) fn fast_path(
+    judged: Flow,
+    target: Target,
+    eth: *mut EthHdr,
+    sender: Sender,
+) -> Decision {
     match (judged, target.local) {
         (Flow::Translated, _) => Decision::Translated,
         (Flow::Tracked, _) => Decision::Tracked,
         (Flow::Opaque, true) => Decision::Pass,
         (Flow::Opaque, false) => Decision::RemoteToStack,
+        (Flow::Clear, _) if sender.egress_shaped => Decision::Shaped,
+        (Flow::Clear, true) if target.peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 => {
+            Decision::Shaped
+        }
         (Flow::Clear, true) => to_pod(eth, target.peer),
         (Flow::Clear, false) => Decision::Remote,
     }
@@ -268,5 +282,5 @@ pub(crate) fn ipv6(
         None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Target::remote(),
         None => return Decision::Pass,
     };
-    fast_path(flow::ipv6(ct, start, end, header), target, eth)
+    fast_path(flow::ipv6(ct, start, end, header), target, eth, sender)
 }

@@ -40,6 +40,9 @@ pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Up
             if ip.ttl <= 1 || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)).is_none() {
                 return Uplink::Pass;
             }
+            if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
+                return Uplink::ToStack(action::SHAPED);
+            }
             let judged = flow::ipv4(ct, start, end, ip);
             if judged == Flow::Clear {
                 decrement_ttl(ip);
@@ -58,6 +61,9 @@ pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Up
             };
             if ip.hop_limit <= 1 || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)).is_none() {
                 return Uplink::Pass;
+            }
+            if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
+                return Uplink::ToStack(action::SHAPED);
             }
             let judged = flow::ipv6(ct, start, end, ip);
             if judged == Flow::Clear {

@@ -11,13 +11,15 @@ use serde::Serialize;
 
 use crate::cni::config::DatapathMode;
 use crate::cni::error::Result;
-use crate::datapath::{DATAPATH_ID, Datapath, programs};
+use crate::datapath::{DATAPATH_ID, Datapath, attach_mode, ingress_programs, programs};
 use crate::net::{Netlink, format_mac};
 
 #[derive(Debug, Serialize)]
 pub struct NetworkReport {
     pub network: String,
     pub datapath: Option<&'static str>,
+    /// How programs are attached on this kernel: tcx links or netlink filters.
+    pub attach: &'static str,
     pub pin_dir: String,
     /// Pinned programs: name -> kernel ID.
     pub programs: BTreeMap<String, u32>,
@@ -68,6 +70,7 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
     let mut report = NetworkReport {
         network: network.to_string(),
         datapath: mode.map(DatapathMode::as_str),
+        attach: attach_mode().describe(),
         pin_dir: datapath.pin_dir().display().to_string(),
         programs: BTreeMap::new(),
         maps: MAPS
@@ -116,8 +119,7 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
         let link = host.link_by_index(index).await?;
         let attached = match (mode, &link) {
             (Some(DatapathMode::Xdp), Some(link)) => link.xdp_prog_id,
-            (Some(DatapathMode::Tc), Some(_)) => host
-                .tc_ingress_programs(index)
+            (Some(DatapathMode::Tc), Some(link)) => ingress_programs(host, index, &link.name)
                 .await?
                 .into_iter()
                 .find(|(_, name)| name == PROG_FROM_POD)
@@ -166,6 +168,7 @@ pub fn render(report: &NetworkReport) -> String {
         "  programs: {}   [this build: {DATAPATH_ID}]\n",
         programs.join(", ")
     ));
+    out.push_str(&format!("  attached: {}\n", report.attach));
     out.push_str(&format!(
         "  maps:     {}\n",
         report

@@ -1,5 +1,9 @@
 //! Per-stage timers: with FLATNET_TRACE set, each invocation prints how long
 //! every stage took on stderr (and they go nowhere otherwise).
+//!
+//! The stages double as crash points for tests: with FLATNET_KILL_AFTER set
+//! to a stage's name, the process kills itself (SIGKILL, as the OOM killer
+//! or a node reboot would) right after that stage.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -28,6 +32,9 @@ pub fn start() {
 
 /// Records the time since the previous mark under `stage`.
 pub fn mark(stage: &str) {
+    if std::env::var_os("FLATNET_KILL_AFTER").is_some_and(|at| at == stage) {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
     if let Ok(mut guard) = STAGES.lock()
         && let Some(stages) = guard.as_mut()
     {

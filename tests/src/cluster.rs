@@ -10,18 +10,16 @@
 //! Node i has underlay address 172.30.0.i/24 (fd30::i/64 when dual-stack)
 //! and pod CIDR 10.244.i.0/24 (fd44:0:0:i::/64).
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flatnet::datapath::Datapath;
-use nix::sched::{CloneFlags, setns};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::*;
 
@@ -30,27 +28,6 @@ pub const ROUTE_PROTO: &str = "102";
 pub const METRICS_PORT: u16 = 9603;
 /// Generous: agents and plugins share two cores with the other suites.
 pub const SETTLE: Duration = Duration::from_secs(20);
-
-pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Runs `cmd` inside the network namespace at `netns` (and nothing else:
-/// the mount namespace stays the host's).
-pub fn enter(cmd: &mut Command, netns: &Path) {
-    let ns = File::open(netns).expect("open node netns");
-    // SAFETY: setns is async-signal-safe; the closure only calls it.
-    unsafe {
-        cmd.pre_exec(move || {
-            setns(&ns, CloneFlags::CLONE_NEWNET)
-                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-        });
-    }
-}
 
 /// What a peer file or Node object says about one node.
 #[derive(Clone)]
@@ -140,7 +117,7 @@ impl SimNode {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        enter(&mut cmd, &self.netns.path());
+        enter(&mut cmd, &self.netns.path()).expect("open the node's netns");
         cmd
     }
 
@@ -188,19 +165,12 @@ impl SimNode {
         };
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => return,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return;
-                }
-            }
+        let exited = poll_until(Duration::from_secs(10), POLL_INTERVAL, || {
+            !matches!(child.try_wait(), Ok(None))
+        });
+        if !exited || child.try_wait().is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 
@@ -209,8 +179,7 @@ impl SimNode {
     }
 
     pub fn wait_ready(&self) {
-        let deadline = Instant::now() + SETTLE;
-        while !(self.ready_marker().exists() && self.conflist_path().exists()) {
+        let ready = poll_until(SETTLE, POLL_INTERVAL, || {
             if let Some(child) = self.agent.lock().unwrap().as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
@@ -220,14 +189,14 @@ impl SimNode {
                     self.agent_log()
                 );
             }
-            assert!(
-                Instant::now() < deadline,
-                "agent of {} not ready:\n{}",
-                self.spec.name,
-                self.agent_log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            self.ready_marker().exists() && self.conflist_path().exists()
+        });
+        assert!(
+            ready,
+            "agent of {} not ready:\n{}",
+            self.spec.name,
+            self.agent_log()
+        );
     }
 
     pub fn conflist(&self) -> Value {
@@ -239,10 +208,8 @@ impl SimNode {
     pub fn plugin_stdin(&self) -> Vec<u8> {
         let mut cached = self.plugin_stdin.lock().unwrap();
         if self.conflist_path().exists() || cached.is_none() {
-            let list = Conflist::new(self.conflist());
-            let plugin = list.list["plugins"][0].clone();
-            let stdin = list.plugin_conf(&plugin, &json!({}), None).to_string();
-            *cached = Some(stdin.into_bytes());
+            let stdin = Conflist::new(self.conflist()).first_plugin_conf();
+            *cached = Some(stdin.to_string().into_bytes());
         }
         cached.clone().expect("plugin stdin")
     }
@@ -260,21 +227,20 @@ impl SimNode {
         container: Option<(&str, &Path)>,
         env: &[(&str, &Path)],
     ) -> CniOutput {
-        let mut cmd = Command::new(self.bin_dir().join("flatnet"));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", command)
-            .env("CNI_PATH", self.bin_dir());
-        for (key, value) in env {
-            cmd.env(key, value);
-        }
-        if let Some((id, netns)) = container {
-            cmd.env("CNI_CONTAINERID", id)
-                .env("CNI_NETNS", netns)
-                .env("CNI_IFNAME", "eth0");
-        }
-        enter(&mut cmd, &self.netns.path());
-        run_with_stdin(&mut cmd, &self.plugin_stdin())
+        let mut call = match container {
+            Some((id, netns)) => CniCall::new(command, id, netns, "eth0"),
+            None => CniCall {
+                command: command.into(),
+                ..CniCall::default()
+            },
+        };
+        call.path = self.bin_dir().display().to_string();
+        call.node = Some(self.netns.path());
+        call.env = env
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.as_os_str().to_owned()))
+            .collect();
+        call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin())
     }
 
     pub fn pod(&self) -> SimPod<'_> {
@@ -283,12 +249,7 @@ impl SimNode {
         let out = self.cni("ADD", Some((&container, &netns.path())));
         assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
         let result = out.json();
-        let addresses: Vec<IpAddr> = result["ips"]
-            .as_array()
-            .expect("ips")
-            .iter()
-            .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
-            .collect();
+        let addresses = result_ips(&result);
         let ip = addresses
             .iter()
             .find_map(|a| match a {

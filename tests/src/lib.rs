@@ -1,12 +1,14 @@
-//! Test harness: network namespaces that clean up after themselves, one
-//! thread per namespace, the plugins called like a runtime calls them, and a
-//! per-test network with its own name, subnet, gateway device and IPAM dir.
+//! Test harness: the plugins called like a runtime calls them, a per-test
+//! network with its own name, subnet, gateway device and IPAM dir, pods,
+//! traffic, and the simulated cluster. What xtask needs as well (network
+//! namespaces, CNI calls, configuration lists, `unique`, `wait_until`, the
+//! rule for a test that cannot run) is the `flatnet-harness` crate,
+//! re-exported here whole.
 
-use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -14,20 +16,18 @@ use flatnet::datapath::Datapath;
 use flatnet::net::AttachmentNames;
 
 pub mod cluster;
+/// Plugin binaries older than their sources are refused.
+pub mod fresh;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
 pub mod test_run;
+pub use flatnet_harness::*;
 /// kube-proxy's Service rules (its own crate: the benchmark uses it too).
 pub use kube_proxy_fixture as kube_proxy;
-use nix::sched::{CloneFlags, setns};
 use serde_json::{Value, json};
 
-/// Where the built binaries are (xtask sets FLATNET_BIN_DIR).
-pub fn bin_dir() -> PathBuf {
-    std::env::var_os("FLATNET_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug"))
-}
-
+/// Where the built binaries are (FLATNET_BIN_DIR, which xtask sets, or
+/// target/debug), checked to be newer than their sources on first use.
+#[track_caller]
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
     assert!(
@@ -35,222 +35,26 @@ pub fn bin(name: &str) -> PathBuf {
         "{} is not built: run `cargo xtask test`",
         path.display()
     );
+    if let Err(stale) = fresh::check(name, &path) {
+        panic!("{stale}");
+    }
     path
 }
 
-/// CNI_PATH for tests: our binaries first, then Debian's reference plugins.
-pub fn cni_path() -> String {
-    format!("{}:/usr/lib/cni", bin_dir().display())
-}
-
-/// False (and a loud line) when not root: the test then returns early.
+/// True when root; otherwise false after a loud SKIPPED line (the test
+/// then returns early), or, under `cargo xtask test` and in CI, a panic.
+#[track_caller]
 pub fn root_or_skip(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: needs root (network namespaces, veths, BPF)");
-    false
-}
-
-/// A short name unique to this process and call: `<prefix><pid><n>` in hex.
-pub fn unique(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{:x}{n:x}", std::process::id() & 0xfffff)
+    require(
+        test,
+        is_root(),
+        "needs root for network namespaces, veths and BPF",
+    )
 }
 
 fn unique_number() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A named network namespace (`ip netns add`), deleted on drop.
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new() -> Self {
-        let name = unique("ftest-");
-        run_ok(Command::new("ip").args(["netns", "add", &name]));
-        let ns = Netns { name };
-        // Loopback up, as a runtime would have it.
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    /// Runs `f` on a thread that has entered this namespace.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let file = File::open(self.path()).expect("open netns");
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-                    f()
-                })
-                .join()
-                .expect("netns thread panicked")
-        })
-    }
-
-    /// Runs a command inside the namespace; panics when it fails.
-    pub fn exec(&self, args: &[&str]) -> String {
-        run_ok(
-            Command::new("ip")
-                .args(["netns", "exec", &self.name])
-                .args(args),
-        )
-    }
-}
-
-impl Default for Netns {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
-pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// What a plugin printed and how it exited.
-#[derive(Debug)]
-pub struct CniOutput {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl CniOutput {
-    pub fn success(&self) -> bool {
-        self.code == Some(0)
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-
-    /// Asserts a CNI error object with `code` whose message contains `needle`.
-    pub fn assert_error(&self, code: u64, needle: &str) {
-        assert!(!self.success(), "expected failure, got {self:?}");
-        let obj = self.json();
-        assert_eq!(obj["code"], code, "{self:?}");
-        let msg = obj["msg"].as_str().unwrap_or_default();
-        assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}");
-        assert!(!self.stderr.is_empty(), "a human line belongs on stderr");
-    }
-}
-
-/// One plugin invocation, environment and all.
-#[derive(Debug, Clone, Default)]
-pub struct CniCall {
-    pub command: String,
-    pub container_id: String,
-    pub netns: String,
-    pub ifname: String,
-    pub path: String,
-    pub args: String,
-}
-
-impl CniCall {
-    pub fn new(command: &str, container_id: &str, netns: &Path, ifname: &str) -> Self {
-        CniCall {
-            command: command.into(),
-            container_id: container_id.into(),
-            netns: netns.display().to_string(),
-            ifname: ifname.into(),
-            path: cni_path(),
-            args: String::new(),
-        }
-    }
-
-    /// Starts the plugin with `stdin` written and closed; for tests that
-    /// kill it or start many at once.
-    pub fn spawn(&self, plugin: &Path, stdin: &[u8]) -> std::process::Child {
-        let mut child = self
-            .command(plugin)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plugin");
-        // A configuration fits in the pipe buffer; a plugin killed early is fine.
-        let _ = child.stdin.take().expect("stdin").write_all(stdin);
-        child
-    }
-
-    fn command(&self, plugin: &Path) -> Command {
-        let mut cmd = Command::new(plugin);
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
-        for (key, value) in [
-            ("CNI_COMMAND", &self.command),
-            ("CNI_CONTAINERID", &self.container_id),
-            ("CNI_NETNS", &self.netns),
-            ("CNI_IFNAME", &self.ifname),
-            ("CNI_PATH", &self.path),
-            ("CNI_ARGS", &self.args),
-        ] {
-            if !value.is_empty() {
-                cmd.env(key, value);
-            }
-        }
-        cmd
-    }
-
-    pub fn run(&self, plugin: &Path, stdin: &[u8]) -> CniOutput {
-        run_with_stdin(&mut self.command(plugin), stdin)
-    }
-}
-
-/// Runs a plugin command (env already set) with `stdin`, as a runtime
-/// does, and collects what it answered.
-pub fn run_with_stdin(cmd: &mut Command, stdin: &[u8]) -> CniOutput {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plugin");
-    let mut input = child.stdin.take().expect("stdin");
-    let data = stdin.to_vec();
-    // Written from a thread: a plugin may answer before reading it all (a
-    // 10 MB stdin).
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let out = child.wait_with_output().expect("wait plugin");
-    let _ = writer.join();
-    CniOutput::from(out)
-}
-
-impl From<std::process::Output> for CniOutput {
-    fn from(out: std::process::Output) -> Self {
-        CniOutput {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
 }
 
 /// A flatnet network of one test: unique name, /24, gateway device and IPAM
@@ -389,12 +193,24 @@ pub struct Pod<'a> {
 
 impl Pod<'_> {
     pub fn ip(&self) -> Ipv4Addr {
-        let address = self.result["ips"][0]["address"].as_str().expect("address");
-        address
-            .split('/')
-            .next()
-            .and_then(|ip| ip.parse().ok())
-            .expect("IPv4 address")
+        match result_ips(&self.result).first() {
+            Some(IpAddr::V4(ip)) => *ip,
+            other => panic!("the pod's first address is not IPv4: {other:?}"),
+        }
+    }
+
+    /// The pod's IPv6 (`v6`) or IPv4 address.
+    pub fn address(&self, v6: bool) -> IpAddr {
+        result_ips(&self.result)
+            .into_iter()
+            .find(|ip| ip.is_ipv6() == v6)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no IPv{} address in {}",
+                    if v6 { 6 } else { 4 },
+                    self.result
+                )
+            })
     }
 
     pub fn host_veth(&self) -> String {
@@ -639,229 +455,7 @@ impl Drop for IpamNet {
 /// DEL cuts a link off at once and leaves its unregister (tens of ms of RCU
 /// waiting in the kernel) to a detached reaper: waits for it to vanish.
 pub fn wait_link_gone(link: &str, timeout: Duration) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    while link_exists(link) {
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
-}
-
-/// The plugin binary `kind` as a runtime finds it: the first in CNI_PATH.
-pub fn find_plugin(kind: &str, cni_path: &str) -> PathBuf {
-    std::env::split_paths(cni_path)
-        .map(|dir| dir.join(kind))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| panic!("plugin {kind} is not in CNI_PATH {cni_path}"))
-}
-
-/// Which plugin of a list failed, and how.
-#[derive(Debug)]
-pub struct ChainError {
-    pub plugin: String,
-    pub output: CniOutput,
-}
-
-impl std::fmt::Display for ChainError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "plugin {} failed ({:?}): {} {}",
-            self.plugin, self.output.code, self.output.stdout, self.output.stderr
-        )
-    }
-}
-
-impl std::error::Error for ChainError {}
-
-/// The CNI versions a list runner here understands, oldest first.
-const LIST_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
-
-fn version_rank(version: &str) -> Option<usize> {
-    LIST_VERSIONS.iter().position(|v| *v == version)
-}
-
-/// A network configuration list, run the way libcni runs one: each plugin's
-/// configuration gets the list's `name` and `cniVersion`, a `runtimeConfig`
-/// with the runtime's values for the capabilities it declares, and a
-/// `prevResult` (ADD: the previous plugin's result; CHECK and DEL: the
-/// list's ADD result); DEL runs the plugins in reverse order; CHECK is
-/// skipped before 0.4.0 and with `disableCheck`, GC and STATUS before 1.1.0.
-pub struct Conflist {
-    pub list: Value,
-}
-
-impl Conflist {
-    pub fn new(list: Value) -> Self {
-        Conflist { list }
-    }
-
-    /// `cniVersions` (1.1.0): the newest one understood; else `cniVersion`.
-    pub fn version(&self) -> String {
-        if let Some(versions) = self.list["cniVersions"].as_array() {
-            let best = versions
-                .iter()
-                .filter_map(Value::as_str)
-                .filter_map(version_rank)
-                .max();
-            if let Some(best) = best {
-                return LIST_VERSIONS[best].to_string();
-            }
-        }
-        self.list["cniVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    fn plugins(&self) -> Vec<Value> {
-        self.list["plugins"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// One plugin's stdin.
-    pub fn plugin_conf(
-        &self,
-        plugin: &Value,
-        runtime_config: &Value,
-        prev_result: Option<&Value>,
-    ) -> Value {
-        let mut conf = plugin.clone();
-        conf["name"] = self.list["name"].clone();
-        conf["cniVersion"] = json!(self.version());
-        let mut rc = serde_json::Map::new();
-        if let Some(caps) = plugin["capabilities"].as_object() {
-            for (cap, on) in caps {
-                if on.as_bool() == Some(true)
-                    && let Some(value) = runtime_config.get(cap)
-                {
-                    rc.insert(cap.clone(), value.clone());
-                }
-            }
-        }
-        if !rc.is_empty() {
-            conf["runtimeConfig"] = Value::Object(rc);
-        }
-        if let Some(prev) = prev_result {
-            conf["prevResult"] = prev.clone();
-        }
-        conf
-    }
-
-    fn run_plugin(
-        &self,
-        call: &CniCall,
-        command: &str,
-        conf: &Value,
-    ) -> Result<CniOutput, ChainError> {
-        let kind = conf["type"].as_str().unwrap_or_default().to_string();
-        let mut call = call.clone();
-        call.command = command.into();
-        let out = call.run(&find_plugin(&kind, &call.path), conf.to_string().as_bytes());
-        if out.success() {
-            Ok(out)
-        } else {
-            Err(ChainError {
-                plugin: kind,
-                output: out,
-            })
-        }
-    }
-
-    /// ADD through the whole list; the last plugin's result.
-    pub fn add(&self, call: &CniCall, runtime_config: &Value) -> Result<Value, ChainError> {
-        let mut prev: Option<Value> = None;
-        for plugin in self.plugins() {
-            let conf = self.plugin_conf(&plugin, runtime_config, prev.as_ref());
-            let out = self.run_plugin(call, "ADD", &conf)?;
-            prev = Some(out.json());
-        }
-        Ok(prev.unwrap_or(Value::Null))
-    }
-
-    /// CHECK through the whole list against the ADD `result`.
-    pub fn check(
-        &self,
-        call: &CniCall,
-        runtime_config: &Value,
-        result: &Value,
-    ) -> Result<(), ChainError> {
-        let disabled =
-            self.list["disableCheck"] == json!(true) || self.list["disableCheck"] == json!("true");
-        if disabled || version_rank(&self.version()) < version_rank("0.4.0") {
-            return Ok(());
-        }
-        for plugin in self.plugins() {
-            let conf = self.plugin_conf(&plugin, runtime_config, Some(result));
-            self.run_plugin(call, "CHECK", &conf)?;
-        }
-        Ok(())
-    }
-
-    /// CHECK through the whole list, going on past the failures `known`
-    /// accepts (a reference plugin's own bug); returns those.
-    pub fn check_tolerating(
-        &self,
-        call: &CniCall,
-        runtime_config: &Value,
-        result: &Value,
-        known: impl Fn(&ChainError) -> bool,
-    ) -> Result<Vec<ChainError>, ChainError> {
-        let mut tolerated = Vec::new();
-        for plugin in self.plugins() {
-            let conf = self.plugin_conf(&plugin, runtime_config, Some(result));
-            match self.run_plugin(call, "CHECK", &conf) {
-                Ok(_) => {}
-                Err(e) if known(&e) => tolerated.push(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(tolerated)
-    }
-
-    /// DEL through the list in reverse order (with the ADD result if known).
-    pub fn del(
-        &self,
-        call: &CniCall,
-        runtime_config: &Value,
-        result: Option<&Value>,
-    ) -> Result<(), ChainError> {
-        for plugin in self.plugins().iter().rev() {
-            let conf = self.plugin_conf(plugin, runtime_config, result);
-            self.run_plugin(call, "DEL", &conf)?;
-        }
-        Ok(())
-    }
-
-    /// GC of every plugin with the still valid (containerID, ifname) pairs.
-    pub fn gc(&self, call: &CniCall, valid: &[(&str, &str)]) -> Result<(), ChainError> {
-        if version_rank(&self.version()) < version_rank("1.1.0") {
-            return Ok(());
-        }
-        let attachments: Vec<Value> = valid
-            .iter()
-            .map(|(id, ifname)| json!({"containerID": id, "ifname": ifname}))
-            .collect();
-        for plugin in self.plugins() {
-            let mut conf = self.plugin_conf(&plugin, &json!({}), None);
-            conf["cni.dev/valid-attachments"] = json!(attachments);
-            self.run_plugin(call, "GC", &conf)?;
-        }
-        Ok(())
-    }
-
-    /// STATUS of every plugin, in order.
-    pub fn status(&self, call: &CniCall) -> Result<(), ChainError> {
-        if version_rank(&self.version()) < version_rank("1.1.0") {
-            return Ok(());
-        }
-        for plugin in self.plugins() {
-            let conf = self.plugin_conf(&plugin, &json!({}), None);
-            self.run_plugin(call, "STATUS", &conf)?;
-        }
-        Ok(())
-    }
+    poll_until(timeout, POLL_INTERVAL, || !link_exists(link))
 }
 
 impl Network {
@@ -889,6 +483,58 @@ impl Network {
             |subnet, gateway, dir| json!({"type": "flatnet-ipam", "subnet": subnet, "gateway": gateway, "dataDir": dir}),
         )
     }
+
+    /// Dual stack in datapath `mode`: a fresh /24 and a matching /64,
+    /// flatnet-ipam handing out one address of each.
+    pub fn dual_stack(mode: &str) -> Self {
+        let mut net = Self::with_ipam(|subnet, gateway, dir| {
+            let octets: Vec<u32> = subnet
+                .split(['.', '/'])
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            let v6 = format!("fd42:{:x}:{:x}::", octets[1], octets[2]);
+            json!({
+                "type": "flatnet-ipam",
+                "ranges": [
+                    [{"subnet": subnet, "gateway": gateway}],
+                    [{"subnet": format!("{v6}/64"), "gateway": format!("{v6}1")}]
+                ],
+                "dataDir": dir
+            })
+        });
+        net.conf["datapath"] = json!(mode);
+        net
+    }
+}
+
+/// One entry at a tc hook of a device, as `bpftool net` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcHook {
+    /// "tcx/ingress", "clsact/ingress", ...
+    pub kind: String,
+    pub program: String,
+    pub program_id: u32,
+    /// The BPF link holding it (tcx), None for a cls_bpf filter.
+    pub link_id: Option<u32>,
+}
+
+/// What sits at the tc hooks of `dev` in the caller's namespace (tcx links
+/// and cls_bpf filters), from `bpftool -j net show` (bpftool 7.3+ for tcx).
+pub fn tc_hooks(dev: &str) -> Vec<TcHook> {
+    let out = run_ok(Command::new("bpftool").args(["-j", "net", "show", "dev", dev]));
+    let listed: Value = serde_json::from_str(&out).expect("bpftool's JSON");
+    let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    listed[0]["tc"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|entry| TcHook {
+            kind: entry["kind"].as_str().unwrap_or_default().to_string(),
+            program: entry["name"].as_str().unwrap_or_default().to_string(),
+            program_id: id(&entry["prog_id"]).unwrap_or_default(),
+            link_id: id(&entry["link_id"]),
+        })
+        .collect()
 }
 
 /// Streams bytes from `client` to a server in `server` while `during`
@@ -921,8 +567,7 @@ pub fn stream_during(
     let sender = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let ns = File::open(client_path).unwrap();
-            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            enter_thread(&client_path).expect("enter the client's namespace");
             let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
             conn.set_write_timeout(Some(Duration::from_secs(10)))
                 .unwrap();

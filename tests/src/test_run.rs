@@ -15,8 +15,10 @@ use aya_obj::programs::XdpAttachType;
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::{Datapath, ensure_bpffs_at};
 
-/// tc verdicts (linux/pkt_cls.h).
-pub const TC_ACT_OK: u32 = 0;
+/// tc verdicts (linux/pkt_cls.h). flatnet hands frames on with "next"
+/// (`TC_ACT_UNSPEC`, -1; `TCX_NEXT`), so later programs and the legacy
+/// qdisc still run; the test run reports it as an unsigned value.
+pub const TC_NEXT: u32 = u32::MAX;
 pub const TC_ACT_SHOT: u32 = 2;
 /// What `bpf_redirect` and `bpf_redirect_peer` return; under test_run the
 /// redirect itself never happens.

@@ -4,25 +4,30 @@
 //! the list's result, DEL in reverse order.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use flatnet_common::action;
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
+/// Root and the reference plugins, or a skip (a failure under xtask and CI).
 fn reference_plugins_or_skip(test: &str) -> bool {
     if !root_or_skip(test) {
         return false;
     }
-    for plugin in ["portmap", "bandwidth", "tuning", "host-local"] {
-        if !std::path::Path::new("/usr/lib/cni").join(plugin).exists() {
-            eprintln!(
-                "SKIPPED {test}: /usr/lib/cni/{plugin} missing (apt-get install containernetworking-plugins)"
-            );
-            return false;
-        }
-    }
-    true
+    let missing = ["portmap", "bandwidth", "tuning", "host-local"]
+        .into_iter()
+        .find(|plugin| !Path::new(REFERENCE_PLUGINS).join(plugin).exists());
+    require(
+        test,
+        missing.is_none(),
+        &format!(
+            "{REFERENCE_PLUGINS}/{} is missing (apt-get install containernetworking-plugins)",
+            missing.unwrap_or_default()
+        ),
+    )
 }
 
 fn sh(cmd: &str) -> String {
@@ -169,8 +174,8 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
     }
     let _nat = NatTableGuard::new();
     let net = Network::flatnet_ipam();
-    let list = net.conflist(
-        "1.0.0",
+    let list = shaping_list(
+        &net,
         vec![
             json!({"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}),
             json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
@@ -232,13 +237,15 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
     assert!(limited > Duration::from_millis(1200), "{limited:?}");
     assert!(limited > unlimited * 5, "{limited:?} vs {unlimited:?}");
 
-    // Pod to pod goes through the redirect, not the host veth's qdisc.
+    // Pod to pod as well: the datapath leaves packets for the shaped pod
+    // to the stack, which sends them through the tbf.
+    let shaped_before = net.action_packets(action::SHAPED);
     let started = Instant::now();
     tcp_echo(Some(&netns), ip, Some(&other.netns), 1_000_000).expect("pod -> pod");
-    eprintln!(
-        "1 MB pod -> limited pod: {:?} (redirected past the tbf)",
-        started.elapsed()
-    );
+    let pod_to_pod = started.elapsed();
+    eprintln!("1 MB pod -> limited pod: {pod_to_pod:?}");
+    assert!(pod_to_pod > Duration::from_millis(1200), "{pod_to_pod:?}");
+    assert!(net.action_packets(action::SHAPED) > shaped_before);
 
     // portmap 1.1.1 CHECKs an IPv6 chain even for an IPv4-only pod
     // (containernetworking/plugins#819, fixed after 1.1.1): that one failure
@@ -261,36 +268,78 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
         .expect("second DEL");
 }
 
-/// The bandwidth plugin shapes a pod's egress by adding an `ingress` qdisc
-/// to the host veth, where flatnet's tc program already holds the clsact
-/// qdisc (the same slot): Debian's bandwidth 1.1.1 then fails its ADD
-/// (its error names the "ingress qdisc"). The runtime's clean-up (DEL of the whole list) must leave
-/// nothing behind.
+/// flatnet declaring the `bandwidth` capability, as the bandwidth plugin
+/// after it does: both read the same `runtimeConfig.bandwidth`, so flatnet
+/// knows which pods' traffic must go through the qdiscs on their host veths.
+fn shaping_list(net: &Network, more: Vec<Value>) -> Conflist {
+    let mut flatnet = net.plugin_entry();
+    flatnet["capabilities"] = json!({"bandwidth": true});
+    let mut plugins = vec![flatnet];
+    plugins.extend(more);
+    Conflist::new(json!({"cniVersion": "1.0.0", "name": net.name, "plugins": plugins}))
+}
+
+/// The bandwidth plugin shapes a pod's egress with an `ingress` qdisc on
+/// the host veth redirecting to an ifb device with a tbf. flatnet's tcx
+/// program needs no qdisc of its own, so the plugin's ADD succeeds, and
+/// hands the shaped pod's frames on ("next") for that qdisc to run: what
+/// the pod sends, to another pod or to the host, is held to the rate.
 #[test]
-fn bandwidth_egress_shaping_is_refused_and_the_list_cleans_up() {
-    if !reference_plugins_or_skip("bandwidth_egress_shaping_is_refused_and_the_list_cleans_up") {
+fn bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends() {
+    if !reference_plugins_or_skip("bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends") {
         return;
     }
     let net = Network::flatnet_ipam();
-    let list = net.conflist(
-        "1.0.0",
+    let list = shaping_list(
+        &net,
         vec![json!({"type": "bandwidth", "capabilities": {"bandwidth": true}})],
     );
     let netns = Netns::new();
     let id = unique("ctr-");
     let call = CniCall::new("ADD", &id, &netns.path(), "eth0");
+    // 4 Mbit/s out of the pod, burst 64 KiB.
     let runtime_config = json!({"bandwidth": {"egressRate": 4_000_000, "egressBurst": 524_288}});
-    let err = list
+    let result = list
         .add(&call, &runtime_config)
-        .expect_err("egress shaping next to flatnet's clsact");
-    assert_eq!(err.plugin, "bandwidth");
-    assert!(err.output.stdout.contains("ingress qdisc"), "{err}");
-    // As a runtime does after a failed ADD: DEL the list, in reverse order.
-    list.del(&call, &runtime_config, None)
-        .expect("DEL after the failed ADD");
+        .expect("ADD with egress shaping after flatnet");
+    let ip = pod_ip(&result);
     let host_veth = net.host_veth(&id, "eth0");
+    let shown = qdiscs(&host_veth);
+    assert!(shown.contains("qdisc ingress"), "{shown}");
+    assert!(
+        !shown.contains("clsact"),
+        "flatnet needs no clsact: {shown}"
+    );
+
+    let other = net.pod();
+    let third = net.pod();
+    let shaped_before = net.action_packets(action::SHAPED);
+    let timed = |server: &Netns, server_ip: Ipv4Addr, client: &Netns| {
+        let started = Instant::now();
+        tcp_echo(Some(server), server_ip, Some(client), 1_000_000).expect("a 1 MB echo");
+        started.elapsed()
+    };
+    // The limited pod sends 1 MB (the echo back is not shaped).
+    let limited = timed(&other.netns, other.ip(), &netns);
+    let unlimited = timed(&other.netns, other.ip(), &third.netns);
+    eprintln!("1 MB from the limited pod: {limited:?}; from another pod: {unlimited:?}");
+    // 1 MB at 4 Mbit/s is ~2 s (less the burst); unlimited it is milliseconds.
+    assert!(limited > Duration::from_millis(1200), "{limited:?}");
+    assert!(limited > unlimited * 5, "{limited:?} vs {unlimited:?}");
+    assert!(net.action_packets(action::SHAPED) > shaped_before);
+    // The unshaped pods still take the redirect.
+    let redirected = net.redirected_bytes();
+    timed(&third.netns, third.ip(), &other.netns);
+    assert!(net.redirected_bytes() > redirected + 1_000_000);
+
+    // CHECK agrees (the datapath records the shaping), DEL cleans up.
+    list.check(&call, &runtime_config, &result)
+        .expect("CHECK of the shaped pod");
+    list.del(&call, &runtime_config, Some(&result))
+        .expect("DEL in reverse order");
     assert!(wait_link_gone(&host_veth, Duration::from_secs(10)));
-    assert!(net.ipam_allocations().is_empty());
+    let left: Vec<String> = net.ipam_allocations();
+    assert!(!left.contains(&ip.to_string()), "{left:?}");
     assert!(!sh("ip -o link").contains("bwp"), "an ifb device was left");
 }
 

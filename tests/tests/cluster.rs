@@ -273,11 +273,12 @@ fn no_masq_elements(node: &SimNode) -> Option<Vec<String>> {
     Some(elements)
 }
 
-/// True while `from_uplink` is attached to the node's uplink.
+/// True while `from_uplink` is attached to the node's uplink (a tcx link,
+/// as `bpftool net` in the node's namespace lists it).
 fn uplink_program_attached(node: &SimNode) -> bool {
     node.netns
-        .exec(&["tc", "filter", "show", "dev", "up0", "ingress"])
-        .contains("from_uplink")
+        .exec(&["bpftool", "net", "show", "dev", "up0"])
+        .contains("tcx/ingress from_uplink")
 }
 
 /// Sends one datagram of `len` bytes from `from` (bound to `from_ip`, DF

@@ -138,11 +138,11 @@ fn del_after_the_netns_is_gone_succeeds() {
     run_ok(std::process::Command::new("ip").args(["netns", "del", &pod.netns.name]));
     // The kernel destroys a dead namespace's veths asynchronously: wait, so
     // DEL really meets a pod whose netns and veth are both gone.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while link_exists(&veth) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(!link_exists(&veth), "the veth outlived its namespace");
+    wait_until(
+        "the veth to go with its namespace",
+        Duration::from_secs(10),
+        || !link_exists(&veth),
+    );
     let out = pod.call("DEL");
     assert!(out.success(), "{out:?}");
     assert!(

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flatnet_tests::*;
 use serde_json::{Value, json};
@@ -41,14 +41,9 @@ impl PrivateNode {
             _netns: netns,
             holder,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while node.sh("stat -f -c %T /sys/fs/bpf").trim() != "bpf_fs" {
-            assert!(
-                Instant::now() < deadline,
-                "the private bpffs never appeared"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until("the private bpffs", Duration::from_secs(10), || {
+            node.sh("stat -f -c %T /sys/fs/bpf").trim() == "bpf_fs"
+        });
         node
     }
 
@@ -87,21 +82,19 @@ impl Drop for PrivateNode {
 /// link-local address, duplicate address detection): two in a row, 1 s
 /// apart, alike.
 fn settled_snapshot(node: &PrivateNode, net: &Network) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut last = snapshot(node, net);
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
+    let mut last: Option<String> = None;
+    let settled = poll_until(Duration::from_secs(15), Duration::from_secs(1), || {
         let now = snapshot(node, net);
         // DAD keeps a new link-local address "tentative" for a second or two.
-        if now == last && !now.contains("tentative") {
-            return now;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the node never settled: the snapshot before the calls would be a moving target"
-        );
-        last = now;
-    }
+        let alike = last.as_ref() == Some(&now) && !now.contains("tentative");
+        last = Some(now);
+        alike
+    });
+    assert!(
+        settled,
+        "the node never settled: the snapshot before the calls would be a moving target"
+    );
+    last.expect("a snapshot")
 }
 
 /// Everything of the node a plugin call could change.
@@ -115,6 +108,7 @@ echo '## routes'; ip route show table all; ip -6 route show table all
 echo '## neighbours'; ip neigh show nud permanent
 echo '## qdiscs'; tc qdisc show
 echo '## filters'; for dev in $(ls /sys/class/net); do tc filter show dev $dev ingress; tc filter show dev $dev egress; done
+echo '## tcx and xdp programs'; bpftool net show
 echo '## xdp'; ip -o link show | grep -o 'prog/xdp id [0-9]*'
 echo '## nftables'; nft list ruleset 2>&1
 echo '## pins'; find /sys/fs/bpf | sort

@@ -9,14 +9,13 @@ use flatnet::datapath::DATAPATH_ID;
 use flatnet_common::{MAP_POD_SOURCES, PROG_FROM_POD, SOURCES_F_VALID, action};
 use flatnet_tests::*;
 
-/// IDs of the tc ingress programs on a host interface.
+/// IDs of the programs at tc ingress of a host interface: tcx links and
+/// cls_bpf filters alike.
 fn attached_ids(link: &str) -> Vec<u32> {
-    let out = run_ok(Command::new("tc").args(["filter", "show", "dev", link, "ingress"]));
-    out.split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "id")
-        .filter_map(|w| w[1].parse().ok())
+    tc_hooks(link)
+        .into_iter()
+        .filter(|hook| hook.kind.ends_with("ingress"))
+        .map(|hook| hook.program_id)
         .collect()
 }
 
@@ -86,10 +85,14 @@ fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
-    // What a bpffs remount does to us: pins gone, programs still attached.
+    // What a bpffs remount does to us: pins gone. The pinned tcx links
+    // held the programs on the veths, so they are gone too (a netlink
+    // filter would have outlived its pin): the pods have no datapath until
+    // the next ADD, `flatnet repair` or the agent's next resync.
     std::fs::remove_dir_all(net.datapath().pin_dir()).unwrap();
-    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 64 << 10)
-        .expect("the attached programs keep working");
+    for pod in [&a, &b] {
+        assert_eq!(attached_ids(&pod.host_veth()), Vec::<u32>::new());
+    }
 
     let c = net.pod();
     let datapath = net.datapath();
@@ -218,10 +221,14 @@ fn per_pod_counters_are_removed_with_the_pod() {
     let (slot, keep_slot) = (slot_of(index).unwrap(), slot_of(keep_index).unwrap());
     assert_ne!(slot, flatnet_common::NO_COUNTER_SLOT);
     assert_ne!(slot, keep_slot, "two pods share a counter slot");
-    // The tc filter hands the slot to the program as its classid.
-    let filters =
-        run_ok(Command::new("tc").args(["filter", "show", "dev", &pod.host_veth(), "ingress"]));
-    assert!(filters.contains(&format!("flowid :{slot:x}")), "{filters}");
+    // The program finds the sender's slot from the veth's ifindex: the
+    // slot's source entry names the veth.
+    assert_eq!(net.datapath().sources(slot).unwrap().host_ifindex, index);
+    assert_eq!(
+        slot,
+        flatnet_common::preferred_slot(index),
+        "no collision here"
+    );
 
     tcp_echo(Some(&pod.netns), pod.ip(), None, 64 << 10).expect("host -> pod");
     tcp_echo(Some(&keep.netns), keep.ip(), Some(&pod.netns), 64 << 10).expect("pod -> keep");

@@ -9,44 +9,6 @@ use flatnet_common::action;
 use flatnet_tests::*;
 use serde_json::json;
 
-/// A dual-stack network: a fresh /24 and a matching /64, flatnet-ipam.
-fn dual_stack(mode: &str) -> Network {
-    let mut net = Network::with_ipam(|subnet, gateway, dir| {
-        let octets: Vec<u32> = subnet
-            .split(['.', '/'])
-            .filter_map(|p| p.parse().ok())
-            .collect();
-        let v6 = format!("fd42:{:x}:{:x}::", octets[1], octets[2]);
-        json!({
-            "type": "flatnet-ipam",
-            "ranges": [
-                [{"subnet": subnet, "gateway": gateway}],
-                [{"subnet": format!("{v6}/64"), "gateway": format!("{v6}1")}]
-            ],
-            "dataDir": dir
-        })
-    });
-    net.conf["datapath"] = json!(mode);
-    net
-}
-
-fn address(pod: &Pod, v6: bool) -> IpAddr {
-    pod.result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| {
-            ip["address"]
-                .as_str()?
-                .split('/')
-                .next()?
-                .parse::<IpAddr>()
-                .ok()
-        })
-        .find(|ip| ip.is_ipv6() == v6)
-        .unwrap_or_else(|| panic!("no IPv{} address in {}", if v6 { 6 } else { 4 }, pod.result))
-}
-
 /// Sends `count` datagrams from `client` to a UDP echo in `server`; returns
 /// how many came back (the rest may be lost, as UDP may).
 fn udp_echo(server: &Netns, ip: IpAddr, client: &Netns, count: usize) -> usize {
@@ -96,7 +58,7 @@ fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
     if !root_or_skip("dual_stack_pods_talk_over_both_families_through_the_redirect") {
         return;
     }
-    let net = dual_stack("tc");
+    let net = Network::dual_stack("tc");
     let a = net.pod();
     let b = net.pod();
     let routes = a.netns.exec(&["ip", "-6", "route", "show", "default"]);
@@ -112,7 +74,7 @@ fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
     let redirected = net.redirected_packets();
     let answered = net.action_packets(action::ND_ANSWERED);
     // No wait after ADD: the IPv6 address must be usable at once (no DAD).
-    let (ip_a, ip_b) = (address(&a, true), address(&b, true));
+    let (ip_a, ip_b) = (a.address(true), b.address(true));
     let global = a
         .netns
         .exec(&["ip", "-6", "addr", "show", "dev", "eth0", "scope", "global"]);
@@ -122,7 +84,7 @@ fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
     );
     tcp_echo_ip(&b.netns, ip_b, &a.netns, 1 << 20);
     tcp_echo_ip(&a.netns, ip_a, &b.netns, 1 << 20);
-    tcp_echo(Some(&b.netns), address(&b, false), Some(&a.netns), 1 << 20).expect("IPv4");
+    tcp_echo(Some(&b.netns), b.address(false), Some(&a.netns), 1 << 20).expect("IPv4");
     assert!(
         net.redirected_packets() > redirected + 100,
         "IPv6 traffic was not redirected"
@@ -151,7 +113,7 @@ fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
     if !root_or_skip("xdp_mode_pods_talk_tcp_and_udp_over_both_families") {
         return;
     }
-    let net = dual_stack("xdp");
+    let net = Network::dual_stack("xdp");
     let a = net.pod();
     let b = net.pod();
     assert!(net.datapath().is_loaded(DatapathMode::Xdp));
@@ -168,9 +130,9 @@ fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
     );
     let redirected = net.redirected_packets();
     for v6 in [false, true] {
-        tcp_echo_ip(&b.netns, address(&b, v6), &a.netns, 1 << 20);
-        tcp_echo_ip(&a.netns, address(&a, v6), &b.netns, 1 << 20);
-        let back = udp_echo(&b.netns, address(&b, v6), &a.netns, 200);
+        tcp_echo_ip(&b.netns, b.address(v6), &a.netns, 1 << 20);
+        tcp_echo_ip(&a.netns, a.address(v6), &b.netns, 1 << 20);
+        let back = udp_echo(&b.netns, b.address(v6), &a.netns, 200);
         assert!(
             back >= 190,
             "only {back}/200 datagrams came back over IPv{}",
@@ -182,7 +144,7 @@ fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
         .run(&bin("flatnet"), &a.stdin_with_prev_result());
     assert!(out.success(), "{out:?}");
     // Host to pod still goes through the stack.
-    tcp_echo_host(address(&a, false), &a.netns);
+    tcp_echo_host(a.address(false), &a.netns);
 }
 
 #[test]
@@ -190,7 +152,7 @@ fn switching_a_network_with_pods_to_another_mode_is_refused() {
     if !root_or_skip("switching_a_network_with_pods_to_another_mode_is_refused") {
         return;
     }
-    let net = dual_stack("tc");
+    let net = Network::dual_stack("tc");
     let _a = net.pod();
     let mut conf = net.conf.clone();
     conf["datapath"] = json!("xdp");
@@ -214,10 +176,10 @@ fn short_icmpv6_messages_keep_the_fast_path() {
     if !root_or_skip("short_icmpv6_messages_keep_the_fast_path") {
         return;
     }
-    let net = dual_stack("tc");
+    let net = Network::dual_stack("tc");
     let a = net.pod();
     let b = net.pod();
-    let ip_b = address(&b, true).to_string();
+    let ip_b = b.address(true).to_string();
     // Resolve the neighbour first, so what follows is the echoes alone.
     a.netns.exec(&["ping", "-6", "-c", "1", "-W", "2", &ip_b]);
     let (redirected, passed) = (

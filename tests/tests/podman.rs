@@ -28,23 +28,24 @@ const MACHINE_PATHS: &[&str] = &[
     "/run/libpod",
 ];
 
+/// Root and podman, runc and busybox, or a skip (a failure under xtask and CI).
 fn tools_or_skip(test: &str) -> bool {
     if !root_or_skip(test) {
         return false;
     }
-    for (tool, package) in [
+    let missing = [
         ("/usr/bin/podman", "podman"),
         ("/usr/sbin/runc", "runc"),
         ("/bin/busybox", "busybox-static"),
-    ] {
-        if !Path::new(tool).exists() {
-            eprintln!(
-                "\n\x1b[1;33mSKIPPED {test}: {tool} is missing (apt-get install {package}, or `cargo xtask setup`)\x1b[0m\n"
-            );
-            return false;
-        }
-    }
-    true
+    ]
+    .into_iter()
+    .find(|(tool, _)| !Path::new(tool).exists());
+    let (tool, package) = missing.unwrap_or_default();
+    require(
+        test,
+        missing.is_none(),
+        &format!("{tool} is missing (apt-get install {package}, or `cargo xtask setup`)"),
+    )
 }
 
 /// A podman that only this test uses.

@@ -20,11 +20,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use flatnet::cni::config::DatapathMode;
+use flatnet::datapath::Shaping;
 use flatnet_common::{
     Counter, Endpoint, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, SOURCES_F_MORE, action,
 };
 use flatnet_tests::test_run::{
-    Outcome, ScratchDatapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_DROP, XDP_PASS,
+    Outcome, ScratchDatapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_NEXT, XDP_DROP, XDP_PASS,
     XDP_REDIRECT, XDP_TX, run_tc, run_xdp,
 };
 use flatnet_tests::{Netns, root_or_skip};
@@ -465,7 +466,11 @@ impl Node {
                 addresses,
             };
             datapath
-                .insert_pod(pod.endpoint(), &[addresses.v4.into(), addresses.v6.into()])
+                .insert_pod(
+                    pod.endpoint(),
+                    &[addresses.v4.into(), addresses.v6.into()],
+                    Shaping::default(),
+                )
                 .expect("inserting a pod");
             pod
         };
@@ -485,6 +490,18 @@ impl Node {
             b,
             uplink_ifindex,
         }
+    }
+
+    /// Writes `pod` into the maps again, with `shaping`.
+    fn shape(&self, pod: &Pod, shaping: Shaping) {
+        self.scratch
+            .datapath
+            .insert_pod(
+                pod.endpoint(),
+                &[pod.addresses.v4.into(), pod.addresses.v6.into()],
+                shaping,
+            )
+            .expect("writing the pod with its shaping");
     }
 
     /// Runs `frame` through the program at `hook` (in the namespace, where
@@ -753,7 +770,7 @@ fn arp_probes_and_announcements_pass_unchanged() {
             case,
             Hook::PodTc(a),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("passed_to_stack", 1)],
         );
@@ -830,7 +847,7 @@ fn duplicate_address_detection_passes_unchanged() {
             case,
             Hook::PodTc(a),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("passed_to_stack", 1)],
         );
@@ -870,12 +887,142 @@ fn packets_between_pods_are_redirected_with_the_peers_macs() {
             delivered += 1;
         }
     }
+    // IPv6 BIG TCP: the kernel marks a segment above 64 KiB with a
+    // Hop-by-Hop header holding only a jumbo payload option; the datapath
+    // looks past it to the TCP header.
+    let flow = Tuple::new(a.ip(Family::V6), 40000, b.ip(Family::V6), 8080);
+    let jumbo = with_jumbo_hop_by_hop(&a.sends(flow.tcp(TCP_ACK)));
+    node.check(
+        "IPv6 BIG TCP segment",
+        Hook::PodTc(a),
+        &jumbo,
+        TC_ACT_REDIRECT,
+        &b.receives(&jumbo),
+        &[("redirected", 1)],
+    );
+    delivered += 1;
     let received = node
         .scratch
         .datapath
         .slot_counters(b.slot)
         .expect("B's counters");
     assert_eq!(received.rx_packets, delivered, "B's per-pod rx counter");
+}
+
+/// An IPv6 frame as IPv6 BIG TCP sends it: payload length 0 and a
+/// Hop-by-Hop header with a jumbo payload option (RFC 2675) carrying the
+/// length (here the real, small one: the program reads only the headers).
+fn with_jumbo_hop_by_hop(frame: &[u8]) -> Vec<u8> {
+    let ip = ETH_LEN;
+    let (next_header, payload) = (frame[ip + 6], &frame[ip + IPV6_LEN..]);
+    let jumbo_len = (payload.len() + 8) as u32;
+    let mut out = frame[..ip + IPV6_LEN].to_vec();
+    out[ip + 4..ip + 6].copy_from_slice(&[0, 0]);
+    out[ip + 6] = 0;
+    out.extend_from_slice(&[next_header, 0, 0xc2, 4]);
+    out.extend_from_slice(&jumbo_len.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Pods whose traffic the bandwidth plugin shapes: what a redirect would
+/// carry past the qdiscs on their host veths goes to the stack instead,
+/// unchanged (tc "next", so the `ingress` qdisc shaping a sender runs; XDP
+/// pass), counted as `shaped_to_stack`. What the stack would get anyway,
+/// and the neighbour answers, are as for any pod.
+#[test]
+fn traffic_of_shaped_pods_is_left_to_the_stack_and_its_qdiscs() {
+    let name = "traffic_of_shaped_pods_is_left_to_the_stack_and_its_qdiscs";
+    let (Some(tc), Some(xdp)) = (
+        node_or_skip(name, DatapathMode::Tc),
+        node_or_skip(name, DatapathMode::Xdp),
+    ) else {
+        return;
+    };
+    let shaped_into = Shaping {
+        ingress: true,
+        egress: false,
+    };
+    let shaped_out_of = Shaping {
+        ingress: false,
+        egress: true,
+    };
+    for family in FAMILIES {
+        let (a, b) = (&tc.a, &tc.b);
+        let to_b = a.sends(Tuple::new(a.ip(family), 40000, b.ip(family), 8080).udp());
+        let to_remote = a.sends(Tuple::new(a.ip(family), 40000, REMOTE_POD.of(family), 8080).udp());
+        let shaped = [("shaped_to_stack", 1)];
+
+        // B's ingress shaped: A's packets for B, and the uplink's.
+        tc.shape(b, shaped_into);
+        tc.check(
+            "A to ingress-shaped B",
+            Hook::PodTc(a),
+            &to_b,
+            TC_NEXT,
+            &to_b,
+            &shaped,
+        );
+        let from_far = from_remote(REMOTE_POD.of(family), b.ip(family), TTL);
+        tc.check(
+            "remote pod to ingress-shaped B",
+            Hook::Uplink,
+            &from_far,
+            TC_NEXT,
+            &from_far,
+            &shaped,
+        );
+        tc.shape(b, Shaping::default());
+        tc.check(
+            "A to B, unshaped again",
+            Hook::PodTc(a),
+            &to_b,
+            TC_ACT_REDIRECT,
+            &b.receives(&to_b),
+            &[("redirected", 1)],
+        );
+
+        // A's egress shaped: to a local pod and to another node's.
+        tc.shape(a, shaped_out_of);
+        tc.check(
+            "egress-shaped A to B",
+            Hook::PodTc(a),
+            &to_b,
+            TC_NEXT,
+            &to_b,
+            &shaped,
+        );
+        tc.check(
+            "egress-shaped A to a remote pod",
+            Hook::PodTc(a),
+            &to_remote,
+            TC_NEXT,
+            &to_remote,
+            &shaped,
+        );
+        let foreign = a.sends(Tuple::new(OUTSIDE.of(family), 40000, b.ip(family), 80).udp());
+        tc.check(
+            "egress-shaped A still checked for its source",
+            Hook::PodTc(a),
+            &foreign,
+            TC_ACT_SHOT,
+            &foreign,
+            &[("dropped", 1)],
+        );
+        tc.shape(a, Shaping::default());
+
+        // XDP mode: a redirect skips every qdisc, so the stack takes both.
+        let (a, b) = (&xdp.a, &xdp.b);
+        let to_b = a.sends(Tuple::new(a.ip(family), 40000, b.ip(family), 8080).udp());
+        for (case, pod, shaping) in [
+            ("XDP: A to ingress-shaped B", b, shaped_into),
+            ("XDP: egress-shaped A to B", a, shaped_out_of),
+        ] {
+            xdp.shape(pod, shaping);
+            xdp.check(case, Hook::PodXdp(a), &to_b, XDP_PASS, &to_b, &shaped);
+            xdp.shape(pod, Shaping::default());
+        }
+    }
 }
 
 #[test]
@@ -897,7 +1044,7 @@ fn packets_for_no_local_pod_pass_unchanged() {
                 &format!("{family:?} to {case}"),
                 Hook::PodTc(a),
                 &frame,
-                TC_ACT_OK,
+                TC_NEXT,
                 &frame,
                 &[("passed_to_stack", 1)],
             );
@@ -983,7 +1130,7 @@ fn link_local_sources_reach_only_the_link() {
         "router solicitation to ff02::2",
         Hook::PodTc(a),
         &to_routers,
-        TC_ACT_OK,
+        TC_NEXT,
         &to_routers,
         &[("passed_to_stack", 1)],
     );
@@ -1053,7 +1200,7 @@ fn frames_the_datapath_cannot_judge_pass_unchanged() {
             &case,
             Hook::PodTc(a),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("passed_to_stack", 1)],
         );
@@ -1089,7 +1236,7 @@ fn packets_for_another_nodes_pod_leave_by_the_kernels_route() {
             &format!("{family:?} without a route"),
             Hook::PodTc(a),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("remote_passed_to_stack", 1)],
         );
@@ -1155,7 +1302,7 @@ fn packets_for_another_nodes_pod_leave_by_the_kernels_route() {
             &format!("{family:?} with TTL 1"),
             Hook::PodTc(a),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("remote_passed_to_stack", 1)],
         );
@@ -1281,7 +1428,7 @@ fn uplink_leaves_to_the_stack_what_is_not_a_remote_pods_for_a_local_pod() {
                 &format!("{family:?} {case}"),
                 Hook::Uplink,
                 &frame,
-                TC_ACT_OK,
+                TC_NEXT,
                 &frame,
                 &[],
             );
@@ -1305,7 +1452,7 @@ fn uplink_hands_nothing_to_pods_in_xdp_mode() {
             &format!("{family:?} remote pod to B"),
             Hook::Uplink,
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[],
         );
@@ -1347,7 +1494,7 @@ fn replies_of_translated_flows_go_to_the_stack() {
                     &format!("{family:?} {proto} {case} of B's reply"),
                     Hook::PodTc(b),
                     &frame,
-                    TC_ACT_OK,
+                    TC_NEXT,
                     &frame,
                     &[("translated_to_stack", 1)],
                 );
@@ -1397,7 +1544,7 @@ fn packets_of_tracked_flows_go_to_the_stack() {
                     &format!("{family:?} {proto} from {who}"),
                     Hook::PodTc(sender),
                     &frame,
-                    TC_ACT_OK,
+                    TC_NEXT,
                     &frame,
                     &[("tracked_to_stack", 1)],
                 );
@@ -1422,7 +1569,7 @@ fn tcp_verdicts_hold_until_the_next_syn() {
             &format!("{family:?} ACK of a tracked flow"),
             Hook::PodTc(b),
             &ack,
-            TC_ACT_OK,
+            TC_NEXT,
             &ack,
             &[("tracked_to_stack", 1)],
         );
@@ -1434,7 +1581,7 @@ fn tcp_verdicts_hold_until_the_next_syn() {
             &format!("{family:?} ACK after the entry went"),
             Hook::PodTc(b),
             &ack,
-            TC_ACT_OK,
+            TC_NEXT,
             &ack,
             &[("tracked_to_stack", 1)],
         );
@@ -1483,7 +1630,7 @@ fn icmp_errors_are_judged_by_the_packet_they_quote() {
             &format!("{family:?} port unreachable of a translated flow"),
             Hook::PodTc(b),
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             &frame,
             &[("translated_to_stack", 1)],
         );
@@ -1520,7 +1667,7 @@ fn uplink_replies_of_translated_flows_go_to_the_stack() {
             &format!("{family:?} remote backend's reply"),
             Hook::Uplink,
             &frame,
-            TC_ACT_OK,
+            TC_NEXT,
             // Untouched: not even the TTL, the stack forwards it.
             &frame,
             &[("translated_to_stack", 1)],
@@ -1651,7 +1798,7 @@ fn xdp_checks_sources_in_the_senders_pod_sources_entry() {
         .collect();
     let addresses: Vec<IpAddr> = own.iter().map(|ip| (*ip).into()).collect();
     datapath
-        .insert_pod(a.endpoint(), &addresses)
+        .insert_pod(a.endpoint(), &addresses, Shaping::default())
         .expect("A with six addresses");
     let entry = datapath.sources(a.slot).expect("A's sources");
     assert_ne!(entry.flags & SOURCES_F_MORE, 0, "{entry:?}");
@@ -1679,7 +1826,7 @@ fn xdp_checks_sources_in_the_senders_pod_sources_entry() {
     // unused address, that one passes and A's first address is dropped,
     // though ENDPOINTS_V4 still maps it to A.
     datapath
-        .insert_pod(a.endpoint(), &[UNUSED.v4.into()])
+        .insert_pod(a.endpoint(), &[UNUSED.v4.into()], Shaping::default())
         .expect("A's entry rewritten");
     let frame = from(UNUSED.v4);
     node.check(

@@ -159,8 +159,7 @@ impl Drop for TcpBackend {
         let port = self.port;
         let path = self.netns_path.clone();
         let _ = std::thread::spawn(move || {
-            let ns = std::fs::File::open(path).ok()?;
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            enter_thread(&path).ok()?;
             TcpStream::connect_timeout(&(Ipv6Addr::LOCALHOST, port).into(), IO_TIMEOUT).ok()
         })
         .join();
@@ -649,15 +648,12 @@ impl<'a> PortMapping<'a> {
     }
 
     fn run(&self, command: &str) -> CniOutput {
-        let mut cmd = std::process::Command::new("ip");
-        cmd.args(["netns", "exec", &self.pod.node.netns.name])
-            .arg(find_plugin("portmap", &cni_path()))
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", &self.pod.container)
-            .env("CNI_NETNS", self.pod.netns.path())
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", cni_path());
-        run_with_stdin(&mut cmd, self.conf.to_string().as_bytes())
+        let mut call = CniCall::new(command, &self.pod.container, &self.pod.netns.path(), "eth0");
+        call.node = Some(self.pod.node.netns.path());
+        call.run(
+            &find_plugin("portmap", &call.path),
+            self.conf.to_string().as_bytes(),
+        )
     }
 }
 

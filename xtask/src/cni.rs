@@ -1,84 +1,71 @@
-//! Calling a CNI plugin the way a runtime does: env + stdin, JSON back.
+//! Calling a CNI plugin the way a runtime does (env + stdin, JSON back),
+//! through the harness the integration tests use.
 
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use anyhow::{Context, bail};
+use flatnet_harness::{CniCall, CniOutput, Conflist, result_ips};
 
-/// A plugin binary with the configuration and CNI_PATH a runtime would use.
-#[derive(Clone, Default)]
+/// A plugin binary with the configuration and environment a runtime would
+/// use.
+#[derive(Clone)]
 pub struct Plugin {
     pub binary: PathBuf,
-    pub cni_path: String,
     /// The configuration for this plugin (name and cniVersion included).
     pub conf: String,
-    /// The network namespace the runtime (the "node") runs in: the plugin
-    /// enters it (and only it: the mount namespace stays, bpffs with it).
-    /// None: the calling process's own.
-    pub node: Option<PathBuf>,
-    /// More environment for the plugin (`FLATNET_PIN_ROOT`).
-    pub env: Vec<(String, String)>,
+    /// The runtime's side of every call: CNI_PATH, the interface name, the
+    /// node's network namespace (`node`) and more environment (`env`).
+    pub runtime: CniCall,
 }
 
 impl Plugin {
-    fn command(&self, verb: &str, container_id: &str, netns: &Path) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        if let Some(node) = &self.node {
-            let node = node.clone();
-            // SAFETY: the closure only opens a file and calls setns, both
-            // async-signal-safe enough for a child before exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let file = std::fs::File::open(&node)?;
-                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-                });
-            }
+    /// `binary` with `conf`, finding its delegates in `cni_path`; the
+    /// caller's environment passes on to it, as libcni's does.
+    pub fn new(binary: PathBuf, cni_path: &str, conf: String) -> Self {
+        Plugin {
+            binary,
+            conf,
+            runtime: CniCall {
+                ifname: "eth0".into(),
+                path: cni_path.into(),
+                inherit_env: true,
+                ..CniCall::default()
+            },
         }
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.env("CNI_COMMAND", verb)
-            .env("CNI_CONTAINERID", container_id)
-            .env("CNI_NETNS", netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", &self.cni_path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
+    }
+
+    fn invocation(&self, verb: &str, container_id: &str, netns: &Path) -> CniCall {
+        CniCall {
+            command: verb.into(),
+            container_id: container_id.into(),
+            netns: netns.display().to_string(),
+            ..self.runtime.clone()
+        }
     }
 
     /// Starts the plugin and feeds it the configuration; `finish` collects it.
     pub fn start(&self, verb: &str, container_id: &str, netns: &Path) -> anyhow::Result<Child> {
-        let mut child = self
-            .command(verb, container_id, netns)
-            .spawn()
-            .with_context(|| format!("running {}", self.binary.display()))?;
-        child
-            .stdin
-            .take()
-            .context("plugin stdin")?
-            .write_all(self.conf.as_bytes())?;
-        Ok(child)
+        self.invocation(verb, container_id, netns)
+            .try_spawn(&self.binary, self.conf.as_bytes())
+            .with_context(|| format!("running {}", self.binary.display()))
     }
 
     /// Waits for a started plugin; its JSON answer (Null when it printed nothing).
     pub fn finish(&self, verb: &str, child: Child) -> anyhow::Result<serde_json::Value> {
-        let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
+        let out = CniOutput::from(child.wait_with_output()?);
+        if !out.success() {
             bail!(
                 "{} {verb} failed: {} {}",
                 self.binary.display(),
-                stdout.trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
+                out.stdout.trim(),
+                out.stderr.trim()
             );
         }
-        Ok(if stdout.trim().is_empty() {
+        Ok(if out.stdout.trim().is_empty() {
             serde_json::Value::Null
         } else {
-            serde_json::from_str(&stdout)?
+            serde_json::from_str(&out.stdout)?
         })
     }
 
@@ -93,66 +80,21 @@ impl Plugin {
     }
 }
 
-/// The configuration a runtime hands the first plugin of a conflist.
+/// The network's name and the configuration a runtime hands the first
+/// plugin of a conflist.
 pub fn first_plugin_conf(conflist: &Path) -> anyhow::Result<(String, String)> {
-    let list: serde_json::Value = serde_json::from_slice(&std::fs::read(conflist)?)?;
-    let mut plugin = list["plugins"][0].clone();
-    plugin["name"] = list["name"].clone();
-    plugin["cniVersion"] = list["cniVersion"].clone();
-    let name = list["name"]
+    let list = Conflist::new(serde_json::from_slice(&std::fs::read(conflist)?)?);
+    let name = list.list["name"]
         .as_str()
         .context("conflist has no name")?
         .to_string();
-    Ok((name, plugin.to_string()))
+    Ok((name, list.first_plugin_conf().to_string()))
 }
 
 /// The first address of a result, without its prefix length.
 pub fn first_ip(result: &serde_json::Value) -> anyhow::Result<String> {
-    let address = result["ips"][0]["address"]
-        .as_str()
-        .context("result has no address")?;
-    Ok(address.split('/').next().unwrap_or(address).to_string())
-}
-
-/// A named network namespace; deleted on drop.
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn create(name: &str) -> anyhow::Result<Self> {
-        // One left by an interrupted run is replaced.
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        let out = Command::new("ip").args(["netns", "add", name]).output()?;
-        if !out.status.success() {
-            bail!(
-                "ip netns add {name}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let ns = Netns {
-            name: name.to_string(),
-        };
-        let _ = ns.exec(&["ip", "link", "set", "lo", "up"]).output();
-        Ok(ns)
-    }
-
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    /// A command run inside the namespace.
-    pub fn exec(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name]).args(args);
-        cmd
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
+    result_ips(result)
+        .first()
+        .map(ToString::to_string)
+        .context("result has no address")
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use flatnet_common::{MAP_ENDPOINTS_V4, MAP_STATS, PIN_ROOT, action};
+use flatnet_harness::Netns;
 
-use crate::cni::{Netns, Plugin, first_ip, first_plugin_conf};
+use crate::cni::{Plugin, first_ip, first_plugin_conf};
 use crate::install::{CONFLIST_FILE, InstallArgs, REFERENCE_PLUGINS};
 use crate::util::{heading, output, run_cmd};
 
@@ -33,19 +34,18 @@ impl Drop for Demo {
 pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
     heading("demo: two pods on the flatnet network");
     let (network, conf) = first_plugin_conf(&args.conf_dir.join(CONFLIST_FILE))?;
-    let plugin = Plugin {
-        binary: args.bin_dir.join("flatnet"),
-        cni_path: format!("{}:{REFERENCE_PLUGINS}", args.bin_dir.display()),
+    let plugin = Plugin::new(
+        args.bin_dir.join("flatnet"),
+        &format!("{}:{REFERENCE_PLUGINS}", args.bin_dir.display()),
         conf,
-        ..Plugin::default()
-    };
+    );
     let mut demo = Demo {
         plugin,
         pods: Vec::new(),
     };
     let mut pods = Vec::new();
     for name in ["a", "b"] {
-        let netns = Netns::create(&format!("flatnet-demo-{name}"))?;
+        let netns = Netns::named(&format!("flatnet-demo-{name}"))?;
         let container_id = format!("flatnet-demo-{name}");
         let result = demo.plugin.call("ADD", &container_id, &netns.path())?;
         let ip = first_ip(&result)?;
@@ -57,31 +57,25 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
             "pod {name}: netns {} eth0 {ip}  (host side {host_veth})",
             netns.path().display()
         );
-        pods.push((netns.name.clone(), ip, host_veth));
+        pods.push((ip, host_veth));
         demo.pods.push((netns, container_id));
     }
-    let ((ns_a, ip_a, veth_a), (ns_b, ip_b, _)) = (&pods[0], &pods[1]);
-    let exec = |ns: &str, args: &[&str]| {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns]).args(args);
-        cmd
-    };
+    let ((ip_a, veth_a), (ip_b, _)) = (&pods[0], &pods[1]);
+    let (ns_a, ns_b) = (&demo.pods[0].0, &demo.pods[1].0);
 
     heading(&format!("ping pod a -> pod b ({ip_b})"));
-    run_cmd(&mut exec(ns_a, &["ping", "-c", "3", "-i", "0.2", ip_b]))?;
+    run_cmd(&mut ns_a.command(&["ping", "-c", "3", "-i", "0.2", ip_b]))?;
 
     heading(&format!(
         "TCP, pod b -> pod a, 3 s of iperf3 ({ip_b} -> {ip_a})"
     ));
-    let mut server = exec(ns_a, &["iperf3", "-s", "-1", "-B", ip_a])
+    let mut server = ns_a
+        .command(&["iperf3", "-s", "-1", "-B", ip_a])
         .stdout(Stdio::null())
         .spawn()
         .context("starting iperf3 in pod a")?;
     std::thread::sleep(Duration::from_millis(500));
-    let client = run_cmd(&mut exec(
-        ns_b,
-        &["iperf3", "-c", ip_a, "-t", "3", "-f", "g"],
-    ));
+    let client = run_cmd(&mut ns_b.command(&["iperf3", "-c", ip_a, "-t", "3", "-f", "g"]));
     let _ = server.wait();
     client?;
 

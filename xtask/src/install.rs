@@ -12,7 +12,7 @@ pub const CONFLIST_FILE: &str = "10-flatnet.conflist";
 /// The binaries the plugin crate builds, installed when present.
 pub const BINARIES: &[&str] = &["flatnet", "flatnet-ipam"];
 /// The Debian reference plugins (host-local, portmap, ...) live here.
-pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+pub use flatnet_harness::REFERENCE_PLUGINS;
 
 #[derive(clap::Args, Clone)]
 pub struct InstallArgs {
@@ -35,7 +35,7 @@ pub fn default_conflist() -> serde_json::Value {
         "plugins": [{
             "type": "flatnet",
             // What flatnet reads from runtimeConfig; a runtime passes only declared ones.
-            "capabilities": {"mtu": true, "mac": true, "ips": true},
+            "capabilities": {"mtu": true, "mac": true, "ips": true, "bandwidth": true},
             "bridge": "flatnet0",
             "mtu": 1500,
             "datapath": "tc",

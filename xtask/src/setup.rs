@@ -34,7 +34,50 @@ pub fn all() -> anyhow::Result<()> {
     rust_src()?;
     bpf_linker()?;
     cargo_fuzz()?;
-    packages()
+    packages()?;
+    bpftool_with_tcx()
+}
+
+/// bpftool 7.3 or later: older ones (bookworm's 7.1) list tcx links as
+/// "type 11" without their device and leave them out of `bpftool net`, and
+/// flatnet attaches through tcx. bookworm-backports has a newer one.
+const BPFTOOL_TCX: (u32, u32) = (7, 3);
+
+fn bpftool_version() -> Option<(u32, u32)> {
+    let out = output(Command::new("bpftool").arg("version")).ok()?;
+    let version = out.split_whitespace().nth(1)?.trim_start_matches('v');
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+fn bpftool_with_tcx() -> anyhow::Result<()> {
+    if bpftool_version().is_some_and(|v| v >= BPFTOOL_TCX) {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    if !release.contains("VERSION_CODENAME=bookworm") {
+        bail!(
+            "bpftool {}.{} or later is needed to show tcx links; install it from your distribution",
+            BPFTOOL_TCX.0,
+            BPFTOOL_TCX.1
+        );
+    }
+    heading("bpftool from bookworm-backports (tcx support)");
+    if !util::is_root() {
+        bail!("installing bpftool from bookworm-backports needs root: run this as root");
+    }
+    std::fs::write(
+        "/etc/apt/sources.list.d/flatnet-bookworm-backports.list",
+        "deb http://deb.debian.org/debian bookworm-backports main\n",
+    )
+    .context("adding bookworm-backports to apt's sources")?;
+    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_cmd(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(["-t", "bookworm-backports", "bpftool"]),
+    )
 }
 
 /// cargo-fuzz in .tools/bin, for the fuzz smoke stage of `cargo xtask test`

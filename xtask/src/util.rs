@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
+pub use flatnet_harness::{is_root, output};
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -16,18 +17,9 @@ pub fn heading(text: &str) {
     println!("\n\x1b[1m== {text}\x1b[0m");
 }
 
-fn describe(cmd: &Command) -> String {
-    let mut text = cmd.get_program().to_string_lossy().into_owned();
-    for arg in cmd.get_args() {
-        text.push(' ');
-        text.push_str(&arg.to_string_lossy());
-    }
-    text
-}
-
 /// Runs a command with inherited output; fails when it fails.
 pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
-    let text = describe(cmd);
+    let text = flatnet_harness::describe(cmd);
     println!("$ {text}");
     let status = cmd
         .status()
@@ -36,27 +28,6 @@ pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
         bail!("`{text}` failed with {status}");
     }
     Ok(())
-}
-
-/// Runs a command and returns its stdout; fails when it fails.
-pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let text = describe(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot start `{text}`"))?;
-    if !out.status.success() {
-        bail!(
-            "`{text}` failed with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// `cargo` with the project-local tools (bpf-linker) on PATH.

@@ -53,8 +53,9 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
     }
     let mut plugin = json!({
         "type": "flatnet",
-        // What a runtime may pass as runtimeConfig (as the install conflist).
-        "capabilities": {"mtu": true, "mac": true, "ips": true},
+        // What a runtime may pass as runtimeConfig (as the install conflist);
+        // `bandwidth`: to keep shaped pods' traffic on the shaping qdiscs.
+        "capabilities": {"mtu": true, "mac": true, "ips": true, "bandwidth": true},
         "bridge": spec.bridge,
         "datapath": spec.datapath.as_str(),
         AGENT_MANAGED_KEY: true,
@@ -169,7 +170,7 @@ mod tests {
         assert_eq!(plugin["mtu"], 1450);
         assert_eq!(
             plugin["capabilities"],
-            json!({"mtu": true, "mac": true, "ips": true})
+            json!({"mtu": true, "mac": true, "ips": true, "bandwidth": true})
         );
         assert_eq!(plugin["ipam"]["type"], "flatnet-ipam");
         assert_eq!(

@@ -24,7 +24,9 @@ use super::metrics::{self, AgentMetrics};
 use super::peers::{self, Node, PeerSource, Plan};
 use super::routes::Routes;
 use flatnet::cni::config::NetConf;
-use flatnet::datapath::{self, DATAPATH_ID, Datapath};
+use flatnet::datapath::{
+    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
+};
 use flatnet::masq;
 use flatnet::net::{Netlink, set_sysctl};
 use flatnet::network::ensure_datapath;
@@ -426,32 +428,63 @@ impl Agent {
     }
 
     /// Puts this build's `from_uplink` at tc ingress of the uplink unless it
-    /// is there already (create-or-replace: no packet misses a program).
+    /// is there already: a pinned tcx link (a filter of an older agent taken
+    /// off once the link is there), or, without tcx, a cls_bpf filter of its
+    /// own priority/handle (create-or-replace: no packet misses a program).
     async fn attach_uplink(&self, index: u32) -> Result<()> {
         let program = self.datapath.program(PROG_FROM_UPLINK)?;
         let id = program.id()?;
-        let attached = self.host.tc_ingress_programs(index).await?;
-        if attached
-            .iter()
-            .any(|(prog, name)| *prog == id && name == PROG_FROM_UPLINK)
-        {
+        let name = self
+            .host
+            .link_by_index(index)
+            .await?
+            .map(|link| link.name)
+            .ok_or_else(|| AgentError::Config(format!("the uplink #{index} is gone")))?;
+        // In place when this build's program is on the hook the way this
+        // kernel attaches (tcx: through the pinned link, no filter of an
+        // older agent left).
+        let filters = self.host.tc_ingress_programs(index).await?;
+        let in_place = match attach_mode() {
+            AttachMode::Tcx => {
+                filters.iter().all(|(_, n)| n != PROG_FROM_UPLINK)
+                    && self.datapath.link_path(LinkRole::Uplink, &name).exists()
+                    && ingress_programs(&self.host, index, &name)
+                        .await?
+                        .iter()
+                        .any(|(prog, _)| *prog == id)
+            }
+            AttachMode::Netlink => filters
+                .iter()
+                .any(|(prog, n)| *prog == id && n == PROG_FROM_UPLINK),
+        };
+        if in_place {
             return Ok(());
         }
-        self.host.add_clsact(index).await?;
-        self.host
-            .set_tc_ingress_bpf(
-                index,
-                program.raw_fd()?,
-                PROG_FROM_UPLINK,
-                UPLINK_TC_PRIORITY,
-                UPLINK_TC_HANDLE,
-                // No pod behind the uplink: no counter slot.
-                flatnet_common::NO_COUNTER_SLOT,
-            )
-            .await?;
+        match attach_mode() {
+            AttachMode::Tcx => {
+                self.datapath
+                    .attach_tc_link(PROG_FROM_UPLINK, LinkRole::Uplink, &name)?;
+                self.host
+                    .remove_tc_ingress_bpf(index, UPLINK_TC_PRIORITY, UPLINK_TC_HANDLE)
+                    .await?;
+            }
+            AttachMode::Netlink => {
+                self.host.add_clsact(index).await?;
+                self.host
+                    .set_tc_ingress_bpf(
+                        index,
+                        program.raw_fd()?,
+                        PROG_FROM_UPLINK,
+                        UPLINK_TC_PRIORITY,
+                        UPLINK_TC_HANDLE,
+                    )
+                    .await?;
+            }
+        }
         tracing::info!(
             ifindex = index,
             program_id = id,
+            attachment = attach_mode().describe(),
             "from_uplink attached to the uplink"
         );
         Ok(())

@@ -78,6 +78,7 @@ pub async fn uninstall(args: Args) -> Result<()> {
         rtnetlink::new_connection().map_err(|e| AgentError::io("opening a netlink socket", e))?;
     tokio::spawn(connection);
     note("uplink filter", remove_uplink_filters(&handle).await);
+    note("uplink link", unpin_uplink_links(&datapath));
     note(
         "unused datapath",
         release_if_unused(&datapath, &network, &conf.gateway_device).await,
@@ -212,6 +213,21 @@ async fn remove_uplink_filters(handle: &Handle) -> Result<()> {
                 }
             }
             tracing::info!(ifindex = index, "from_uplink's tc filter removed");
+        }
+    }
+    Ok(())
+}
+
+/// Unpins the agent's uplink links: with the pin gone and no process
+/// holding it, the kernel takes `from_uplink` off the uplink.
+fn unpin_uplink_links(datapath: &Datapath) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(datapath.links_dir()) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        if entry.file_name().to_string_lossy().starts_with("uplink-") {
+            remove_if_present(&entry.path())?;
+            tracing::info!(pin = %entry.path().display(), "from_uplink's link removed");
         }
     }
     Ok(())

@@ -16,7 +16,7 @@ use crate::cni::result::CniResult;
 use crate::datapath::{self, Datapath, attach_host_veth, prepare_pod_for_xdp};
 use crate::delegate::Delegate;
 use crate::masq;
-use crate::net::{Netlink, set_sysctl};
+use crate::net::{Netlink, VethPair, set_sysctl};
 use crate::netns;
 use crate::network::{ensure_datapath, release_if_empty};
 use crate::trace::mark;
@@ -84,7 +84,7 @@ async fn add_steps(
     mark("IPAM ADD, with the veth pair made meanwhile");
 
     let pod = Netlink::connect_in(netns)?;
-    let pod_index = apply_pod_side(&plan, &pod).await?;
+    apply_pod_side(&plan, &pod).await?;
     mark("pod side configured");
 
     // Host side, under the network lock: datapath, gateway, routes, the pod.
@@ -101,19 +101,16 @@ async fn add_steps(
         plan.datapath,
         host,
         host_link.index,
-        counter_slot,
+        &plan.interface.host_veth,
     )
     .await?;
     if plan.datapath == DatapathMode::Xdp {
         prepare_pod_for_xdp(
             &datapath,
-            &pod,
-            pod_index,
             netns,
             &plan.interface.ifname,
             &plan.interface.host_veth,
-        )
-        .await?;
+        )?;
     }
     mark("datapath attached");
     let endpoint = Endpoint {
@@ -124,7 +121,7 @@ async fn add_steps(
         counter_slot,
     };
     done.in_datapath = true;
-    datapath.insert_pod(endpoint, &plan.endpoint_addresses)?;
+    datapath.insert_pod(endpoint, &plan.endpoint_addresses, conf.shaping)?;
     mark("pod inserted");
     Ok(plan.result(conf.version, conf.prev_result.as_ref()))
 }
@@ -140,15 +137,15 @@ async fn create_veth_pair(
     if let Some(stale) = host.link_by_name(&interface.host_veth).await? {
         host.delete_link(stale.index).await?;
     }
-    host.create_veth(
-        &interface.host_veth,
-        interface.host_mac,
-        &interface.ifname,
-        interface.pod_mac,
-        netns,
-        interface.mtu,
-    )
-    .await?;
+    let pair = VethPair {
+        host: &interface.host_veth,
+        host_mac: interface.host_mac,
+        peer: &interface.ifname,
+        peer_mac: interface.pod_mac,
+        mtu: interface.mtu,
+        big_tcp: interface.big_tcp,
+    };
+    host.create_veth(&pair, netns).await?;
     host.link_by_name(&interface.host_veth)
         .await?
         .ok_or_else(|| {
@@ -160,8 +157,7 @@ async fn create_veth_pair(
 }
 
 /// Inside the pod: the plan's addresses, the interface up, its routes.
-/// Returns the interface's index.
-async fn apply_pod_side(plan: &AttachmentPlan, pod: &Netlink) -> Result<u32> {
+async fn apply_pod_side(plan: &AttachmentPlan, pod: &Netlink) -> Result<()> {
     let ifname = &plan.interface.ifname;
     let index = pod
         .link_by_name(ifname)
@@ -180,7 +176,7 @@ async fn apply_pod_side(plan: &AttachmentPlan, pod: &Netlink) -> Result<u32> {
     for route in &plan.pod_routes {
         pod.add_route(route.dst, route.gw, index, None).await?;
     }
-    Ok(index)
+    Ok(())
 }
 
 /// On the host: the gateway device with the plan's gateway addresses, a

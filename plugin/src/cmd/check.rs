@@ -11,10 +11,11 @@ use super::plan::{AttachmentPlan, InterfacePlan};
 use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
-use crate::datapath::Datapath;
+use crate::datapath::{Datapath, Shaping, ingress_programs};
 use crate::delegate::Delegate;
 use crate::net::{LinkState, Netlink, RouteState, format_mac};
 use crate::netns;
+use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS};
 
 fn mismatch(msg: impl Into<String>) -> Error {
     Error::CheckMismatch(msg.into())
@@ -47,7 +48,11 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let pod = Netlink::connect_in(&netns)?;
     let pod_link = check_pod_side(&plan, &pod).await?;
     check_host_side(&plan, &host, &host_link).await?;
+    for link in [&host_link, &pod_link] {
+        check_big_tcp(&plan, link)?;
+    }
     check_endpoints(&plan, &datapath, &host_link, &pod_link)?;
+    check_shaping(conf, &plan, &datapath)?;
 
     let ipam = Delegate::find(conf.require_ipam()?, &env.path)?;
     ipam.run(Command::Check, stdin)?;
@@ -74,10 +79,10 @@ async fn check_program(
     match plan.datapath {
         DatapathMode::Tc => {
             let program_id = datapath.program(PROG_FROM_POD)?.id()?;
-            let attached = host.tc_ingress_programs(host_link.index).await?;
+            let attached = ingress_programs(host, host_link.index, veth).await?;
             if !attached.iter().any(|(id, _)| *id == program_id) {
                 return Err(mismatch(format!(
-                    "host veth {veth} has no {PROG_FROM_POD} program (id {program_id}) at tc ingress; attached: {attached:?}"
+                    "host veth {veth} has no {PROG_FROM_POD} program (id {program_id}) at ingress; attached: {attached:?}"
                 )));
             }
         }
@@ -208,4 +213,48 @@ async fn all_routes(netlink: &Netlink) -> Result<Vec<RouteState>> {
     let mut routes = netlink.routes(AddressFamily::Inet).await?;
     routes.extend(netlink.routes(AddressFamily::Inet6).await?);
     Ok(routes)
+}
+
+/// The fast path leaves to the stack what the runtime asked the bandwidth
+/// plugin to shape (`runtimeConfig.bandwidth`), and only that.
+fn check_shaping(conf: &NetConf, plan: &AttachmentPlan, datapath: &Datapath) -> Result<()> {
+    let Some(address) = plan.endpoint_addresses.first() else {
+        return Ok(());
+    };
+    let Some(endpoint) = datapath.endpoint(*address)? else {
+        return Ok(());
+    };
+    let sources = datapath.sources(endpoint.counter_slot)?;
+    let recorded = Shaping {
+        ingress: endpoint.flags & ENDPOINT_F_SHAPED_INGRESS != 0,
+        egress: sources.flags & SOURCES_F_SHAPED_EGRESS != 0,
+    };
+    if recorded != conf.shaping {
+        return Err(mismatch(format!(
+            "the datapath shapes {recorded:?} for this pod, runtimeConfig.bandwidth asks for {:?}",
+            conf.shaping
+        )));
+    }
+    Ok(())
+}
+
+/// BIG TCP: each end of the pair has the configured GSO/GRO limits, where
+/// the kernel takes them (ADD falls back to 64 KiB on one that does not).
+fn check_big_tcp(plan: &AttachmentPlan, link: &LinkState) -> Result<()> {
+    let Some(size) = plan.interface.big_tcp else {
+        return Ok(());
+    };
+    if link.gso.tso_max_size.is_none_or(|most| most < size) {
+        return Ok(());
+    }
+    for (name, value) in link.gso.named() {
+        if value.is_some_and(|v| v != size) {
+            return Err(mismatch(format!(
+                "{} has {name} {}, \"bigTcp\" asks for {size}",
+                link.name,
+                value.unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
 }

@@ -46,6 +46,11 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         host.set_down(link.index).await?;
         reaper::defer(link.index, &link.name);
     }
+    // Its links go with the device; their pins are ours to take away (a
+    // DEL whose veth is already gone may still find them).
+    if datapath.pin_dir().exists() {
+        datapath.unpin_pod_links(&names.host_veth)?;
+    }
     mark("veth down, unregister deferred");
     let ipam_released = match &conf.ipam_type {
         Some(kind) => Delegate::find(kind, &env.path)

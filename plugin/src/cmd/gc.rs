@@ -90,6 +90,9 @@ async fn sweep(
             eprintln!("flatnet: GC: deleting {}: {e}", veth.name);
             failures.push(e);
         }
+        if let Err(e) = datapath.unpin_pod_links(&veth.name) {
+            failures.push(e);
+        }
     }
     Ok(())
 }

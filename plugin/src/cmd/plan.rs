@@ -30,6 +30,9 @@ pub struct InterfacePlan {
     pub ifname: String,
     pub pod_mac: Mac,
     pub mtu: Option<u32>,
+    /// GSO/GRO size for both ends (BIG TCP): the tc datapath only, since a
+    /// veth with an XDP program cannot take GSO packets at all.
+    pub big_tcp: Option<u32>,
     pub netns: PathBuf,
 }
 
@@ -45,6 +48,7 @@ impl InterfacePlan {
             ifname: ifname.to_string(),
             pod_mac: conf.mac.unwrap_or(names.pod_mac),
             mtu: conf.mtu,
+            big_tcp: conf.big_tcp.filter(|_| conf.datapath == DatapathMode::Tc),
             netns: netns.to_path_buf(),
         }
     }

@@ -2,7 +2,8 @@
 //! only when the datapath is loaded or can be (eBPF object embedded, bpffs
 //! mounted or mountable, no conflicting pins), the gateway device is not
 //! another network's, and the IPAM plugin answers its own STATUS with ready.
-//! Read-only: nothing is mounted, loaded or created.
+//! Read-only: nothing is mounted, loaded or created. A kernel without tcx
+//! (programs attached as cls_bpf filters instead) is said on stderr.
 
 use std::path::Path;
 
@@ -35,6 +36,15 @@ pub async fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
                 err.code()
             ));
         }
+    }
+    if datapath::attach_mode() == datapath::AttachMode::Netlink {
+        // Ready, but not as a tcx kernel would be: said on stderr, which
+        // runtimes log (STATUS has no output on success).
+        eprintln!(
+            "flatnet: network {}: programs are attached as {}",
+            conf.name,
+            datapath::attach_mode().describe()
+        );
     }
     if problems.is_empty() {
         return Ok(());

@@ -9,6 +9,29 @@ use super::error::{Error, Result};
 use super::result::{CniResult, Dns};
 use super::version::SpecVersion;
 
+/// `bigTcp`: absent or `true` is the largest size the kernel takes, `false`
+/// turns BIG TCP off, a number is a size of its own.
+fn big_tcp_size(value: Option<&serde_json::Value>) -> Result<Option<u32>> {
+    let largest = *BIG_TCP_SIZES.end();
+    match value {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(true)) => {
+            Ok(Some(largest))
+        }
+        Some(serde_json::Value::Bool(false)) => Ok(None),
+        Some(other) => other
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| BIG_TCP_SIZES.contains(n))
+            .map(Some)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "\"bigTcp\" {other} is not valid: use true (the kernel's largest, {largest}), false (64 KiB, no BIG TCP), or a size in bytes from {} to {largest}",
+                    BIG_TCP_SIZES.start()
+                ))
+            }),
+    }
+}
+
 /// Largest stdin a plugin accepts; real configs are a few KiB.
 pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 /// Network names become bpffs directory names and nftables identifiers.
@@ -16,6 +39,10 @@ pub const MAX_NETWORK_NAME: usize = 128;
 pub const DEFAULT_GATEWAY_DEVICE: &str = "flatnet0";
 /// IPv4 needs at least 68 bytes; veth cannot go past 65535.
 pub const MTU_RANGE: std::ops::RangeInclusive<u32> = 68..=65535;
+/// GSO/GRO sizes `bigTcp` may set on pod interfaces: above the classic 64
+/// KiB, up to the kernel's GSO_MAX_SIZE and GRO_MAX_SIZE (8 x 65535 bytes),
+/// which is also a veth's `tso_max_size`.
+pub const BIG_TCP_SIZES: std::ops::RangeInclusive<u32> = 65_537..=524_280;
 
 /// How packets between local pods are switched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -56,6 +83,8 @@ pub struct RawNetConf {
     pub log_file: Option<PathBuf>,
     pub ip_masq: Option<bool>,
     pub pin_root: Option<PathBuf>,
+    /// `true` (the default), `false`, or a GSO/GRO size in bytes.
+    pub big_tcp: Option<serde_json::Value>,
     /// Capability arguments from the runtime (`mtu`, `mac`, `ips`, ...).
     pub runtime_config: Option<serde_json::Value>,
     /// `args.cni.*` (conventions: `ips`, `mac`).
@@ -80,10 +109,15 @@ pub struct NetConf {
     /// The pod interface's MAC from `runtimeConfig.mac` or `args.cni.mac`
     /// (the runner falls back to CNI_ARGS `MAC=`); else derived from the name hash.
     pub mac: Option<super::runtime::Mac>,
+    /// What the bandwidth plugin chained after flatnet shapes for this pod.
+    pub shaping: super::runtime::Shaping,
     /// `pinRoot`: where the network's datapath is pinned, when not the
     /// default. flatnet-agent writes it into its conflist, so a plugin that a
     /// runtime runs pins where the agent does (see `datapath::pin_root_for`).
     pub pin_root: Option<PathBuf>,
+    /// `bigTcp`: the GSO/GRO size set on both ends of each pod's veth pair
+    /// (tc datapath), or None: the kernel's 64 KiB default.
+    pub big_tcp: Option<u32>,
 }
 
 impl NetConf {
@@ -154,6 +188,7 @@ impl NetConf {
                 root.display()
             )));
         }
+        let big_tcp = big_tcp_size(raw.big_tcp.as_ref())?;
         Ok(NetConf {
             version,
             name: raw.name,
@@ -167,7 +202,9 @@ impl NetConf {
             log_file: raw.log_file,
             ip_masq: raw.ip_masq.unwrap_or(false),
             mac: runtime.mac,
+            shaping: runtime.shaping,
             pin_root: raw.pin_root,
+            big_tcp,
         })
     }
 
@@ -250,6 +287,32 @@ mod tests {
         assert_eq!(conf.datapath, DatapathMode::Tc);
         assert_eq!(conf.ipam_type.as_deref(), Some("host-local"));
         assert!(conf.mtu.is_none());
+    }
+
+    #[test]
+    fn big_tcp_is_on_by_default_off_on_request_or_a_size() {
+        assert_eq!(parse(base()).unwrap().big_tcp, Some(524_280));
+        assert_eq!(
+            parse(with("bigTcp", json!(true))).unwrap().big_tcp,
+            Some(524_280)
+        );
+        assert_eq!(parse(with("bigTcp", json!(false))).unwrap().big_tcp, None);
+        assert_eq!(
+            parse(with("bigTcp", json!(196_608))).unwrap().big_tcp,
+            Some(196_608)
+        );
+        for bad in [
+            json!(65_536),
+            json!(600_000),
+            json!(-1),
+            json!("on"),
+            json!([1]),
+        ] {
+            let err = parse(with("bigTcp", bad.clone())).unwrap_err();
+            assert_eq!(err.code(), 7, "{bad}: {err}");
+            assert!(err.to_string().contains("\"bigTcp\""), "{bad}: {err}");
+            assert!(err.to_string().contains("65537 to 524280"), "{bad}: {err}");
+        }
     }
 
     #[test]

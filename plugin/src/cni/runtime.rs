@@ -31,6 +31,50 @@ pub struct RuntimeOptions {
     pub mtu: Option<u32>,
     /// `runtimeConfig.mac`, else `args.cni.mac`: the pod interface's MAC.
     pub mac: Option<Mac>,
+    /// `runtimeConfig.bandwidth`: which directions the bandwidth plugin,
+    /// chained after flatnet, will shape.
+    pub shaping: Shaping,
+}
+
+/// The directions of a pod's traffic that qdiscs on its host veth shape
+/// (the bandwidth plugin's `runtimeConfig.bandwidth`, which flatnet reads
+/// when its own entry in the list declares the `bandwidth` capability too).
+/// The fast path leaves such traffic to the stack, which runs the qdiscs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shaping {
+    /// `ingressRate`: into the pod (a tbf on the host veth's egress).
+    pub ingress: bool,
+    /// `egressRate`: out of the pod (an `ingress` qdisc on the host veth,
+    /// redirecting to an ifb device with a tbf).
+    pub egress: bool,
+}
+
+impl Shaping {
+    /// Reads `runtimeConfig.bandwidth` as the bandwidth plugin does: a
+    /// direction is shaped when both its rate and its burst are above zero.
+    fn from_value(value: &Value) -> Result<Self> {
+        if !value.is_object() {
+            return Err(Error::config(format!(
+                "\"runtimeConfig.bandwidth\" must be an object like {{\"ingressRate\": 1000000, \"ingressBurst\": 65536}}, not {value}"
+            )));
+        }
+        let field = |name: &str| -> Result<u64> {
+            match value.get(name) {
+                None | Some(Value::Null) => Ok(0),
+                Some(v) => v.as_u64().ok_or_else(|| {
+                    Error::config(format!(
+                        "\"runtimeConfig.bandwidth.{name}\" must be a whole number of bits per second (rates) or bits (bursts), not {v}"
+                    ))
+                }),
+            }
+        };
+        let (ingress_rate, ingress_burst) = (field("ingressRate")?, field("ingressBurst")?);
+        let (egress_rate, egress_burst) = (field("egressRate")?, field("egressBurst")?);
+        Ok(Shaping {
+            ingress: ingress_rate > 0 && ingress_burst > 0,
+            egress: egress_rate > 0 && egress_burst > 0,
+        })
+    }
 }
 
 impl RuntimeOptions {
@@ -67,6 +111,9 @@ impl RuntimeOptions {
         }
         if let Some(mac) = runtime_config.get("mac").filter(|v| !v.is_null()) {
             options.mac = Some(mac_field(mac, "runtimeConfig.mac")?);
+        }
+        if let Some(bandwidth) = runtime_config.get("bandwidth").filter(|v| !v.is_null()) {
+            options.shaping = Shaping::from_value(bandwidth)?;
         }
         Ok(options)
     }
@@ -240,6 +287,53 @@ mod tests {
         }
         let err = RuntimeOptions::from_config(Some(&json!([1])), None).unwrap_err();
         assert_eq!(err.code(), 6);
+    }
+
+    #[test]
+    fn runtime_config_bandwidth_says_which_directions_are_shaped() {
+        let shaping = |rc: serde_json::Value| RuntimeOptions::from_config(Some(&rc), None);
+        let both = json!({"bandwidth": {"ingressRate": 4_000_000, "ingressBurst": 524_288,
+            "egressRate": 1_000_000, "egressBurst": 65_536}});
+        assert_eq!(
+            shaping(both).unwrap().shaping,
+            Shaping {
+                ingress: true,
+                egress: true
+            }
+        );
+        // The bandwidth plugin shapes a direction only with a rate and a burst.
+        let egress_rate_only = json!({"bandwidth": {"egressRate": 1_000_000, "ingressRate": 5,
+            "ingressBurst": 7}});
+        assert_eq!(
+            shaping(egress_rate_only).unwrap().shaping,
+            Shaping {
+                ingress: true,
+                egress: false
+            }
+        );
+        assert_eq!(shaping(json!({})).unwrap().shaping, Shaping::default());
+        assert_eq!(
+            shaping(json!({"bandwidth": null})).unwrap().shaping,
+            Shaping::default()
+        );
+        for (rc, needle) in [
+            (
+                json!({"bandwidth": 5}),
+                "runtimeConfig.bandwidth\" must be an object",
+            ),
+            (
+                json!({"bandwidth": {"egressRate": -1}}),
+                "bandwidth.egressRate",
+            ),
+            (
+                json!({"bandwidth": {"ingressBurst": "64k"}}),
+                "bandwidth.ingressBurst",
+            ),
+        ] {
+            let err = shaping(rc.clone()).unwrap_err();
+            assert_eq!(err.code(), 7, "{rc}: {err}");
+            assert!(err.to_string().contains(needle), "{rc}: {err}");
+        }
     }
 
     #[test]

@@ -5,10 +5,24 @@ use super::*;
 impl Datapath {
     /// Makes a pod known to the datapath: its host veth (with the counter
     /// slot claimed for it, zeroed then), then its addresses (last, so no
-    /// packet is redirected to a half-known pod).
-    pub fn insert_pod(&self, endpoint: Endpoint, addresses: &[IpAddr]) -> Result<()> {
+    /// packet is redirected to a half-known pod). `shaping`: what qdiscs on
+    /// its host veth shape, which the fast path must then not skip.
+    pub fn insert_pod(
+        &self,
+        mut endpoint: Endpoint,
+        addresses: &[IpAddr],
+        shaping: Shaping,
+    ) -> Result<()> {
         let index = endpoint.host_ifindex;
-        self.set_sources(endpoint.counter_slot, addresses)?;
+        if shaping.ingress {
+            endpoint.flags |= ENDPOINT_F_SHAPED_INGRESS;
+        }
+        let sources_flags = if shaping.egress {
+            SOURCES_F_SHAPED_EGRESS
+        } else {
+            0
+        };
+        self.set_sources(endpoint.counter_slot, index, addresses, sources_flags)?;
         self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
             .insert(index, endpoint, 0)
             .map_err(|e| datapath_err("inserting the host veth", e))?;

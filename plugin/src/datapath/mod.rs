@@ -16,17 +16,19 @@ use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
-    Counter, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key, Ipv6Key,
-    MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS, MAP_POD_SOURCES,
-    MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAPS, MAX_ENDPOINTS, MapKind,
-    MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK,
-    PROG_POD_XDP_PASS, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
-    SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
+    Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
+    Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
+    MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAPS,
+    MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
+    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode,
+    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
+    preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
 use crate::cni::config::DatapathMode;
 use crate::cni::error::{Error, Result, chain};
+pub use crate::cni::runtime::Shaping;
 use crate::lock::{LOCK_DIR, Lock};
 
 mod attach;
@@ -39,7 +41,10 @@ mod slots;
 mod sources;
 mod stats;
 
-pub use attach::{attach_host_veth, prepare_pod_for_xdp};
+pub use attach::{
+    ATTACH_ENV, AttachMode, LinkRole, attach_host_veth, attach_mode, ingress_programs,
+    prepare_pod_for_xdp,
+};
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use sources::sources_of;
 
@@ -221,8 +226,11 @@ impl Datapath {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
+        // Directories (links/) are not programs.
         entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
             .filter(|name| !MAPS.contains(&name.as_str()))
             .collect()
     }

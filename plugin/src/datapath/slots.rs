@@ -25,7 +25,9 @@ impl Datapath {
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         let usable = MAX_ENDPOINTS - 1;
         for probe in 0..usable {
-            let slot = 1 + (index.wrapping_add(probe)) % usable;
+            // The first try is the slot the datapath computes from the
+            // ifindex (`preferred_slot`), so it rarely has to look up.
+            let slot = preferred_slot(index.wrapping_add(probe));
             let path = dir.join(slot.to_string());
             for _attempt in 0..2 {
                 match std::fs::OpenOptions::new()
@@ -82,7 +84,7 @@ impl Datapath {
         }
         endpoint.counter_slot = self.claim_counter_slot(index)?;
         let addresses = self.addresses_of(index)?;
-        self.set_sources(endpoint.counter_slot, &addresses)?;
+        self.set_sources(endpoint.counter_slot, index, &addresses, 0)?;
         veths
             .insert(index, endpoint, 0)
             .map_err(|e| datapath_err("updating a host veth", e))?;

@@ -18,13 +18,22 @@ impl Datapath {
             .map_err(|e| datapath_err(&format!("opening {MAP_POD_SOURCES}"), e))
     }
 
-    /// Writes the addresses the pod in counter slot `slot` may send from.
-    pub(super) fn set_sources(&self, slot: u32, addresses: &[IpAddr]) -> Result<()> {
+    /// Writes the addresses the pod in counter slot `slot`, behind host
+    /// veth `ifindex`, may send from.
+    pub(super) fn set_sources(
+        &self,
+        slot: u32,
+        ifindex: u32,
+        addresses: &[IpAddr],
+        flags: u32,
+    ) -> Result<()> {
         if slot == NO_COUNTER_SLOT {
             return Ok(());
         }
+        let mut sources = sources_of(ifindex, addresses);
+        sources.flags |= flags;
         self.pod_sources()?
-            .set(slot, sources_of(addresses), 0)
+            .set(slot, sources, 0)
             .map_err(|e| datapath_err("writing a pod's source addresses", e))
     }
 
@@ -72,17 +81,19 @@ impl Datapath {
                 .filter(|(_, e)| e.host_ifindex == index)
                 .map(|(ip, _)| *ip)
                 .collect();
-            self.set_sources(slot, &addresses)?;
+            self.set_sources(slot, index, &addresses, 0)?;
         }
         Ok(())
     }
 }
 
-/// The `POD_SOURCES` entry of a pod with `addresses`: up to
-/// `SOURCES_PER_FAMILY` per family, `SOURCES_F_MORE` when it has more.
-pub fn sources_of(addresses: &[IpAddr]) -> PodSources {
+/// The `POD_SOURCES` entry of the pod behind host veth `ifindex` with
+/// `addresses`: up to `SOURCES_PER_FAMILY` per family, `SOURCES_F_MORE`
+/// when it has more.
+pub fn sources_of(ifindex: u32, addresses: &[IpAddr]) -> PodSources {
     let mut sources = PodSources {
         flags: SOURCES_F_VALID,
+        host_ifindex: ifindex,
         ..PodSources::default()
     };
     let (mut v4, mut v6) = (0, 0);
@@ -112,8 +123,9 @@ mod tests {
             .iter()
             .map(|a| a.parse().unwrap())
             .collect();
-        let sources = sources_of(&ips);
+        let sources = sources_of(7, &ips);
         assert_eq!(sources.flags, SOURCES_F_VALID);
+        assert_eq!(sources.host_ifindex, 7);
         assert_eq!(sources.v4[..2], [[10, 1, 0, 5], [10, 2, 0, 5]]);
         assert_eq!(sources.v4[2], [0; 4]);
         assert_eq!(
@@ -121,9 +133,9 @@ mod tests {
             "fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets()
         );
         let many: Vec<IpAddr> = (1..=5).map(|i| IpAddr::from([10, 0, 0, i])).collect();
-        let sources = sources_of(&many);
+        let sources = sources_of(7, &many);
         assert_eq!(sources.flags, SOURCES_F_VALID | SOURCES_F_MORE);
         assert_eq!(sources.v4[3], [10, 0, 0, 4]);
-        assert_eq!(sources_of(&[]).flags, SOURCES_F_VALID);
+        assert_eq!(sources_of(7, &[]).flags, SOURCES_F_VALID);
     }
 }

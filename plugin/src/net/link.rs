@@ -15,6 +15,31 @@ pub struct LinkState {
     pub alias: Option<String>,
     /// ID of the XDP program attached, if any.
     pub xdp_prog_id: Option<u32>,
+    pub gso: GsoLimits,
+}
+
+/// A device's GSO/GRO limits (BIG TCP raises them above 64 KiB), as the
+/// kernel reports them; None where it reports nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GsoLimits {
+    pub gso_max_size: Option<u32>,
+    pub gro_max_size: Option<u32>,
+    pub gso_ipv4_max_size: Option<u32>,
+    pub gro_ipv4_max_size: Option<u32>,
+    /// The most the device takes.
+    pub tso_max_size: Option<u32>,
+}
+
+impl GsoLimits {
+    /// The four limits, by name, for messages and tests.
+    pub fn named(&self) -> [(&'static str, Option<u32>); 4] {
+        [
+            ("gso_max_size", self.gso_max_size),
+            ("gro_max_size", self.gro_max_size),
+            ("gso_ipv4_max_size", self.gso_ipv4_max_size),
+            ("gro_ipv4_max_size", self.gro_ipv4_max_size),
+        ]
+    }
 }
 
 impl LinkState {
@@ -27,6 +52,7 @@ impl LinkState {
             up: msg.header.flags.contains(LinkFlags::Up),
             alias: None,
             xdp_prog_id: None,
+            gso: GsoLimits::default(),
         };
         for attr in &msg.attributes {
             match attr {
@@ -36,6 +62,11 @@ impl LinkState {
                 }
                 LinkAttribute::Mtu(mtu) => state.mtu = Some(*mtu),
                 LinkAttribute::IfAlias(alias) => state.alias = Some(alias.clone()),
+                LinkAttribute::GsoMaxSize(size) => state.gso.gso_max_size = Some(*size),
+                LinkAttribute::GroMaxSize(size) => state.gso.gro_max_size = Some(*size),
+                LinkAttribute::GsoIpv4MaxSize(size) => state.gso.gso_ipv4_max_size = Some(*size),
+                LinkAttribute::GroIpv4MaxSize(size) => state.gso.gro_ipv4_max_size = Some(*size),
+                LinkAttribute::TsoMaxSize(size) => state.gso.tso_max_size = Some(*size),
                 LinkAttribute::Xdp(xdp) => {
                     for item in xdp {
                         if let LinkXdp::ProgId(id) = item {
@@ -51,6 +82,17 @@ impl LinkState {
 }
 
 type LinkBuilder = rtnetlink::LinkMessageBuilder<LinkUnspec>;
+
+/// A veth pair to make: the host end, and the peer, made in a namespace.
+pub struct VethPair<'a> {
+    pub host: &'a str,
+    pub host_mac: Mac,
+    pub peer: &'a str,
+    pub peer_mac: Mac,
+    pub mtu: Option<u32>,
+    /// GSO/GRO size for both ends (BIG TCP), None for the defaults.
+    pub big_tcp: Option<u32>,
+}
 
 impl Netlink {
     pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkState>> {
@@ -80,44 +122,53 @@ impl Netlink {
 
     /// Creates a veth pair in one request: `host` here, `peer` already inside
     /// `peer_ns` under its final name, host end up, fixed MACs and MTU.
-    pub async fn create_veth(
-        &self,
-        host: &str,
-        host_mac: Mac,
-        peer: &str,
-        peer_mac: Mac,
-        peer_ns: &File,
-        mtu: Option<u32>,
-    ) -> Result<()> {
+    pub async fn create_veth(&self, pair: &VethPair<'_>, peer_ns: &File) -> Result<()> {
         // The host end comes up with the request itself (a round trip fewer).
         // The peer cannot: the kernel configures it before the pair is
         // linked, and opening an unlinked veth fails with ENOTCONN.
-        let mut peer_msg = LinkBuilder::new()
-            .name(peer.to_string())
-            .address(peer_mac.to_vec())
-            .setns_by_fd(peer_ns.as_raw_fd());
-        let mut host_msg = LinkVeth::new(host, peer).address(host_mac.to_vec()).up();
-        if let Some(mtu) = mtu {
-            peer_msg = peer_msg.mtu(mtu);
-            host_msg = host_msg.mtu(mtu);
-        }
-        let message = host_msg
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg.build())))
-            .build();
-        self.handle
+        // BIG TCP: both ends are made with their GSO/GRO limits raised, in
+        // the same request.
+        let message = |big_tcp: Option<u32>| {
+            let mut peer_msg = LinkBuilder::new()
+                .name(pair.peer.to_string())
+                .address(pair.peer_mac.to_vec())
+                .setns_by_fd(peer_ns.as_raw_fd());
+            let mut host_msg = LinkVeth::new(pair.host, pair.peer)
+                .address(pair.host_mac.to_vec())
+                .up();
+            if let Some(mtu) = pair.mtu {
+                peer_msg = peer_msg.mtu(mtu);
+                host_msg = host_msg.mtu(mtu);
+            }
+            for attribute in big_tcp.map(big_tcp_attributes).into_iter().flatten() {
+                peer_msg = peer_msg.append_extra_attribute(attribute.clone());
+                host_msg = host_msg.append_extra_attribute(attribute);
+            }
+            host_msg
+                .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg.build())))
+                .build()
+        };
+        let mut outcome = self
+            .handle
             .link()
-            .add(message)
+            .add(message(pair.big_tcp))
             .execute()
-            .await
-            .map_err(|e| match errno(&e) {
-                Some(EEXIST) => Error::kernel(
-                    format!("creating veth {host} <-> {peer}"),
-                    format!(
-                        "an interface named {host} (host) or {peer} (container) already exists"
-                    ),
-                ),
-                _ => kernel(format!("creating veth {host} <-> {peer}"), e),
-            })
+            .await;
+        // A kernel without BIG TCP refuses the sizes: the 64 KiB defaults.
+        if pair.big_tcp.is_some()
+            && let Err(e) = &outcome
+            && errno(e) == Some(EINVAL)
+        {
+            outcome = self.handle.link().add(message(None)).execute().await;
+        }
+        let (host, peer) = (pair.host, pair.peer);
+        outcome.map_err(|e| match errno(&e) {
+            Some(EEXIST) => Error::kernel(
+                format!("creating veth {host} <-> {peer}"),
+                format!("an interface named {host} (host) or {peer} (container) already exists"),
+            ),
+            _ => kernel(format!("creating veth {host} <-> {peer}"), e),
+        })
     }
 
     pub async fn set_up(&self, index: u32) -> Result<()> {
@@ -173,4 +224,15 @@ pub fn ifindex_is_gone(index: u32) -> bool {
     // SAFETY: the buffer is IF_NAMESIZE bytes, as if_indextoname requires.
     let found = unsafe { libc::if_indextoname(index, name.as_mut_ptr()) };
     found.is_null() && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+}
+
+/// The link attributes that raise a device's GSO and GRO limits to `size`,
+/// for IPv6 (and the generic limit) and for IPv4.
+fn big_tcp_attributes(size: u32) -> [LinkAttribute; 4] {
+    [
+        LinkAttribute::GsoMaxSize(size),
+        LinkAttribute::GroMaxSize(size),
+        LinkAttribute::GsoIpv4MaxSize(size),
+        LinkAttribute::GroIpv4MaxSize(size),
+    ]
 }

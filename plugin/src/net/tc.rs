@@ -30,9 +30,9 @@ impl Netlink {
     }
 
     /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
-    /// as a direct-action filter with a fixed priority and handle, and
-    /// `classid` for the program to read: created
+    /// as a direct-action filter with a fixed priority and handle: created
     /// when absent, replaced in one atomic request when present (an upgrade).
+    /// The way without tcx (see `datapath::attach`).
     pub async fn set_tc_ingress_bpf(
         &self,
         index: u32,
@@ -40,7 +40,6 @@ impl Netlink {
         name: &str,
         priority: u16,
         handle: u32,
-        classid: u32,
     ) -> Result<()> {
         /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS) and htons(ETH_P_ALL).
         const CLSACT_INGRESS: u32 = 0xffff_fff2;
@@ -53,8 +52,6 @@ impl Netlink {
         message.attributes.push(TcAttribute::Options(vec![
             TcOption::Bpf(TcFilterBpfOption::ProgFd(program_fd as u32)),
             TcOption::Bpf(TcFilterBpfOption::ProgName(name.into())),
-            // Handed to the program as skb->tc_classid: per-veth data for free.
-            TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(classid))),
             TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
         ]));
         self.acked(
@@ -68,6 +65,35 @@ impl Netlink {
                 e,
             )
         })
+    }
+
+    /// Takes the tc ingress filter at `priority`/`handle` off `index`, if
+    /// there is one (a node attached before tcx, moved to it).
+    pub async fn remove_tc_ingress_bpf(
+        &self,
+        index: u32,
+        priority: u16,
+        handle: u32,
+    ) -> Result<()> {
+        const CLSACT_INGRESS: u32 = 0xffff_fff2;
+        const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(CLSACT_INGRESS);
+        message.header.handle = TcHandle::from(handle);
+        message.header.info = (u32::from(priority) << 16) | u32::from(ALL_PROTOCOLS);
+        message.attributes.push(TcAttribute::Kind("bpf".into()));
+        match self
+            .acked(RouteNetlinkMessage::DelTrafficFilter(message), 0)
+            .await
+        {
+            Ok(()) => Ok(()),
+            // No filter, or no clsact qdisc at all: nothing to take off.
+            Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => Ok(()),
+            Err(e) => Err(kernel(
+                format!("removing the tc ingress filter from interface #{index}"),
+                e,
+            )),
+        }
     }
 
     /// Attaches an XDP program (by fd) in driver mode through plain netlink,
@@ -88,6 +114,36 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| kernel(format!("attaching XDP to interface #{index}"), e))
+    }
+
+    /// The qdiscs on `index`, as (parent handle, kind): the shapers another
+    /// plugin put there (`tbf` at the root, `ingress`).
+    pub async fn qdiscs(&self, index: u32) -> Result<Vec<(u32, String)>> {
+        let mut stream = self.handle.qdisc().get().index(index as i32).execute();
+        let mut found = Vec::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(msg)) if msg.header.index == index as i32 => {
+                    let kind = msg.attributes.iter().find_map(|attr| match attr {
+                        TcAttribute::Kind(kind) => Some(kind.clone()),
+                        _ => None,
+                    });
+                    if let Some(kind) = kind {
+                        found.push((u32::from(msg.header.parent), kind));
+                    }
+                }
+                // A dump may list other devices' qdiscs too.
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(kernel(
+                        format!("listing the qdiscs of interface #{index}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// IDs of the BPF programs attached as tc ingress filters on `index`.

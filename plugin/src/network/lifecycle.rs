@@ -23,9 +23,9 @@ pub async fn reattach_all(
 ) -> Result<usize> {
     let mut attached = 0;
     for (index, _) in datapath.host_veths()? {
-        if host.link_by_index(index).await?.is_some() {
-            let counter_slot = datapath.ensure_counter_slot(index)?;
-            attach_host_veth(datapath, mode, host, index, counter_slot).await?;
+        if let Some(veth) = host.link_by_index(index).await? {
+            datapath.ensure_counter_slot(index)?;
+            attach_host_veth(datapath, mode, host, index, &veth.name).await?;
             attached += 1;
         }
     }

@@ -5,7 +5,7 @@
 //! Everything needed is in the kernel's own tables: the gateway device
 //! (marked `flatnet:<network>`) gives the subnets; each pod has a host route
 //! (/32, /128) into one of them via its host veth, and a permanent neighbour
-//! entry there with its MAC.
+//! entry there with its MAC; its qdiscs say what the bandwidth plugin shapes.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -16,8 +16,8 @@ use rtnetlink::packet_route::AddressFamily;
 
 use crate::cni::config::DatapathMode;
 use crate::cni::error::Result;
-use crate::datapath::Datapath;
 use crate::datapath::attach_host_veth;
+use crate::datapath::{Datapath, Shaping};
 use crate::net::{Netlink, gateway_alias};
 
 /// Re-inserts every pod of `network` found on the host into the (freshly
@@ -81,9 +81,25 @@ pub async fn rebuild_pods(
             host_mac,
             counter_slot,
         };
-        datapath.insert_pod(endpoint, &addresses)?;
-        attach_host_veth(datapath, mode, host, index, counter_slot).await?;
+        let shaping = shaping_on(host, index).await?;
+        datapath.insert_pod(endpoint, &addresses, shaping)?;
+        attach_host_veth(datapath, mode, host, index, &veth.name).await?;
         restored += 1;
     }
     Ok(restored)
+}
+
+/// What the bandwidth plugin shapes on host veth `index`, read back from its
+/// qdiscs: a `tbf` at the root shapes what goes into the pod, an `ingress`
+/// qdisc (redirecting to an ifb device) what comes out of it.
+async fn shaping_on(host: &Netlink, index: u32) -> Result<Shaping> {
+    /// TC_H_ROOT from linux/pkt_sched.h.
+    const ROOT: u32 = 0xffff_ffff;
+    let qdiscs = host.qdiscs(index).await?;
+    Ok(Shaping {
+        ingress: qdiscs
+            .iter()
+            .any(|(parent, kind)| *parent == ROOT && kind == "tbf"),
+        egress: qdiscs.iter().any(|(_, kind)| kind == "ingress"),
+    })
 }

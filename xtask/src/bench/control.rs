@@ -4,7 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cni::{Netns, Plugin};
+use flatnet_harness::{Netns, poll_until};
+
+use crate::cni::Plugin;
 
 /// Milliseconds per pod for one plugin in one round.
 #[derive(Debug, Clone, Copy, Default)]
@@ -44,10 +46,10 @@ fn link_count() -> usize {
 }
 
 fn settle(baseline: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while link_count() > baseline && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Measured either way: a slow reaper shows in the next phase's numbers.
+    let _ = poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+        link_count() <= baseline
+    });
 }
 
 /// Measures one plugin. An "anchor" pod stays attached throughout, as on a
@@ -59,7 +61,7 @@ pub fn measure(
     sequential: usize,
     concurrent: usize,
 ) -> anyhow::Result<CniTimes> {
-    let anchor = Netns::create(&format!("fb-cp-{label}-anchor"))?;
+    let anchor = Netns::named(&format!("fb-cp-{label}-anchor"))?;
     let anchor_id = format!("fb-cp-{label}-anchor");
     plugin.call("ADD", &anchor_id, &anchor.path())?;
     let baseline = link_count();
@@ -68,7 +70,7 @@ pub fn measure(
 
         let pods: Vec<_> = (0..sequential)
             .map(|i| {
-                Netns::create(&format!("fb-cp-{label}-s{i}"))
+                Netns::named(&format!("fb-cp-{label}-s{i}"))
                     .map(|ns| (ns, format!("fb-cp-{label}-s{i}")))
             })
             .collect::<Result<_, _>>()?;
@@ -91,7 +93,7 @@ pub fn measure(
 
         let pods: Vec<_> = (0..concurrent)
             .map(|i| {
-                Netns::create(&format!("fb-cp-{label}-c{i}"))
+                Netns::named(&format!("fb-cp-{label}-c{i}"))
                     .map(|ns| (ns, format!("fb-cp-{label}-c{i}")))
             })
             .collect::<Result<_, _>>()?;

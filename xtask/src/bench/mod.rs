@@ -195,18 +195,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
     let bpf_stats = std::fs::read_to_string(BPF_STATS).unwrap_or_default();
     std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
-    let bridge_plugin = |conf: String| Plugin {
-        binary: PathBuf::from(REFERENCE_PLUGINS).join("bridge"),
-        cni_path: cni_path.clone(),
-        conf,
-        ..Plugin::default()
+    let bridge_plugin = |conf: String| {
+        Plugin::new(
+            PathBuf::from(REFERENCE_PLUGINS).join("bridge"),
+            &cni_path,
+            conf,
+        )
     };
-    let flatnet_plugin = |conf: String| Plugin {
-        binary: bin.join("flatnet"),
-        cni_path: cni_path.clone(),
-        conf,
-        ..Plugin::default()
-    };
+    let flatnet_plugin = |conf: String| Plugin::new(bin.join("flatnet"), &cni_path, conf);
 
     heading(&format!(
         "bench: {rounds} round(s), {seconds} s per measurement, {sequential} sequential + {concurrent} concurrent pods; flatnet IPAM: {flatnet_ipam}"
@@ -362,16 +358,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     flatnet_ipam
                 };
                 let ipam_dir = data_dir.join(format!("ipam-{label}"));
-                let ipam_plugin = Plugin {
-                    binary: if ipam == "host-local" {
+                let ipam_plugin = Plugin::new(
+                    if ipam == "host-local" {
                         PathBuf::from(REFERENCE_PLUGINS).join(ipam)
                     } else {
                         bin.join(ipam)
                     },
-                    cni_path: cni_path.clone(),
-                    conf: ipam_only(&plugin.conf, &ipam_dir, label == "flatnet-nofsync"),
-                    ..Plugin::default()
-                };
+                    &cni_path,
+                    ipam_only(&plugin.conf, &ipam_dir, label == "flatnet-nofsync"),
+                );
                 let times = control::measure_ipam(
                     &ipam_plugin,
                     sequential,

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::cni::{Netns, Plugin, first_ip};
+use flatnet_harness::Netns;
+
+use crate::cni::{Plugin, first_ip};
 use crate::util::output;
 
 const IPERF_PORT: &str = "5201";
@@ -44,8 +46,8 @@ pub struct Pair {
 impl Pair {
     /// Two pods attached by `plugin`, as a runtime would.
     pub fn attached(label: &'static str, plugin: Plugin) -> anyhow::Result<Self> {
-        let a = Netns::create(&format!("fb-{label}-a"))?;
-        let b = Netns::create(&format!("fb-{label}-b"))?;
+        let a = Netns::named(&format!("fb-{label}-a"))?;
+        let b = Netns::named(&format!("fb-{label}-b"))?;
         let mut pair = Pair {
             label,
             a,
@@ -67,8 +69,8 @@ impl Pair {
 
     /// The ceiling: a bare veth pair straight between the two namespaces.
     pub fn bare_veth(label: &'static str, subnet_prefix: &str) -> anyhow::Result<Self> {
-        let a = Netns::create(&format!("fb-{label}-a"))?;
-        let b = Netns::create(&format!("fb-{label}-b"))?;
+        let a = Netns::named(&format!("fb-{label}-a"))?;
+        let b = Netns::named(&format!("fb-{label}-b"))?;
         let ip_a = format!("{subnet_prefix}.1");
         let ip_b = format!("{subnet_prefix}.2");
         let (if_a, if_b) = ("fbveth-a", "fbveth-b");
@@ -77,8 +79,8 @@ impl Pair {
             &b.name,
         ]))?;
         for (ns, iface, ip) in [(&a, if_a, &ip_a), (&b, if_b, &ip_b)] {
-            output(&mut ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", iface]))?;
-            output(&mut ns.exec(&["ip", "link", "set", iface, "up"]))?;
+            output(&mut ns.command(&["ip", "addr", "add", &format!("{ip}/24"), "dev", iface]))?;
+            output(&mut ns.command(&["ip", "link", "set", iface, "up"]))?;
         }
         let mut pair = Pair {
             label,
@@ -98,10 +100,10 @@ impl Pair {
             SERVER_CPU,
             &["iperf3", "-s", "-B", &self.ip_b, "-p", IPERF_PORT],
         );
-        self.servers.push(quiet(
-            self.b
-                .exec(&iperf.iter().map(String::as_str).collect::<Vec<_>>()),
-        )?);
+        self.servers
+            .push(quiet(self.b.command(
+                &iperf.iter().map(String::as_str).collect::<Vec<_>>(),
+            ))?);
         // iperf3 prints nothing useful when ready; a short wait plus client retries do.
         std::thread::sleep(Duration::from_millis(300));
         Ok(())
@@ -111,11 +113,11 @@ impl Pair {
     fn client(&self, cpu: usize, args: &[&str]) -> anyhow::Result<String> {
         let args = pinned(cpu, args);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match output(&mut self.a.exec(&args)) {
+        match output(&mut self.a.command(&args)) {
             Ok(out) => Ok(out),
             Err(_) => {
                 std::thread::sleep(Duration::from_millis(500));
-                output(&mut self.a.exec(&args))
+                Ok(output(&mut self.a.command(&args))?)
             }
         }
     }

@@ -11,21 +11,20 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use nix::sched::{CloneFlags, CpuSet, sched_setaffinity, setns};
+use nix::sched::{CpuSet, sched_setaffinity};
 use nix::unistd::Pid;
 
 const MESSAGE: usize = 64;
 const WARMUP: usize = 2_000;
 
 /// This thread into `netns`, on `cpu` (when the machine has it).
-fn enter(netns: &PathBuf, cpu: usize) -> anyhow::Result<()> {
-    let file =
-        std::fs::File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
-    setns(&file, CloneFlags::CLONE_NEWNET).context("setns")?;
+fn enter(netns: &Path, cpu: usize) -> anyhow::Result<()> {
+    flatnet_harness::enter_thread(netns)
+        .with_context(|| format!("entering {}", netns.display()))?;
     if std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)

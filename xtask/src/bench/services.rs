@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use flatnet_harness::Netns;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
 
-use crate::cni::{Netns, Plugin, first_ip};
+use crate::cni::{Plugin, first_ip};
 
 /// Where the backends listen, and the Service port.
 const BACKEND_PORT: u16 = 8080;
@@ -41,8 +42,8 @@ impl ServicePaths {
     /// `plugins`: (label, plugin, ClusterIP) for each; the plugins are run
     /// inside the node namespace, flatnet with its pins under `PIN_ROOT`.
     pub fn new(plugins: Vec<(&'static str, Plugin, IpAddr)>) -> anyhow::Result<Self> {
-        let node = Netns::create("fb-node")?;
-        crate::util::output(&mut node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]))?;
+        let node = Netns::named("fb-node")?;
+        crate::util::output(&mut node.command(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]))?;
         let mut paths = ServicePaths {
             pairs: Vec::new(),
             node,
@@ -52,12 +53,13 @@ impl ServicePaths {
             let mut conf: serde_json::Value = serde_json::from_str(&plugin.conf)?;
             conf["ipam"]["routes"] = serde_json::json!([{"dst": "0.0.0.0/0"}]);
             plugin.conf = conf.to_string();
-            plugin.node = Some(paths.node.path());
+            plugin.runtime.node = Some(paths.node.path());
             plugin
+                .runtime
                 .env
                 .push(("FLATNET_PIN_ROOT".into(), PIN_ROOT.into()));
-            let a = Netns::create(&format!("fb-svc-{label}-a"))?;
-            let b = Netns::create(&format!("fb-svc-{label}-b"))?;
+            let a = Netns::named(&format!("fb-svc-{label}-a"))?;
+            let b = Netns::named(&format!("fb-svc-{label}-b"))?;
             plugin.call("ADD", &format!("fb-svc-{label}-a"), &a.path())?;
             let result = plugin.call("ADD", &format!("fb-svc-{label}-b"), &b.path())?;
             let ip: IpAddr = first_ip(&result)?.parse().context("pod b's address")?;

@@ -1,0 +1,271 @@
+//! Attachment through tcx: each program on a pinned BPF link (what
+//! `bpftool net` and `bpftool link` show), links replaced, never stacked,
+//! when an ADD is killed half way, a node attached the old way (netlink
+//! cls_bpf filters) moved to tcx under a live TCP stream, and XDP mode on
+//! XDP links.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use flatnet::datapath::{ATTACH_ENV, LinkRole};
+use flatnet_common::{PROG_FROM_POD_XDP, PROG_POD_XDP_PASS};
+use flatnet_tests::*;
+use serde_json::{Value, json};
+
+/// The BPF links of the kernel on device `ifindex`, as `bpftool link` lists
+/// them: (type, attach type).
+fn links_on(ifindex: u32) -> Vec<(String, String)> {
+    let out = run_ok(Command::new("bpftool").args(["-j", "link", "show"]));
+    let listed: Value = serde_json::from_str(&out).expect("bpftool's JSON");
+    listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|link| link["ifindex"].as_u64() == Some(u64::from(ifindex)))
+        .map(|link| {
+            (
+                link["type"].as_str().unwrap_or_default().to_string(),
+                link["attach_type"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn ifindex(dev: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/ifindex"))
+        .expect("the device's ifindex")
+        .trim()
+        .parse()
+        .expect("an ifindex")
+}
+
+fn link_pin(net: &Network, role: LinkRole, dev: &str) -> PathBuf {
+    net.datapath().link_path(role, dev)
+}
+
+/// Exactly one flatnet program at ingress of `dev`, on a tcx link, pinned.
+fn assert_one_tcx_link(net: &Network, dev: &str) {
+    let hooks = tc_hooks(dev);
+    assert_eq!(hooks.len(), 1, "{dev}: {hooks:?}");
+    let hook = &hooks[0];
+    assert_eq!(
+        (hook.kind.as_str(), hook.program.as_str()),
+        ("tcx/ingress", "from_pod"),
+        "{dev}"
+    );
+    assert!(hook.link_id.is_some(), "{dev}: not on a link: {hooks:?}");
+    assert_eq!(
+        links_on(ifindex(dev)),
+        vec![("tcx".to_string(), "tcx_ingress".to_string())],
+        "{dev}: bpftool link"
+    );
+    assert!(
+        link_pin(net, LinkRole::HostVeth, dev).exists(),
+        "{dev}: no pin"
+    );
+}
+
+#[test]
+fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
+    if !root_or_skip("every_pod_program_is_on_a_pinned_tcx_link_that_del_removes") {
+        return;
+    }
+    let net = Network::host_local();
+    let a = net.pod();
+    let b = net.pod();
+    for pod in [&a, &b] {
+        let veth = pod.host_veth();
+        assert_one_tcx_link(&net, &veth);
+        // No qdisc of flatnet's: the hook belongs to tcx.
+        let qdiscs = run_ok(Command::new("tc").args(["qdisc", "show", "dev", &veth]));
+        assert!(!qdiscs.contains("clsact"), "{veth}: {qdiscs}");
+    }
+    let inspect = run_ok(Command::new(bin("flatnet")).args(["inspect", "--network", &net.name]));
+    assert!(inspect.contains("attached: tcx"), "{inspect}");
+
+    let before = net.redirected_bytes();
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 256 << 10).expect("a -> b");
+    assert!(net.redirected_bytes() > before + (256 << 10));
+
+    let (veth, index) = (a.host_veth(), ifindex(&a.host_veth()));
+    drop(a);
+    assert!(!link_pin(&net, LinkRole::HostVeth, &veth).exists());
+    wait_until(
+        "the link to go with its pin",
+        std::time::Duration::from_secs(10),
+        || links_on(index).is_empty(),
+    );
+}
+
+/// An ADD killed between attaching the program and writing the maps (the
+/// link made and not yet pinned, or pinned), then the runtime's retry of
+/// the same attachment (flatnet-ipam hands the retry the same address):
+/// exactly one flatnet link on the hook, and the pod works.
+#[test]
+fn a_killed_add_leaves_one_link_after_the_retry() {
+    if !root_or_skip("a_killed_add_leaves_one_link_after_the_retry") {
+        return;
+    }
+    let net = Network::flatnet_ipam();
+    let peer = net.pod();
+    for (stage, links_left) in [
+        // The link dies with the process that held it.
+        ("tcx link made, not pinned yet", 0),
+        // The pin holds it: the retry must replace it, not add a second.
+        ("datapath attached", 1),
+    ] {
+        let netns = Netns::new();
+        let id = unique("ctr-");
+        let mut call = CniCall::new("ADD", &id, &netns.path(), "eth0");
+        call.env.push(("FLATNET_KILL_AFTER".into(), stage.into()));
+        let killed = call
+            .spawn(&bin("flatnet"), &net.stdin())
+            .wait()
+            .expect("waiting for the ADD");
+        assert_eq!(killed.signal(), Some(9), "{stage}: the ADD was not killed");
+        let veth = net.host_veth(&id, "eth0");
+        assert_eq!(
+            links_on(ifindex(&veth)).len(),
+            links_left,
+            "{stage}: links after the kill"
+        );
+
+        let retry =
+            CniCall::new("ADD", &id, &netns.path(), "eth0").run(&bin("flatnet"), &net.stdin());
+        assert!(retry.success(), "{stage}: retry: {retry:?}");
+        let veth = net.host_veth(&id, "eth0");
+        assert_one_tcx_link(&net, &veth);
+        let pod = Pod {
+            network: &net,
+            netns,
+            container_id: id,
+            ifname: "eth0".into(),
+            result: retry.json(),
+        };
+        let before = net.redirected_bytes();
+        tcp_echo(Some(&peer.netns), peer.ip(), Some(&pod.netns), 128 << 10)
+            .unwrap_or_else(|e| panic!("{stage}: pod -> peer after the retry: {e}"));
+        assert!(net.redirected_bytes() > before + (128 << 10), "{stage}");
+    }
+}
+
+/// A node whose pods were attached the old way (cls_bpf filters on clsact,
+/// as flatnet did before tcx) is moved to tcx by `flatnet repair` (what an
+/// upgrade's first ADD does too) while a TCP stream runs between two pods:
+/// not a byte lost, no reset, and every pod on one tcx link afterwards.
+#[test]
+fn a_node_attached_with_filters_moves_to_tcx_under_a_live_stream() {
+    if !root_or_skip("a_node_attached_with_filters_moves_to_tcx_under_a_live_stream") {
+        return;
+    }
+    let net = Network::host_local();
+    let pods: Vec<Pod> = (0..2)
+        .map(|_| {
+            let netns = Netns::new();
+            let id = unique("ctr-");
+            let mut call = CniCall::new("ADD", &id, &netns.path(), "eth0");
+            call.env.push((ATTACH_ENV.into(), "netlink".into()));
+            let out = call.run(&bin("flatnet"), &net.stdin());
+            assert!(out.success(), "ADD the old way: {out:?}");
+            Pod {
+                network: &net,
+                netns,
+                container_id: id,
+                ifname: "eth0".into(),
+                result: out.json(),
+            }
+        })
+        .collect();
+    let (a, b) = (&pods[0], &pods[1]);
+    for pod in &pods {
+        let hooks = tc_hooks(&pod.host_veth());
+        let seen: Vec<_> = hooks
+            .iter()
+            .map(|h| (h.kind.as_str(), h.program.as_str(), h.link_id))
+            .collect();
+        assert_eq!(
+            seen,
+            [("clsact/ingress", "from_pod", None)],
+            "attached the old way"
+        );
+    }
+    let conflist = std::env::temp_dir().join(format!("{}.conf", unique("tcx-")));
+    std::fs::write(&conflist, net.conf.to_string()).expect("writing the config");
+    let retransmitted_before = retransmitted_segments(&a.netns);
+    let redirected_before = net.redirected_bytes();
+    let (sent, received) = stream_during(&b.netns, b.ip(), &a.netns, || {
+        let out = run_ok(
+            Command::new(bin("flatnet"))
+                .arg("repair")
+                .arg("--conf")
+                .arg(&conflist),
+        );
+        assert!(out.contains("2 pod(s) attached"), "{out}");
+    });
+    let _ = std::fs::remove_file(&conflist);
+    let retransmitted = retransmitted_segments(&a.netns) - retransmitted_before;
+    eprintln!(
+        "stream across the move: {sent} bytes sent, {received} received, {retransmitted} segments retransmitted"
+    );
+    assert_eq!(sent, received, "bytes were lost moving to tcx");
+    assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
+    assert!(
+        net.redirected_bytes() - redirected_before >= sent,
+        "the stream left the fast path"
+    );
+    for pod in &pods {
+        assert_one_tcx_link(&net, &pod.host_veth());
+    }
+}
+
+/// TCP segments the namespace's stack retransmitted (/proc/net/snmp).
+fn retransmitted_segments(netns: &Netns) -> u64 {
+    let snmp = netns.exec(&["cat", "/proc/net/snmp"]);
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next().unwrap_or(""), tcp.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "RetransSegs")
+        .and_then(|(_, value)| value.parse().ok())
+        .expect("RetransSegs in /proc/net/snmp")
+}
+
+/// XDP mode: the host veth's program and the pod side's `pod_xdp_pass`
+/// on XDP links, pinned; DEL takes both pins.
+#[test]
+fn xdp_mode_attaches_through_pinned_xdp_links() {
+    if !root_or_skip("xdp_mode_attaches_through_pinned_xdp_links") {
+        return;
+    }
+    let mut net = Network::host_local();
+    net.conf["datapath"] = json!("xdp");
+    let a = net.pod();
+    let b = net.pod();
+    let datapath = net.datapath();
+    let id_of = |program: &str| datapath.program(program).unwrap().id().unwrap();
+    let (from_pod_xdp, pod_xdp_pass) = (id_of(PROG_FROM_POD_XDP), id_of(PROG_POD_XDP_PASS));
+    for pod in [&a, &b] {
+        let veth = pod.host_veth();
+        assert_eq!(
+            links_on(ifindex(&veth)),
+            vec![("xdp".to_string(), String::new())],
+            "{veth}: bpftool link"
+        );
+        let listed = run_ok(Command::new("bpftool").args(["net", "show", "dev", &veth]));
+        assert!(listed.contains(&format!("id {from_pod_xdp}")), "{listed}");
+        assert!(link_pin(&net, LinkRole::HostVeth, &veth).exists());
+        assert!(link_pin(&net, LinkRole::PodSide, &veth).exists());
+        let inside = pod.netns.exec(&["bpftool", "net", "show", "dev", "eth0"]);
+        assert!(inside.contains(&format!("id {pod_xdp_pass}")), "{inside}");
+    }
+    let before = net.redirected_bytes();
+    tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 256 << 10).expect("a -> b");
+    assert!(net.redirected_bytes() > before + (256 << 10));
+    let veth = a.host_veth();
+    drop(a);
+    for role in [LinkRole::HostVeth, LinkRole::PodSide] {
+        assert!(!link_pin(&net, role, &veth).exists(), "{role:?} pin left");
+    }
+}
