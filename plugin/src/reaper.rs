@@ -1,16 +1,47 @@
-//! Deleting a network device costs ~20 ms in the kernel (an RCU barrier in
-//! the unregister path, paid by the process that asks). DEL does what
-//! disconnects the pod at once (endpoint out of the map, link down) and
-//! defers the unregister: once the answer is on stdout, `finish` forks a
-//! child in its own session, with stdio on /dev/null, that deletes the
-//! links while the parent exits and the runtime carries on.
+//! Work that waits on the kernel, done after the answer is out. Deleting a
+//! network device costs ~20 ms (an RCU barrier in the unregister path,
+//! paid by the process that asks): DEL does what disconnects the pod at
+//! once (endpoint out of the map, link down) and defers the unregister.
+//! Creating a tcx link waits for an RCU grace period (~10 ms): ADD puts the
+//! program on the new veth as a cls_bpf filter (a netlink request) and
+//! defers the move to a tcx link. Once the answer is on stdout, `finish`
+//! forks a child in its own session, with stdio on /dev/null, that does
+//! both while the parent exits and the runtime carries on. A move that
+//! never happens (the child killed) leaves a working filter, which the
+//! next re-attach of the network (upgrade, `flatnet repair`, the agent
+//! after wiped pins) moves.
 
 use std::sync::Mutex;
 
+use crate::datapath::{Datapath, move_to_tcx};
+use crate::lock::{self, Lock};
 use crate::net::Netlink;
 
 /// Links (ifindex, name) to delete after the answer is out.
 static PENDING: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+
+/// Host veths to move onto tcx links after the answer is out.
+static MOVES: Mutex<Vec<TcxMove>> = Mutex::new(Vec::new());
+
+struct TcxMove {
+    network: String,
+    datapath: Datapath,
+    index: u32,
+    name: String,
+}
+
+/// Moves host veth `index` (named `name`) of `network` from its cls_bpf
+/// filter to a tcx link later (see `datapath::move_to_tcx`).
+pub fn defer_tcx_move(network: &str, datapath: &Datapath, index: u32, name: &str) {
+    if let Ok(mut moves) = MOVES.lock() {
+        moves.push(TcxMove {
+            network: network.to_string(),
+            datapath: datapath.clone(),
+            index,
+            name: name.to_string(),
+        });
+    }
+}
 
 /// Deletes link `index` later, if it still carries `name` then (so a reused
 /// ifindex is never touched).
@@ -27,7 +58,11 @@ pub fn finish() {
         .lock()
         .map(|mut p| std::mem::take(&mut *p))
         .unwrap_or_default();
-    if links.is_empty() {
+    let moves = MOVES
+        .lock()
+        .map(|mut m| std::mem::take(&mut *m))
+        .unwrap_or_default();
+    if links.is_empty() && moves.is_empty() {
         return;
     }
     // SAFETY: called from main after every runtime and thread is gone, so
@@ -36,11 +71,43 @@ pub fn finish() {
         Ok(nix::unistd::ForkResult::Parent { .. }) => {}
         Ok(nix::unistd::ForkResult::Child) => {
             detach();
-            delete(&links);
+            run(&moves, &links);
             std::process::exit(0);
         }
         // No fork: do it here and now, slower but complete.
-        Err(_) => delete(&links),
+        Err(_) => run(&moves, &links),
+    }
+}
+
+fn run(moves: &[TcxMove], links: &[(u32, String)]) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async {
+        let Ok(host) = Netlink::connect() else { return };
+        for job in moves {
+            if let Err(e) = move_one(&host, job).await {
+                eprintln!("flatnet: moving {} to tcx: {e}", job.name);
+            }
+        }
+        delete(&host, links).await;
+    });
+}
+
+/// One move, under the network's shared lock (an upgrade, which holds it
+/// exclusively, re-attaches every veth itself), and only while the veth is
+/// still the one ADD made.
+async fn move_one(host: &Netlink, job: &TcxMove) -> crate::cni::error::Result<()> {
+    let _lock = Lock::shared(&lock::network(&job.network))?;
+    match host.link_by_index(job.index).await? {
+        Some(link) if link.name == job.name => {
+            move_to_tcx(&job.datapath, host, job.index, &job.name).await
+        }
+        // Deleted (a DEL came first): nothing to move.
+        _ => Ok(()),
     }
 }
 
@@ -59,22 +126,13 @@ fn detach() {
     }
 }
 
-fn delete(links: &[(u32, String)]) {
-    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        return;
-    };
-    runtime.block_on(async {
-        let Ok(host) = Netlink::connect() else { return };
-        for (index, name) in links {
-            if let Ok(Some(link)) = host.link_by_index(*index).await
-                && link.name == *name
-                && let Err(e) = host.delete_link(*index).await
-            {
-                eprintln!("flatnet: deleting {name}: {e}");
-            }
+async fn delete(host: &Netlink, links: &[(u32, String)]) {
+    for (index, name) in links {
+        if let Ok(Some(link)) = host.link_by_index(*index).await
+            && link.name == *name
+            && let Err(e) = host.delete_link(*index).await
+        {
+            eprintln!("flatnet: deleting {name}: {e}");
         }
-    });
+    }
 }

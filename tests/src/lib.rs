@@ -518,6 +518,19 @@ pub struct TcHook {
     pub link_id: Option<u32>,
 }
 
+/// Waits until `dev`'s only tc program is on a tcx link: ADD attaches a
+/// cls_bpf filter and moves it to its link in a process it leaves behind.
+pub fn wait_for_tcx(dev: &str) {
+    wait_until(
+        &format!("{dev} to be on its tcx link alone"),
+        Duration::from_secs(10),
+        || {
+            let hooks = tc_hooks(dev);
+            hooks.len() == 1 && hooks[0].link_id.is_some()
+        },
+    );
+}
+
 /// What sits at the tc hooks of `dev` in the caller's namespace (tcx links
 /// and cls_bpf filters), from `bpftool -j net show` (bpftool 7.3+ for tcx).
 pub fn tc_hooks(dev: &str) -> Vec<TcHook> {
@@ -531,7 +544,10 @@ pub fn tc_hooks(dev: &str) -> Vec<TcHook> {
         .map(|entry| TcHook {
             kind: entry["kind"].as_str().unwrap_or_default().to_string(),
             program: entry["name"].as_str().unwrap_or_default().to_string(),
-            program_id: id(&entry["prog_id"]).unwrap_or_default(),
+            // "prog_id" for tcx, "id" for a cls_bpf filter.
+            program_id: id(&entry["prog_id"])
+                .or_else(|| id(&entry["id"]))
+                .unwrap_or_default(),
             link_id: id(&entry["link_id"]),
         })
         .collect()

@@ -29,6 +29,8 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     let b = net.pod();
     let datapath = net.datapath();
     let old_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
+    wait_for_tcx(&a.host_veth());
+    wait_for_tcx(&b.host_veth());
     assert_eq!(attached_ids(&a.host_veth()), vec![old_id]);
     // Make the running program look like an older build's: the next ADD
     // then loads this build's anew and moves every veth over to it, which
@@ -85,6 +87,9 @@ fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
+    for pod in [&a, &b] {
+        wait_for_tcx(&pod.host_veth());
+    }
     // What a bpffs remount does to us: pins gone. The pinned tcx links
     // held the programs on the veths, so they are gone too (a netlink
     // filter would have outlived its pin): the pods have no datapath until
@@ -103,11 +108,12 @@ fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
             .unwrap_or_else(|| panic!("{} not rebuilt", pod.ip()));
         assert_eq!(endpoint.pod_mac.to_vec(), mac_of(&pod.netns));
     }
-    let before = net.redirected_packets();
+    let before = net.redirected_bytes();
     tcp_echo(Some(&b.netns), b.ip(), Some(&a.netns), 256 << 10).expect("a -> b after the rebuild");
     tcp_echo(Some(&a.netns), a.ip(), Some(&c.netns), 256 << 10).expect("c -> a after the rebuild");
+    // 256 KiB each way, twice.
     assert!(
-        net.redirected_packets() > before + 50,
+        net.redirected_bytes() >= before + (1 << 20),
         "traffic does not go through the rebuilt datapath"
     );
     let new_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();

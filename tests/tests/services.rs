@@ -357,7 +357,9 @@ fn clusterip_to_a_backend_on_the_same_node_xdp_nftables() {
 
 /// True when a datagram from `client` to `to` (on a connected socket) is
 /// answered by an ICMP port unreachable the socket accepts as its own:
-/// `recv` fails with "connection refused".
+/// `recv` fails with "connection refused". Ten tries over five seconds:
+/// the kernel rate-limits ICMP errors, and on a loaded machine the first
+/// datagrams may wait for neighbour resolution across the nodes.
 fn udp_refused(client: &SimPod, to: SocketAddr) -> bool {
     client.netns.run(|| {
         let bind: SocketAddr = if to.is_ipv4() {
@@ -371,7 +373,7 @@ fn udp_refused(client: &SimPod, to: SocketAddr) -> bool {
             .set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
         let mut buf = [0u8; 64];
-        for _ in 0..4 {
+        for _ in 0..10 {
             let _ = socket.send(b"anyone?");
             if let Err(e) = socket.recv(&mut buf)
                 && e.kind() == std::io::ErrorKind::ConnectionRefused

@@ -1,15 +1,17 @@
 //! Attachment through tcx: each program on a pinned BPF link (what
-//! `bpftool net` and `bpftool link` show), links replaced, never stacked,
-//! when an ADD is killed half way, a node attached the old way (netlink
-//! cls_bpf filters) moved to tcx under a live TCP stream, and XDP mode on
-//! XDP links.
+//! `bpftool net` and `bpftool link` show; ADD puts a cls_bpf filter on and
+//! moves it to its link after the answer), links replaced, never stacked,
+//! when an ADD or that move is killed half way, a node attached the old
+//! way (netlink cls_bpf filters) moved to tcx under a live TCP stream, and
+//! XDP mode on XDP links.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use flatnet::datapath::{ATTACH_ENV, LinkRole};
-use flatnet_common::{PROG_FROM_POD_XDP, PROG_POD_XDP_PASS};
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -44,6 +46,14 @@ fn link_pin(net: &Network, role: LinkRole, dev: &str) -> PathBuf {
     net.datapath().link_path(role, dev)
 }
 
+/// Waits for ADD's move to tcx (after its answer), then checks it.
+fn wait_for_one_tcx_link(net: &Network, dev: &str) {
+    wait_for_tcx(dev);
+    assert_one_tcx_link(net, dev);
+    let qdiscs = run_ok(Command::new("tc").args(["qdisc", "show", "dev", dev]));
+    assert!(!qdiscs.contains("clsact"), "{dev}: {qdiscs}");
+}
+
 /// Exactly one flatnet program at ingress of `dev`, on a tcx link, pinned.
 fn assert_one_tcx_link(net: &Network, dev: &str) {
     let hooks = tc_hooks(dev);
@@ -75,11 +85,8 @@ fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
     let a = net.pod();
     let b = net.pod();
     for pod in [&a, &b] {
-        let veth = pod.host_veth();
-        assert_one_tcx_link(&net, &veth);
-        // No qdisc of flatnet's: the hook belongs to tcx.
-        let qdiscs = run_ok(Command::new("tc").args(["qdisc", "show", "dev", &veth]));
-        assert!(!qdiscs.contains("clsact"), "{veth}: {qdiscs}");
+        // No qdisc of flatnet's left: the hook belongs to tcx.
+        wait_for_one_tcx_link(&net, &pod.host_veth());
     }
     let inspect = run_ok(Command::new(bin("flatnet")).args(["inspect", "--network", &net.name]));
     assert!(inspect.contains("attached: tcx"), "{inspect}");
@@ -93,61 +100,113 @@ fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
     assert!(!link_pin(&net, LinkRole::HostVeth, &veth).exists());
     wait_until(
         "the link to go with its pin",
-        std::time::Duration::from_secs(10),
+        Duration::from_secs(10),
         || links_on(index).is_empty(),
     );
 }
 
-/// An ADD killed between attaching the program and writing the maps (the
-/// link made and not yet pinned, or pinned), then the runtime's retry of
-/// the same attachment (flatnet-ipam hands the retry the same address):
-/// exactly one flatnet link on the hook, and the pod works.
+/// Crashes around the attachment, then what comes next, and after it
+/// exactly one flatnet program on the hook, on a pinned tcx link:
+/// - ADD killed once the program is on the veth (the quick way, a cls_bpf
+///   filter) and before the maps are written: the runtime's retry of the
+///   same attachment (flatnet-ipam hands it the same address);
+/// - the move to tcx after the answer killed before its link is pinned
+///   (the link dies with the process; the filter stays, and works) or
+///   after (link and filter both): `flatnet repair`.
 #[test]
-fn a_killed_add_leaves_one_link_after_the_retry() {
-    if !root_or_skip("a_killed_add_leaves_one_link_after_the_retry") {
+fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
+    if !root_or_skip("crashes_around_the_attachment_leave_one_program_on_the_hook") {
         return;
     }
     let net = Network::flatnet_ipam();
     let peer = net.pod();
-    for (stage, links_left) in [
-        // The link dies with the process that held it.
-        ("tcx link made, not pinned yet", 0),
-        // The pin holds it: the retry must replace it, not add a second.
-        ("datapath attached", 1),
+    let conflist = std::env::temp_dir().join(format!("{}.conf", unique("tcx-")));
+    std::fs::write(&conflist, net.conf.to_string()).expect("writing the config");
+    let filter = TcHook {
+        kind: "clsact/ingress".into(),
+        program: "from_pod".into(),
+        program_id: net.datapath().program(PROG_FROM_POD).unwrap().id().unwrap(),
+        link_id: None,
+    };
+    for stage in [
+        "datapath attached",
+        "tcx link made, not pinned yet",
+        "tcx link pinned",
     ] {
         let netns = Netns::new();
         let id = unique("ctr-");
+        let marker = unique("mark-");
         let mut call = CniCall::new("ADD", &id, &netns.path(), "eth0");
         call.env.push(("FLATNET_KILL_AFTER".into(), stage.into()));
-        let killed = call
+        call.env
+            .push(("FLATNET_TEST_MARK".into(), marker.clone().into()));
+        let added = call
             .spawn(&bin("flatnet"), &net.stdin())
-            .wait()
+            .wait_with_output()
             .expect("waiting for the ADD");
-        assert_eq!(killed.signal(), Some(9), "{stage}: the ADD was not killed");
-        let veth = net.host_veth(&id, "eth0");
-        assert_eq!(
-            links_on(ifindex(&veth)).len(),
-            links_left,
-            "{stage}: links after the kill"
+        // The move runs in a child the ADD leaves behind: wait for it.
+        wait_until(
+            "the ADD's processes to end",
+            Duration::from_secs(10),
+            || processes_marked(&marker) == 0,
         );
-
-        let retry =
-            CniCall::new("ADD", &id, &netns.path(), "eth0").run(&bin("flatnet"), &net.stdin());
-        assert!(retry.success(), "{stage}: retry: {retry:?}");
         let veth = net.host_veth(&id, "eth0");
-        assert_one_tcx_link(&net, &veth);
+        let hooks = tc_hooks(&veth);
+        let result = if stage == "datapath attached" {
+            assert_eq!(added.status.signal(), Some(9), "{stage}: not killed");
+            assert_eq!(hooks, std::slice::from_ref(&filter), "{stage}");
+            let retry =
+                CniCall::new("ADD", &id, &netns.path(), "eth0").run(&bin("flatnet"), &net.stdin());
+            assert!(retry.success(), "{stage}: retry: {retry:?}");
+            retry.json()
+        } else {
+            assert!(added.status.success(), "{stage}: the ADD itself failed");
+            let on_link = hooks.iter().filter(|h| h.link_id.is_some()).count();
+            let expected_links = usize::from(stage == "tcx link pinned");
+            assert_eq!(on_link, expected_links, "{stage}: {hooks:?}");
+            assert!(
+                hooks.contains(&filter),
+                "{stage}: the filter is gone: {hooks:?}"
+            );
+            let out = run_ok(
+                Command::new(bin("flatnet"))
+                    .arg("repair")
+                    .arg("--conf")
+                    .arg(&conflist),
+            );
+            assert!(out.contains("pod(s) attached"), "{out}");
+            serde_json::from_slice(&added.stdout).expect("the ADD's result")
+        };
+        wait_for_one_tcx_link(&net, &veth);
         let pod = Pod {
             network: &net,
             netns,
             container_id: id,
             ifname: "eth0".into(),
-            result: retry.json(),
+            result,
         };
         let before = net.redirected_bytes();
         tcp_echo(Some(&peer.netns), peer.ip(), Some(&pod.netns), 128 << 10)
-            .unwrap_or_else(|e| panic!("{stage}: pod -> peer after the retry: {e}"));
+            .unwrap_or_else(|e| panic!("{stage}: pod -> peer afterwards: {e}"));
         assert!(net.redirected_bytes() > before + (128 << 10), "{stage}");
     }
+    let _ = std::fs::remove_file(&conflist);
+}
+
+/// Processes whose environment carries `FLATNET_TEST_MARK=<marker>`.
+fn processes_marked(marker: &str) -> usize {
+    let needle = format!("FLATNET_TEST_MARK={marker}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| std::fs::read(entry.path().join("environ")).ok())
+        .filter(|environ| {
+            environ
+                .split(|byte| *byte == 0)
+                .any(|var| var == needle.as_bytes())
+        })
+        .count()
 }
 
 /// A node whose pods were attached the old way (cls_bpf filters on clsact,
@@ -215,7 +274,7 @@ fn a_node_attached_with_filters_moves_to_tcx_under_a_live_stream() {
         "the stream left the fast path"
     );
     for pod in &pods {
-        assert_one_tcx_link(&net, &pod.host_veth());
+        wait_for_one_tcx_link(&net, &pod.host_veth());
     }
 }
 

@@ -112,6 +112,12 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
     heading("bpftool: what is pinned and attached");
     run_cmd(Command::new("ls").arg("-l").arg(&pins))?;
     run_cmd(Command::new("bpftool").args(["net", "show", "dev", veth_a]))?;
+    heading("bpftool: the pod's tcx link, pinned under links/");
+    run_cmd(
+        Command::new("bpftool")
+            .args(["link", "show", "pinned"])
+            .arg(pins.join("links").join(format!("veth-{veth_a}"))),
+    )?;
 
     heading("DEL both pods");
     for (netns, container_id) in std::mem::take(&mut demo.pods) {

@@ -13,19 +13,23 @@ use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::CniResult;
-use crate::datapath::{self, Datapath, attach_host_veth, prepare_pod_for_xdp};
+use crate::datapath::{
+    self, AttachMode, Datapath, attach_filter, attach_host_veth, prepare_pod_for_xdp,
+};
 use crate::delegate::Delegate;
 use crate::masq;
 use crate::net::{Netlink, VethPair, set_sysctl};
 use crate::netns;
 use crate::network::{ensure_datapath, release_if_empty};
+use crate::reaper;
 use crate::trace::mark;
 
 /// What an ADD has done so far, so a failure can take it back.
 #[derive(Default)]
 struct Done {
     ipam: bool,
-    host_veth: Option<u32>,
+    /// The host veth's index and name.
+    host_veth: Option<(u32, String)>,
     counter_slot: Option<u32>,
     in_datapath: bool,
 }
@@ -46,7 +50,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult
     {
         Ok(result) => Ok(result),
         Err(err) => {
-            rollback(conf, stdin, &ipam, &host, &done).await;
+            rollback(conf, stdin, &ipam, &host, &mut done).await;
             Err(err)
         }
     }
@@ -76,7 +80,7 @@ async fn add_steps(
     // overtakes this ADD.
     let answer = running.wait();
     let host_link = veth?;
-    done.host_veth = Some(host_link.index);
+    done.host_veth = Some((host_link.index, host_link.name.clone()));
     let answer = answer?
         .ok_or_else(|| Error::Delegate(format!("IPAM plugin {} returned no result", ipam.name)))?;
     let ipam_result = CniResult::from_value(&answer, "the IPAM result")?;
@@ -96,14 +100,30 @@ async fn add_steps(
     mark("gateway, host routes, neighbours");
     let counter_slot = datapath.claim_counter_slot(host_link.index)?;
     done.counter_slot = Some(counter_slot);
-    attach_host_veth(
-        &datapath,
-        plan.datapath,
-        host,
-        host_link.index,
-        &plan.interface.host_veth,
-    )
-    .await?;
+    if plan.datapath == DatapathMode::Tc
+        && datapath::attach_mode() == AttachMode::Tcx
+        && !conf.shaping.egress
+    {
+        // The quick way now, the tcx link after the answer (see `reaper`).
+        // Not for a pod whose egress the bandwidth plugin, next in the
+        // list, shapes: its `ingress` qdisc cannot sit beside clsact.
+        attach_filter(&datapath, host, host_link.index).await?;
+        reaper::defer_tcx_move(
+            &conf.name,
+            &datapath,
+            host_link.index,
+            &plan.interface.host_veth,
+        );
+    } else {
+        attach_host_veth(
+            &datapath,
+            plan.datapath,
+            host,
+            host_link.index,
+            &plan.interface.host_veth,
+        )
+        .await?;
+    }
     if plan.datapath == DatapathMode::Xdp {
         prepare_pod_for_xdp(
             &datapath,
@@ -220,13 +240,13 @@ async fn apply_host_side(
 }
 
 /// Takes back a failed ADD; every step is best effort and logged.
-async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink, done: &Done) {
+async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink, done: &mut Done) {
     // The ADD got as far as the datapath only with a usable pin root.
     let datapath = Datapath::for_conf(conf).ok();
     if let Some(datapath) = &datapath
         && done.in_datapath
-        && let Some(index) = done.host_veth
-        && let Err(e) = datapath.remove_pods(|ifindex| ifindex == index)
+        && let Some((index, _)) = &done.host_veth
+        && let Err(e) = datapath.remove_pods(|ifindex| ifindex == *index)
     {
         eprintln!("flatnet: rollback: {e}");
     }
@@ -237,10 +257,16 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink,
     {
         datapath.release_counter_slot(slot);
     }
-    if let Some(index) = done.host_veth
-        && let Err(e) = host.delete_link(index).await
-    {
-        eprintln!("flatnet: rollback: {e}");
+    if let Some((index, name)) = &done.host_veth {
+        if let Err(e) = host.delete_link(*index).await {
+            eprintln!("flatnet: rollback: {e}");
+        }
+        // The veth's links went with it; their pins are ours.
+        if let Some(datapath) = &datapath
+            && let Err(e) = datapath.unpin_pod_links(name)
+        {
+            eprintln!("flatnet: rollback: {e}");
+        }
     }
     if done.ipam
         && let Err(e) = ipam.run(Command::Del, stdin)

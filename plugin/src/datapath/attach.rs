@@ -277,10 +277,9 @@ pub async fn ingress_programs(
 }
 
 /// Puts this build's host-side program on a pod's host veth `ifname`
-/// (index `index`), replacing an older one atomically: a tcx link (with
-/// the old way's cls_bpf filter, if a node attached that way is being
-/// moved, taken off once the link is there), a cls_bpf filter where tcx
-/// is missing, or an XDP link.
+/// (index `index`), replacing an older one atomically: a tcx link (a node
+/// attached the old way moved over, see `move_to_tcx`), a cls_bpf filter
+/// where tcx is missing, or an XDP link.
 pub async fn attach_host_veth(
     datapath: &Datapath,
     mode: DatapathMode,
@@ -289,27 +288,50 @@ pub async fn attach_host_veth(
     ifname: &str,
 ) -> Result<()> {
     match (mode, attach_mode()) {
-        (DatapathMode::Tc, AttachMode::Tcx) => {
-            datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
-            host.remove_tc_ingress_bpf(index, TC_PRIORITY, TC_HANDLE)
-                .await
-        }
-        (DatapathMode::Tc, AttachMode::Netlink) => {
-            host.add_clsact(index).await?;
-            let program = datapath.program(PROG_FROM_POD)?;
-            host.set_tc_ingress_bpf(
-                index,
-                program.raw_fd()?,
-                PROG_FROM_POD,
-                TC_PRIORITY,
-                TC_HANDLE,
-            )
-            .await
-        }
+        (DatapathMode::Tc, AttachMode::Tcx) => move_to_tcx(datapath, host, index, ifname).await,
+        (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
         (DatapathMode::Xdp, _) => {
             datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)
         }
     }
+}
+
+/// `from_pod` as a direct-action cls_bpf filter at its fixed priority and
+/// handle on host veth `index` (clsact added first), created or replaced
+/// in place: the way without tcx, and ADD's quick way onto a new veth
+/// (creating a tcx link waits for an RCU grace period in the kernel, ~10
+/// ms on the test VM, three times the rest of an ADD; the move to tcx
+/// happens after the answer, see `reaper`).
+pub async fn attach_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
+    host.add_clsact(index).await?;
+    let program = datapath.program(PROG_FROM_POD)?;
+    host.set_tc_ingress_bpf(
+        index,
+        program.raw_fd()?,
+        PROG_FROM_POD,
+        TC_PRIORITY,
+        TC_HANDLE,
+    )
+    .await
+}
+
+/// Moves host veth `ifname` (`index`) onto a pinned tcx link of this
+/// build's `from_pod`: the link first (a frame meanwhile meets the link's
+/// program, whose "next" would run the filter's copy after it: the same
+/// verdict), then the cls_bpf filter off, then the clsact qdisc if nothing
+/// else uses it. Idempotent: a veth already on its link gets the program
+/// updated in place.
+pub async fn move_to_tcx(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
+    crate::trace::mark("tcx link pinned");
+    host.remove_tc_ingress_bpf(index, TC_PRIORITY, TC_HANDLE)
+        .await?;
+    host.remove_clsact_if_unused(index).await
 }
 
 /// XDP mode only, for a new pod: its interface `ifname` (in namespace

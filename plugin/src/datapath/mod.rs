@@ -42,8 +42,8 @@ mod sources;
 mod stats;
 
 pub use attach::{
-    ATTACH_ENV, AttachMode, LinkRole, attach_host_veth, attach_mode, ingress_programs,
-    prepare_pod_for_xdp,
+    ATTACH_ENV, AttachMode, LinkRole, attach_filter, attach_host_veth, attach_mode,
+    ingress_programs, move_to_tcx, prepare_pod_for_xdp,
 };
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use sources::sources_of;

@@ -116,6 +116,65 @@ impl Netlink {
             .map_err(|e| kernel(format!("attaching XDP to interface #{index}"), e))
     }
 
+    /// Filters of any kind at tc ingress and egress of `index` (0 without
+    /// a clsact qdisc).
+    async fn filter_count(&self, index: u32) -> Result<usize> {
+        let mut count = 0;
+        for egress in [false, true] {
+            let request = self.handle.traffic_filter(index as i32).get();
+            let mut stream = if egress {
+                request.egress()
+            } else {
+                request.ingress()
+            }
+            .execute();
+            loop {
+                match stream.try_next().await {
+                    Ok(Some(_)) => count += 1,
+                    Ok(None) => break,
+                    Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => break,
+                    Err(e) => {
+                        return Err(kernel(
+                            format!("listing tc filters on interface #{index}"),
+                            e,
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Deletes the clsact qdisc of `index` when no filter is left on it (a
+    /// veth moved to tcx): no qdisc of flatnet's stays in the way of another
+    /// plugin's (the bandwidth plugin's `ingress`).
+    pub async fn remove_clsact_if_unused(&self, index: u32) -> Result<()> {
+        /// TC_H_CLSACT, as in `add_clsact`.
+        const TC_H_CLSACT: u32 = 0xffff_fff1;
+        let has_clsact = self
+            .qdiscs(index)
+            .await?
+            .iter()
+            .any(|(_, kind)| kind == "clsact");
+        if !has_clsact || self.filter_count(index).await? > 0 {
+            return Ok(());
+        }
+        let mut message = TcMessage::with_index(index as i32);
+        message.header.parent = TcHandle::from(TC_H_CLSACT);
+        message.header.handle = TcHandle::from(0xffff_0000);
+        match self
+            .acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL) | Some(ENODEV)) => Ok(()),
+            Err(e) => Err(kernel(
+                format!("removing the clsact qdisc of interface #{index}"),
+                e,
+            )),
+        }
+    }
+
     /// The qdiscs on `index`, as (parent handle, kind): the shapers another
     /// plugin put there (`tbf` at the root, `ingress`).
     pub async fn qdiscs(&self, index: u32) -> Result<Vec<(u32, String)>> {

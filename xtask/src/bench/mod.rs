@@ -3,6 +3,7 @@
 //! median ratios (the noise of a shared 2-core machine cancels in them).
 
 mod control;
+mod gso;
 mod paths;
 mod pingpong;
 mod report;
@@ -173,6 +174,9 @@ fn conf(
     conf.to_string()
 }
 
+/// flatnet's `bigTcp` default: the GSO/GRO size of the tuned veth pair.
+const BIG_TCP: u32 = 524_280;
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let (rounds, seconds, sequential, concurrent) = if args.smoke {
         (1, 1, 5, 4)
@@ -248,7 +252,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     ),
                 ),
             )?,
-            paths::Pair::bare_veth("veth", "10.213.0")?,
+            paths::Pair::bare_veth("veth", "10.213.0", None)?,
+            paths::Pair::bare_veth("veth-big", "10.217.0", Some(BIG_TCP))?,
         ];
         let service_paths = services::ServicePaths::new(vec![
             (

@@ -67,8 +67,15 @@ impl Pair {
         Ok(pair)
     }
 
-    /// The ceiling: a bare veth pair straight between the two namespaces.
-    pub fn bare_veth(label: &'static str, subnet_prefix: &str) -> anyhow::Result<Self> {
+    /// The ceiling: a bare veth pair straight between the two namespaces,
+    /// with the kernel's default GSO/GRO limits, or (`big_tcp`) raised to
+    /// that size on both ends as flatnet's `bigTcp` does: the pair that
+    /// says how much of a gain is BIG TCP's and how much the path's.
+    pub fn bare_veth(
+        label: &'static str,
+        subnet_prefix: &str,
+        big_tcp: Option<u32>,
+    ) -> anyhow::Result<Self> {
         let a = Netns::named(&format!("fb-{label}-a"))?;
         let b = Netns::named(&format!("fb-{label}-b"))?;
         let ip_a = format!("{subnet_prefix}.1");
@@ -79,6 +86,9 @@ impl Pair {
             &b.name,
         ]))?;
         for (ns, iface, ip) in [(&a, if_a, &ip_a), (&b, if_b, &ip_b)] {
+            if let Some(size) = big_tcp {
+                super::gso::set_limits(ns, iface, size)?;
+            }
             output(&mut ns.command(&["ip", "addr", "add", &format!("{ip}/24"), "dev", iface]))?;
             output(&mut ns.command(&["ip", "link", "set", iface, "up"]))?;
         }

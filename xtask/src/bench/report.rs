@@ -54,12 +54,16 @@ struct Row {
     /// flatnet in XDP mode (data plane only).
     xdp: Option<f64>,
     veth: Option<f64>,
+    /// The bare veth pair with flatnet's BIG TCP limits.
+    veth_big: Option<f64>,
     /// Median over rounds of the per-round ratio flatnet/bridge.
     vs_bridge: f64,
     vs_veth: Option<f64>,
+    vs_veth_big: Option<f64>,
     xdp_vs_bridge: Option<f64>,
     target_bridge: Option<Bound>,
     target_veth: Option<Bound>,
+    target_veth_big: Option<Bound>,
 }
 
 impl Row {
@@ -67,6 +71,9 @@ impl Row {
         let checks = [
             self.target_bridge.map(|b| b.met(self.vs_bridge)),
             self.target_veth.zip(self.vs_veth).map(|(b, r)| b.met(r)),
+            self.target_veth_big
+                .zip(self.vs_veth_big)
+                .map(|(b, r)| b.met(r)),
         ];
         if checks.iter().all(Option::is_none) {
             ""
@@ -107,43 +114,44 @@ fn value_median(
 fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     type DataPick = fn(&DataSample) -> f64;
     type CniPick = fn(&CniTimes) -> f64;
-    let data_metrics: [(&str, DataPick, Option<Bound>, Option<Bound>); 7] = [
+    // Targets against bridge, the default veth pair, the BIG TCP one.
+    type Targets = (Option<Bound>, Option<Bound>, Option<Bound>);
+    let none: Targets = (None, None, None);
+    let data_metrics: [(&str, DataPick, Targets); 7] = [
         (
             "TCP throughput, 1 stream (Gbit/s)",
             |d| d.tcp_gbps,
-            Some(Bound::AtLeast(1.0)),
-            None,
+            (
+                Some(Bound::AtLeast(1.0)),
+                Some(Bound::AtLeast(1.10)),
+                Some(Bound::AtLeast(0.97)),
+            ),
         ),
         (
             "TCP round trip p50 (us)",
             |d| d.rr_p50_us,
-            Some(Bound::AtMost(0.88)),
-            Some(Bound::AtMost(1.05)),
+            (Some(Bound::AtMost(0.88)), Some(Bound::AtMost(1.03)), None),
         ),
-        ("TCP round trip p99 (us)", |d| d.rr_p99_us, None, None),
+        ("TCP round trip p99 (us)", |d| d.rr_p99_us, none),
         (
             "UDP 64 B received (kpps)",
             |d| d.udp_kpps,
-            Some(Bound::AtLeast(1.2)),
-            None,
+            (Some(Bound::AtLeast(1.2)), Some(Bound::AtLeast(1.0)), None),
         ),
         (
             "TCP round trip p50 through a ClusterIP, kube-proxy iptables rules (us)",
             |d| d.clusterip_rr_p50_us,
-            None,
-            None,
+            none,
         ),
         (
             "datapath program per packet, 64 B UDP (ns, bpf_stats)",
             |d| d.program_ns,
-            None,
-            None,
+            none,
         ),
         (
             "datapath program per packet, TCP stream (ns, bpf_stats)",
             |d| d.program_tcp_ns,
-            None,
-            None,
+            none,
         ),
     ];
     let sequential = format!("{} one after another", config.sequential);
@@ -213,7 +221,7 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
         ["IPAM, no", "fsync, once"],
     ];
     let mut rows = Vec::new();
-    for ((metric, pick, target_bridge, target_veth), chart_label) in
+    for ((metric, pick, (target_bridge, target_veth, target_veth_big)), chart_label) in
         data_metrics.into_iter().zip(DATA_LABELS)
     {
         let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
@@ -224,12 +232,16 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             flatnet: value_median(results, &value, "flatnet"),
             xdp: Some(value_median(results, &value, "flatnet-xdp")).filter(|v| !v.is_nan()),
             veth: Some(value_median(results, &value, "veth")).filter(|v| !v.is_nan()),
+            veth_big: Some(value_median(results, &value, "veth-big")).filter(|v| !v.is_nan()),
             vs_bridge: ratio_median(results, value, "flatnet", "bridge").unwrap_or(f64::NAN),
             vs_veth: ratio_median(results, value, "flatnet", "veth").filter(|v| !v.is_nan()),
+            vs_veth_big: ratio_median(results, value, "flatnet", "veth-big")
+                .filter(|v| !v.is_nan()),
             xdp_vs_bridge: ratio_median(results, value, "flatnet-xdp", "bridge")
                 .filter(|v| !v.is_nan()),
             target_bridge,
             target_veth,
+            target_veth_big,
         });
     }
     for ((metric, pick, path), chart_label) in cni_metrics.into_iter().zip(CNI_LABELS) {
@@ -241,11 +253,14 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
             flatnet: value_median(results, &value, path),
             xdp: None,
             veth: None,
+            veth_big: None,
             vs_bridge: ratio_median(results, value, path, "bridge").unwrap_or(f64::NAN),
             vs_veth: None,
+            vs_veth_big: None,
             xdp_vs_bridge: None,
             target_bridge: Some(Bound::AtMost(0.5)),
             target_veth: None,
+            target_veth_big: None,
         });
     }
     rows
@@ -306,14 +321,16 @@ fn number(v: f64) -> String {
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| metric | bridge | flatnet (tc) | flatnet-xdp | veth | flatnet/bridge | flatnet/veth | xdp/bridge | target (flatnet tc) | |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
+        "| metric | bridge | flatnet (tc) | flatnet-xdp | veth | veth, BIG TCP | flatnet/bridge | flatnet/veth | flatnet/veth BIG TCP | xdp/bridge | target (flatnet tc) | |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
     );
     let opt = |v: Option<f64>| v.map(number).unwrap_or_else(|| "-".into());
     for row in rows {
         let target = [
             row.target_bridge.map(|b| format!("bridge {}", b.text())),
             row.target_veth.map(|b| format!("veth {}", b.text())),
+            row.target_veth_big
+                .map(|b| format!("veth BIG TCP {}", b.text())),
         ]
         .into_iter()
         .flatten()
@@ -321,14 +338,16 @@ fn table(rows: &[Row]) -> String {
         .join(", ");
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.metric,
             number(row.bridge),
             number(row.flatnet),
             opt(row.xdp),
             opt(row.veth),
+            opt(row.veth_big),
             number(row.vs_bridge),
             opt(row.vs_veth),
+            opt(row.vs_veth_big),
             opt(row.xdp_vs_bridge),
             target,
             row.verdict()
@@ -423,9 +442,9 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let mut md = format!(
-        "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, veth), {} s per data-plane measurement; \
+        "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, flatnet-xdp, veth, veth BIG TCP), {} s per data-plane measurement; \
          control plane: {} pods one after another and {} at once per round, with one pod already attached. \
-         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}` (release builds, linked statically); flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces. \
+         bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}` (release builds, linked statically); flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces; veth, BIG TCP = the same with flatnet's `bigTcp` GSO/GRO limits (524280) on both ends. \
          TCP round trips: 64-byte ping-pong, blocking sockets, client and server on one CPU, in 0.3 s slices taken in turn per path (this VM flips between a fast and a slow state every few seconds). \
          Throughput and UDP: iperf3, client on CPU 0, server on CPU 1. \
          Values are medians over rounds; ratios are medians of the per-round ratios.\n\n",
