@@ -3,7 +3,8 @@
 //!
 //! The stages double as crash points for tests: with FLATNET_KILL_AFTER set
 //! to a stage's name, the process kills itself (SIGKILL, as the OOM killer
-//! or a node reboot would) right after that stage.
+//! or a node reboot would) right after that stage; with FLATNET_STOP_AFTER,
+//! it stops itself (SIGSTOP) there, so a test can kill what runs it first.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -34,6 +35,9 @@ pub fn start() {
 pub fn mark(stage: &str) {
     if std::env::var_os("FLATNET_KILL_AFTER").is_some_and(|at| at == stage) {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+    if std::env::var_os("FLATNET_STOP_AFTER").is_some_and(|at| at == stage) {
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
     }
     if let Ok(mut guard) = STAGES.lock()
         && let Some(stages) = guard.as_mut()

@@ -132,9 +132,49 @@ pub struct Args {
     #[arg(long, env = "FLATNET_METRICS_ADDR", default_value = "127.0.0.1:9603")]
     pub metrics_addr: SocketAddr,
 
-    /// Seconds between full re-checks of routes, maps and attachments.
-    #[arg(long, env = "FLATNET_RESYNC_SECS", default_value_t = 30)]
-    pub resync_secs: u64,
+    /// Seconds between full re-checks of routes, maps, attachments and
+    /// (with `--cri-socket`) address reclaim; fractions are allowed.
+    #[arg(long, env = "FLATNET_RESYNC_SECS", default_value_t = 30.0)]
+    pub resync_secs: f64,
+
+    /// Chain the reference portmap plugin after flatnet (`portMappings`
+    /// capability, snat on): a Pod's `hostPort` works.
+    #[arg(long, env = "FLATNET_CHAIN_PORTMAP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub chain_portmap: bool,
+
+    /// Chain the reference bandwidth plugin after flatnet (`bandwidth`
+    /// capability): the `kubernetes.io/ingress-bandwidth` and
+    /// `egress-bandwidth` annotations shape a pod's traffic.
+    #[arg(long, env = "FLATNET_CHAIN_BANDWIDTH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub chain_bandwidth: bool,
+
+    /// Where the chained reference plugins are found when the CNI bin dir
+    /// lacks them (the image ships them here); one there already is kept
+    /// unless it is an older release.
+    #[arg(
+        long,
+        env = "FLATNET_REFERENCE_PLUGINS_FROM",
+        default_value = "/usr/lib/cni"
+    )]
+    pub reference_plugins_from: PathBuf,
+
+    /// The container runtime's CRI socket (containerd:
+    /// /run/containerd/containerd.sock). With it, every resync releases
+    /// addresses and datapath entries of attachments no sandbox of the
+    /// runtime owns any more (a DEL that never came), after the grace period.
+    #[arg(long, env = "FLATNET_CRI_SOCKET")]
+    pub cri_socket: Option<PathBuf>,
+
+    /// Seconds an attachment must stay without a sandbox before it is
+    /// reclaimed: longer than any ADD takes from address to listed sandbox.
+    #[arg(long, env = "FLATNET_RECLAIM_GRACE_SECS", default_value_t = 60.0)]
+    pub reclaim_grace_secs: f64,
+
+    /// libcni's cache (`<dir>/results/<network>-<id>-<ifname>`): a reclaim
+    /// DEL passes the cached result as prevResult and removes the entry,
+    /// as the runtime's own DEL would.
+    #[arg(long, env = "FLATNET_CNI_CACHE_DIR", default_value = "/var/lib/cni")]
+    pub cni_cache_dir: PathBuf,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `flatnet=debug`.
     #[arg(long, env = "FLATNET_LOG", default_value = "info")]
@@ -160,6 +200,9 @@ mod tests {
         assert_eq!(args.pin_root, PathBuf::from("/sys/fs/bpf/flatnet"));
         assert!(args.install_binaries);
         assert!(!args.ip_masq);
+        assert!(args.chain_portmap && args.chain_bandwidth);
+        assert_eq!(args.cri_socket, None);
+        assert_eq!(args.reference_plugins_from, PathBuf::from("/usr/lib/cni"));
         let args = Args::try_parse_from([
             "flatnet-agent",
             "--node-name=n1",

@@ -45,6 +45,14 @@ pub enum AgentError {
     #[error("uninstall incomplete: {0}")]
     Incomplete(String),
 
+    /// The container runtime could not say which sandboxes it has.
+    #[error("{0}")]
+    Runtime(String),
+
+    /// A reclaim DEL of the conflist's plugins failed (retried next resync).
+    #[error("reclaiming {attachment}: {reason}")]
+    Reclaim { attachment: String, reason: String },
+
     /// The peer source stopped for good.
     #[error("peer source ended: {0}")]
     SourceEnded(String),

@@ -31,6 +31,18 @@ pub struct ConflistSpec {
     /// maps the agent's uplink program reads, so it learns the root here
     /// (a runtime sets no environment of flatnet's).
     pub pin_root: PathBuf,
+    /// Chain the reference portmap plugin (hostPort).
+    pub portmap: bool,
+    /// Chain the reference bandwidth plugin (the bandwidth annotations).
+    pub bandwidth: bool,
+}
+
+/// The reference plugins a conflist chains after flatnet, in order.
+pub fn chained(portmap: bool, bandwidth: bool) -> Vec<&'static str> {
+    [("portmap", portmap), ("bandwidth", bandwidth)]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect()
 }
 
 /// The conflist for a node owning `pod_cidrs`: flatnet with flatnet-ipam
@@ -68,11 +80,29 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
     if spec.ip_masq {
         plugin["ipMasq"] = json!(true);
     }
+    let mut plugins = vec![plugin];
+    // After flatnet, as flannel's and Calico's conflists have them: portmap
+    // needs the pod's address from flatnet's result; bandwidth shapes the
+    // host veth flatnet made (its egress qdiscs sit next to flatnet's tcx
+    // links). Both are run by the runtime in reverse order on DEL.
+    if spec.portmap {
+        plugins.push(json!({
+            "type": "portmap",
+            "capabilities": {"portMappings": true},
+            "snat": true,
+        }));
+    }
+    if spec.bandwidth {
+        plugins.push(json!({
+            "type": "bandwidth",
+            "capabilities": {"bandwidth": true},
+        }));
+    }
     Ok(json!({
         "cniVersion": "1.0.0",
         "cniVersions": ["1.0.0", "1.1.0"],
         "name": spec.network,
-        "plugins": [plugin],
+        "plugins": plugins,
     }))
 }
 
@@ -139,6 +169,60 @@ pub fn install_binaries(from: &Path, to: &Path, names: &[&str]) -> Result<Vec<St
     Ok(installed)
 }
 
+/// Puts each chained reference plugin into `to` from `from`: copied when
+/// `to` has none; a plugin already there is replaced only when both name
+/// their release and ours is newer (a node's own newer or unversioned
+/// build stays). Returns the ones installed; a plugin found in neither
+/// place is an error, since every ADD of the conflist would fail on it.
+pub fn install_reference_plugins(from: &Path, to: &Path, names: &[&str]) -> Result<Vec<String>> {
+    let mut installed = Vec::new();
+    for name in names {
+        let (source, target) = (from.join(name), to.join(name));
+        let present = target.is_file();
+        if !source.is_file() {
+            if present {
+                continue;
+            }
+            return Err(AgentError::Config(format!(
+                "the conflist chains the reference {name} plugin, but neither {} nor {} has it: install the CNI reference plugins there, or turn the chaining off (--chain-{name}=false)",
+                target.display(),
+                source.display()
+            )));
+        }
+        if present {
+            match (release_of(&target), release_of(&source)) {
+                (Some(theirs), Some(ours)) if ours > theirs => {}
+                _ => continue,
+            }
+        }
+        let bytes = std::fs::read(&source)
+            .map_err(|e| AgentError::io(format!("reading {}", source.display()), e))?;
+        if write_atomically(&target, &bytes, 0o755)? {
+            installed.push((*name).to_string());
+        }
+    }
+    Ok(installed)
+}
+
+/// The release a reference plugin names when run without CNI_COMMAND
+/// ("CNI portmap plugin v1.1.1"); None for "version unknown" builds.
+fn release_of(plugin: &Path) -> Option<semver::Version> {
+    let output = std::process::Command::new(plugin)
+        .env_remove("CNI_COMMAND")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    parse_release(&String::from_utf8_lossy(&output.stdout))
+        .or_else(|| parse_release(&String::from_utf8_lossy(&output.stderr)))
+}
+
+fn parse_release(about: &str) -> Option<semver::Version> {
+    about
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('v'))
+        .find_map(|text| semver::Version::parse(text).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +237,8 @@ mod tests {
             ip_masq: false,
             ipam_data_dir: None,
             pin_root: PathBuf::from("/sys/fs/bpf/flatnet"),
+            portmap: true,
+            bandwidth: true,
         }
     }
 
@@ -187,6 +273,96 @@ mod tests {
         let conf = NetConf::parse(entry.to_string().as_bytes()).unwrap();
         assert_eq!(conf.mtu, Some(1450));
         assert_eq!(conf.ipam_type.as_deref(), Some("flatnet-ipam"));
+    }
+
+    #[test]
+    fn portmap_and_bandwidth_follow_flatnet_with_their_capabilities() {
+        let cidrs = ["10.244.3.0/24".parse().unwrap()];
+        let list = render_conflist(&spec(), &cidrs).unwrap();
+        let types: Vec<&str> = list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["flatnet", "portmap", "bandwidth"]);
+        assert_eq!(
+            list["plugins"][1]["capabilities"],
+            json!({"portMappings": true})
+        );
+        assert_eq!(list["plugins"][1]["snat"], true);
+        assert_eq!(
+            list["plugins"][2]["capabilities"],
+            json!({"bandwidth": true})
+        );
+        let alone = ConflistSpec {
+            portmap: false,
+            bandwidth: false,
+            ..spec()
+        };
+        let list = render_conflist(&alone, &cidrs).unwrap();
+        assert_eq!(list["plugins"].as_array().unwrap().len(), 1);
+        assert!(chained(false, false).is_empty());
+        assert_eq!(chained(true, true), ["portmap", "bandwidth"]);
+    }
+
+    #[test]
+    fn releases_are_read_from_the_about_line() {
+        assert_eq!(
+            parse_release("CNI portmap plugin v1.1.1\nCNI protocol versions supported: 1.0.0"),
+            Some(semver::Version::new(1, 1, 1))
+        );
+        assert_eq!(parse_release("CNI portmap plugin version unknown"), None);
+    }
+
+    #[test]
+    fn reference_plugins_are_installed_when_missing_and_a_present_one_is_kept() {
+        let dir = std::env::temp_dir().join(format!("flatnet-refplugins-{}", std::process::id()));
+        let (from, to) = (dir.join("from"), dir.join("to"));
+        std::fs::create_dir_all(&from).unwrap();
+        // Scripts that name their release, as the reference plugins do.
+        let script = |path: &Path, release: &str| {
+            std::fs::write(
+                path,
+                format!("#!/bin/sh\necho CNI portmap plugin {release}\n"),
+            )
+            .unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script(&from.join("portmap"), "v1.2.0");
+        assert_eq!(
+            install_reference_plugins(&from, &to, &["portmap"]).unwrap(),
+            ["portmap"]
+        );
+        // Same release: kept.
+        assert!(
+            install_reference_plugins(&from, &to, &["portmap"])
+                .unwrap()
+                .is_empty()
+        );
+        // The node's newer one and an unversioned one: kept.
+        script(&to.join("portmap"), "v1.5.0");
+        assert!(
+            install_reference_plugins(&from, &to, &["portmap"])
+                .unwrap()
+                .is_empty()
+        );
+        script(&to.join("portmap"), "version unknown");
+        assert!(
+            install_reference_plugins(&from, &to, &["portmap"])
+                .unwrap()
+                .is_empty()
+        );
+        // An older one: replaced.
+        script(&to.join("portmap"), "v1.0.0");
+        assert_eq!(
+            install_reference_plugins(&from, &to, &["portmap"]).unwrap(),
+            ["portmap"]
+        );
+        // Nowhere at all: refused with what to do.
+        let err = install_reference_plugins(&from, &to, &["bandwidth"]).unwrap_err();
+        assert!(err.to_string().contains("--chain-bandwidth=false"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

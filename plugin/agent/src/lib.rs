@@ -13,12 +13,14 @@
 //! lifecycle, the ready markers) is in `flatnet::network`.
 
 pub mod config;
+pub mod cri;
 pub mod error;
 pub mod file_source;
 pub mod install;
 pub mod kube_source;
 pub mod metrics;
 pub mod peers;
+pub mod reclaim;
 pub mod routes;
 pub mod run;
 pub mod uninstall;

@@ -109,6 +109,8 @@ fn the_daemon_set_runs_the_agent_on_the_host_network_with_the_host_paths() {
         "/etc/cni/net.d",
         "/sys/fs/bpf",
         "/run/flatnet",
+        "/var/lib/cni",
+        "/run/containerd/containerd.sock",
     ] {
         let volume = volumes
             .iter()

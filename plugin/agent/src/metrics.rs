@@ -9,6 +9,11 @@
 //!   `flatnet_peer_routes_missing` (not in place now),
 //!   `flatnet_route_failures_total` (failed kernel requests),
 //!   `flatnet_peer_updates_total`, `flatnet_peer_source_errors_total`.
+//! - With `--cri-socket`: `flatnet_ipam_reclaimed_total` (attachments whose
+//!   DEL never came, released), `flatnet_ipam_allocations{range}` (addresses
+//!   in use per pod CIDR), `flatnet_ipam_reclaim_waiting` (without a sandbox,
+//!   inside the grace period), `flatnet_ipam_reclaim_passes_total`,
+//!   `flatnet_ipam_reclaim_failures_total`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,9 +25,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use flatnet_common::{EndpointCounters, action};
 use prometheus_client::collector::Collector;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
@@ -39,6 +46,17 @@ pub struct AgentMetrics {
     pub route_failures: Counter,
     pub peer_updates: Counter,
     pub source_errors: Counter,
+    pub ipam_reclaimed: Counter,
+    pub ipam_allocations: Family<RangeLabel, Gauge>,
+    pub reclaim_waiting: Gauge,
+    pub reclaim_passes: Counter,
+    pub reclaim_failures: Counter,
+}
+
+/// A pod CIDR of this node (one flatnet-ipam range set).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RangeLabel {
+    pub range: String,
 }
 
 /// Picks one field of a pod's counters.
@@ -165,6 +183,31 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "Errors from the peer source (unreadable file, broken watch)",
         agent.source_errors.clone(),
     );
+    registry.register(
+        "flatnet_ipam_reclaimed",
+        "Attachments whose DEL never came, released by the reclaim loop (address, datapath entry, veth)",
+        agent.ipam_reclaimed.clone(),
+    );
+    registry.register(
+        "flatnet_ipam_allocations",
+        "Addresses flatnet-ipam has handed out and not released, per pod CIDR, at the last reclaim pass",
+        agent.ipam_allocations.clone(),
+    );
+    registry.register(
+        "flatnet_ipam_reclaim_waiting",
+        "Attachments without a sandbox at the last pass, still inside the grace period",
+        agent.reclaim_waiting.clone(),
+    );
+    registry.register(
+        "flatnet_ipam_reclaim_passes",
+        "Reclaim passes that compared the allocations with the runtime's sandboxes",
+        agent.reclaim_passes.clone(),
+    );
+    registry.register(
+        "flatnet_ipam_reclaim_failures",
+        "Reclaim passes or DELs that failed (runtime not answering, a plugin's DEL failing)",
+        agent.reclaim_failures.clone(),
+    );
     registry.register_collector(Box::new(DatapathCollector {
         datapath: datapath.clone(),
     }));
@@ -240,12 +283,24 @@ mod tests {
         agent.peer_nodes.set(2);
         agent.route_failures.inc();
         agent.peer_routes_missing.set(1);
+        agent.ipam_reclaimed.inc();
+        agent
+            .ipam_allocations
+            .get_or_create(&RangeLabel {
+                range: "10.244.1.0/24".into(),
+            })
+            .set(3);
         let datapath = Datapath::with_root(std::path::Path::new("/nonexistent"), "n");
         let text = render(&registry(&datapath, &agent)).unwrap();
         assert!(text.contains("flatnet_agent_ready 1"), "{text}");
         assert!(text.contains("flatnet_peer_nodes 2"), "{text}");
         assert!(text.contains("flatnet_route_failures_total 1"), "{text}");
         assert!(text.contains("flatnet_peer_routes_missing 1"), "{text}");
+        assert!(text.contains("flatnet_ipam_reclaimed_total 1"), "{text}");
+        assert!(
+            text.contains("flatnet_ipam_allocations{range=\"10.244.1.0/24\"} 3"),
+            "{text}"
+        );
         assert!(!text.contains("flatnet_datapath_packets"), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }

@@ -22,6 +22,7 @@ use super::install::{self, BINARIES, ConflistSpec};
 use super::kube_source::KubeSource;
 use super::metrics::{self, AgentMetrics};
 use super::peers::{self, Node, PeerSource, Plan};
+use super::reclaim::Reclaimer;
 use super::routes::Routes;
 use flatnet::cni::config::NetConf;
 use flatnet::datapath::{
@@ -88,7 +89,8 @@ pub async fn run(args: Args) -> Result<()> {
         .map_err(|e| AgentError::io("installing the SIGTERM handler", e))?;
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|e| AgentError::io("installing the SIGINT handler", e))?;
-    let mut resync = tokio::time::interval(Duration::from_secs(agent.args.resync_secs.max(1)));
+    let mut resync =
+        tokio::time::interval(Duration::from_secs_f64(agent.args.resync_secs.max(0.01)));
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let outcome = loop {
         tokio::select! {
@@ -182,6 +184,8 @@ pub struct Agent {
     last_missing: Vec<String>,
     /// The readiness last reported (marker, gauge, /readyz).
     ready: bool,
+    /// With `--cri-socket`: releases what no sandbox owns any more.
+    reclaimer: Option<Reclaimer>,
 }
 
 impl Agent {
@@ -229,6 +233,24 @@ impl Agent {
                 "plugin binaries installed"
             );
         }
+        let chained = install::chained(args.chain_portmap, args.chain_bandwidth);
+        let installed = install::install_reference_plugins(
+            &args.reference_plugins_from,
+            &args.cni_bin_dir,
+            &chained,
+        )?;
+        if !installed.is_empty() {
+            tracing::info!(
+                from = %args.reference_plugins_from.display(),
+                to = %args.cni_bin_dir.display(),
+                plugins = ?installed,
+                "reference plugins installed"
+            );
+        }
+        let reclaimer = args
+            .cri_socket
+            .as_ref()
+            .map(|socket| Reclaimer::for_node(&args, socket));
         Ok(Agent {
             routes: Routes::connect()?,
             args,
@@ -240,6 +262,7 @@ impl Agent {
             last_skipped: Vec::new(),
             last_missing: Vec::new(),
             ready: false,
+            reclaimer,
         })
     }
 
@@ -270,6 +293,10 @@ impl Agent {
             tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
         }
         self.report_ready(outcome.is_ok());
+        // A leaked address is not the node's setup: readiness stays as is.
+        if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
+            reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
+        }
     }
 
     /// One pass. An error is this node's own (no datapath, no pod CIDR, no
@@ -331,6 +358,8 @@ impl Agent {
             ip_masq: self.args.ip_masq,
             ipam_data_dir: self.args.ipam_data_dir.clone(),
             pin_root: self.args.pin_root.clone(),
+            portmap: self.args.chain_portmap,
+            bandwidth: self.args.chain_bandwidth,
         };
         let list = install::render_conflist(&spec, &me.pod_cidrs)?;
         let text = serde_json::to_string_pretty(&list)

@@ -274,6 +274,8 @@ mod tests {
             ip_masq: false,
             ipam_data_dir: None,
             pin_root: std::path::PathBuf::from("/sys/fs/bpf/flatnet"),
+            portmap: true,
+            bandwidth: true,
         };
         let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
         assert!(is_agents_conflist(&list, "pods"));
