@@ -16,6 +16,10 @@ use flatnet::datapath::Datapath;
 use flatnet::net::AttachmentNames;
 
 pub mod cluster;
+/// A real containerd with its CRI plugin, and the test images it runs.
+pub mod containerd;
+/// A CRI client: what kubelet sends containerd.
+pub mod cri;
 /// Plugin binaries older than their sources are refused.
 pub mod fresh;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).

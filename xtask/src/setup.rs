@@ -21,6 +21,10 @@ pub const PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    // tests/tests/cri.rs: containerd's CRI plugin runs pod sandboxes on
+    // flatnet as kubelet has it do; k8s-cri compiles its protos with protoc.
+    "containerd",
+    "protobuf-compiler",
     // conntrack -I: the datapath program tests write the entries they judge.
     "conntrack",
     "fonts-dejavu-core",
