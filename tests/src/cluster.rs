@@ -139,11 +139,12 @@ impl SimNode {
             .args([
                 "--metrics-addr",
                 &format!("127.0.0.1:{METRICS_PORT}"),
-                "--resync-secs",
-                "2",
                 "--log",
                 "info",
             ]);
+        if !self.agent_flags.iter().any(|f| f == "--resync-secs") {
+            cmd.args(["--resync-secs", "2"]);
+        }
         match peers {
             Peers::File(path) => {
                 cmd.args(["--peer-source", "file", "--peer-file-poll-ms", "100"])
@@ -179,18 +180,25 @@ impl SimNode {
     }
 
     pub fn wait_ready(&self) {
+        let mut exited = None;
         let ready = poll_until(SETTLE, POLL_INTERVAL, || {
-            if let Some(child) = self.agent.lock().unwrap().as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!(
-                    "agent of {} exited ({status}):\n{}",
-                    self.spec.name,
-                    self.agent_log()
-                );
-            }
-            self.ready_marker().exists() && self.conflist_path().exists()
+            // The status is taken out first: a panic under the lock would
+            // poison it for the cleanup that follows.
+            exited = self
+                .agent
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten());
+            exited.is_some() || (self.ready_marker().exists() && self.conflist_path().exists())
         });
+        if let Some(status) = exited {
+            panic!(
+                "agent of {} exited ({status}):\n{}",
+                self.spec.name,
+                self.agent_log()
+            );
+        }
         assert!(
             ready,
             "agent of {} not ready:\n{}",
