@@ -7,13 +7,19 @@
 //! conflist is the one the node agent writes (`render_conflist`): flatnet
 //! with flatnet-ipam, the reference bandwidth plugin chained.
 //!
+//! A [`Node::simulated`] node runs its containerd (and so every plugin,
+//! the pods' host veths, routes, qdiscs and portmap's iptables rules) in a
+//! network namespace of its own, with an address on a veth into another
+//! namespace (`outside`), and chains portmap as well, as the agent's
+//! conflist does: hostPort and the bandwidth annotations, end to end.
+//!
 //! Each test has its own network name, gateway device, pin root, pod CIDR
 //! and IPAM dir, so tests run in parallel; everything, containerd's
 //! processes and mounts included, is removed on drop, also on failure.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,10 +28,11 @@ use std::time::{Duration, Instant};
 use flatnet::datapath::Datapath;
 use flatnet::net::AttachmentNames;
 use flatnet_agent::install::{ConflistSpec, render_conflist};
+use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS, action};
 use flatnet_tests::containerd::{BUSYBOX_IMAGE, Containerd, TOOLS, TestImages};
 use flatnet_tests::cri::{CriClient, PodSpec, SandboxStatus};
 use flatnet_tests::*;
-use k8s_cri::v1::PodSandboxState;
+use k8s_cri::v1::{PodSandboxState, PortMapping, Protocol};
 use serde_json::{Value, json};
 
 /// The reference plugins the bin dir holds next to flatnet's: loopback
@@ -79,10 +86,84 @@ struct Node {
     containerd: Option<Containerd>,
     /// The baseline network of the benchmark (bridge device, host-local dir).
     baseline: Option<(String, PathBuf)>,
+    /// This node's number in the process: its subnets and host ports.
+    index: u32,
+    /// A simulated node's own network namespace; None: the test process's.
+    /// Dropped after containerd (whose drop runs CNI DEL in it).
+    ns: Option<NodeNs>,
+}
+
+/// The network namespace of a simulated node: containerd runs in it, so
+/// the plugins make the pods' host side there, and portmap and bandwidth
+/// write their rules and qdiscs there, never in the test process's.
+struct NodeNs {
+    netns: Netns,
+    /// At the other end of the node's `up0`: the rest of the cluster, a
+    /// client from outside the node.
+    outside: Netns,
+    /// The node's address (on `up0`, /24), what a hostPort is reached at.
+    address: Ipv4Addr,
+}
+
+impl NodeNs {
+    fn new(index: u32) -> Self {
+        let netns = Netns::new();
+        let outside = Netns::new();
+        let subnet = format!("172.31.{}", index % 250);
+        run_ok(Command::new("ip").args([
+            "-n",
+            &netns.name,
+            "link",
+            "add",
+            "up0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "up0",
+            "netns",
+            &outside.name,
+        ]));
+        for (ns, host) in [(&netns, 1), (&outside, 2)] {
+            ns.exec(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{subnet}.{host}/24"),
+                "dev",
+                "up0",
+            ]);
+            ns.exec(&["ip", "link", "set", "up0", "up"]);
+        }
+        // What the agent does on a node (flatnet-agent sets it at start):
+        // hostPort and shaped traffic are forwarded by the node's stack.
+        netns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        // containerd's stream server binds 127.0.0.1 there.
+        let lo = netns.exec(&["ip", "-o", "link", "show", "dev", "lo"]);
+        assert!(lo.contains(",UP"), "loopback of the node is down: {lo}");
+        NodeNs {
+            address: format!("{subnet}.1").parse().expect("the node's address"),
+            netns,
+            outside,
+        }
+    }
 }
 
 impl Node {
+    /// A node in the test process's own network namespace; portmap is left
+    /// out of its conflist (its nat chains would stay on the machine).
     fn new(dual_stack: bool) -> Self {
+        Self::build(dual_stack, false)
+    }
+
+    /// A simulated node (its own network namespace, see [`NodeNs`]) with
+    /// the agent's conflist as a node gets it: portmap and bandwidth
+    /// chained after flatnet.
+    fn simulated() -> Self {
+        Self::build(false, true)
+    }
+
+    fn build(dual_stack: bool, own_netns: bool) -> Self {
         TestImages::set_cache_dir(Path::new(env!("CARGO_TARGET_TMPDIR")));
         let n = next_subnet();
         let prefix = format!("10.{}.{}", 200 + std::process::id() % 50, n % 250);
@@ -97,6 +178,8 @@ impl Node {
             prefix,
             containerd: None,
             baseline: None,
+            index: n,
+            ns: own_netns.then(|| NodeNs::new(n)),
         };
         for sub in ["conf", "bin"] {
             std::fs::create_dir_all(node.dir.join(sub)).expect("node dirs");
@@ -129,15 +212,17 @@ impl Node {
             ip_masq: false,
             ipam_data_dir: Some(node.ipam_dir.clone()),
             pin_root: node.pin_root.clone(),
-            // portmap would leave its nat chains on the machine; no test
-            // here maps a host port.
-            portmap: false,
+            // portmap would leave its nat chains on the machine: only
+            // where they stay in the node's own namespace.
+            portmap: own_netns,
             bandwidth: true,
         };
         let list = render_conflist(&spec, &cidrs).expect("the agent's conflist");
         node.write_conf("10-flatnet.conflist", &list);
-        let containerd = Containerd::start(&node.conf_dir(), &node.dir.join("bin"))
-            .unwrap_or_else(|e| panic!("containerd: {e:#}"));
+        let netns = node.ns.as_ref().map(|ns| ns.netns.path());
+        let containerd =
+            Containerd::start_in(netns.as_deref(), &node.conf_dir(), &node.dir.join("bin"))
+                .unwrap_or_else(|e| panic!("containerd: {e:#}"));
         node.containerd = Some(containerd);
         node
     }
@@ -172,6 +257,39 @@ impl Node {
         self.datapath().stats().expect("STATS")[flatnet_common::action::REDIRECTED as usize].bytes
     }
 
+    /// `ip` for the node's network namespace.
+    fn ip(&self) -> Command {
+        let mut cmd = Command::new("ip");
+        if let Some(ns) = &self.ns {
+            cmd.args(["-n", &ns.netns.name]);
+        }
+        cmd
+    }
+
+    /// `args` run in the node's network namespace; its stdout.
+    fn exec(&self, args: &[&str]) -> String {
+        match &self.ns {
+            Some(ns) => ns.netns.exec(args),
+            None => run_ok(Command::new(args[0]).args(&args[1..])),
+        }
+    }
+
+    /// A link of the node's (host-side) namespace.
+    fn has_link(&self, name: &str) -> bool {
+        match &self.ns {
+            Some(_) => self
+                .ip()
+                .args(["link", "show", "dev", name])
+                .output()
+                .is_ok_and(|out| out.status.success()),
+            None => link_exists(name),
+        }
+    }
+
+    fn wait_link_gone(&self, name: &str, timeout: Duration) -> bool {
+        poll_until(timeout, POLL_INTERVAL, || !self.has_link(name))
+    }
+
     fn host_veth(&self, sandbox_id: &str) -> String {
         // containerd's CRI calls CNI with the sandbox ID and eth0.
         AttachmentNames::new(&self.network, sandbox_id, "eth0").host_veth
@@ -193,8 +311,14 @@ impl Node {
     /// RunPodSandbox, its status, and the checks every sandbox must pass:
     /// ready, on flatnet's host veth, its netns known.
     fn run_sandbox(&self, client: &CriClient, name: &str) -> Sandbox {
+        self.run_pod(client, &PodSpec::new(name))
+    }
+
+    /// [`run_sandbox`](Self::run_sandbox) of a pod with port mappings or
+    /// annotations.
+    fn run_pod(&self, client: &CriClient, pod: &PodSpec) -> Sandbox {
         let id = client
-            .run_pod_sandbox(&PodSpec::new(name))
+            .run_pod_sandbox(pod)
             .unwrap_or_else(|e| panic!("{e:#}\n{}", self.containerd().log_tail()));
         self.sandbox(client, id)
     }
@@ -210,7 +334,7 @@ impl Node {
             .unwrap_or_else(|| panic!("no netns in the verbose status of {id}: {status:?}"));
         self.containerd().note_netns(&netns);
         let host_veth = self.host_veth(&id);
-        assert!(link_exists(&host_veth), "host veth {host_veth} of {id}");
+        assert!(self.has_link(&host_veth), "host veth {host_veth} of {id}");
         Sandbox {
             id,
             status,
@@ -224,7 +348,7 @@ impl Node {
     fn assert_cleaned_up(&self, gone: &[Sandbox], none_left: bool) {
         for sandbox in gone {
             assert!(
-                wait_link_gone(&sandbox.host_veth, Duration::from_secs(10)),
+                self.wait_link_gone(&sandbox.host_veth, Duration::from_secs(10)),
                 "host veth {} of {} left",
                 sandbox.host_veth,
                 sandbox.id
@@ -261,7 +385,7 @@ impl Node {
                 self.datapath().pin_dir().display()
             );
             assert!(
-                wait_link_gone(&self.bridge, Duration::from_secs(10)),
+                self.wait_link_gone(&self.bridge, Duration::from_secs(10)),
                 "gateway device {} left",
                 self.bridge
             );
@@ -288,7 +412,7 @@ impl Drop for Node {
         let mut devices = vec![self.bridge.clone()];
         devices.extend(self.baseline.iter().map(|(bridge, _)| bridge.clone()));
         for device in devices {
-            let _ = Command::new("ip").args(["link", "del", &device]).output();
+            let _ = self.ip().args(["link", "del", &device]).output();
         }
         let _ = self.datapath().remove_pins();
         let _ = std::fs::remove_dir_all(&self.pin_root);
@@ -698,6 +822,472 @@ fn thirty_two_sandboxes_at_once_get_distinct_addresses_and_reach_each_other() {
     );
     assert_no_sandboxes(&client);
     node.assert_cleaned_up(&sandboxes, true);
+}
+
+impl Node {
+    fn node_ns(&self) -> &NodeNs {
+        self.ns.as_ref().expect("a simulated node")
+    }
+
+    /// The node namespace's netfilter rules as iptables-nft and nft show
+    /// them (portmap writes through iptables-nft).
+    fn rules(&self) -> String {
+        format!(
+            "{}{}",
+            self.exec(&["iptables-save"]),
+            self.exec(&["nft", "list", "ruleset"])
+        )
+    }
+
+    /// A busybox httpd on :8080 in the sandbox serving `/token`: `token`.
+    fn start_token_httpd(&self, client: &CriClient, sandbox: &Sandbox, token: &str) -> String {
+        let script =
+            format!("mkdir -p /www && echo {token} > /www/token && exec httpd -f -p 8080 -h /www");
+        let container = client
+            .create_and_start_container(&sandbox.id, "web", BUSYBOX_IMAGE, &["sh", "-c", &script])
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", self.containerd().log_tail()));
+        let own = SocketAddr::new(sandbox.ip(), 8080);
+        wait_until("the token httpd to listen", Duration::from_secs(10), || {
+            in_netns(&sandbox.netns, || http_get(own, "/token")).is_ok()
+        });
+        container
+    }
+}
+
+/// The test process's netfilter rules (host namespace).
+fn host_rules() -> String {
+    format!(
+        "{}{}",
+        output(&mut Command::new("iptables-save")).unwrap_or_default(),
+        output(Command::new("nft").args(["list", "ruleset"])).unwrap_or_default()
+    )
+}
+
+/// The body of an HTTP/1.0 response.
+fn body(response: &[u8]) -> String {
+    let text = String::from_utf8_lossy(response);
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.trim().to_string())
+        .unwrap_or_else(|| format!("<no body in {text:?}>"))
+}
+
+#[test]
+fn host_port_reaches_the_pod_from_the_node_other_pods_and_outside() {
+    if !tools_or_skip("host_port_reaches_the_pod_from_the_node_other_pods_and_outside") {
+        return;
+    }
+    let node = Node::simulated();
+    let ns = node.node_ns();
+    let client = node.client();
+    let host_port = 30000 + (node.index % 2000) as u16;
+    let mut web_pod = PodSpec::new("web");
+    web_pod.port_mappings = vec![PortMapping {
+        protocol: Protocol::Tcp as i32,
+        container_port: 8080,
+        host_port: i32::from(host_port),
+        host_ip: String::new(),
+    }];
+    let web = node.run_pod(&client, &web_pod);
+    // The other pod serves a token of its own on the same container port:
+    // a hostPort that reached the wrong pod would show it.
+    let other = node.run_sandbox(&client, "other");
+    let (web_token, other_token) = (unique("web-token-"), unique("other-token-"));
+    node.start_token_httpd(&client, &web, &web_token);
+    let other_httpd = node.start_token_httpd(&client, &other, &other_token);
+
+    // portmap's rules are in the node's namespace, none in the test process's.
+    let rules = node.rules();
+    assert!(
+        rules.contains(&web.id) && rules.contains(&format!("--dport {host_port}")),
+        "no portmap rule for {} in the node:\n{rules}",
+        web.id
+    );
+    let host = host_rules();
+    for ours in [&web.id, &node.network] {
+        assert!(
+            !host.contains(ours.as_str()),
+            "{ours} in the host's rules:\n{host}"
+        );
+    }
+
+    let target = SocketAddr::from((ns.address, host_port));
+    let fetch = |netns: &Path, to: SocketAddr| -> String {
+        in_netns(netns, || http_get(to, "/token"))
+            .map(|response| body(&response))
+            .unwrap_or_else(|e| panic!("GET {to}/token from {}: {e}", netns.display()))
+    };
+    // From the node itself: its address, and loopback (portmap's snat).
+    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, host_port));
+    for to in [target, localhost] {
+        assert_eq!(fetch(&ns.netns.path(), to), web_token, "node -> {to}");
+    }
+    // From outside the node (another node, a load balancer).
+    assert_eq!(
+        fetch(&ns.outside.path(), target),
+        web_token,
+        "outside -> {target}"
+    );
+    // From another pod on the node: the test process in its netns, and its
+    // container (ExecSync). portmap's hairpin rule masquerades sources in
+    // the pod CIDR, so the reply goes to the node's address via the stack.
+    assert_eq!(fetch(&other.netns, target), web_token, "pod -> {target}");
+    let (code, stdout, stderr) = client
+        .exec_sync(
+            &other_httpd,
+            &["wget", "-q", "-O", "-", &format!("http://{target}/token")],
+            Duration::from_secs(10),
+        )
+        .expect("exec wget");
+    assert_eq!(
+        code,
+        0,
+        "wget {target}: {}",
+        String::from_utf8_lossy(&stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&stdout).trim(),
+        web_token,
+        "container -> {target}"
+    );
+
+    stop_and_remove(&client, &web);
+    node.assert_cleaned_up(std::slice::from_ref(&web), false);
+    // Refused: nothing listens on the node's port, and no rule leads on.
+    for from in [ns.netns.path(), other.netns.clone(), ns.outside.path()] {
+        let answer = in_netns(&from, || http_get(target, "/token"));
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{target} from {} after the pod went: {answer:?}",
+            from.display()
+        );
+    }
+    let rules = node.rules();
+    assert!(
+        !rules.contains(&web.id) && !rules.contains(&format!("--dport {host_port}")),
+        "portmap's rules for {} left in the node:\n{rules}",
+        web.id
+    );
+    // The other pod is still served.
+    assert_eq!(
+        fetch(&ns.netns.path(), SocketAddr::new(other.ip(), 8080)),
+        other_token
+    );
+    stop_and_remove(&client, &other);
+    assert_no_sandboxes(&client);
+    node.assert_cleaned_up(&[web, other], true);
+    assert_node_gone(node);
+}
+
+/// Drops a simulated node and checks it took everything with it: its
+/// namespaces, pins, and no rule of its network anywhere on the host.
+fn assert_node_gone(node: Node) {
+    let network = node.network.clone();
+    let pin_root = node.pin_root.clone();
+    let namespaces: Vec<PathBuf> = node
+        .ns
+        .as_ref()
+        .map(|ns| vec![ns.netns.path(), ns.outside.path()])
+        .unwrap_or_default();
+    drop(node);
+    for netns in namespaces {
+        assert!(!netns.exists(), "{} left", netns.display());
+    }
+    assert!(!pin_root.exists(), "{} left", pin_root.display());
+    let host = host_rules();
+    assert!(
+        !host.contains(&network),
+        "{network} in the host's rules:\n{host}"
+    );
+}
+
+/// What a receiver saw of a TCP stream through a token bucket: the bytes
+/// (and time) it got at full speed before the bucket ran dry, and the rate
+/// it got after that.
+#[derive(Debug)]
+struct Shaped {
+    /// Bytes received before the stream slowed down.
+    burst_bytes: usize,
+    burst_time: Duration,
+    /// How long `WINDOW` bytes took once slowed, and the rate that makes.
+    window: Duration,
+    mbit_per_s: f64,
+}
+
+/// What [`stream_rate`] measured: a stream that slowed down to a rate, or
+/// one that never did (all `MAX_BYTES`, or what `STREAM_TIME_LIMIT` let
+/// through, received in this time).
+#[derive(Debug)]
+enum Stream {
+    Shaped(Shaped),
+    Unshaped { bytes: usize, took: Duration },
+}
+
+impl Stream {
+    fn mbit_per_s(&self) -> f64 {
+        match self {
+            Stream::Shaped(shaped) => shaped.mbit_per_s,
+            Stream::Unshaped { bytes, took } => *bytes as f64 * 8.0 / took.as_secs_f64() / 1e6,
+        }
+    }
+}
+
+/// The stream is measured over this many bytes once it slowed down.
+const WINDOW: usize = 1_000_000;
+/// And only after this many more.
+const SETTLE: usize = 500_000;
+/// Slowed down: less than this many bytes in the last `SLOW_SPAN`
+/// (40 Mbit/s; a 4 Mbit/s tbf lets 125 kB through in that time, the
+/// redirect hundreds of MB).
+const SLOW_BYTES: usize = 1_250_000;
+const SLOW_SPAN: Duration = Duration::from_millis(250);
+/// The most a stream sends: containerd asks the bandwidth plugin for a
+/// burst of u32::MAX bits, and the plugin's tbf lets ~120 MB through at
+/// full speed before the rate bites.
+const MAX_BYTES: usize = 200_000_000;
+/// A stream that neither slowed down nor ended by then is judged as is.
+const STREAM_TIME_LIMIT: Duration = Duration::from_secs(15);
+
+/// Streams up to `MAX_BYTES` over TCP from the network namespace `from` to
+/// a receiver at `to` in `server`, which watches its own receive rate: when
+/// the stream slows down (a token bucket ran dry) it times the next
+/// `WINDOW` bytes, then hangs up. A window that turns out fast (a stall,
+/// not a shaper) is forgotten and the watch goes on.
+fn stream_rate(server: &Path, to: SocketAddr, from: &Path) -> Stream {
+    let listener = in_netns(server, || std::net::TcpListener::bind(to)).expect("listen");
+    let receiver = std::thread::spawn(move || -> std::io::Result<Stream> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let started = Instant::now();
+        // (when, bytes so far) after each read of the last SLOW_SPAN.
+        let mut recent: std::collections::VecDeque<(Duration, usize)> = Default::default();
+        let mut slowed: Option<(Duration, usize)> = None;
+        // Once slowed, SETTLE bytes go by untimed: tokens the bucket saved
+        // up while the stream stalled at the switch would count as rate.
+        let mut settle_until: Option<usize> = None;
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = conn.read(&mut buf)?;
+            let now = started.elapsed();
+            if n == 0 || now > STREAM_TIME_LIMIT {
+                return Ok(Stream::Unshaped {
+                    bytes: got,
+                    took: now,
+                });
+            }
+            got += n;
+            if let Some(limit) = settle_until {
+                if got >= limit {
+                    slowed = Some((now, got));
+                    settle_until = None;
+                }
+                continue;
+            }
+            if let Some((since, at)) = slowed {
+                if got >= at + WINDOW {
+                    let window = now - since;
+                    let mbit_per_s = (got - at) as f64 * 8.0 / window.as_secs_f64() / 1e6;
+                    if mbit_per_s < 40.0 {
+                        // Hang up: the sender's next write fails.
+                        return Ok(Stream::Shaped(Shaped {
+                            burst_bytes: at,
+                            burst_time: since,
+                            window,
+                            mbit_per_s,
+                        }));
+                    }
+                    slowed = None;
+                }
+                continue;
+            }
+            recent.push_back((now, got));
+            while recent
+                .front()
+                .is_some_and(|(when, _)| now - *when > SLOW_SPAN)
+            {
+                recent.pop_front();
+            }
+            let oldest = recent.front().map_or(0, |(_, bytes)| *bytes);
+            let span_ago = got.saturating_sub(oldest);
+            if now > SLOW_SPAN && got > WINDOW && span_ago < SLOW_BYTES {
+                settle_until = Some(got + SETTLE);
+                recent.clear();
+            }
+        }
+    });
+    let sent = in_netns(from, || -> std::io::Result<()> {
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        let chunk = vec![0x5a; 256 * 1024];
+        let mut left = MAX_BYTES;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            conn.write_all(&chunk[..n])?;
+            left -= n;
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+    });
+    // The receiver hangs up once it has its measure: the sender's next
+    // write fails so.
+    let hung_up = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        )
+    };
+    if let Err(e) = &sent
+        && !hung_up(e)
+    {
+        // Unblock the receiver's accept so its thread ends.
+        let _ = in_netns(server, || {
+            TcpStream::connect_timeout(&to, Duration::from_secs(1))
+        });
+        let _ = receiver.join();
+        panic!("sending to {to}: {e}");
+    }
+    receiver
+        .join()
+        .expect("receiver thread")
+        .unwrap_or_else(|e| panic!("receiving at {to}: {e}"))
+}
+
+#[test]
+fn bandwidth_annotations_shape_pod_traffic_to_the_rate() {
+    if !tools_or_skip("bandwidth_annotations_shape_pod_traffic_to_the_rate") {
+        return;
+    }
+    const RATE_MBIT: f64 = 4.0;
+    let node = Node::simulated();
+    let client = node.client();
+    // What kubelet copies from the Pod's annotations into the sandbox
+    // config; containerd's CRI turns them into runtimeConfig.bandwidth.
+    let annotated = |name: &str, key: &str| {
+        let mut pod = PodSpec::new(name);
+        pod.annotations.insert(key.to_string(), "4M".to_string());
+        pod
+    };
+    let ingress = node.run_pod(
+        &client,
+        &annotated("ingress", "kubernetes.io/ingress-bandwidth"),
+    );
+    let egress = node.run_pod(
+        &client,
+        &annotated("egress", "kubernetes.io/egress-bandwidth"),
+    );
+    let plain = node.run_sandbox(&client, "plain");
+    let peer = node.run_sandbox(&client, "peer");
+
+    // The bandwidth plugin's qdiscs, in the node's namespace.
+    let tc = |dev: &str| node.exec(&["tc", "qdisc", "show", "dev", dev]);
+    let ingress_qdiscs = tc(&ingress.host_veth);
+    assert!(
+        ingress_qdiscs.contains("tbf") && ingress_qdiscs.contains("rate 4Mbit"),
+        "{ingress_qdiscs}"
+    );
+    let egress_qdiscs = tc(&egress.host_veth);
+    assert!(egress_qdiscs.contains("qdisc ingress"), "{egress_qdiscs}");
+    let ifbs: Vec<String> = node
+        .exec(&["ip", "-o", "link", "show", "type", "ifb"])
+        .lines()
+        .filter_map(|l| Some(l.split(": ").nth(1)?.split('@').next()?.to_string()))
+        .collect();
+    assert_eq!(
+        ifbs.len(),
+        1,
+        "one ifb device for the egress-shaped pod: {ifbs:?}"
+    );
+    let ifb_qdiscs = tc(&ifbs[0]);
+    assert!(ifb_qdiscs.contains("rate 4Mbit"), "{ifb_qdiscs}");
+    assert!(tc(&plain.host_veth).lines().all(|l| !l.contains("tbf")));
+    eprintln!("ingress-shaped pod's veth: {ingress_qdiscs}egress-shaped pod's ifb: {ifb_qdiscs}");
+
+    // Whether flatnet read the same runtimeConfig.bandwidth: judged after
+    // the measurements, which show what it means.
+    let datapath = node.datapath();
+    let endpoint = |ip| {
+        datapath
+            .endpoint(ip)
+            .expect("endpoint")
+            .expect("an endpoint")
+    };
+    let sources = |ip| {
+        datapath
+            .sources(endpoint(ip).counter_slot)
+            .expect("sources")
+            .flags
+    };
+    let flatnet_knows = (
+        endpoint(ingress.ip()).flags & ENDPOINT_F_SHAPED_INGRESS != 0,
+        sources(egress.ip()) & SOURCES_F_SHAPED_EGRESS != 0,
+        endpoint(plain.ip()).flags & ENDPOINT_F_SHAPED_INGRESS != 0
+            || sources(plain.ip()) & SOURCES_F_SHAPED_EGRESS != 0,
+    );
+
+    let shaped_before = datapath.stats().expect("STATS")[action::SHAPED as usize].packets;
+    let port = |sandbox: &Sandbox| SocketAddr::new(sandbox.ip(), 9000);
+    let started = Instant::now();
+    // Pod to pod: what flatnet's fast path must leave to the qdiscs.
+    let into = stream_rate(&ingress.netns, port(&ingress), &peer.netns);
+    let out_of = stream_rate(&peer.netns, port(&peer), &egress.netns);
+    let unshaped = stream_rate(&plain.netns, port(&plain), &peer.netns);
+    eprintln!(
+        "measured in {:?}: into the ingress-shaped pod {into:?}; from the egress-shaped pod \
+         {out_of:?}; unshaped {unshaped:?}; flatnet's shaping flags (ingress pod, egress pod, \
+         plain pod): {flatnet_knows:?}",
+        started.elapsed()
+    );
+    assert!(
+        flatnet_knows.0 && flatnet_knows.1 && !flatnet_knows.2,
+        "flatnet did not record the shaping containerd asked for (ingress pod, egress pod, \
+         plain pod: {flatnet_knows:?}); containerd sends runtimeConfig.bandwidth as \
+         {{\"IngressRate\", \"IngressBurst\", \"EgressRate\", \"EgressBurst\"}} (go-cni's \
+         field names), which the bandwidth plugin reads case-insensitively and flatnet \
+         (plugin/src/cni/runtime.rs) only as ingressRate, ingressBurst, egressRate, egressBurst"
+    );
+    for (what, stream) in [
+        ("into the ingress-shaped pod", &into),
+        ("from the egress-shaped pod", &out_of),
+    ] {
+        let Stream::Shaped(shaped) = stream else {
+            panic!("{what}: no shaping in {MAX_BYTES} bytes: {stream:?}");
+        };
+        eprintln!(
+            "{what}: {:.1} MB at full speed in {:?}, then 1 MB in {:?} ({:.2} Mbit/s)",
+            shaped.burst_bytes as f64 / 1e6,
+            shaped.burst_time,
+            shaped.window,
+            shaped.mbit_per_s
+        );
+        // 1 MB at 4 Mbit/s is 2 s: between 1.33 s and 4 s.
+        assert!(
+            shaped.mbit_per_s > RATE_MBIT * 0.5 && shaped.mbit_per_s < RATE_MBIT * 1.5,
+            "{what}: {shaped:?}, not about {RATE_MBIT} Mbit/s"
+        );
+    }
+    assert!(
+        matches!(
+            unshaped,
+            Stream::Unshaped {
+                bytes: MAX_BYTES,
+                ..
+            }
+        ) && unshaped.mbit_per_s() > RATE_MBIT * 50.0,
+        "the unshaped pod: {unshaped:?}"
+    );
+    assert!(
+        datapath.stats().expect("STATS")[action::SHAPED as usize].packets > shaped_before,
+        "the datapath did not hand shaped pods' packets to the stack"
+    );
+
+    let ifb = ifbs[0].clone();
+    for sandbox in [&ingress, &egress, &plain, &peer] {
+        stop_and_remove(&client, sandbox);
+    }
+    assert_no_sandboxes(&client);
+    assert!(!node.has_link(&ifb), "the ifb device {ifb} was left");
+    node.assert_cleaned_up(&[ingress, egress, plain, peer], true);
+    assert_node_gone(node);
 }
 
 /// Median RunPodSandbox latency over `runs` sequential sandboxes (each

@@ -58,8 +58,21 @@ impl Shaping {
                 "\"runtimeConfig.bandwidth\" must be an object like {{\"ingressRate\": 1000000, \"ingressBurst\": 65536}}, not {value}"
             )));
         }
+        // As Go's encoding/json (the bandwidth plugin) matches keys: the
+        // exact name first, else any case. containerd's go-cni sends
+        // "IngressRate", "IngressBurst", ... (its struct's field names).
+        let lookup = |name: &str| -> Option<&Value> {
+            value.get(name).or_else(|| {
+                value.as_object().and_then(|object| {
+                    object
+                        .iter()
+                        .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v)
+                })
+            })
+        };
         let field = |name: &str| -> Result<u64> {
-            match value.get(name) {
+            match lookup(name) {
                 None | Some(Value::Null) => Ok(0),
                 Some(v) => v.as_u64().ok_or_else(|| {
                     Error::config(format!(
@@ -306,6 +319,16 @@ mod tests {
             "ingressBurst": 7}});
         assert_eq!(
             shaping(egress_rate_only).unwrap().shaping,
+            Shaping {
+                ingress: true,
+                egress: false
+            }
+        );
+        // containerd's go-cni sends Go field names; the plugin matches any case.
+        let containerd = json!({"bandwidth": {"IngressRate": 4_000_000,
+            "IngressBurst": 4_294_967_295_u64, "EgressRate": 0, "EgressBurst": 0}});
+        assert_eq!(
+            shaping(containerd).unwrap().shaping,
             Shaping {
                 ingress: true,
                 egress: false

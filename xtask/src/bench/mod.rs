@@ -3,6 +3,7 @@
 //! median ratios (the noise of a shared 2-core machine cancels in them).
 
 mod control;
+mod cri;
 mod gso;
 mod paths;
 mod pingpong;
@@ -430,6 +431,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         (None, true) => std::env::temp_dir().join("flatnet-bench-smoke"),
         (None, false) => util::root().join("results"),
     };
+    if !args.smoke {
+        heading("bench: RunPodSandbox under containerd's CRI (median of 20 each)");
+        let cri = cri::run_pod_sandbox(&bin)?;
+        println!("{cri}");
+        std::fs::create_dir_all(&out_dir)?;
+        std::fs::write(
+            out_dir.join("cri.json"),
+            serde_json::to_string_pretty(&cri)? + "\n",
+        )?;
+    }
     let config = report::Config {
         rounds,
         seconds,
