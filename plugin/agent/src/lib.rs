@@ -20,6 +20,7 @@ pub mod install;
 pub mod kube_source;
 pub mod metrics;
 pub mod peers;
+pub mod policy;
 pub mod reclaim;
 pub mod routes;
 pub mod run;

@@ -1,0 +1,131 @@
+//! The cluster as policies see it: pods (as subjects and as peers) and
+//! namespaces' labels.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::ports::{PortRange, PortSet, Protocol};
+use super::selector::matches;
+use super::table::Allow;
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The label the API server puts on every namespace, naming it.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// What the computation needs to know about a pod.
+pub struct PodView<'a> {
+    pub pod: &'a Pod,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// `status.podIPs` (or `status.podIP`), sorted; unparsable ones left out.
+    pub ips: Vec<IpAddr>,
+}
+
+impl<'a> PodView<'a> {
+    pub fn new(pod: &'a Pod) -> Self {
+        let status = pod.status.as_ref();
+        let listed = status.and_then(|s| s.pod_ips.as_ref());
+        let mut ips: Vec<IpAddr> = match listed {
+            Some(ips) if !ips.is_empty() => ips.iter().filter_map(|i| i.ip.parse().ok()).collect(),
+            _ => status
+                .and_then(|s| s.pod_ip.as_ref())
+                .and_then(|i| i.parse().ok())
+                .into_iter()
+                .collect(),
+        };
+        ips.sort();
+        ips.dedup();
+        PodView {
+            pod,
+            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            labels: pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            ips,
+        }
+    }
+
+    /// Succeeded or Failed: its containers are gone, its IPs may be reused.
+    pub fn finished(&self) -> bool {
+        let phase = self.pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Succeeded" | "Failed"))
+    }
+
+    pub fn host_network(&self) -> bool {
+        self.pod.spec.as_ref().and_then(|s| s.host_network) == Some(true)
+    }
+
+    pub fn node(&self) -> Option<&'a str> {
+        self.pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+
+    /// The pod's container ports named `name` for `protocol`.
+    pub fn named_ports(&self, protocol: Protocol, name: &str) -> impl Iterator<Item = PortRange> {
+        let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+        containers
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter(move |p| {
+                p.name.as_deref() == Some(name)
+                    && Protocol::from_kube(p.protocol.as_deref()) == Some(protocol)
+            })
+            .filter_map(|p| u16::try_from(p.container_port).ok())
+            .map(move |port| PortRange::new(protocol, port, port))
+    }
+
+    /// A /32 or /128 per IP, each allowing `ports`.
+    pub fn allows(&self, ports: &PortSet, policy: &'a str, out: &mut Vec<Allow<'a>>) {
+        for &ip in &self.ips {
+            let host = IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 });
+            out.extend(host.ok().map(|cidr| Allow {
+                cidr,
+                except: Vec::new(),
+                ports: ports.clone(),
+                policy,
+            }));
+        }
+    }
+}
+
+/// The pods that can be peers, and the namespaces' labels.
+pub struct Cluster<'a> {
+    /// Pods with an IP that have not finished, host-network ones included
+    /// (their IPs are the node's; upstream selectors match them too).
+    pub peers: Vec<PodView<'a>>,
+    namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
+}
+
+impl<'a> Cluster<'a> {
+    pub fn new(pods: &'a [Pod], namespaces: &'a [Namespace]) -> Self {
+        let peers = pods
+            .iter()
+            .map(PodView::new)
+            .filter(|p| !p.ips.is_empty() && !p.finished())
+            .collect();
+        let namespaces = namespaces
+            .iter()
+            .filter_map(|n| {
+                let labels = n.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
+                n.metadata.name.as_deref().map(|name| (name, labels))
+            })
+            .collect();
+        Cluster { peers, namespaces }
+    }
+
+    /// A namespace not seen yet (the watch lags) is taken to have only the
+    /// label the API server gives every namespace.
+    pub fn namespace_matches(&self, selector: &LabelSelector, namespace: &str) -> bool {
+        match self.namespaces.get(namespace) {
+            Some(labels) => matches(selector, labels),
+            None => {
+                let labels =
+                    BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), namespace.to_string())]);
+                matches(selector, &labels)
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Kubernetes NetworkPolicy (networking.k8s.io/v1), computed: for each pod
+//! on this node, whether it is isolated for ingress and for egress, and for
+//! each isolated direction the traffic its policies allow, as a
+//! longest-prefix-match [`Table`] ready for a BPF LPM trie ([`plan`]).
+//!
+//! Pure: no BPF, no watches. The result is sorted and compares cheaply,
+//! so the agent can rewrite only the pods whose result changed
+//! ([`Plan::changed_since`]).
+//!
+//! Semantics follow upstream: a pod is isolated for a direction once a
+//! policy selecting it has that policy type, and then only what the union
+//! of those policies' rules allows gets through. Named ports mean the
+//! destination pod's container port of that name and protocol (for
+//! ingress the selected pod's own, for egress each peer pod's). Pods
+//! without IPs or in phase Succeeded/Failed are no peers; host-network
+//! pods are peers (their IPs are the node's) but never have policy
+//! computed for them, as their traffic is the node's.
+
+mod cluster;
+mod ports;
+mod rules;
+mod selector;
+mod table;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+pub use ports::{MAX_PORT_RANGES, PortRange, PortSet, Protocol};
+pub use table::{Entry, Table};
+
+use cluster::{Cluster, PodView};
+use rules::Policy;
+
+/// A pod, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Ingress (traffic to the pod) or egress (traffic from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        })
+    }
+}
+
+/// What one direction of a pod allows.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Allowed {
+    /// Not isolated: no policy selecting the pod has this type.
+    All,
+    /// Isolated: only what the table allows (the peer's address looked
+    /// up; not in the table means denied).
+    Only(Table),
+}
+
+impl Allowed {
+    /// Whether a packet of IP protocol `protocol` to `port`, with `peer`
+    /// on the far side, is allowed.
+    pub fn allows(&self, peer: IpAddr, protocol: u8, port: u16) -> bool {
+        match self {
+            Allowed::All => true,
+            Allowed::Only(table) => table.allows(peer, protocol, port),
+        }
+    }
+}
+
+/// The result for one pod on this node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodPolicy {
+    /// The pod's IPs, sorted (none yet while it is being set up).
+    pub ips: Vec<IpAddr>,
+    /// The names of the policies selecting the pod (all in its namespace),
+    /// sorted.
+    pub policies: Vec<String>,
+    pub ingress: Allowed,
+    pub egress: Allowed,
+}
+
+/// Why a pod's policy could not be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// One entry would allow more port ranges, after merging, than a map
+    /// value holds ([`MAX_PORT_RANGES`]).
+    #[error(
+        "pod {pod}: {direction} policy for {cidr} needs {ranges} port ranges, more than the {max} a map entry holds (policies: {})",
+        .policies.join(", "),
+        max = MAX_PORT_RANGES
+    )]
+    TooManyPortRanges {
+        pod: PodKey,
+        direction: Direction,
+        cidr: IpNetwork,
+        ranges: usize,
+        policies: Vec<String>,
+    },
+}
+
+/// The policy of every pod on this node that can have one.
+///
+/// A pod whose policy cannot be computed has its error instead of a
+/// result. Nothing is made up for it: allowing the entry's traffic on Any
+/// would let through what the policies deny, and denying it would cut
+/// traffic they allow, either silently. The caller logs the error and
+/// decides; keeping what is in place for the pod (or, for a new pod,
+/// leaving it without connectivity in that direction) is the safe choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub pods: BTreeMap<PodKey, Result<PodPolicy, PolicyError>>,
+}
+
+impl Plan {
+    /// The pods whose result differs from `previous`, gone ones included,
+    /// sorted: the pods whose maps need rewriting.
+    pub fn changed_since(&self, previous: &Plan) -> Vec<PodKey> {
+        let keys: BTreeSet<&PodKey> = self.pods.keys().chain(previous.pods.keys()).collect();
+        keys.into_iter()
+            .filter(|k| self.pods.get(*k) != previous.pods.get(*k))
+            .cloned()
+            .collect()
+    }
+}
+
+/// What `policies` mean for the pods on node `node`: every pod scheduled
+/// there that does not use the host network and has not finished. `pods`
+/// and `namespaces` are the whole cluster's (peers can be anywhere).
+pub fn plan(
+    node: &str,
+    policies: &[NetworkPolicy],
+    pods: &[Pod],
+    namespaces: &[Namespace],
+) -> Plan {
+    let subjects: Vec<PodView<'_>> = pods
+        .iter()
+        .map(PodView::new)
+        .filter(|p| p.node() == Some(node) && !p.host_network() && !p.finished())
+        .collect();
+    let cluster = Cluster::new(pods, namespaces);
+    // Peers are resolved only for policies that select a pod here.
+    let mut relevant: Vec<&NetworkPolicy> = policies
+        .iter()
+        .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
+        .collect();
+    relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
+    let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
+        .into_iter()
+        .map(|p| (p, Policy::compile(p, &cluster)))
+        .collect();
+
+    let mut plan = Plan::default();
+    for subject in &subjects {
+        let selecting: Vec<&Policy<'_>> = compiled
+            .iter()
+            .filter(|(p, _)| rules::selects(p, subject))
+            .map(|(_, compiled)| compiled)
+            .collect();
+        let key = PodKey {
+            namespace: subject.namespace.to_string(),
+            name: subject.name.to_string(),
+        };
+        let result = pod_policy(&key, subject, &selecting, &cluster);
+        plan.pods.insert(key, result);
+    }
+    plan
+}
+
+fn pod_policy(
+    key: &PodKey,
+    subject: &PodView<'_>,
+    selecting: &[&Policy<'_>],
+    cluster: &Cluster<'_>,
+) -> Result<PodPolicy, PolicyError> {
+    let table = |direction: Direction| {
+        let isolating = selecting.iter().filter(|p| match direction {
+            Direction::Ingress => p.isolates_ingress(),
+            Direction::Egress => p.isolates_egress(),
+        });
+        let mut allows = Vec::new();
+        let mut any = false;
+        for policy in isolating {
+            any = true;
+            match direction {
+                Direction::Ingress => policy.ingress_allows(subject, cluster, &mut allows),
+                Direction::Egress => policy.egress_allows(cluster, &mut allows),
+            }
+        }
+        if !any {
+            return Ok(Allowed::All);
+        }
+        table::flatten(&allows)
+            .map(Allowed::Only)
+            .map_err(|o| PolicyError::TooManyPortRanges {
+                pod: key.clone(),
+                direction,
+                cidr: o.cidr,
+                ranges: o.ranges,
+                policies: o.policies,
+            })
+    };
+    let mut policies: Vec<String> = selecting.iter().map(|p| p.name.to_string()).collect();
+    policies.sort();
+    policies.dedup();
+    Ok(PodPolicy {
+        ips: subject.ips.clone(),
+        policies,
+        ingress: table(Direction::Ingress)?,
+        egress: table(Direction::Egress)?,
+    })
+}

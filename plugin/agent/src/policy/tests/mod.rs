@@ -1,0 +1,125 @@
+//! Tests of [`plan`] on Kubernetes objects: the upstream e2e model
+//! ([`model`]), and each feature and edge case on its own.
+
+mod features;
+mod model;
+mod named_ports;
+
+use serde_json::{Value, json};
+
+use super::*;
+
+pub const NODE: &str = "node-1";
+pub const TCP: u8 = 6;
+pub const UDP: u8 = 17;
+
+/// A pod as the tests build it: labelled `pod=<name>`, Running on
+/// [`NODE`], serving 80 and 81 on TCP and UDP under upstream's names
+/// (`serve-80-tcp`, ...).
+pub struct TestPod {
+    pub json: Value,
+}
+
+pub fn pod(namespace: &str, name: &str, ips: &[&str]) -> TestPod {
+    let ports: Vec<Value> = [(80, "TCP"), (81, "TCP"), (80, "UDP"), (81, "UDP")]
+        .iter()
+        .map(|(port, protocol)| {
+            let name = format!("serve-{port}-{}", protocol.to_lowercase());
+            json!({"name": name, "containerPort": port, "protocol": protocol})
+        })
+        .collect();
+    let ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    TestPod {
+        json: json!({
+            "metadata": {"namespace": namespace, "name": name, "labels": {"pod": name}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "ports": ports}]},
+            "status": {"phase": "Running", "podIPs": ips}
+        }),
+    }
+}
+
+impl TestPod {
+    pub fn on(mut self, node: &str) -> Self {
+        self.json["spec"]["nodeName"] = json!(node);
+        self
+    }
+
+    pub fn labels(mut self, labels: Value) -> Self {
+        self.json["metadata"]["labels"] = labels;
+        self
+    }
+
+    /// Replaces the container ports: (name, port, protocol).
+    pub fn ports(mut self, ports: &[(&str, i32, &str)]) -> Self {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(name, port, protocol)| json!({"name": name, "containerPort": port, "protocol": protocol}))
+            .collect();
+        self.json["spec"]["containers"] = json!([{"name": "c", "ports": ports}]);
+        self
+    }
+
+    pub fn host_network(mut self) -> Self {
+        self.json["spec"]["hostNetwork"] = json!(true);
+        self
+    }
+
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.json["status"]["phase"] = json!(phase);
+        self
+    }
+
+    pub fn build(self) -> Pod {
+        serde_json::from_value(self.json).unwrap()
+    }
+}
+
+/// A namespace with `labels` and the name label the API server adds.
+pub fn namespace(name: &str, mut labels: Value) -> Namespace {
+    labels["kubernetes.io/metadata.name"] = json!(name);
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
+pub fn policy(namespace: &str, name: &str, spec: Value) -> NetworkPolicy {
+    serde_json::from_value(
+        json!({"metadata": {"namespace": namespace, "name": name}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+pub fn key(pod: &str) -> PodKey {
+    let (namespace, name) = pod.split_once('/').unwrap();
+    PodKey {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+/// The computed policy of `pod` ("ns/name"), which must be in the plan.
+pub fn of<'a>(plan: &'a Plan, pod: &str) -> &'a PodPolicy {
+    match plan.pods.get(&key(pod)) {
+        Some(Ok(p)) => p,
+        other => panic!("{pod}: {other:?}"),
+    }
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// The table of an isolated direction.
+pub fn table(allowed: &Allowed) -> &Table {
+    match allowed {
+        Allowed::Only(table) => table,
+        Allowed::All => panic!("not isolated"),
+    }
+}
+
+/// A table's entries as "cidr ports" lines.
+pub fn entries(allowed: &Allowed) -> Vec<String> {
+    let t = table(allowed);
+    t.entries
+        .iter()
+        .map(|e| format!("{} {}", e.cidr, e.ports))
+        .collect()
+}
