@@ -46,7 +46,25 @@ fn still_linked(file: &File, path: &Path) -> Result<bool> {
     })
 }
 
+/// Whether lock `name`'s file exists (it goes with its network).
+pub fn exists(name: &str) -> bool {
+    path_of(name).exists()
+}
+
+/// How long since an ADD or DEL last marked network lock `name` as in use
+/// ([`Lock::note_activity`]); None when there is no lock file.
+pub fn idle_for(name: &str) -> Option<std::time::Duration> {
+    let modified = std::fs::metadata(path_of(name)).ok()?.modified().ok()?;
+    Some(modified.elapsed().unwrap_or_default())
+}
+
 impl Lock {
+    /// Marks the network as busy now (the lock file's mtime): deferred
+    /// work that stalls the kernel's rtnl lock waits for a quiet moment.
+    pub fn note_activity(&self) {
+        let _ = self._file.set_modified(std::time::SystemTime::now());
+    }
+
     pub fn shared(name: &str) -> Result<Self> {
         Self::take(name, false)
     }

@@ -2,9 +2,13 @@
 //! network device costs ~20 ms (an RCU barrier in the unregister path,
 //! paid by the process that asks): DEL does what disconnects the pod at
 //! once (endpoint out of the map, link down) and defers the unregister.
-//! Creating a tcx link waits for an RCU grace period (~10 ms): ADD puts the
-//! program on the new veth as a cls_bpf filter (a netlink request) and
-//! defers the move to a tcx link. Once the answer is on stdout, `finish`
+//! Creating a tcx link waits for an RCU grace period (~10 ms) while holding
+//! rtnl, the lock every netlink change of every device on the node takes:
+//! ADD puts the program on the new veth as a cls_bpf filter (a netlink
+//! request) and defers the move to a tcx link until the network has been
+//! quiet (no ADD or DEL) for `QUIET`, so a burst of pod starts is not
+//! serialised behind the moves; releasing a pinned tcx link of a live
+//! device costs the same, so DEL's unpinning waits for the delete here. Once the answer is on stdout, `finish`
 //! forks a child in its own session, with stdio on /dev/null, that does
 //! both while the parent exits and the runtime carries on. A move that
 //! never happens (the child killed) leaves a working filter, which the
@@ -12,6 +16,7 @@
 //! after wiped pins) moves.
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::datapath::{Datapath, move_to_tcx};
 use crate::lock::{self, Lock};
@@ -22,6 +27,14 @@ static PENDING: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
 
 /// Host veths to move onto tcx links after the answer is out.
 static MOVES: Mutex<Vec<TcxMove>> = Mutex::new(Vec::new());
+
+/// Pod link pins (datapath, host veth name) to remove after the deletes.
+static UNPINS: Mutex<Vec<(Datapath, String)>> = Mutex::new(Vec::new());
+
+/// How long a network must have seen no ADD or DEL before a move starts,
+/// and the longest a move waits for that.
+const QUIET: Duration = Duration::from_millis(100);
+const QUIET_WAIT_LIMIT: Duration = Duration::from_secs(5);
 
 struct TcxMove {
     network: String,
@@ -40,6 +53,13 @@ pub fn defer_tcx_move(network: &str, datapath: &Datapath, index: u32, name: &str
             index,
             name: name.to_string(),
         });
+    }
+}
+
+/// Removes the link pins of pod veth `host_veth` after the deletes.
+pub fn defer_unpin(datapath: &Datapath, host_veth: &str) {
+    if let Ok(mut unpins) = UNPINS.lock() {
+        unpins.push((datapath.clone(), host_veth.to_string()));
     }
 }
 
@@ -62,7 +82,11 @@ pub fn finish() {
         .lock()
         .map(|mut m| std::mem::take(&mut *m))
         .unwrap_or_default();
-    if links.is_empty() && moves.is_empty() {
+    let unpins = UNPINS
+        .lock()
+        .map(|mut u| std::mem::take(&mut *u))
+        .unwrap_or_default();
+    if links.is_empty() && moves.is_empty() && unpins.is_empty() {
         return;
     }
     // SAFETY: called from main after every runtime and thread is gone, so
@@ -71,15 +95,15 @@ pub fn finish() {
         Ok(nix::unistd::ForkResult::Parent { .. }) => {}
         Ok(nix::unistd::ForkResult::Child) => {
             detach();
-            run(&moves, &links);
+            run(&moves, &links, &unpins);
             std::process::exit(0);
         }
         // No fork: do it here and now, slower but complete.
-        Err(_) => run(&moves, &links),
+        Err(_) => run(&moves, &links, &unpins),
     }
 }
 
-fn run(moves: &[TcxMove], links: &[(u32, String)]) {
+fn run(moves: &[TcxMove], links: &[(u32, String)], unpins: &[(Datapath, String)]) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -94,13 +118,36 @@ fn run(moves: &[TcxMove], links: &[(u32, String)]) {
             }
         }
         delete(&host, links).await;
+        for (datapath, host_veth) in unpins {
+            if let Err(e) = datapath.unpin_pod_links(host_veth) {
+                eprintln!("flatnet: unpinning the links of {host_veth}: {e}");
+            }
+        }
     });
+}
+
+/// Waits until `network` has seen no ADD or DEL for `QUIET` (at most
+/// `QUIET_WAIT_LIMIT`, then the move goes ahead anyway).
+async fn quiet(network: &str) {
+    let started = Instant::now();
+    while started.elapsed() < QUIET_WAIT_LIMIT {
+        match lock::idle_for(&lock::network(network)) {
+            Some(idle) if idle < QUIET => tokio::time::sleep(QUIET - idle).await,
+            _ => return,
+        }
+    }
 }
 
 /// One move, under the network's shared lock (an upgrade, which holds it
 /// exclusively, re-attaches every veth itself), and only while the veth is
 /// still the one ADD made.
 async fn move_one(host: &Netlink, job: &TcxMove) -> crate::cni::error::Result<()> {
+    quiet(&job.network).await;
+    // A network removed meanwhile (its last DEL took the lock file away):
+    // nothing to move, and no lock file to create again.
+    if !lock::exists(&lock::network(&job.network)) {
+        return Ok(());
+    }
     let _lock = Lock::shared(&lock::network(&job.network))?;
     match host.link_by_index(job.index).await? {
         Some(link) if link.name == job.name => {

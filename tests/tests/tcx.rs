@@ -97,7 +97,10 @@ fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
 
     let (veth, index) = (a.host_veth(), ifindex(&a.host_veth()));
     drop(a);
-    assert!(!link_pin(&net, LinkRole::HostVeth, &veth).exists());
+    // The reaper unpins once it has deleted the veth (after DEL's answer).
+    wait_until("the link's pin to go", Duration::from_secs(10), || {
+        !link_pin(&net, LinkRole::HostVeth, &veth).exists()
+    });
     wait_until(
         "the link to go with its pin",
         Duration::from_secs(10),
@@ -325,6 +328,10 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
     let veth = a.host_veth();
     drop(a);
     for role in [LinkRole::HostVeth, LinkRole::PodSide] {
-        assert!(!link_pin(&net, role, &veth).exists(), "{role:?} pin left");
+        wait_until(
+            &format!("the {role:?} pin to go"),
+            Duration::from_secs(10),
+            || !link_pin(&net, role, &veth).exists(),
+        );
     }
 }

@@ -94,7 +94,8 @@ async fn add_steps(
     // Host side, under the network lock: datapath, gateway, routes, the pod.
     let datapath = Datapath::for_conf(conf)?;
     datapath::ensure_bpffs_at(datapath.root())?;
-    let _lock = ensure_datapath(conf, &datapath, host).await?;
+    let lock = ensure_datapath(conf, &datapath, host).await?;
+    lock.note_activity();
     mark("bpffs, lock, datapath loaded");
     apply_host_side(conf, &plan, host, host_link.index).await?;
     mark("gateway, host routes, neighbours");

@@ -24,7 +24,8 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     mark("parse, connect, find veth");
 
     if datapath.map_path(MAP_HOST_VETHS).exists() {
-        let _lock = Lock::shared(&lock::network(&conf.name))?;
+        let lock = Lock::shared(&lock::network(&conf.name))?;
+        lock.note_activity();
         match &host_link {
             Some(link) => {
                 let addresses: Option<Vec<IpAddr>> = conf
@@ -47,9 +48,14 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         reaper::defer(link.index, &link.name);
     }
     // Its links go with the device; their pins are ours to take away (a
-    // DEL whose veth is already gone may still find them).
+    // DEL whose veth is already gone may still find them). While the veth
+    // exists, dropping a pin would detach its tcx link now, which waits an
+    // RCU grace period holding rtnl: the reaper unpins after the delete.
     if datapath.pin_dir().exists() {
-        datapath.unpin_pod_links(&names.host_veth)?;
+        match &host_link {
+            Some(_) => reaper::defer_unpin(&datapath, &names.host_veth),
+            None => datapath.unpin_pod_links(&names.host_veth)?,
+        }
     }
     mark("veth down, unregister deferred");
     let ipam_released = match &conf.ipam_type {
