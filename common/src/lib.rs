@@ -23,6 +23,15 @@ pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
 pub const MAP_POD_SOURCES: &str = "POD_SOURCES";
 /// What conntrack said of each TCP flow the fast path saw (an LRU cache).
 pub const MAP_TCP_FLOWS: &str = "TCP_FLOWS";
+/// NetworkPolicy: each pod's isolation by counter slot, its allowed
+/// prefixes (LPM tries), the flows already judged, its drops, and the
+/// node's own addresses (always allowed in).
+pub const MAP_POLICY_PODS: &str = "POLICY_PODS";
+pub const MAP_POLICY_V4: &str = "POLICY_V4";
+pub const MAP_POLICY_V6: &str = "POLICY_V6";
+pub const MAP_POLICY_FLOWS: &str = "POLICY_FLOWS";
+pub const MAP_POLICY_DROPS: &str = "POLICY_DROPS";
+pub const MAP_LOCAL_ADDRS: &str = "LOCAL_ADDRS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -43,6 +52,9 @@ pub const PROG_FROM_POD_XDP: &str = "from_pod_xdp";
 /// XDP_PASS on the pod's interface: a veth accepts XDP-redirected frames
 /// only with its NAPI on, which an attached XDP program turns on.
 pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";
+/// tc classifier at the egress of host veths: what the host stack delivers
+/// into a pod, judged against the pod's ingress policy.
+pub const PROG_TO_POD: &str = "to_pod";
 /// tc classifier on the node's uplink: traffic from other nodes for local
 /// pods goes straight into them.
 pub const PROG_FROM_UPLINK: &str = "from_uplink";
@@ -217,6 +229,142 @@ pub struct Counter {
 }
 const _: () = assert!(size_of::<Counter>() == 16);
 
+// ---- NetworkPolicy ---------------------------------------------------------
+
+/// The entry of a pod in `POLICY_PODS` (an array by counter slot): which of
+/// its directions a policy isolates (`POLICY_F_*`; 0: selected by no
+/// policy, the only lookup such a pod's packets pay) and the generation of
+/// its policy, which the flows recorded in `POLICY_FLOWS` carry: a flow of
+/// an older generation is judged again (see `PolicyFlow`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyPod {
+    pub flags: u32,
+    pub generation: u32,
+}
+const _: () = assert!(size_of::<PolicyPod>() == 8);
+
+/// Traffic into the pod is only what its ingress table allows.
+pub const POLICY_F_INGRESS: u32 = 1;
+/// Traffic from the pod is only what its egress table allows.
+pub const POLICY_F_EGRESS: u32 = 2;
+
+/// `direction` of policy keys: traffic into the pod, from the pod.
+pub const POLICY_DIR_INGRESS: u32 = 0;
+pub const POLICY_DIR_EGRESS: u32 = 1;
+
+/// The most port ranges one policy entry holds (the agent's
+/// `MAX_PORT_RANGES`).
+pub const POLICY_MAX_RANGES: usize = 16;
+
+/// Entries per family of `POLICY_V4`/`POLICY_V6`, all pods together
+/// (allocated as used: LPM tries are never preallocated).
+pub const MAX_POLICY_ENTRIES: u32 = 65536;
+
+/// Key data of `POLICY_V4`: the pod's counter slot and the direction, both
+/// always matched in full (the prefix length counts their 64 bits), then
+/// the peer's address, matched up to the entry's prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyCidrV4 {
+    pub slot: u32,
+    pub direction: u32,
+    pub address: [u8; 4],
+}
+const _: () = assert!(size_of::<PolicyCidrV4>() == 12);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyCidrV6 {
+    pub slot: u32,
+    pub direction: u32,
+    pub address: [u8; 16],
+}
+const _: () = assert!(size_of::<PolicyCidrV6>() == 24);
+
+/// Bits of an LPM key's prefix before the address: slot and direction.
+pub const POLICY_KEY_FIXED_BITS: u32 = 64;
+
+/// Ports `first..=last` (host byte order) of IP protocol `protocol`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyRange {
+    pub protocol: u8,
+    pub _pad: u8,
+    pub first: u16,
+    pub last: u16,
+}
+const _: () = assert!(size_of::<PolicyRange>() == 6);
+
+/// What a policy entry allows to or from its prefix: everything (`any` 1:
+/// every protocol, ICMP included), or the first `count` of `ranges`
+/// (count 0: nothing, an explicit deny, e.g. an ipBlock's `except`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyPorts {
+    pub any: u8,
+    pub count: u8,
+    pub _pad: [u8; 2],
+    pub ranges: [PolicyRange; POLICY_MAX_RANGES],
+}
+const _: () = assert!(size_of::<PolicyPorts>() == 100);
+const _: () = assert!(core::mem::align_of::<PolicyPorts>() <= 4);
+
+/// Entries of `POLICY_FLOWS` (an LRU: an idle flow is forgotten, and its
+/// next packet is judged again).
+pub const MAX_POLICY_FLOWS: u32 = 65536;
+
+/// A flow allowed by a pod's policy in one direction: the packet's own
+/// addresses (IPv4 in the first 4 bytes), ports (network byte order; 0 for
+/// protocols without), protocol, family (4 or 6), and whose judgement it
+/// is (`slot`, `direction`: `POLICY_DIR_*`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyFlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub protocol: u8,
+    pub family: u8,
+    pub direction: u8,
+    pub _pad: u8,
+    pub slot: u32,
+    pub _pad2: u32,
+}
+const _: () = assert!(size_of::<PolicyFlowKey>() == 48);
+
+/// The policy generation (`PolicyPod::generation`) a flow was allowed
+/// under, and `POLICY_FLOW_F_REPLY` when the entry was written for the
+/// replies of a flow allowed in the other direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyFlow {
+    pub generation: u32,
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<PolicyFlow>() == 8);
+
+/// The entry allows the replies of a flow the other direction allowed.
+pub const POLICY_FLOW_F_REPLY: u32 = 1;
+
+/// What policy dropped of a pod's traffic, per CPU, by counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyDrops {
+    pub ingress_packets: u64,
+    pub ingress_bytes: u64,
+    pub egress_packets: u64,
+    pub egress_bytes: u64,
+}
+const _: () = assert!(size_of::<PolicyDrops>() == 32);
+
+/// Entries of `LOCAL_ADDRS`: the node's own addresses.
+pub const MAX_LOCAL_ADDRS: u32 = 256;
+
+/// A node address in `LOCAL_ADDRS`: IPv6, or IPv4 mapped (`::ffff:a.b.c.d`).
+pub type LocalAddrKey = [u8; 16];
+
 /// Indices into `STATS`: what the datapath did with a packet.
 pub mod action {
     /// Handed straight to a local pod with `bpf_redirect_peer`.
@@ -253,8 +401,11 @@ pub mod action {
     /// stack because the bandwidth plugin shapes its sender's egress or its
     /// receiver's ingress there (see `ENDPOINT_F_SHAPED_INGRESS`).
     pub const SHAPED: u32 = 10;
+    /// Dropped by NetworkPolicy (the sender's egress or the receiver's
+    /// ingress; per pod and direction in `POLICY_DROPS`).
+    pub const POLICY_DENIED: u32 = 11;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 12;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -269,6 +420,7 @@ pub mod action {
         "translated_to_stack",
         "tracked_to_stack",
         "shaped_to_stack",
+        "policy_denied",
     ];
 }
 
@@ -372,10 +524,31 @@ pub mod maps {
         MapKind::LpmTrie,
         MAX_REMOTE_CIDRS,
     );
+    pub const POLICY_PODS: MapSpec =
+        MapSpec::new::<u32, PolicyPod>(MAP_POLICY_PODS, MapKind::Array, MAX_ENDPOINTS);
+    pub const POLICY_V4: MapSpec = MapSpec::new::<LpmKey<PolicyCidrV4>, PolicyPorts>(
+        MAP_POLICY_V4,
+        MapKind::LpmTrie,
+        MAX_POLICY_ENTRIES,
+    );
+    pub const POLICY_V6: MapSpec = MapSpec::new::<LpmKey<PolicyCidrV6>, PolicyPorts>(
+        MAP_POLICY_V6,
+        MapKind::LpmTrie,
+        MAX_POLICY_ENTRIES,
+    );
+    pub const POLICY_FLOWS: MapSpec = MapSpec::new::<PolicyFlowKey, PolicyFlow>(
+        MAP_POLICY_FLOWS,
+        MapKind::LruHash,
+        MAX_POLICY_FLOWS,
+    );
+    pub const POLICY_DROPS: MapSpec =
+        MapSpec::new::<u32, PolicyDrops>(MAP_POLICY_DROPS, MapKind::PerCpuArray, MAX_ENDPOINTS);
+    pub const LOCAL_ADDRS: MapSpec =
+        MapSpec::new::<LocalAddrKey, u32>(MAP_LOCAL_ADDRS, MapKind::Hash, MAX_LOCAL_ADDRS);
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 9] = [
+pub const MAP_SPECS: [MapSpec; 15] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -385,6 +558,12 @@ pub const MAP_SPECS: [MapSpec; 9] = [
     maps::TCP_FLOWS,
     maps::REMOTE_CIDRS_V4,
     maps::REMOTE_CIDRS_V6,
+    maps::POLICY_PODS,
+    maps::POLICY_V4,
+    maps::POLICY_V6,
+    maps::POLICY_FLOWS,
+    maps::POLICY_DROPS,
+    maps::LOCAL_ADDRS,
 ];
 
 #[cfg(feature = "user")]
@@ -403,4 +582,18 @@ mod pod {
     unsafe impl aya::Pod for super::FlowKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowVerdict {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyPod {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyCidrV4 {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyCidrV6 {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyPorts {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyFlowKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyFlow {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyDrops {}
 }

@@ -403,7 +403,7 @@ const IPV6_TLV_JUMBO: u8 = 0xc2;
 /// right after the IPv6 header, or after a jumbo Hop-by-Hop header. None
 /// for any other extension header (the stack's to judge).
 #[inline(always)]
-fn ipv6_transport(start: usize, end: usize, ip: &Ipv6Hdr) -> Option<(u8, usize)> {
+pub(crate) fn ipv6_transport(start: usize, end: usize, ip: &Ipv6Hdr) -> Option<(u8, usize)> {
     let after = EthHdr::LEN + Ipv6Hdr::LEN;
     if ip.next_hdr != IPPROTO_HOPOPTS {
         return Some((ip.next_hdr, after));

@@ -25,6 +25,7 @@ mod flow;
 mod kfunc;
 mod neighbours;
 mod pod;
+mod policy;
 mod remote;
 mod uplink;
 
@@ -151,6 +152,9 @@ enum Decision {
     /// To the host stack, where a qdisc shapes the sender's or the
     /// receiver's traffic (the bandwidth plugin).
     Shaped,
+    /// Dropped by NetworkPolicy: the sender's egress or the local
+    /// receiver's ingress (counted per pod in `POLICY_DROPS`).
+    Denied,
 }
 
 /// What a tc program returns to hand a frame on to the host stack: "next"
@@ -165,14 +169,14 @@ const TC_NEXT: i32 = TC_ACT_UNSPEC;
 pub fn from_pod(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     let ingress = unsafe { (*ctx.skb.skb).ifindex };
-    let sender = sender(ingress);
+    let sender = sender(ingress, ctx.len());
     match decide(&ctx, ctx.data(), ctx.data_end(), sender, ctx.len()) {
         Decision::Pass
         | Decision::Translated
         | Decision::Tracked
         | Decision::RemoteToStack
         | Decision::Shaped => TC_NEXT,
-        Decision::Drop => TC_ACT_SHOT as i32,
+        Decision::Drop | Decision::Denied => TC_ACT_SHOT as i32,
         // SAFETY: plain helper call; a stale ifindex makes the kernel drop
         // the frame (with flags 0 the helper itself never fails).
         Decision::ToPod { host_ifindex, .. } => {
@@ -215,12 +219,49 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
         }
         Uplink::Pass => return TC_NEXT,
     };
+    // The pod's ingress policy, on the frame as rewritten (only its MACs
+    // and TTL changed).
+    if !policy::ingress_allowed(ctx.data(), ctx.data_end(), slot, len) {
+        count(action::POLICY_DENIED, len);
+        return TC_ACT_SHOT as i32;
+    }
     // SAFETY: plain helper call; a stale ifindex makes the kernel drop the
     // frame (with flags 0 the helper itself never fails).
     let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
     count(action::FROM_UPLINK, len);
     count_pod(slot, Direction::Rx, len);
     verdict
+}
+
+/// tc egress of a pod's host veth: what the host stack delivers into the
+/// pod (from the host itself, a Service's backend after the host's DNAT,
+/// another node through the stack), judged against the pod's ingress
+/// policy. Frames the datapath redirects into a pod never pass here (a
+/// redirect to the peer skips this hook): they were judged where they were
+/// redirected. Traffic from the node's own addresses (`LOCAL_ADDRS`:
+/// kubelet's probes) is always allowed.
+#[classifier]
+pub fn to_pod(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    let egress = unsafe { (*ctx.skb.skb).ifindex };
+    let len = ctx.len();
+    let pod = policy::of_slot(slot_of(egress));
+    if !pod.selected() {
+        return TC_NEXT;
+    }
+    if policy::frame_allowed(
+        ctx.data(),
+        ctx.data_end(),
+        pod,
+        flatnet_common::POLICY_DIR_INGRESS,
+        true,
+        len,
+    ) {
+        TC_NEXT
+    } else {
+        count(action::POLICY_DENIED, len);
+        TC_ACT_SHOT as i32
+    }
 }
 
 /// The map entry read once, into the program's stack: a hash map slot can
@@ -247,14 +288,15 @@ fn decrement_ttl(ip: &mut Ipv4Hdr) {
 pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
     let (start, end) = (ctx.data(), ctx.data_end());
     let ingress = ctx.ingress_ifindex() as u32;
-    let sender = sender(ingress);
-    match decide(&ctx, start, end, sender, (end - start) as u32) {
+    let len = (end - start) as u32;
+    let sender = sender(ingress, len);
+    match decide(&ctx, start, end, sender, len) {
         Decision::Pass
         | Decision::Translated
         | Decision::Tracked
         | Decision::RemoteToStack
         | Decision::Shaped => xdp_action::XDP_PASS,
-        Decision::Drop => xdp_action::XDP_DROP,
+        Decision::Drop | Decision::Denied => xdp_action::XDP_DROP,
         // SAFETY: plain helper call: transmit on the destination's host veth,
         // which hands the frame to its peer, the destination pod.
         Decision::ToPod { host_ifindex, .. } => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
@@ -276,7 +318,27 @@ pub fn pod_xdp_pass(_ctx: XdpContext) -> u32 {
 /// ifindex suggests when that slot is this veth's (the common case, an
 /// array read), else the one `HOST_VETHS` records.
 #[inline(always)]
-fn sender(ingress: u32) -> Sender {
+fn sender(ingress: u32, len: u32) -> Sender {
+    let (slot, flags) = slot_and_flags(ingress);
+    Sender {
+        ifindex: ingress,
+        slot,
+        egress_shaped: flags & SOURCES_F_SHAPED_EGRESS != 0,
+        policy: policy::of_slot(slot),
+        len,
+    }
+}
+
+/// The counter slot of the pod behind host veth `ifindex`.
+#[inline(always)]
+fn slot_of(ifindex: u32) -> u32 {
+    slot_and_flags(ifindex).0
+}
+
+/// The counter slot of the pod behind host veth `ingress` and the flags of
+/// its `POD_SOURCES` entry.
+#[inline(always)]
+fn slot_and_flags(ingress: u32) -> (u32, u32) {
     let guess = preferred_slot(ingress);
     let mut slot = NO_COUNTER_SLOT;
     let mut entry = POD_SOURCES.get_ptr(guess);
@@ -300,17 +362,13 @@ fn sender(ingress: u32) -> Sender {
         },
         _ => 0,
     };
-    Sender {
-        ifindex: ingress,
-        slot,
-        egress_shaped: flags & SOURCES_F_SHAPED_EGRESS != 0,
-    }
+    (slot, flags)
 }
 
 #[inline(always)]
 fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u32) -> Decision {
     count_pod(sender.slot, Direction::Tx, len);
-    let decision = frame(ct, start, end, sender);
+    let decision = policy_judged(frame(ct, start, end, sender), start, end, &sender);
     match decision {
         Decision::Pass => count(action::PASSED, len),
         Decision::Translated => count(action::TRANSLATED, len),
@@ -318,12 +376,37 @@ fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u3
         Decision::Drop => count(action::DROPPED, len),
         Decision::RemoteToStack => count(action::REMOTE_PASSED, len),
         Decision::Shaped => count(action::SHAPED, len),
+        Decision::Denied => count(action::POLICY_DENIED, len),
         Decision::ToPod { slot, .. } => {
             count(action::REDIRECTED, len);
             count_pod(slot, Direction::Rx, len);
         }
         // Counted by the program that routes it.
         Decision::Bounce | Decision::Remote => {}
+    }
+    decision
+}
+
+/// NetworkPolicy on a pod's frame the datapath has decided about: the
+/// sender's egress for whatever it sends (to a pod, another node, the host),
+/// then a local receiver's ingress before the redirect into it (a frame
+/// that goes to the stack instead meets that in `to_pod`). Judged here,
+/// once, after the decision's many paths have joined, not inside each:
+/// inlined into every path, the verifier's work grew past its limit. The
+/// frame is as the pod sent it but for the MACs of a redirect.
+#[inline(always)]
+fn policy_judged(decision: Decision, start: usize, end: usize, sender: &Sender) -> Decision {
+    let slot = match decision {
+        // The source check's drops, neighbour answers: not policy's.
+        Decision::Drop | Decision::Bounce | Decision::Denied => return decision,
+        Decision::ToPod { slot, .. } => slot,
+        _ => NO_COUNTER_SLOT,
+    };
+    if !policy::egress_allowed(start, end, sender) {
+        return Decision::Denied;
+    }
+    if !policy::ingress_allowed(start, end, slot, sender.len) {
+        return Decision::Denied;
     }
     decision
 }

@@ -28,6 +28,10 @@ pub(crate) struct Sender {
     pub(crate) ifindex: u32,
     pub(crate) slot: u32,
     pub(crate) egress_shaped: bool,
+    /// Its NetworkPolicy state (`POLICY_PODS`).
+    pub(crate) policy: crate::policy::PodPolicy,
+    /// The frame's length (for the drop counters).
+    pub(crate) len: u32,
 }
 
 /// What the sender's `POD_SOURCES` entry says of a source address.

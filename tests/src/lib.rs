@@ -22,6 +22,9 @@ pub mod containerd;
 pub mod cri;
 /// Plugin binaries older than their sources are refused.
 pub mod fresh;
+/// A stub of the Kubernetes API server: list and watch of the objects the
+/// agent follows.
+pub mod kube_stub;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
 pub mod test_run;
 pub use flatnet_harness::*;

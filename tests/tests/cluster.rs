@@ -2,19 +2,16 @@
 //! `flatnet_tests::cluster`): the fast path between nodes, the agent's peer
 //! sources, fallbacks, restarts, ipMasq, uninstall, dual-stack and XDP.
 
-use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::process::Command;
-
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flatnet_agent::kube_source::KubeSource;
 use flatnet_agent::peers::{Node, PeerSource};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_UPLINK, action};
 use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::{Kind, ServedStub};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -664,193 +661,7 @@ fn restarting_agents_keeps_an_established_tcp_stream() {
 }
 
 // ---------------------------------------------------------------------------
-// A stub of the Kubernetes API server: Node list and watch, from recorded
-// Node JSON (tests/fixtures/kube-nodes.json), with events the test makes.
-
-const NODES_FIXTURE: &str = include_str!("../fixtures/kube-nodes.json");
-
-#[derive(Default)]
-struct ApiState {
-    version: u64,
-    nodes: BTreeMap<String, Value>,
-    /// (resourceVersion, watch event) in order.
-    events: Vec<(u64, Value)>,
-    lists: usize,
-    watches: usize,
-}
-
-#[derive(Clone)]
-struct ApiStub {
-    state: Arc<Mutex<ApiState>>,
-    changed: Arc<tokio::sync::Notify>,
-}
-
-impl ApiStub {
-    fn from_fixture() -> Self {
-        let list: Value = serde_json::from_str(NODES_FIXTURE).expect("fixture");
-        let mut state = ApiState {
-            version: list["metadata"]["resourceVersion"]
-                .as_str()
-                .and_then(|v| v.parse().ok())
-                .expect("list resourceVersion"),
-            ..ApiState::default()
-        };
-        for item in list["items"].as_array().expect("items") {
-            let name = item["metadata"]["name"].as_str().expect("name").to_string();
-            state.nodes.insert(name, item.clone());
-        }
-        ApiStub {
-            state: Arc::new(Mutex::new(state)),
-            changed: Arc::new(tokio::sync::Notify::new()),
-        }
-    }
-
-    fn record(&self, state: &mut ApiState, kind: &str, mut object: Value) {
-        state.version += 1;
-        object["metadata"]["resourceVersion"] = json!(state.version.to_string());
-        object["apiVersion"] = json!("v1");
-        object["kind"] = json!("Node");
-        state
-            .events
-            .push((state.version, json!({"type": kind, "object": object})));
-        self.changed.notify_waiters();
-    }
-
-    /// A MODIFIED event for `name` after `change`.
-    fn modify(&self, name: &str, change: impl FnOnce(&mut Value)) {
-        let mut state = self.state.lock().unwrap();
-        let node = state.nodes.get_mut(name).expect("node");
-        change(node);
-        let object = node.clone();
-        self.record(&mut state, "MODIFIED", object);
-        let version = state.version.to_string();
-        state.nodes.get_mut(name).unwrap()["metadata"]["resourceVersion"] = json!(version);
-    }
-
-    fn delete(&self, name: &str) {
-        let mut state = self.state.lock().unwrap();
-        let object = state.nodes.remove(name).expect("node");
-        self.record(&mut state, "DELETED", object);
-    }
-
-    fn watches(&self) -> usize {
-        self.state.lock().unwrap().watches
-    }
-
-    fn lists(&self) -> usize {
-        self.state.lock().unwrap().lists
-    }
-
-    fn router(&self) -> axum::Router {
-        axum::Router::new()
-            .route("/api/v1/nodes", axum::routing::get(nodes_endpoint))
-            .with_state(self.clone())
-    }
-}
-
-async fn nodes_endpoint(
-    axum::extract::State(stub): axum::extract::State<ApiStub>,
-    axum::extract::RawQuery(raw): axum::extract::RawQuery,
-) -> axum::response::Response {
-    // kube's parameters are plain words and numbers: no percent-decoding needed.
-    let query: HashMap<&str, &str> = raw
-        .as_deref()
-        .unwrap_or_default()
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .collect();
-    use axum::response::IntoResponse;
-    let json_type = [(axum::http::header::CONTENT_TYPE, "application/json")];
-    if !matches!(query.get("watch"), Some(&("true" | "1"))) {
-        let mut state = stub.state.lock().unwrap();
-        state.lists += 1;
-        let list = json!({
-            "kind": "NodeList",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": state.version.to_string()},
-            "items": state.nodes.values().cloned().collect::<Vec<_>>(),
-        });
-        return (json_type, list.to_string()).into_response();
-    }
-    let from: u64 = query
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    stub.state.lock().unwrap().watches += 1;
-    // One JSON event per line, replaying what came after `from`, then
-    // following new events; the stream stays open as a real watch does.
-    let events = futures::stream::unfold((stub, from), |(stub, mut seen)| async move {
-        loop {
-            let changed = stub.changed.clone();
-            let notified = changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let next = {
-                let state = stub.state.lock().unwrap();
-                state
-                    .events
-                    .iter()
-                    .find(|(version, _)| *version > seen)
-                    .cloned()
-            };
-            if let Some((version, event)) = next {
-                seen = version;
-                return Some((Ok::<_, Infallible>(format!("{event}\n")), (stub, seen)));
-            }
-            notified.await;
-        }
-    });
-    (json_type, axum::body::Body::from_stream(events)).into_response()
-}
-
-/// The stub served on `listener` (already bound, in whichever network
-/// namespace it was made) on a thread of its own, until dropped.
-struct ServedStub {
-    stub: ApiStub,
-    url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ServedStub {
-    fn start(listener: TcpListener) -> Self {
-        let stub = ApiStub::from_fixture();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        listener.set_nonblocking(true).unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let router = stub.router();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                tokio::select! {
-                    served = axum::serve(listener, router) => served.unwrap(),
-                    _ = stopped => {}
-                }
-            });
-        });
-        ServedStub {
-            stub,
-            url,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for ServedStub {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+// The agent against a stub of the Kubernetes API server (kube_stub.rs).
 
 fn names_and_cidrs(nodes: &[Node]) -> Vec<String> {
     let mut view: Vec<String> = nodes
@@ -899,7 +710,7 @@ fn the_kubernetes_source_follows_nodes_from_the_api_server() {
         // kube-controller-manager allocates worker-2's CIDR. (The watch
         // starts from the list's resourceVersion: the stub replays what
         // happened since, as the API server does.)
-        stub.modify("worker-2", |node| {
+        stub.modify(Kind::Node, "worker-2", |node| {
             node["spec"]["podCIDR"] = json!("10.244.2.0/24");
             node["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
         });
@@ -908,11 +719,11 @@ fn the_kubernetes_source_follows_nodes_from_the_api_server() {
                 .contains(&"worker-2 [10.244.2.0/24] via [172.30.0.3]".to_string())
         );
         // Heartbeats change nothing the agent cares about: no new list.
-        stub.modify("cp-1", |node| {
+        stub.modify(Kind::Node, "cp-1", |node| {
             node["status"]["conditions"][0]["lastHeartbeatTime"] = json!("2025-03-02T09:41:12Z");
         });
         // worker-1 is deleted.
-        stub.delete("worker-1");
+        stub.delete(Kind::Node, "worker-1");
         assert_eq!(
             names_and_cidrs(&next().await),
             [
@@ -921,8 +732,8 @@ fn the_kubernetes_source_follows_nodes_from_the_api_server() {
             ]
         );
     });
-    assert_eq!(stub.lists(), 1, "one list, then the watch");
-    assert!(stub.watches() >= 1);
+    assert_eq!(stub.lists(Kind::Node), 1, "one list, then the watch");
+    assert!(stub.watches(Kind::Node) >= 1);
 }
 
 #[test]
@@ -949,7 +760,7 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
         node.routes() == [worker_1.clone()]
     });
 
-    served.stub.modify("worker-2", |n| {
+    served.stub.modify(Kind::Node, "worker-2", |n| {
         n["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
     });
     let worker_2 = "10.244.2.0/24 via 172.30.0.3".to_string();
@@ -958,7 +769,7 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
     });
     assert_eq!(node.remote_cidrs(), [worker_1.clone(), worker_2.clone()]);
 
-    served.stub.delete("worker-1");
+    served.stub.delete(Kind::Node, "worker-1");
     wait_until("worker-1's route to go", SETTLE, || {
         node.routes() == [worker_2.clone()]
     });
@@ -1026,4 +837,186 @@ fn a_moved_pin_root_travels_in_the_conflist_and_cannot_split_the_datapath() {
     );
     out.assert_error(7, "disagrees with the configuration's \"pinRoot\"");
     assert!(!elsewhere.exists(), "the refused ADD pinned something");
+}
+
+/// The value of the sample `series` (name and labels, as rendered) on an
+/// agent's /metrics page; None when it is not there.
+fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A Running pod of `node` in the API, labelled `labels`, at `ip`, serving
+/// `http` on TCP 80.
+fn api_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, labels: Value) -> Value {
+    json!({
+        "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}"), "labels": labels},
+        "spec": {"nodeName": node, "containers": [{
+            "name": "c", "image": "busybox",
+            "ports": [{"name": "http", "containerPort": 80, "protocol": "TCP"}]
+        }]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}
+    })
+}
+
+fn api_namespace(name: &str, labels: Value) -> Value {
+    let mut labels = labels;
+    labels["kubernetes.io/metadata.name"] = json!(name);
+    json!({"metadata": {"name": name, "labels": labels}})
+}
+
+#[test]
+fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
+    if !root_or_skip("the_agent_computes_and_writes_network_policy_from_the_kubernetes_api") {
+        return;
+    }
+    let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
+    let node = cluster.node("cp-1");
+    let listener = node
+        .netns
+        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .unwrap();
+    let served = ServedStub::start(listener);
+    let stub = &served.stub;
+    stub.add(
+        Kind::Namespace,
+        api_namespace("shop", json!({"env": "prod"})),
+    );
+    stub.add(
+        Kind::Namespace,
+        api_namespace("tools", json!({"env": "dev"})),
+    );
+    node.start_agent(&Peers::Api(served.url.clone()));
+    node.wait_ready();
+
+    // Two real pods on the node, as the API lists them once kubelet
+    // reported their IPs; a pod of another node is a peer only.
+    let web = node.pod();
+    let client = node.pod();
+    let (web_ip, client_ip) = (IpAddr::V4(web.ip), IpAddr::V4(client.ip));
+    stub.add(
+        Kind::Pod,
+        api_pod("shop", "web", "cp-1", web_ip, json!({"app": "web"})),
+    );
+    stub.add(
+        Kind::Pod,
+        api_pod(
+            "tools",
+            "client",
+            "cp-1",
+            client_ip,
+            json!({"app": "client"}),
+        ),
+    );
+    let elsewhere: IpAddr = "10.244.1.7".parse().unwrap();
+    stub.add(
+        Kind::Pod,
+        api_pod(
+            "tools",
+            "far",
+            "worker-1",
+            elsewhere,
+            json!({"app": "client"}),
+        ),
+    );
+    // Ingress to web: from the dev namespaces' clients, on its named port.
+    stub.add(
+        Kind::NetworkPolicy,
+        json!({
+            "metadata": {"namespace": "shop", "name": "web-from-tools"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "web"}},
+                "ingress": [{
+                    "from": [{"namespaceSelector": {"matchLabels": {"env": "dev"}},
+                              "podSelector": {"matchLabels": {"app": "client"}}}],
+                    "ports": [{"port": "http"}]
+                }]
+            }
+        }),
+    );
+    let isolated = |direction: &str| {
+        metric(
+            &node.metrics(),
+            &format!("flatnet_policy_isolated_pods{{direction=\"{direction}\"}}"),
+        )
+    };
+    let updates = || metric(&node.metrics(), "flatnet_policy_updates_total").unwrap_or(0.0);
+    wait_until("web isolated for ingress", SETTLE, || {
+        isolated("ingress") == Some(1.0) && isolated("egress") == Some(0.0)
+    });
+    // Written for web (isolated) and left alone for client (never isolated).
+    wait_until("web's policy written", SETTLE, || updates() >= 1.0);
+    let datapath = node.datapath();
+    let slot = datapath.slot_of(web_ip).unwrap().expect("web's slot");
+    let written = |slot: u32| {
+        let flags = datapath.pod_policy(slot).unwrap().flags;
+        let rules: Vec<String> = datapath
+            .pod_policy_rules(slot)
+            .unwrap()
+            .iter()
+            .map(|(direction, rule)| format!("{direction} {} {:?}", rule.cidr, rule.ports))
+            .collect();
+        (flags, rules)
+    };
+    let (flags, rules) = written(slot);
+    assert_eq!(flags, flatnet_common::POLICY_F_INGRESS);
+    let allowed = |ip: IpAddr| {
+        format!(
+            "{} {ip}/32 Ranges([PolicyPortRange {{ protocol: 6, first: 80, last: 80 }}])",
+            flatnet_common::POLICY_DIR_INGRESS
+        )
+    };
+    assert_eq!(rules, [allowed(client_ip), allowed(elsewhere)]);
+    let client_slot = datapath.slot_of(client_ip).unwrap().expect("client's slot");
+    assert_eq!(written(client_slot), (0, vec![]));
+
+    // An update: the policy now also isolates web's egress (to nothing),
+    // and the far client left the dev namespaces' selection.
+    let before = updates();
+    stub.modify(Kind::NetworkPolicy, "shop/web-from-tools", |p| {
+        p["spec"]["policyTypes"] = json!(["Ingress", "Egress"]);
+    });
+    stub.delete(Kind::Pod, "tools/far");
+    wait_until("web isolated both ways", SETTLE, || {
+        isolated("egress") == Some(1.0)
+    });
+    wait_until("web's policy rewritten", SETTLE, || {
+        written(slot)
+            == (
+                flatnet_common::POLICY_F_INGRESS | flatnet_common::POLICY_F_EGRESS,
+                vec![allowed(client_ip)],
+            )
+    });
+    assert!(
+        updates() > before,
+        "flatnet_policy_updates_total did not grow"
+    );
+    let page = node.metrics();
+    assert!(
+        metric(&page, "flatnet_policy_compute_seconds_count").unwrap_or(0.0) >= 2.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, "flatnet_policy_errors_total"),
+        Some(0.0),
+        "{page}"
+    );
+    let log = node.agent_log();
+    assert!(log.contains("pod isolation changed"), "{log}");
+    // The node's addresses reach the datapath at each pass.
+    assert!(
+        stub.lists(Kind::NetworkPolicy) >= 1
+            && stub.lists(Kind::Pod) >= 1
+            && stub.lists(Kind::Namespace) >= 1
+    );
+
+    // The policy goes: web is isolated no more, its maps are cleared.
+    stub.delete(Kind::NetworkPolicy, "shop/web-from-tools");
+    wait_until("web's policy taken away", SETTLE, || {
+        isolated("ingress") == Some(0.0) && written(slot) == (0, vec![])
+    });
+    node.stop_agent();
+    drop((web, client));
+    drop(served);
 }

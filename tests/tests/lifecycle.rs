@@ -6,7 +6,10 @@ use std::process::Command;
 
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::DATAPATH_ID;
-use flatnet_common::{MAP_POD_SOURCES, PROG_FROM_POD, SOURCES_F_VALID, action};
+use flatnet_common::{
+    MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_FLOWS, MAP_POLICY_PODS,
+    MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
+};
 use flatnet_tests::*;
 
 /// IDs of the programs at tc ingress of a host interface: tcx links and
@@ -42,6 +45,18 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     // Builds before the source check had no POD_SOURCES: the upgrade must
     // fill a new one for the pods already there, or their packets drop.
     std::fs::remove_file(datapath.map_path(MAP_POD_SOURCES)).unwrap();
+    // Nor the NetworkPolicy maps: the upgrade makes them, empty.
+    let policy_maps = [
+        MAP_POLICY_PODS,
+        MAP_POLICY_V4,
+        MAP_POLICY_V6,
+        MAP_POLICY_FLOWS,
+        MAP_POLICY_DROPS,
+        MAP_LOCAL_ADDRS,
+    ];
+    for map in policy_maps {
+        std::fs::remove_file(datapath.map_path(map)).unwrap();
+    }
 
     let mut third = None;
     let (sent, received) = stream_during(&b.netns, b.ip(), &a.netns, || {
@@ -60,6 +75,9 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
         );
     }
     assert!(!older.exists(), "the old program's pin was kept");
+    for map in policy_maps {
+        assert!(datapath.map_path(map).exists(), "{map} was not made");
+    }
     // The new POD_SOURCES holds the pods that were there before it.
     for pod in [&a, &b] {
         let slot = datapath

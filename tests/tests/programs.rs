@@ -21,8 +21,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::Shaping;
+use flatnet::datapath::{PolicyPortRange, PolicyPorts, PolicyRule};
 use flatnet_common::{
-    Counter, Endpoint, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, SOURCES_F_MORE, action,
+    Counter, Endpoint, POLICY_F_EGRESS, POLICY_F_INGRESS, PROG_FROM_POD, PROG_FROM_POD_XDP,
+    PROG_FROM_UPLINK, PROG_TO_POD, SOURCES_F_MORE, action,
 };
 use flatnet_tests::test_run::{
     Outcome, ScratchDatapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_NEXT, XDP_DROP, XDP_PASS,
@@ -432,6 +434,8 @@ enum Hook<'a> {
     PodXdp(&'a Pod),
     /// From another node, on the uplink's tc ingress: `from_uplink`.
     Uplink,
+    /// From the host stack into a pod, at its host veth's tc egress: `to_pod`.
+    ToPod(&'a Pod),
 }
 
 type Stats = [Counter; action::COUNT as usize];
@@ -511,11 +515,12 @@ impl Node {
             Hook::PodTc(pod) => (PROG_FROM_POD, pod.host_ifindex),
             Hook::PodXdp(pod) => (PROG_FROM_POD_XDP, pod.host_ifindex),
             Hook::Uplink => (PROG_FROM_UPLINK, self.uplink_ifindex),
+            Hook::ToPod(pod) => (PROG_TO_POD, pod.host_ifindex),
         };
         let path = self.scratch.program_path(program);
         self.netns.run(|| match hook {
             Hook::PodXdp(_) => run_xdp(&path, frame, ifindex),
-            Hook::PodTc(_) | Hook::Uplink => run_tc(&path, frame, ifindex),
+            Hook::PodTc(_) | Hook::Uplink | Hook::ToPod(_) => run_tc(&path, frame, ifindex),
         })
     }
 
@@ -1907,4 +1912,437 @@ fn xdp_replies_of_translated_flows_go_to_the_stack() {
             &[("translated_to_stack", 1)],
         );
     }
+}
+
+// ---- NetworkPolicy -----------------------------------------------------------
+
+/// TCP to `port` only.
+fn tcp_port(port: u16) -> PolicyPortRange {
+    PolicyPortRange {
+        protocol: IPPROTO_TCP,
+        first: port,
+        last: port,
+    }
+}
+
+fn udp_port(port: u16) -> PolicyPortRange {
+    PolicyPortRange {
+        protocol: IPPROTO_UDP,
+        first: port,
+        last: port,
+    }
+}
+
+/// A rule for `cidr` allowing `ranges` (none: an explicit deny).
+fn rule(cidr: &str, ranges: &[PolicyPortRange]) -> PolicyRule {
+    PolicyRule {
+        cidr: cidr.parse().expect("CIDR"),
+        ports: PolicyPorts::Ranges(ranges.to_vec()),
+    }
+}
+
+fn any_from(cidr: &str) -> PolicyRule {
+    PolicyRule {
+        cidr: cidr.parse().expect("CIDR"),
+        ports: PolicyPorts::Any,
+    }
+}
+
+impl Node {
+    /// Isolates `pod` with these tables (in the node's namespace: the
+    /// library attaches `to_pod` to the pod's host veth there).
+    fn set_policy(&self, pod: &Pod, ingress: Option<&[PolicyRule]>, egress: Option<&[PolicyRule]>) {
+        let datapath = &self.scratch.datapath;
+        self.netns
+            .run(|| datapath.set_pod_policy(pod.slot, ingress, egress))
+            .expect("writing a pod's policy");
+    }
+
+    /// What policy dropped of `pod`: (ingress, egress) packets.
+    fn policy_drops(&self, pod: &Pod) -> (u64, u64) {
+        self.scratch
+            .datapath
+            .policy_drops(pod.slot)
+            .expect("reading policy drops")
+    }
+}
+
+#[test]
+fn policy_leaves_pods_no_policy_selects_alone() {
+    let Some(node) = node_or_skip(
+        "policy_leaves_pods_no_policy_selects_alone",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    assert_eq!(
+        node.scratch.datapath.slot_of(a.ip(Family::V4)).unwrap(),
+        Some(a.slot)
+    );
+    assert_eq!(node.scratch.datapath.pod_policy(a.slot).unwrap().flags, 0);
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 9999);
+        let frame = a.sends(flow.udp());
+        node.check(
+            &format!("{family:?} unselected A to unselected B"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+        let from_host = b.sends(Tuple::new(THIS_NODE.of(family), 1, b.ip(family), 2).udp());
+        node.check(
+            &format!("{family:?} host to unselected B"),
+            Hook::ToPod(b),
+            &from_host,
+            TC_NEXT,
+            &from_host,
+            &[],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (0, 0));
+}
+
+#[test]
+fn policy_egress_allows_only_the_tables_ports_and_prefixes() {
+    let Some(node) = node_or_skip(
+        "policy_egress_allows_only_the_tables_ports_and_prefixes",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // The pod subnet on TCP 8080 and UDP 53, except the unused address;
+    // nothing else.
+    let egress = [
+        rule("10.244.0.0/16", &[tcp_port(8080), udp_port(53)]),
+        rule("10.244.1.99/32", &[]),
+        rule("fd00:244::/32", &[tcp_port(8080), udp_port(53)]),
+        rule("fd00:244:1::99/128", &[]),
+    ];
+    node.set_policy(a, None, Some(&egress));
+    assert_eq!(
+        node.scratch.datapath.pod_policy(a.slot).unwrap().flags,
+        POLICY_F_EGRESS
+    );
+    let mut denied = 0;
+    for family in FAMILIES {
+        let (ai, bi) = (a.ip(family), b.ip(family));
+        let allowed = [
+            ("TCP 8080", Tuple::new(ai, 40000, bi, 8080).tcp(TCP_SYN)),
+            ("UDP 53", Tuple::new(ai, 40001, bi, 53).udp()),
+        ];
+        for (case, packet) in allowed {
+            let frame = a.sends(packet);
+            node.check(
+                &format!("{family:?} {case} to B"),
+                Hook::PodTc(a),
+                &frame,
+                TC_ACT_REDIRECT,
+                &b.receives(&frame),
+                &[("redirected", 1)],
+            );
+        }
+        let dropped = [
+            (
+                "TCP 9090 to B",
+                Tuple::new(ai, 40002, bi, 9090).tcp(TCP_SYN),
+            ),
+            ("UDP 8080 to B", Tuple::new(ai, 40003, bi, 8080).udp()),
+            ("TCP 53 to B", Tuple::new(ai, 40004, bi, 53).tcp(TCP_SYN)),
+            (
+                "TCP 8080 to the except",
+                Tuple::new(ai, 40005, UNUSED.of(family), 8080).tcp(TCP_SYN),
+            ),
+            (
+                "TCP 8080 outside every prefix",
+                Tuple::new(ai, 40006, OUTSIDE.of(family), 8080).tcp(TCP_SYN),
+            ),
+            (
+                "TCP 8080 to the node",
+                Tuple::new(ai, 40007, THIS_NODE.of(family), 8080).tcp(TCP_SYN),
+            ),
+            ("ICMP echo to B", ip_echo(ai, bi)),
+        ];
+        for (case, packet) in dropped {
+            let frame = a.sends(packet);
+            // Judged once the datapath has decided: a frame for B is
+            // already rewritten for it.
+            let left = if case.ends_with("to B") {
+                b.receives(&frame)
+            } else {
+                frame.clone()
+            };
+            node.check(
+                &format!("{family:?} {case}"),
+                Hook::PodTc(a),
+                &frame,
+                TC_ACT_SHOT,
+                &left,
+                &[("policy_denied", 1)],
+            );
+            denied += 1;
+        }
+    }
+    assert_eq!(
+        node.policy_drops(a),
+        (0, denied),
+        "A's (ingress, egress) drops"
+    );
+    assert_eq!(node.policy_drops(b), (0, 0), "B's drops");
+    // Not isolated any more: everything goes again, no entry is left.
+    node.scratch.datapath.clear_pod_policy(a.slot).unwrap();
+    assert!(
+        node.scratch
+            .datapath
+            .pod_policy_rules(a.slot)
+            .unwrap()
+            .is_empty()
+    );
+    let frame = a.sends(Tuple::new(a.ip(Family::V4), 40002, b.ip(Family::V4), 9090).tcp(TCP_SYN));
+    node.check(
+        "TCP 9090 to B once the policy is gone",
+        Hook::PodTc(a),
+        &frame,
+        TC_ACT_REDIRECT,
+        &b.receives(&frame),
+        &[("redirected", 1)],
+    );
+}
+
+/// An ICMP echo request of the addresses' family, as an IP packet.
+fn ip_echo(src: IpAddr, dst: IpAddr) -> (u16, Vec<u8>) {
+    let (proto, message) = echo_request(src, dst);
+    ip(src, dst, TTL, proto, &message)
+}
+
+#[test]
+fn policy_ingress_of_a_local_destination_is_judged_before_the_redirect() {
+    let Some(node) = node_or_skip(
+        "policy_ingress_of_a_local_destination_is_judged_before_the_redirect",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // B takes TCP 8080 from A only.
+    let ingress = [
+        rule(&format!("{}/32", POD_A.v4), &[tcp_port(8080)]),
+        rule(&format!("{}/128", POD_A.v6), &[tcp_port(8080)]),
+    ];
+    node.set_policy(b, Some(&ingress), None);
+    assert_eq!(
+        node.scratch.datapath.pod_policy(b.slot).unwrap().flags,
+        POLICY_F_INGRESS
+    );
+    for family in FAMILIES {
+        let (ai, bi) = (a.ip(family), b.ip(family));
+        let frame = a.sends(Tuple::new(ai, 40000, bi, 8080).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} A to B on 8080"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+        let frame = a.sends(Tuple::new(ai, 40001, bi, 9090).tcp(TCP_SYN));
+        // Rewritten for B before the judgement; dropped all the same.
+        node.check(
+            &format!("{family:?} A to B on 9090"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+        // From another node's pod, through the uplink: not in B's table.
+        let frame = from_remote(REMOTE_POD.of(family), bi, TTL);
+        let outcome = node.try_run(Hook::Uplink, &frame).unwrap();
+        assert_eq!(outcome.verdict, TC_ACT_SHOT, "{family:?} remote pod to B");
+    }
+    assert_eq!(node.policy_drops(b), (4, 0), "B's (ingress, egress) drops");
+    assert_eq!(node.policy_drops(a), (0, 0), "A's drops");
+    let rules = node.scratch.datapath.pod_policy_rules(b.slot).unwrap();
+    assert_eq!(rules.len(), 2, "{rules:?}");
+}
+
+#[test]
+fn policy_replies_of_a_recorded_flow_pass_until_the_policy_changes() {
+    let Some(node) = node_or_skip(
+        "policy_replies_of_a_recorded_flow_pass_until_the_policy_changes",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // A may open TCP 8080 to B and takes nothing in.
+    let egress = [
+        rule("10.244.0.0/16", &[tcp_port(8080)]),
+        rule("fd00:244::/32", &[tcp_port(8080)]),
+    ];
+    node.set_policy(a, Some(&[]), Some(&egress));
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 8080);
+        let syn = a.sends(flow.tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} A opens 8080 on B"),
+            Hook::PodTc(a),
+            &syn,
+            TC_ACT_REDIRECT,
+            &b.receives(&syn),
+            &[("redirected", 1)],
+        );
+        // B's answer has no entry in A's (empty) ingress table: it passes
+        // as the reply of the flow A's egress recorded.
+        let answer = b.sends(flow.reversed().tcp(TCP_SYN | TCP_ACK));
+        node.check(
+            &format!("{family:?} B answers"),
+            Hook::PodTc(b),
+            &answer,
+            TC_ACT_REDIRECT,
+            &a.receives(&answer),
+            &[("redirected", 1)],
+        );
+        // The same through the stack (to_pod), e.g. after a ClusterIP.
+        node.check(
+            &format!("{family:?} B's answer through the stack"),
+            Hook::ToPod(a),
+            &answer,
+            TC_NEXT,
+            &answer,
+            &[],
+        );
+        // A connection B opens to A is no reply.
+        let other = b.sends(Tuple::new(b.ip(family), 40000, a.ip(family), 8080).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} B opens 8080 on A"),
+            Hook::PodTc(b),
+            &other,
+            TC_ACT_SHOT,
+            &a.receives(&other),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (2, 0));
+    // A new policy that no longer allows 8080: the recorded flow is judged
+    // again at its next packet, both ways, and cut.
+    let egress = [
+        rule("10.244.0.0/16", &[tcp_port(9090)]),
+        rule("fd00:244::/32", &[tcp_port(9090)]),
+    ];
+    let before = node.scratch.datapath.pod_policy(a.slot).unwrap().generation;
+    node.set_policy(a, Some(&[]), Some(&egress));
+    assert_eq!(
+        node.scratch.datapath.pod_policy(a.slot).unwrap().generation,
+        before + 1
+    );
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 8080);
+        let ack = a.sends(flow.tcp(TCP_ACK));
+        node.check(
+            &format!("{family:?} A's next packet after the change"),
+            Hook::PodTc(a),
+            &ack,
+            TC_ACT_SHOT,
+            &b.receives(&ack),
+            &[("policy_denied", 1)],
+        );
+        let answer = b.sends(flow.reversed().tcp(TCP_ACK));
+        node.check(
+            &format!("{family:?} B's next answer after the change"),
+            Hook::PodTc(b),
+            &answer,
+            TC_ACT_SHOT,
+            &a.receives(&answer),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (4, 2));
+}
+
+#[test]
+fn policy_to_pod_judges_what_the_stack_delivers_and_trusts_the_node() {
+    let Some(node) = node_or_skip(
+        "policy_to_pod_judges_what_the_stack_delivers_and_trusts_the_node",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let b = &node.b;
+    let datapath = &node.scratch.datapath;
+    datapath
+        .set_local_addresses(&[THIS_NODE.v4.into(), THIS_NODE.v6.into()])
+        .unwrap();
+    // B takes anything from the remote pod, and nothing else; sends nothing.
+    let ingress = [
+        any_from(&format!("{}/32", REMOTE_POD.v4)),
+        any_from(&format!("{}/128", REMOTE_POD.v6)),
+    ];
+    node.set_policy(b, Some(&ingress), Some(&[]));
+    // to_pod went onto B's host veth egress, on a pinned tcx link.
+    assert!(
+        datapath
+            .link_path(flatnet::datapath::LinkRole::ToPod, "host-b")
+            .exists()
+    );
+    for family in FAMILIES {
+        let bi = b.ip(family);
+        let probe_flow = Tuple::new(THIS_NODE.of(family), 50000, bi, 8080);
+        let probe = b.receives(&b.sends(probe_flow.tcp(TCP_SYN)));
+        node.check(
+            &format!("{family:?} a probe from the node"),
+            Hook::ToPod(b),
+            &probe,
+            TC_NEXT,
+            &probe,
+            &[],
+        );
+        // B's answer to the node passes its (empty) egress table.
+        let answer = b.sends(probe_flow.reversed().tcp(TCP_SYN | TCP_ACK));
+        node.check(
+            &format!("{family:?} B answers the probe"),
+            Hook::PodTc(b),
+            &answer,
+            TC_NEXT,
+            &answer,
+            &[("passed_to_stack", 1)],
+        );
+        let remote = b.receives(&b.sends(Tuple::new(REMOTE_POD.of(family), 1, bi, 2).udp()));
+        node.check(
+            &format!("{family:?} the remote pod through the stack"),
+            Hook::ToPod(b),
+            &remote,
+            TC_NEXT,
+            &remote,
+            &[],
+        );
+        let outside = b.receives(&b.sends(Tuple::new(OUTSIDE.of(family), 1, bi, 2).udp()));
+        node.check(
+            &format!("{family:?} the outside through the stack"),
+            Hook::ToPod(b),
+            &outside,
+            TC_ACT_SHOT,
+            &outside,
+            &[("policy_denied", 1)],
+        );
+    }
+    // Neighbour discovery is never judged.
+    let ns = neighbour_solicitation(THIS_NODE.v6, POD_B.v6, Some(HOST_B_MAC));
+    let frame = ethernet(POD_B_MAC, HOST_B_MAC, ETH_P_IPV6, &ns);
+    node.check(
+        "a neighbour solicitation",
+        Hook::ToPod(b),
+        &frame,
+        TC_NEXT,
+        &frame,
+        &[],
+    );
+    assert_eq!(node.policy_drops(b), (2, 0));
+    // Policy state goes with the pod (its slot may be reused).
+    datapath.remove_pod(b.host_ifindex, None).unwrap();
+    assert_eq!(datapath.pod_policy(b.slot).unwrap().flags, 0);
+    assert!(datapath.pod_policy_rules(b.slot).unwrap().is_empty());
 }

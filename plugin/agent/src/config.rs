@@ -176,6 +176,12 @@ pub struct Args {
     #[arg(long, env = "FLATNET_CNI_CACHE_DIR", default_value = "/var/lib/cni")]
     pub cni_cache_dir: PathBuf,
 
+    /// With `--peer-source kubernetes`: watch NetworkPolicies, Pods and
+    /// Namespaces and enforce the policies of this node's pods in the
+    /// datapath (needs get/list/watch on them).
+    #[arg(long, env = "FLATNET_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
+
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `flatnet=debug`.
     #[arg(long, env = "FLATNET_LOG", default_value = "info")]
     pub log: String,
@@ -203,6 +209,7 @@ mod tests {
         assert!(args.chain_portmap && args.chain_bandwidth);
         assert_eq!(args.cri_socket, None);
         assert_eq!(args.reference_plugins_from, PathBuf::from("/usr/lib/cni"));
+        assert!(args.network_policy);
         let args = Args::try_parse_from([
             "flatnet-agent",
             "--node-name=n1",
@@ -210,8 +217,10 @@ mod tests {
             "--peer-file=/etc/flatnet/peers.yaml",
             "--install-binaries=false",
             "--datapath=xdp",
+            "--network-policy=false",
         ])
         .unwrap();
+        assert!(!args.network_policy);
         assert_eq!(args.peer_source, SourceKind::File);
         assert!(!args.install_binaries);
         assert_eq!(DatapathMode::from(args.datapath), DatapathMode::Xdp);

@@ -107,7 +107,7 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
 }
 
 /// The first address of a CIDR: the pods' gateway, held by the node.
-fn gateway(cidr: &IpNetwork) -> Result<IpAddr> {
+pub fn gateway(cidr: &IpNetwork) -> Result<IpAddr> {
     let too_small = || AgentError::Config(format!("pod CIDR {cidr} is too small for pods"));
     let limit = if cidr.is_ipv4() { 30 } else { 126 };
     if cidr.prefix() > limit {

@@ -48,19 +48,34 @@ impl KubeSource {
     /// KUBECONFIG or ~/.kube/config when there is one, else the in-cluster
     /// service account.
     pub async fn connect() -> Result<Self> {
-        let config = kube::Config::infer().await?;
-        Ok(Self::new(Client::try_from(config)?))
+        Ok(Self::new(client(None).await?))
     }
 
     /// A client for an API server URL that needs no credentials, such as
     /// `kubectl proxy` (http://127.0.0.1:8001) or a test's stub.
     pub fn for_api_server(url: &str) -> Result<Self> {
-        let uri = url.parse().map_err(|e| {
-            super::error::AgentError::Config(format!("--kube-api-server {url}: {e}"))
-        })?;
-        Ok(Self::new(Client::try_from(kube::Config::new(uri))?))
+        Ok(Self::new(client_for(url)?))
     }
+}
 
+/// The API client: for `api_server` (a URL needing no credentials), else
+/// from KUBECONFIG or ~/.kube/config, else in-cluster. One client serves
+/// every watch of the agent.
+pub async fn client(api_server: Option<&str>) -> Result<Client> {
+    match api_server {
+        Some(url) => client_for(url),
+        None => Ok(Client::try_from(kube::Config::infer().await?)?),
+    }
+}
+
+fn client_for(url: &str) -> Result<Client> {
+    let uri = url
+        .parse()
+        .map_err(|e| super::error::AgentError::Config(format!("--kube-api-server {url}: {e}")))?;
+    Ok(Client::try_from(kube::Config::new(uri))?)
+}
+
+impl KubeSource {
     /// Applies one event; true when a complete view is available.
     fn apply(&mut self, event: Event<KubeNode>) -> bool {
         match event {

@@ -21,6 +21,8 @@ pub mod kube_source;
 pub mod metrics;
 pub mod peers;
 pub mod policy;
+pub mod policy_sync;
+pub mod policy_watch;
 pub mod reclaim;
 pub mod routes;
 pub mod run;

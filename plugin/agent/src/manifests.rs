@@ -37,21 +37,35 @@ fn one<T: DeserializeOwned>(text: &str) -> T {
 }
 
 #[test]
-fn rbac_grants_reading_nodes_and_nothing_more() {
+fn rbac_grants_reading_nodes_and_policy_objects_and_nothing_more() {
     let account: ServiceAccount = one(SERVICE_ACCOUNT);
     let values: Vec<serde_json::Value> = serde_saphyr::from_multiple(RBAC).unwrap();
     assert_eq!(values.len(), 2);
     let role: ClusterRole = serde_json::from_value(values[0].clone()).unwrap();
     let binding: ClusterRoleBinding = serde_json::from_value(values[1].clone()).unwrap();
     let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0].api_groups.as_deref(), Some(&[String::new()][..]));
-    assert_eq!(
-        rules[0].resources.as_deref(),
-        Some(&["nodes".to_string()][..])
-    );
-    let verbs: BTreeSet<&str> = rules[0].verbs.iter().map(String::as_str).collect();
-    assert_eq!(verbs, BTreeSet::from(["get", "list", "watch"]));
+    // (API group, resource) -> verbs: reading only, on exactly these.
+    let mut granted: BTreeSet<(String, String)> = BTreeSet::new();
+    for rule in &rules {
+        let verbs: BTreeSet<&str> = rule.verbs.iter().map(String::as_str).collect();
+        assert_eq!(verbs, BTreeSet::from(["get", "list", "watch"]));
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                granted.insert((group.clone(), resource.clone()));
+            }
+        }
+    }
+    let wanted: BTreeSet<(String, String)> = [
+        ("", "nodes"),
+        ("", "pods"),
+        ("", "namespaces"),
+        ("networking.k8s.io", "networkpolicies"),
+    ]
+    .iter()
+    .map(|(g, r)| (g.to_string(), r.to_string()))
+    .collect();
+    assert_eq!(granted, wanted);
     assert_eq!(binding.role_ref.kind, "ClusterRole");
     assert_eq!(Some(binding.role_ref.name), role.metadata.name);
     let subject = &binding.subjects.unwrap()[0];

@@ -14,6 +14,13 @@
 //!   in use per pod CIDR), `flatnet_ipam_reclaim_waiting` (without a sandbox,
 //!   inside the grace period), `flatnet_ipam_reclaim_passes_total`,
 //!   `flatnet_ipam_reclaim_failures_total`.
+//! - With `--network-policy` (Kubernetes peer source):
+//!   `flatnet_policy_compute_seconds` (histogram: one computation of the
+//!   node's plan), `flatnet_policy_isolated_pods{direction}` (pods of this
+//!   node isolated for ingress / egress in the last plan),
+//!   `flatnet_policy_updates_total` (pods whose policy was written to the
+//!   datapath), `flatnet_policy_errors_total` (pods whose policy could not
+//!   be computed or written, and broken policy watches).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,6 +38,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::error::{AgentError, Result};
@@ -51,6 +59,28 @@ pub struct AgentMetrics {
     pub reclaim_waiting: Gauge,
     pub reclaim_passes: Counter,
     pub reclaim_failures: Counter,
+    pub policy_compute: ComputeSeconds,
+    pub policy_isolated: Family<DirectionLabel, Gauge>,
+    pub policy_updates: Counter,
+    pub policy_errors: Counter,
+}
+
+/// `ingress` or `egress`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: String,
+}
+
+/// Seconds one policy plan took to compute: buckets from 100 µs to ~3 s
+/// (a node's plan is a few ms; the histogram shows when a cluster's size
+/// makes it more).
+#[derive(Debug, Clone)]
+pub struct ComputeSeconds(pub Histogram);
+
+impl Default for ComputeSeconds {
+    fn default() -> Self {
+        ComputeSeconds(Histogram::new(exponential_buckets(0.0001, 2.0, 16)))
+    }
 }
 
 /// A pod CIDR of this node (one flatnet-ipam range set).
@@ -208,6 +238,26 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "Reclaim passes or DELs that failed (runtime not answering, a plugin's DEL failing)",
         agent.reclaim_failures.clone(),
     );
+    registry.register(
+        "flatnet_policy_compute_seconds",
+        "Time to compute this node's NetworkPolicy plan after a change",
+        agent.policy_compute.0.clone(),
+    );
+    registry.register(
+        "flatnet_policy_isolated_pods",
+        "Pods of this node isolated by NetworkPolicy in the last plan, per direction",
+        agent.policy_isolated.clone(),
+    );
+    registry.register(
+        "flatnet_policy_updates",
+        "Pods whose NetworkPolicy was written to the datapath",
+        agent.policy_updates.clone(),
+    );
+    registry.register(
+        "flatnet_policy_errors",
+        "Pods whose NetworkPolicy could not be computed or written, and broken policy watches",
+        agent.policy_errors.clone(),
+    );
     registry.register_collector(Box::new(DatapathCollector {
         datapath: datapath.clone(),
     }));
@@ -290,6 +340,14 @@ mod tests {
                 range: "10.244.1.0/24".into(),
             })
             .set(3);
+        agent.policy_compute.0.observe(0.002);
+        agent
+            .policy_isolated
+            .get_or_create(&DirectionLabel {
+                direction: "ingress".into(),
+            })
+            .set(4);
+        agent.policy_updates.inc_by(5);
         let datapath = Datapath::with_root(std::path::Path::new("/nonexistent"), "n");
         let text = render(&registry(&datapath, &agent)).unwrap();
         assert!(text.contains("flatnet_agent_ready 1"), "{text}");
@@ -301,6 +359,16 @@ mod tests {
             text.contains("flatnet_ipam_allocations{range=\"10.244.1.0/24\"} 3"),
             "{text}"
         );
+        assert!(
+            text.contains("flatnet_policy_compute_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flatnet_policy_isolated_pods{direction=\"ingress\"} 4"),
+            "{text}"
+        );
+        assert!(text.contains("flatnet_policy_updates_total 5"), "{text}");
+        assert!(text.contains("flatnet_policy_errors_total 0"), "{text}");
         assert!(!text.contains("flatnet_datapath_packets"), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }

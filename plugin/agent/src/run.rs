@@ -7,8 +7,9 @@
 //! Nothing the datapath needs is torn down on exit: pods keep talking while
 //! the agent restarts (`--uninstall` is the way to take it all away).
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flatnet_common::PROG_FROM_UPLINK;
 use ipnetwork::IpNetwork;
@@ -19,9 +20,12 @@ use super::config::{Args, SourceKind};
 use super::error::{AgentError, Result};
 use super::file_source::FileSource;
 use super::install::{self, BINARIES, ConflistSpec};
-use super::kube_source::KubeSource;
+use super::kube_source::{self, KubeSource};
 use super::metrics::{self, AgentMetrics};
 use super::peers::{self, Node, PeerSource, Plan};
+use super::policy;
+use super::policy_sync::{DatapathSink, PolicySync};
+use super::policy_watch::{self, PolicyObjects};
 use super::reclaim::Reclaimer;
 use super::routes::Routes;
 use flatnet::cni::config::NetConf;
@@ -38,6 +42,11 @@ use flatnet::network::markers as ready;
 /// upgrade replaces it in one request.
 pub const UPLINK_TC_PRIORITY: u16 = 0xf1a7;
 pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
+
+/// How long policy changes are gathered before the plan is recomputed: a
+/// burst of events (a Deployment scaled, a namespace relabelled) costs one
+/// computation, and a single change waits at most this long.
+const POLICY_COALESCE: Duration = Duration::from_millis(10);
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<()> {
@@ -71,19 +80,31 @@ pub async fn run(args: Args) -> Result<()> {
     let mut agent = Agent::start(args, node_name, conf, datapath, agent_metrics).await?;
 
     let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
+    // Policy changes; None with the file source or --network-policy=false.
+    let mut policy_rx = None;
     match peer_file {
         Some(path) => {
             let poll = Duration::from_millis(agent.args.peer_file_poll_ms.max(10));
             spawn_source(FileSource::new(path, poll), updates, agent.metrics.clone());
         }
         None => {
-            let source = match &agent.args.kube_api_server {
-                Some(url) => KubeSource::for_api_server(url)?,
-                None => KubeSource::connect().await?,
-            };
-            spawn_source(source, updates, agent.metrics.clone());
+            let client = kube_source::client(agent.args.kube_api_server.as_deref()).await?;
+            if agent.args.network_policy {
+                let (objects, changes) = policy_watch::spawn(client.clone(), agent.metrics.clone());
+                agent.policy = Some(Enforcer {
+                    objects,
+                    sync: PolicySync::new(
+                        DatapathSink::new(agent.datapath.clone()),
+                        agent.metrics.clone(),
+                    ),
+                });
+                policy_rx = Some(changes);
+            }
+            spawn_source(KubeSource::new(client), updates, agent.metrics.clone());
         }
     }
+    // When gathered policy changes are due for a computation.
+    let mut policy_due: Option<Instant> = None;
 
     let mut terminate = signal(SignalKind::terminate())
         .map_err(|e| AgentError::io("installing the SIGTERM handler", e))?;
@@ -109,6 +130,16 @@ pub async fn run(args: Args) -> Result<()> {
                     agent.reconcile(&nodes, false).await;
                 }
             }
+            changed = policy_change(&mut policy_rx) => {
+                if changed.is_err() {
+                    break Err(AgentError::SourceEnded("the network policy watches stopped".into()));
+                }
+                policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
+            }
+            _ = until(policy_due) => {
+                policy_due = None;
+                agent.enforce_policy();
+            }
             _ = terminate.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
         }
@@ -118,6 +149,24 @@ pub async fn run(args: Args) -> Result<()> {
     remove_if_present(&ready::ready_marker(&agent.args.network))?;
     tracing::info!("stopping; the datapath and routes stay in place");
     outcome
+}
+
+/// The next policy change; never without policy watches.
+async fn policy_change(
+    changes: &mut Option<watch::Receiver<u64>>,
+) -> std::result::Result<(), watch::error::RecvError> {
+    match changes {
+        Some(changes) => changes.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `due`; forever without one.
+async fn until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Feeds each node list of `source` into `updates`; errors are logged and
@@ -186,6 +235,14 @@ pub struct Agent {
     ready: bool,
     /// With `--cri-socket`: releases what no sandbox owns any more.
     reclaimer: Option<Reclaimer>,
+    /// With `--network-policy` and the Kubernetes peer source.
+    policy: Option<Enforcer>,
+}
+
+/// NetworkPolicy on this node: the watched objects and what was written.
+struct Enforcer {
+    objects: PolicyObjects,
+    sync: PolicySync<DatapathSink>,
 }
 
 impl Agent {
@@ -263,6 +320,7 @@ impl Agent {
             last_missing: Vec::new(),
             ready: false,
             reclaimer,
+            policy: None,
         })
     }
 
@@ -297,6 +355,29 @@ impl Agent {
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
             reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
         }
+        // Policy: the node's addresses, and pods whose ADD was in flight.
+        if let (Some(enforcer), Some(me)) = (self.policy.as_mut(), plan.me.as_ref()) {
+            enforcer.sync.resync(&local_addresses(me));
+        }
+    }
+
+    /// Recomputes this node's NetworkPolicy plan from the watched objects
+    /// and writes what changed.
+    fn enforce_policy(&mut self) {
+        let Some(enforcer) = self.policy.as_mut() else {
+            return;
+        };
+        let snapshot = enforcer.objects.snapshot();
+        let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
+        let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
+        let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
+        let start = Instant::now();
+        let plan = policy::plan_of(&self.node_name, &policies, &pods, &namespaces);
+        self.metrics
+            .policy_compute
+            .0
+            .observe(start.elapsed().as_secs_f64());
+        enforcer.sync.update(plan);
     }
 
     /// One pass. An error is this node's own (no datapath, no pod CIDR, no
@@ -518,6 +599,17 @@ impl Agent {
         );
         Ok(())
     }
+}
+
+/// The node's own addresses as policy sees them: its InternalIPs, and the
+/// gateway of each pod CIDR, the source of what the node itself sends to
+/// its pods (kubelet's probes).
+fn local_addresses(me: &Node) -> Vec<IpAddr> {
+    let mut addresses = me.addresses.clone();
+    addresses.extend(me.pod_cidrs.iter().filter_map(|c| install::gateway(c).ok()));
+    addresses.sort();
+    addresses.dedup();
+    addresses
 }
 
 /// The directory of the running executable (the binaries ship together).

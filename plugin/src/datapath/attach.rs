@@ -76,6 +76,9 @@ pub enum LinkRole {
     PodSide,
     /// `from_uplink` on the node's uplink (named by the uplink).
     Uplink,
+    /// `to_pod` at tcx egress of a pod's host veth (named by that veth):
+    /// attached when the pod first becomes isolated for ingress.
+    ToPod,
 }
 
 impl LinkRole {
@@ -84,6 +87,15 @@ impl LinkRole {
             LinkRole::HostVeth => "veth",
             LinkRole::PodSide => "pod",
             LinkRole::Uplink => "uplink",
+            LinkRole::ToPod => "egress",
+        }
+    }
+
+    /// The tcx hook of the role's program.
+    fn tc_attach_type(self) -> TcAttachType {
+        match self {
+            LinkRole::ToPod => TcAttachType::Egress,
+            _ => TcAttachType::Ingress,
         }
     }
 }
@@ -103,7 +115,8 @@ impl Datapath {
         self.links_dir().join(format!("{}-{name}", role.prefix()))
     }
 
-    /// Puts this build's tc `program` at tcx ingress of `ifname` through
+    /// Puts this build's tc `program` at tcx ingress (egress for
+    /// `LinkRole::ToPod`) of `ifname` through
     /// the pinned link of `role`: the link gets the new program in place
     /// while it still holds its device, else a new link replaces the pin.
     pub fn attach_tc_link(&self, program: &str, role: LinkRole, ifname: &str) -> Result<()> {
@@ -129,7 +142,7 @@ impl Datapath {
         let id = prog
             .attach_with_options(
                 ifname,
-                TcAttachType::Ingress,
+                role.tc_attach_type(),
                 TcAttachOptions::TcxOrder(LinkOrder::last()),
             )
             .map_err(|e| link_err(format!("attaching {program} to {ifname} (tcx)"), e))?;
@@ -193,9 +206,19 @@ impl Datapath {
         )
     }
 
+    /// Puts this build's `to_pod` on host veth `ifname`'s egress when the
+    /// veth has one (a pod isolated for ingress): the upgrade's atomic swap
+    /// inside the pinned link, or a new link for a veth made anew.
+    pub fn update_to_pod_link(&self, ifname: &str) -> Result<()> {
+        if self.link_path(LinkRole::ToPod, ifname).exists() {
+            self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, ifname)?;
+        }
+        Ok(())
+    }
+
     /// Unpins the links of the pod behind host veth `host_veth` (DEL).
     pub fn unpin_pod_links(&self, host_veth: &str) -> Result<()> {
-        for role in [LinkRole::HostVeth, LinkRole::PodSide] {
+        for role in [LinkRole::HostVeth, LinkRole::PodSide, LinkRole::ToPod] {
             remove_if_there(&self.link_path(role, host_veth))?;
         }
         Ok(())
@@ -209,7 +232,7 @@ impl Datapath {
         };
         for entry in entries.filter_map(|e| e.ok()) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let device = ["veth-", "pod-"]
+            let device = ["veth-", "pod-", "egress-"]
                 .iter()
                 .find_map(|prefix| name.strip_prefix(prefix));
             if let Some(device) = device
@@ -291,7 +314,8 @@ pub async fn attach_host_veth(
         (DatapathMode::Tc, AttachMode::Tcx) => move_to_tcx(datapath, host, index, ifname).await,
         (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
         (DatapathMode::Xdp, _) => {
-            datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)
+            datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
+            datapath.update_to_pod_link(ifname)
         }
     }
 }
@@ -329,6 +353,7 @@ pub async fn move_to_tcx(
 ) -> Result<()> {
     datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
     crate::trace::mark("tcx link pinned");
+    datapath.update_to_pod_link(ifname)?;
     host.remove_tc_ingress_bpf(index, TC_PRIORITY, TC_HANDLE)
         .await?;
     host.remove_clsact_if_unused(index).await

@@ -135,6 +135,7 @@ impl Datapath {
         }
         let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
         if let Ok(endpoint) = veths.get(&index, 0) {
+            self.clear_pod_policy(endpoint.counter_slot)?;
             self.clear_sources(endpoint.counter_slot)?;
             self.release_counter_slot(endpoint.counter_slot);
         }
@@ -178,6 +179,7 @@ impl Datapath {
             .collect();
         for (index, endpoint) in pods {
             ignore_missing(veths.remove(&index))?;
+            self.clear_pod_policy(endpoint.counter_slot)?;
             self.clear_sources(endpoint.counter_slot)?;
             self.release_counter_slot(endpoint.counter_slot);
         }

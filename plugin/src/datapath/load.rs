@@ -69,8 +69,10 @@ impl Datapath {
     pub fn load(&self, mode: DatapathMode) -> Result<()> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Error::io(format!("creating {}", self.dir.display()), e))?;
-        self.check_pinned_maps()?;
+        // Counter maps an older build sized differently (a `STATS` with
+        // fewer actions) are retired before the layout check refuses them.
         self.retire_stale_counters()?;
+        self.check_pinned_maps()?;
         let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &map_pins {
@@ -226,6 +228,7 @@ mod tests {
             PROG_FROM_POD_XDP,
             PROG_POD_XDP_PASS,
             PROG_FROM_UPLINK,
+            PROG_TO_POD,
         ] {
             assert!(
                 OBJECT

@@ -20,9 +20,9 @@ use flatnet_common::{
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
     MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAPS,
     MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
-    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode,
-    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, action,
-    preferred_slot,
+    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD, PodSources, RemoteCidrV4, RemoteCidrV6,
+    RemoteNode, SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY,
+    action, preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -36,6 +36,7 @@ mod bpffs;
 mod endpoints;
 pub mod kfunc;
 mod load;
+mod policy;
 mod remote;
 mod slots;
 mod sources;
@@ -46,6 +47,9 @@ pub use attach::{
     ingress_programs, move_to_tcx, prepare_pod_for_xdp,
 };
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
+pub use policy::{
+    PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
+};
 pub use sources::sources_of;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
@@ -109,8 +113,13 @@ fn datapath_err(context: &str, err: impl std::error::Error) -> Error {
 /// (the node agent puts it on the uplink) is the same in both modes.
 pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
     match mode {
-        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK],
-        DatapathMode::Xdp => &[PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_FROM_UPLINK],
+        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD],
+        DatapathMode::Xdp => &[
+            PROG_FROM_POD_XDP,
+            PROG_POD_XDP_PASS,
+            PROG_FROM_UPLINK,
+            PROG_TO_POD,
+        ],
     }
 }
 
@@ -297,11 +306,16 @@ mod tests {
     fn each_mode_names_its_programs() {
         assert_eq!(
             programs(DatapathMode::Tc),
-            [PROG_FROM_POD, PROG_FROM_UPLINK]
+            [PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD]
         );
         assert_eq!(
             programs(DatapathMode::Xdp),
-            [PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_FROM_UPLINK]
+            [
+                PROG_FROM_POD_XDP,
+                PROG_POD_XDP_PASS,
+                PROG_FROM_UPLINK,
+                PROG_TO_POD
+            ]
         );
     }
 

@@ -40,6 +40,7 @@ impl Datapath {
                         file.write_all(index.to_string().as_bytes())
                             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
                         self.zero_counters(slot)?;
+                        self.zero_policy_drops(slot)?;
                         return Ok(slot);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {

@@ -226,6 +226,20 @@ pub fn ifindex_is_gone(index: u32) -> bool {
     found.is_null() && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
 }
 
+/// The name of the device with index `index` in the calling thread's
+/// namespace, if there is one.
+pub fn ifname_of(index: u32) -> Option<String> {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: the buffer is IF_NAMESIZE bytes, as if_indextoname requires.
+    let found = unsafe { libc::if_indextoname(index, name.as_mut_ptr()) };
+    if found.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// The link attributes that raise a device's GSO and GRO limits to `size`,
 /// for IPv6 (and the generic limit) and for IPv4.
 fn big_tcp_attributes(size: u32) -> [LinkAttribute; 4] {

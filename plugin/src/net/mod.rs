@@ -43,7 +43,7 @@ mod tc;
 
 pub use ethtool::set_tx_checksum;
 pub use gateway::gateway_alias;
-pub use link::{GsoLimits, LinkState, VethPair, ifindex_is_gone};
+pub use link::{GsoLimits, LinkState, VethPair, ifindex_is_gone, ifname_of};
 pub use names::{AttachmentNames, Mac, format_mac, parse_mac};
 pub use route::RouteState;
 pub use sysctl::set_sysctl;

@@ -100,10 +100,10 @@ pub struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(pods: &'a [Pod], namespaces: &'a [Namespace]) -> Self {
+    pub fn new(pods: &[&'a Pod], namespaces: &[&'a Namespace]) -> Self {
         let peers = pods
             .iter()
-            .map(PodView::new)
+            .map(|p| PodView::new(p))
             .filter(|p| !p.ips.is_empty() && !p.finished())
             .collect();
         let namespaces = namespaces

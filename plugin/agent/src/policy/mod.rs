@@ -25,7 +25,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -154,15 +154,29 @@ pub fn plan(
     pods: &[Pod],
     namespaces: &[Namespace],
 ) -> Plan {
+    let policies: Vec<&NetworkPolicy> = policies.iter().collect();
+    let pods: Vec<&Pod> = pods.iter().collect();
+    let namespaces: Vec<&Namespace> = namespaces.iter().collect();
+    plan_of(node, &policies, &pods, &namespaces)
+}
+
+/// [`plan`] on borrowed objects (a watch cache's, not cloned).
+pub fn plan_of(
+    node: &str,
+    policies: &[&NetworkPolicy],
+    pods: &[&Pod],
+    namespaces: &[&Namespace],
+) -> Plan {
     let subjects: Vec<PodView<'_>> = pods
         .iter()
-        .map(PodView::new)
+        .map(|p| PodView::new(p))
         .filter(|p| p.node() == Some(node) && !p.host_network() && !p.finished())
         .collect();
     let cluster = Cluster::new(pods, namespaces);
     // Peers are resolved only for policies that select a pod here.
     let mut relevant: Vec<&NetworkPolicy> = policies
         .iter()
+        .copied()
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
     relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
@@ -171,63 +185,109 @@ pub fn plan(
         .map(|p| (p, Policy::compile(p, &cluster)))
         .collect();
 
+    // Pods selected by the same policies have the same tables (for
+    // ingress, given the same named container ports): each distinct
+    // combination is flattened once. Pods of one Deployment share both.
+    let mut tables = TableCache::default();
     let mut plan = Plan::default();
     for subject in &subjects {
-        let selecting: Vec<&Policy<'_>> = compiled
+        let selecting: Vec<usize> = compiled
             .iter()
-            .filter(|(p, _)| rules::selects(p, subject))
-            .map(|(_, compiled)| compiled)
+            .enumerate()
+            .filter(|(_, (p, _))| rules::selects(p, subject))
+            .map(|(i, _)| i)
             .collect();
         let key = PodKey {
             namespace: subject.namespace.to_string(),
             name: subject.name.to_string(),
         };
-        let result = pod_policy(&key, subject, &selecting, &cluster);
+        let result = pod_policy(&key, subject, &selecting, &compiled, &cluster, &mut tables);
         plan.pods.insert(key, result);
     }
     plan
 }
 
-fn pod_policy(
+/// The named container ports of a pod, (name, protocol, port), sorted: all
+/// that an ingress table depends on besides its policies.
+type NamedPorts<'a> = Vec<(&'a str, Option<&'a str>, i32)>;
+
+type TableKey<'a> = (Direction, Vec<usize>, NamedPorts<'a>);
+
+#[derive(Default)]
+struct TableCache<'a> {
+    tables: HashMap<TableKey<'a>, Result<Allowed, table::Overflow>>,
+}
+
+fn named_ports<'a>(subject: &PodView<'a>) -> NamedPorts<'a> {
+    let containers = subject.pod.spec.iter().flat_map(|s| &s.containers);
+    let mut ports: NamedPorts<'a> = containers
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| Some((p.name.as_deref()?, p.protocol.as_deref(), p.container_port)))
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+fn pod_policy<'a>(
     key: &PodKey,
-    subject: &PodView<'_>,
-    selecting: &[&Policy<'_>],
-    cluster: &Cluster<'_>,
+    subject: &PodView<'a>,
+    selecting: &[usize],
+    compiled: &[(&'a NetworkPolicy, Policy<'a>)],
+    cluster: &Cluster<'a>,
+    cache: &mut TableCache<'a>,
 ) -> Result<PodPolicy, PolicyError> {
-    let table = |direction: Direction| {
-        let isolating = selecting.iter().filter(|p| match direction {
-            Direction::Ingress => p.isolates_ingress(),
-            Direction::Egress => p.isolates_egress(),
-        });
-        let mut allows = Vec::new();
-        let mut any = false;
-        for policy in isolating {
-            any = true;
-            match direction {
-                Direction::Ingress => policy.ingress_allows(subject, cluster, &mut allows),
-                Direction::Egress => policy.egress_allows(cluster, &mut allows),
-            }
-        }
-        if !any {
+    let mut table = |direction: Direction| {
+        let isolating: Vec<usize> = selecting
+            .iter()
+            .copied()
+            .filter(|&i| match direction {
+                Direction::Ingress => compiled[i].1.isolates_ingress(),
+                Direction::Egress => compiled[i].1.isolates_egress(),
+            })
+            .collect();
+        if isolating.is_empty() {
             return Ok(Allowed::All);
         }
-        table::flatten(&allows)
-            .map(Allowed::Only)
-            .map_err(|o| PolicyError::TooManyPortRanges {
-                pod: key.clone(),
-                direction,
-                cidr: o.cidr,
-                ranges: o.ranges,
-                policies: o.policies,
-            })
+        // Egress rules resolve named ports on the peers: the subject
+        // does not matter.
+        let ports = match direction {
+            Direction::Ingress => named_ports(subject),
+            Direction::Egress => Vec::new(),
+        };
+        let result = cache
+            .tables
+            .entry((direction, isolating, ports))
+            .or_insert_with_key(|(_, isolating, _)| {
+                let mut allows = Vec::new();
+                for &i in isolating {
+                    let policy = &compiled[i].1;
+                    match direction {
+                        Direction::Ingress => policy.ingress_allows(subject, cluster, &mut allows),
+                        Direction::Egress => policy.egress_allows(cluster, &mut allows),
+                    }
+                }
+                table::flatten(&allows).map(Allowed::Only)
+            });
+        result.clone().map_err(|o| PolicyError::TooManyPortRanges {
+            pod: key.clone(),
+            direction,
+            cidr: o.cidr,
+            ranges: o.ranges,
+            policies: o.policies,
+        })
     };
-    let mut policies: Vec<String> = selecting.iter().map(|p| p.name.to_string()).collect();
+    let ingress = table(Direction::Ingress)?;
+    let egress = table(Direction::Egress)?;
+    let mut policies: Vec<String> = selecting
+        .iter()
+        .map(|&i| compiled[i].1.name.to_string())
+        .collect();
     policies.sort();
     policies.dedup();
     Ok(PodPolicy {
         ips: subject.ips.clone(),
         policies,
-        ingress: table(Direction::Ingress)?,
-        egress: table(Direction::Egress)?,
+        ingress,
+        egress,
     })
 }

@@ -4,6 +4,7 @@
 mod features;
 mod model;
 mod named_ports;
+mod scale;
 
 use serde_json::{Value, json};
 

@@ -1,0 +1,489 @@
+//! Kubernetes NetworkPolicy, enforced where packets leave and enter pods.
+//!
+//! Each pod has an entry in `POLICY_PODS`, by its counter slot: which of its
+//! directions a policy isolates, and the generation of its policy. A pod no
+//! policy selects (flags 0) costs that one array read per packet and
+//! nothing else. For an isolated direction, the pod's allowed peers are in
+//! the LPM tries `POLICY_V4`/`POLICY_V6`, keyed by (slot, direction, peer
+//! address): the longest prefix holding the peer says which protocols and
+//! destination ports are allowed (`PolicyPorts`); no entry means denied.
+//!
+//! Judged once per flow: a packet the tables allow is recorded in
+//! `POLICY_FLOWS` (an LRU hash) under (slot, direction, its 5-tuple), and
+//! so is its reverse under the other direction (marked as a reply), so the
+//! flow's later packets and its replies pass with one hash lookup and no
+//! trie walk. A pod selected for one direction only records flows in both
+//! (the replies to its own connections must get in once it becomes isolated
+//! the other way, and vice versa).
+//!
+//! Policy changes and established flows: every recorded flow carries the
+//! pod's policy generation when it was allowed; the library bumps the
+//! generation with every change, and a flow of an older generation is
+//! judged again, against the new tables, by the packet that began it (a
+//! reply entry is judged as its flow's first packet: the other direction,
+//! the far side's address, the port the flow was opened to). So an
+//! established connection the new policy no longer allows is cut at its
+//! next packet, one it still allows goes on untouched; this costs a
+//! compare of two integers per packet. A flow the LRU forgot (idle while
+//! 65536 newer ones came) is judged anew by its next packet like a new one:
+//! a reply then needs the pod's tables to allow it as a packet of its own.
+//!
+//! What is judged: TCP, UDP and SCTP by protocol and destination port;
+//! every other protocol only by an entry allowing everything (`any`). ICMP
+//! and ICMPv6 errors are judged as ICMP too: letting them through as part of
+//! the flow they quote (a lookup of the quoted tuple) made the verifier give
+//! up on `from_pod`, and is left for later. Neighbour discovery and MLD are never judged (nor ARP, which never gets
+//! here). IPv4 fragments after the first, packets with IPv4 options and
+//! IPv6 extension headers (other than BIG TCP's jumbo Hop-by-Hop) are
+//! judged without ports: only an `any` entry lets them through.
+
+use aya_ebpf::btf_maps::LruHashMap;
+use flatnet_common::{
+    LocalAddrKey, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
+    POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, PolicyCidrV4, PolicyCidrV6,
+    PolicyDrops, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
+};
+
+use crate::flow::{IPPROTO_ICMPV6, ipv6_transport};
+use crate::*;
+
+/// Each pod's isolation and policy generation, by counter slot.
+#[btf_map]
+static POLICY_PODS: Array<PolicyPod, { maps::POLICY_PODS.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::POLICY_PODS.holds::<u32, PolicyPod>());
+
+/// (slot, direction, IPv4 peer prefix) -> what it allows.
+#[btf_map]
+static POLICY_V4: LpmTrie<PolicyCidrV4, PolicyPorts, { maps::POLICY_V4.max_entries as usize }> =
+    LpmTrie::new();
+const _: () = assert!(maps::POLICY_V4.holds::<Key<PolicyCidrV4>, PolicyPorts>());
+
+/// (slot, direction, IPv6 peer prefix) -> what it allows.
+#[btf_map]
+static POLICY_V6: LpmTrie<PolicyCidrV6, PolicyPorts, { maps::POLICY_V6.max_entries as usize }> =
+    LpmTrie::new();
+const _: () = assert!(maps::POLICY_V6.holds::<Key<PolicyCidrV6>, PolicyPorts>());
+
+/// Flows policy allowed, per pod and direction (see above).
+#[btf_map]
+static POLICY_FLOWS: LruHashMap<
+    PolicyFlowKey,
+    PolicyFlow,
+    { maps::POLICY_FLOWS.max_entries as usize },
+> = LruHashMap::new();
+const _: () = assert!(maps::POLICY_FLOWS.holds::<PolicyFlowKey, PolicyFlow>());
+
+/// What policy dropped, per pod and direction.
+#[btf_map]
+static POLICY_DROPS: PerCpuArray<PolicyDrops, { maps::POLICY_DROPS.max_entries as usize }> =
+    PerCpuArray::new();
+const _: () = assert!(maps::POLICY_DROPS.holds::<u32, PolicyDrops>());
+
+/// The node's own addresses: traffic from them into a pod (kubelet's
+/// probes) is always allowed.
+#[btf_map]
+static LOCAL_ADDRS: HashMap<LocalAddrKey, u32, { maps::LOCAL_ADDRS.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::LOCAL_ADDRS.holds::<LocalAddrKey, u32>());
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_SCTP: u8 = 132;
+/// More-fragments flag and fragment offset; the offset alone.
+const IPV4_OFFSET_MASK: u16 = 0x1fff;
+
+/// A pod's policy state, as read once per packet.
+#[derive(Clone, Copy)]
+pub(crate) struct PodPolicy {
+    pub(crate) slot: u32,
+    pub(crate) flags: u32,
+    pub(crate) generation: u32,
+}
+
+impl PodPolicy {
+    /// Selected by some policy (in either direction).
+    #[inline(always)]
+    pub(crate) fn selected(&self) -> bool {
+        self.flags != 0
+    }
+}
+
+/// The policy of the pod in counter slot `slot`: the one lookup a pod that
+/// no policy selects pays.
+#[inline(always)]
+pub(crate) fn of_slot(slot: u32) -> PodPolicy {
+    let mut pod = PodPolicy {
+        slot,
+        flags: 0,
+        generation: 0,
+    };
+    if slot == NO_COUNTER_SLOT {
+        return pod;
+    }
+    if let Some(entry) = POLICY_PODS.get_ptr(slot) {
+        // SAFETY: a valid map value for the program's run; read once.
+        let entry = unsafe { core::ptr::read_volatile(entry) };
+        pod.flags = entry.flags;
+        pod.generation = entry.generation;
+    }
+    pod
+}
+
+/// Source and destination ports, the first 4 bytes of TCP, UDP and SCTP.
+#[repr(C)]
+struct Ports {
+    src: [u8; 2],
+    dst: [u8; 2],
+}
+
+/// The start of an ICMP or ICMPv6 header.
+#[repr(C)]
+struct IcmpHeader {
+    icmp_type: u8,
+    code: u8,
+}
+
+/// What a packet is, as policy sees it: its flow key (slot and direction
+/// filled in by the judge), and whether it is an ICMP error quoting a
+/// packet of `quoted` (a key of that packet).
+struct Judged {
+    key: PolicyFlowKey,
+    /// Neighbour discovery or MLD: never judged.
+    exempt: bool,
+}
+
+/// Whether `protocol` has the ports policy judges.
+#[inline(always)]
+fn has_ports(protocol: u8) -> bool {
+    matches!(protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP)
+}
+
+/// The ports of a `protocol` header at `offset`, when it has them and they
+/// are in the packet (else zero).
+#[inline(always)]
+fn ports_at(start: usize, end: usize, offset: usize, protocol: u8, key: &mut PolicyFlowKey) {
+    if !has_ports(protocol) {
+        return;
+    }
+    if let Ok(ports) = header_at::<Ports>(start, end, offset) {
+        // SAFETY: bounds checked by `header_at`.
+        unsafe {
+            key.sport = (*ports).src;
+            key.dport = (*ports).dst;
+        }
+    }
+}
+
+/// An IPv4 address in the first 4 of 16 bytes (as `PolicyFlowKey` holds it).
+#[inline(always)]
+fn in_16_bytes(address: [u8; 4]) -> [u8; 16] {
+    u128::from(u32::from_le_bytes(address)).to_le_bytes()
+}
+
+/// The IPv4 packet at `EthHdr::LEN`, for policy.
+#[inline(always)]
+fn judged_v4(start: usize, end: usize, ip: &Ipv4Hdr) -> Judged {
+    let mut judged = Judged {
+        key: PolicyFlowKey {
+            src: in_16_bytes(ip.src_addr),
+            dst: in_16_bytes(ip.dst_addr),
+            protocol: ip.proto,
+            family: 4,
+            ..PolicyFlowKey::default()
+        },
+        exempt: false,
+    };
+    // With options or past the first fragment, the ports are not read:
+    // only an `any` entry allows such a packet.
+    if ip.ihl() != Ipv4Hdr::LEN as u8 || u16::from_be_bytes(ip.frags) & IPV4_OFFSET_MASK != 0 {
+        return judged;
+    }
+    let l4 = EthHdr::LEN + Ipv4Hdr::LEN;
+    ports_at(start, end, l4, ip.proto, &mut judged.key);
+    judged
+}
+
+/// The IPv6 packet at `EthHdr::LEN`, for policy.
+#[inline(always)]
+fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
+    let mut judged = Judged {
+        key: PolicyFlowKey {
+            src: ip.src_addr,
+            dst: ip.dst_addr,
+            protocol: ip.next_hdr,
+            family: 6,
+            ..PolicyFlowKey::default()
+        },
+        exempt: false,
+    };
+    let Some((protocol, l4)) = ipv6_transport(start, end, ip) else {
+        return judged;
+    };
+    judged.key.protocol = protocol;
+    ports_at(start, end, l4, protocol, &mut judged.key);
+    if protocol == IPPROTO_ICMPV6
+        && let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4)
+    {
+        // SAFETY: bounds checked by `header_at`.
+        let icmp_type = unsafe { (*icmp).icmp_type };
+        // MLD (130-132, 143) and neighbour discovery (133-137).
+        judged.exempt = matches!(icmp_type, 130..=137 | 143);
+    }
+    judged
+}
+
+/// The `POLICY_F_*` bit of `direction`.
+#[inline(always)]
+fn isolates(pod: PodPolicy, direction: u32) -> bool {
+    let bit = if direction == POLICY_DIR_INGRESS {
+        POLICY_F_INGRESS
+    } else {
+        POLICY_F_EGRESS
+    };
+    pod.flags & bit != 0
+}
+
+/// The other direction.
+#[inline(always)]
+fn other(direction: u32) -> u32 {
+    if direction == POLICY_DIR_INGRESS {
+        POLICY_DIR_EGRESS
+    } else {
+        POLICY_DIR_INGRESS
+    }
+}
+
+/// Whether the entry `set` allows `protocol` to `port` (host order).
+#[inline(always)]
+fn set_allows(set: *const PolicyPorts, protocol: u8, port: u16) -> bool {
+    // SAFETY: a valid map value for the program's run; fields read once.
+    let (any, count) = unsafe {
+        (
+            core::ptr::read_volatile(&(*set).any),
+            core::ptr::read_volatile(&(*set).count),
+        )
+    };
+    if any != 0 {
+        return true;
+    }
+    if !has_ports(protocol) {
+        return false;
+    }
+    for i in 0..POLICY_MAX_RANGES {
+        if i >= count as usize {
+            break;
+        }
+        // SAFETY: an element of the value's array, read once.
+        let range = unsafe { core::ptr::read_volatile(&(*set).ranges[i]) };
+        if range.protocol == protocol && range.first <= port && port <= range.last {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether the pod's `direction` table allows `protocol` to `port` with
+/// `peer` on the far side (IPv4 in the first 4 bytes when `family` is 4).
+#[inline(always)]
+fn table_allows(
+    pod: PodPolicy,
+    direction: u32,
+    family: u8,
+    peer: &[u8; 16],
+    protocol: u8,
+    port: u16,
+) -> bool {
+    let found = if family == 4 {
+        let key = Key::new(
+            POLICY_KEY_FIXED_BITS + 32,
+            PolicyCidrV4 {
+                slot: pod.slot,
+                direction,
+                address: [peer[0], peer[1], peer[2], peer[3]],
+            },
+        );
+        POLICY_V4.get(&key).map(|set| set as *const PolicyPorts)
+    } else {
+        let key = Key::new(
+            POLICY_KEY_FIXED_BITS + 128,
+            PolicyCidrV6 {
+                slot: pod.slot,
+                direction,
+                address: *peer,
+            },
+        );
+        POLICY_V6.get(&key).map(|set| set as *const PolicyPorts)
+    };
+    match found {
+        Some(set) => set_allows(set, protocol, port),
+        None => false,
+    }
+}
+
+/// The key of the replies to the packet of `key`, for the other direction.
+#[inline(always)]
+fn reversed(key: &PolicyFlowKey) -> PolicyFlowKey {
+    PolicyFlowKey {
+        src: key.dst,
+        dst: key.src,
+        sport: key.dport,
+        dport: key.sport,
+        protocol: key.protocol,
+        family: key.family,
+        direction: other(u32::from(key.direction)) as u8,
+        _pad: 0,
+        slot: key.slot,
+        _pad2: 0,
+    }
+}
+
+/// Whether policy lets the packet `judged` through `pod`'s `direction`
+/// (`POLICY_DIR_*`); `trusted`: from one of the node's own addresses, always
+/// allowed (but recorded, so the pod's replies get out). A pod no policy
+/// selects is never judged. Denied packets are counted for the pod.
+#[inline(always)]
+fn allows(pod: PodPolicy, direction: u32, judged: &mut Judged, trusted: bool, len: u32) -> bool {
+    if !pod.selected() || judged.exempt {
+        return true;
+    }
+    let key = &mut judged.key;
+    key.slot = pod.slot;
+    key.direction = direction as u8;
+    let mut reply = false;
+    if let Some(known) = POLICY_FLOWS.get_ptr(&*key) {
+        // SAFETY: a valid map value for the program's run; read once.
+        let known = unsafe { core::ptr::read_volatile(known) };
+        if known.generation == pod.generation {
+            return true;
+        }
+        // Recorded under an older policy: judged again, as the packet
+        // that began the flow.
+        reply = known.flags & POLICY_FLOW_F_REPLY != 0;
+    }
+    // The far side: the source of what comes in, the destination of what
+    // goes out (of a reply's flow too: its first packet had the same peer).
+    let peer = if direction == POLICY_DIR_INGRESS {
+        key.src
+    } else {
+        key.dst
+    };
+    let (judged_direction, port) = if reply {
+        (other(direction), u16::from_be_bytes(key.sport))
+    } else {
+        (direction, u16::from_be_bytes(key.dport))
+    };
+    let allowed = trusted
+        || !isolates(pod, judged_direction)
+        || table_allows(pod, judged_direction, key.family, &peer, key.protocol, port);
+    if !allowed {
+        count_drop(pod.slot, direction, len);
+        return false;
+    }
+    let flags = if reply { POLICY_FLOW_F_REPLY } else { 0 };
+    let value = PolicyFlow {
+        generation: pod.generation,
+        flags,
+    };
+    // A full LRU evicts its least recently used entry; a failed write only
+    // means the next packet is judged again.
+    let _ = POLICY_FLOWS.insert(&*key, &value, 0);
+    let back = reversed(key);
+    let value = PolicyFlow {
+        generation: pod.generation,
+        flags: flags ^ POLICY_FLOW_F_REPLY,
+    };
+    let _ = POLICY_FLOWS.insert(&back, &value, 0);
+    true
+}
+
+#[inline(always)]
+fn count_drop(slot: u32, direction: u32, len: u32) {
+    if let Some(drops) = POLICY_DROPS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU slot: no other writer while this program runs here.
+        unsafe {
+            if direction == POLICY_DIR_INGRESS {
+                (*drops).ingress_packets += 1;
+                (*drops).ingress_bytes += u64::from(len);
+            } else {
+                (*drops).egress_packets += 1;
+                (*drops).egress_bytes += u64::from(len);
+            }
+        }
+    }
+}
+
+/// Whether policy lets the IP frame at `start` through `pod`'s `direction`
+/// (`trust_local`: a source among the node's own addresses is allowed).
+/// Frames that are not IPv4 or IPv6, or whose IP header is cut short, are
+/// not policy's to judge.
+#[inline(always)]
+pub(crate) fn frame_allowed(
+    start: usize,
+    end: usize,
+    pod: PodPolicy,
+    direction: u32,
+    trust_local: bool,
+    len: u32,
+) -> bool {
+    if !pod.selected() {
+        return true;
+    }
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return true;
+    };
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let mut judged = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return true;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            judged_v4(start, end, unsafe { &*ip })
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return true;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            judged_v6(start, end, unsafe { &*ip })
+        }
+        _ => return true,
+    };
+    let trusted = trust_local && is_local(&judged.key);
+    allows(pod, direction, &mut judged, trusted, len)
+}
+
+/// Whether the packet's source is one of the node's own addresses.
+#[inline(always)]
+fn is_local(key: &PolicyFlowKey) -> bool {
+    let address: LocalAddrKey = if key.family == 4 {
+        let s = &key.src;
+        [
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, s[0], s[1], s[2], s[3],
+        ]
+    } else {
+        key.src
+    };
+    // SAFETY: only whether there is an entry is read.
+    unsafe { LOCAL_ADDRS.get(address) }.is_some()
+}
+
+/// What the sending pod's egress policy says of its frame.
+#[inline(always)]
+pub(crate) fn egress_allowed(start: usize, end: usize, sender: &Sender) -> bool {
+    frame_allowed(
+        start,
+        end,
+        sender.policy,
+        POLICY_DIR_EGRESS,
+        false,
+        sender.len,
+    )
+}
+
+/// What the receiving pod's (counter slot `slot`) ingress policy says of a
+/// frame the datapath hands to it from another pod or node.
+#[inline(always)]
+pub(crate) fn ingress_allowed(start: usize, end: usize, slot: u32, len: u32) -> bool {
+    frame_allowed(start, end, of_slot(slot), POLICY_DIR_INGRESS, false, len)
+}

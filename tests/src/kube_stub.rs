@@ -1,0 +1,303 @@
+//! An in-process stub of the Kubernetes API server for the agent's
+//! watches: list and watch of Nodes, Pods, Namespaces and (all namespaces')
+//! NetworkPolicies, from in-memory objects a test adds, changes and
+//! deletes. Each change is a watch event with the next resourceVersion
+//! (one counter for all kinds, as etcd's); a watch replays what came after
+//! the resourceVersion it asks for, then follows, and stays open as a real
+//! one does. Nodes start from recorded Node JSON
+//! (tests/fixtures/kube-nodes.json).
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::extract::{RawQuery, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+const NODES_FIXTURE: &str = include_str!("../fixtures/kube-nodes.json");
+
+/// The kinds the stub serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    Pod,
+    Namespace,
+    NetworkPolicy,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Node, Kind::Pod, Kind::Namespace, Kind::NetworkPolicy];
+
+    /// The collection's path (every namespace's, for namespaced kinds).
+    pub fn path(self) -> &'static str {
+        match self {
+            Kind::Node => "/api/v1/nodes",
+            Kind::Pod => "/api/v1/pods",
+            Kind::Namespace => "/api/v1/namespaces",
+            Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Node => "Node",
+            Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+            Kind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+}
+
+/// An object's key: `namespace/name`, or `name` when cluster-scoped.
+fn key_of(object: &Value) -> String {
+    let name = object["metadata"]["name"].as_str().expect("metadata.name");
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+#[derive(Default)]
+struct ApiState {
+    version: u64,
+    objects: BTreeMap<Kind, BTreeMap<String, Value>>,
+    /// (resourceVersion, kind, watch event) in order.
+    events: Vec<(u64, Kind, Value)>,
+    lists: HashMap<Kind, usize>,
+    watches: HashMap<Kind, usize>,
+}
+
+/// The stub's objects; cheap to clone (shared).
+#[derive(Clone)]
+pub struct ApiStub {
+    state: Arc<Mutex<ApiState>>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl ApiStub {
+    /// Nothing of any kind.
+    pub fn empty() -> Self {
+        ApiStub {
+            state: Arc::new(Mutex::new(ApiState {
+                version: 1,
+                ..ApiState::default()
+            })),
+            changed: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// The recorded nodes (cp-1, worker-1, worker-2), nothing else.
+    pub fn from_fixture() -> Self {
+        let list: Value = serde_json::from_str(NODES_FIXTURE).expect("fixture");
+        let stub = ApiStub::empty();
+        {
+            let mut state = stub.lock();
+            state.version = list["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .expect("list resourceVersion");
+            let nodes = state.objects.entry(Kind::Node).or_default();
+            for item in list["items"].as_array().expect("items") {
+                nodes.insert(key_of(item), item.clone());
+            }
+        }
+        stub
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ApiState> {
+        // A test that panicked holding it has failed already.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stamps `object` with the next resourceVersion, stores it (or takes
+    /// it away, for DELETED) and records the event.
+    fn record(&self, kind: Kind, event: &str, mut object: Value) {
+        let mut state = self.lock();
+        state.version += 1;
+        let version = state.version;
+        object["metadata"]["resourceVersion"] = json!(version.to_string());
+        object["apiVersion"] = json!(kind.api_version());
+        object["kind"] = json!(kind.name());
+        let key = key_of(&object);
+        let objects = state.objects.entry(kind).or_default();
+        if event == "DELETED" {
+            objects.remove(&key);
+        } else {
+            objects.insert(key, object.clone());
+        }
+        state
+            .events
+            .push((version, kind, json!({"type": event, "object": object})));
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    /// An ADDED event (MODIFIED when an object of that key exists).
+    pub fn add(&self, kind: Kind, object: Value) {
+        let exists = self
+            .lock()
+            .objects
+            .get(&kind)
+            .is_some_and(|o| o.contains_key(&key_of(&object)));
+        let event = if exists { "MODIFIED" } else { "ADDED" };
+        self.record(kind, event, object);
+    }
+
+    /// A MODIFIED event for `key` (`namespace/name` or `name`) after `change`.
+    pub fn modify(&self, kind: Kind, key: &str, change: impl FnOnce(&mut Value)) {
+        let mut object = self
+            .get(kind, key)
+            .unwrap_or_else(|| panic!("no {kind:?} {key}"));
+        change(&mut object);
+        self.record(kind, "MODIFIED", object);
+    }
+
+    pub fn delete(&self, kind: Kind, key: &str) {
+        let object = self
+            .get(kind, key)
+            .unwrap_or_else(|| panic!("no {kind:?} {key}"));
+        self.record(kind, "DELETED", object);
+    }
+
+    pub fn get(&self, kind: Kind, key: &str) -> Option<Value> {
+        self.lock().objects.get(&kind)?.get(key).cloned()
+    }
+
+    /// Lists of `kind` served.
+    pub fn lists(&self, kind: Kind) -> usize {
+        self.lock().lists.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Watches of `kind` started.
+    pub fn watches(&self, kind: Kind) -> usize {
+        self.lock().watches.get(&kind).copied().unwrap_or(0)
+    }
+
+    pub fn router(&self) -> axum::Router {
+        let mut router = axum::Router::new();
+        for kind in Kind::ALL {
+            router = router.route(
+                kind.path(),
+                axum::routing::get(
+                    move |State(stub): State<ApiStub>, RawQuery(raw): RawQuery| {
+                        collection(kind, stub, raw)
+                    },
+                ),
+            );
+        }
+        router.with_state(self.clone())
+    }
+}
+
+/// A list of `kind`, or with `watch=true` its events after the asked
+/// resourceVersion, one JSON object a line, then the ones to come.
+async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response {
+    // kube's parameters are plain words and numbers: no percent-decoding needed.
+    let raw = raw.unwrap_or_default();
+    let query: HashMap<&str, &str> = raw.split('&').filter_map(|p| p.split_once('=')).collect();
+    let json_type = [(header::CONTENT_TYPE, "application/json")];
+    if !matches!(query.get("watch"), Some(&("true" | "1"))) {
+        let mut state = stub.lock();
+        *state.lists.entry(kind).or_default() += 1;
+        let items: Vec<Value> = state
+            .objects
+            .get(&kind)
+            .map(|o| o.values().cloned().collect())
+            .unwrap_or_default();
+        let list = json!({
+            "kind": format!("{}List", kind.name()),
+            "apiVersion": kind.api_version(),
+            "metadata": {"resourceVersion": state.version.to_string()},
+            "items": items,
+        });
+        return (json_type, list.to_string()).into_response();
+    }
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    *stub.lock().watches.entry(kind).or_default() += 1;
+    let events = futures::stream::unfold((stub, from), move |(stub, mut seen)| async move {
+        loop {
+            let changed = stub.changed.clone();
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next = stub
+                .lock()
+                .events
+                .iter()
+                .find(|(version, k, _)| *version > seen && *k == kind)
+                .map(|(version, _, event)| (*version, event.clone()));
+            if let Some((version, event)) = next {
+                seen = version;
+                return Some((Ok::<_, Infallible>(format!("{event}\n")), (stub, seen)));
+            }
+            notified.await;
+        }
+    });
+    (json_type, axum::body::Body::from_stream(events)).into_response()
+}
+
+/// The stub served on `listener` (already bound, in whichever network
+/// namespace it was made) on a thread of its own, until dropped.
+pub struct ServedStub {
+    pub stub: ApiStub,
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServedStub {
+    /// The recorded nodes served on `listener`.
+    pub fn start(listener: TcpListener) -> Self {
+        Self::serve(ApiStub::from_fixture(), listener)
+    }
+
+    pub fn serve(stub: ApiStub, listener: TcpListener) -> Self {
+        let url = format!("http://{}", listener.local_addr().expect("bound"));
+        listener.set_nonblocking(true).expect("nonblocking");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = stub.router();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                tokio::select! {
+                    served = axum::serve(listener, router) => served.expect("serving"),
+                    _ = stopped => {}
+                }
+            });
+        });
+        ServedStub {
+            stub,
+            url,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ServedStub {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
