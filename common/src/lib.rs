@@ -32,6 +32,9 @@ pub const MAP_POLICY_V6: &str = "POLICY_V6";
 pub const MAP_POLICY_FLOWS: &str = "POLICY_FLOWS";
 pub const MAP_POLICY_DROPS: &str = "POLICY_DROPS";
 pub const MAP_LOCAL_ADDRS: &str = "LOCAL_ADDRS";
+/// NetworkPolicy drops, one `PolicyEvent` each (a ring buffer `flatnet
+/// monitor` reads).
+pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -359,6 +362,41 @@ pub struct PolicyDrops {
 }
 const _: () = assert!(size_of::<PolicyDrops>() == 32);
 
+/// Bytes of the `POLICY_EVENTS` ring buffer (a power of two, a multiple
+/// of the page size): 4096 events of 56 bytes and their 8-byte headers.
+pub const POLICY_EVENTS_BYTES: u32 = 256 * 1024;
+
+/// One packet NetworkPolicy dropped, as `POLICY_EVENTS` carries it: when
+/// (`bpf_ktime_get_ns`, CLOCK_MONOTONIC), whose (`slot`: the pod's counter
+/// slot; `direction`: `POLICY_DIR_*`), the packet's own addresses (IPv4 in
+/// the first 4 bytes; the peer is `src` for ingress, `dst` for egress),
+/// ports (network byte order; 0 for protocols without), protocol, family (4
+/// or 6), its length, and why (`POLICY_REASON_*`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyEvent {
+    pub timestamp_ns: u64,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub protocol: u8,
+    pub family: u8,
+    pub direction: u8,
+    pub reason: u8,
+    pub slot: u32,
+    pub len: u32,
+}
+const _: () = assert!(size_of::<PolicyEvent>() == 56);
+
+/// Why policy dropped a packet: no entry's prefix holds the peer.
+pub const POLICY_REASON_NO_PREFIX: u8 = 1;
+/// The longest prefix holding the peer does not allow the protocol and port.
+pub const POLICY_REASON_PORT: u8 = 2;
+/// The longest prefix holding the peer is an explicit deny (an ipBlock's
+/// `except`).
+pub const POLICY_REASON_EXCEPT: u8 = 3;
+
 /// Entries of `LOCAL_ADDRS`: the node's own addresses.
 pub const MAX_LOCAL_ADDRS: u32 = 256;
 
@@ -404,8 +442,11 @@ pub mod action {
     /// Dropped by NetworkPolicy (the sender's egress or the receiver's
     /// ingress; per pod and direction in `POLICY_DROPS`).
     pub const POLICY_DENIED: u32 = 11;
+    /// A policy drop whose event did not fit in `POLICY_EVENTS` (no reader,
+    /// or one too slow): the drop itself is counted as `POLICY_DENIED`.
+    pub const POLICY_EVENTS_LOST: u32 = 12;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 13;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -421,6 +462,7 @@ pub mod action {
         "tracked_to_stack",
         "shaped_to_stack",
         "policy_denied",
+        "policy_events_lost",
     ];
 }
 
@@ -454,6 +496,8 @@ pub enum MapKind {
     Array,
     PerCpuArray,
     LpmTrie,
+    /// A ring buffer: no key or value, `max_entries` is its size in bytes.
+    RingBuf,
 }
 
 /// One map of the datapath: what the eBPF side declares (its statics take
@@ -545,10 +589,12 @@ pub mod maps {
         MapSpec::new::<u32, PolicyDrops>(MAP_POLICY_DROPS, MapKind::PerCpuArray, MAX_ENDPOINTS);
     pub const LOCAL_ADDRS: MapSpec =
         MapSpec::new::<LocalAddrKey, u32>(MAP_LOCAL_ADDRS, MapKind::Hash, MAX_LOCAL_ADDRS);
+    pub const POLICY_EVENTS: MapSpec =
+        MapSpec::new::<(), ()>(MAP_POLICY_EVENTS, MapKind::RingBuf, POLICY_EVENTS_BYTES);
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 15] = [
+pub const MAP_SPECS: [MapSpec; 16] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -564,6 +610,7 @@ pub const MAP_SPECS: [MapSpec; 15] = [
     maps::POLICY_FLOWS,
     maps::POLICY_DROPS,
     maps::LOCAL_ADDRS,
+    maps::POLICY_EVENTS,
 ];
 
 #[cfg(feature = "user")]
@@ -596,4 +643,6 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyFlow {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PolicyDrops {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PolicyEvent {}
 }

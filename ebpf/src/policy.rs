@@ -37,11 +37,13 @@
 //! IPv6 extension headers (other than BIG TCP's jumbo Hop-by-Hop) are
 //! judged without ports: only an `any` entry lets them through.
 
-use aya_ebpf::btf_maps::LruHashMap;
+use aya_ebpf::btf_maps::{LruHashMap, RingBuf};
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use flatnet_common::{
     LocalAddrKey, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
-    POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, PolicyCidrV4, PolicyCidrV6,
-    PolicyDrops, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
+    POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, POLICY_REASON_EXCEPT,
+    POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
+    PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
 };
 
 use crate::flow::{IPPROTO_ICMPV6, ipv6_transport};
@@ -78,6 +80,15 @@ const _: () = assert!(maps::POLICY_FLOWS.holds::<PolicyFlowKey, PolicyFlow>());
 static POLICY_DROPS: PerCpuArray<PolicyDrops, { maps::POLICY_DROPS.max_entries as usize }> =
     PerCpuArray::new();
 const _: () = assert!(maps::POLICY_DROPS.holds::<u32, PolicyDrops>());
+
+/// One event per packet policy dropped, for `flatnet monitor`. Written with
+/// `bpf_ringbuf_output`, which never blocks: when the buffer is full (no
+/// reader, or a slow one) the event is lost and counted in `STATS`
+/// (`POLICY_EVENTS_LOST`).
+#[btf_map]
+static POLICY_EVENTS: RingBuf<PolicyEvent, { maps::POLICY_EVENTS.max_entries as usize }> =
+    RingBuf::new();
+const _: () = assert!(maps::POLICY_EVENTS.holds::<(), ()>());
 
 /// The node's own addresses: traffic from them into a pod (kubelet's
 /// probes) is always allowed.
@@ -253,9 +264,13 @@ fn other(direction: u32) -> u32 {
     }
 }
 
-/// Whether the entry `set` allows `protocol` to `port` (host order).
+/// Allowed (else one of `POLICY_REASON_*`).
+const ALLOWED: u8 = 0;
+
+/// Whether the entry `set` allows `protocol` to `port` (host order):
+/// `ALLOWED`, or why not.
 #[inline(always)]
-fn set_allows(set: *const PolicyPorts, protocol: u8, port: u16) -> bool {
+fn set_verdict(set: *const PolicyPorts, protocol: u8, port: u16) -> u8 {
     // SAFETY: a valid map value for the program's run; fields read once.
     let (any, count) = unsafe {
         (
@@ -264,10 +279,13 @@ fn set_allows(set: *const PolicyPorts, protocol: u8, port: u16) -> bool {
         )
     };
     if any != 0 {
-        return true;
+        return ALLOWED;
+    }
+    if count == 0 {
+        return POLICY_REASON_EXCEPT;
     }
     if !has_ports(protocol) {
-        return false;
+        return POLICY_REASON_PORT;
     }
     for i in 0..POLICY_MAX_RANGES {
         if i >= count as usize {
@@ -276,23 +294,24 @@ fn set_allows(set: *const PolicyPorts, protocol: u8, port: u16) -> bool {
         // SAFETY: an element of the value's array, read once.
         let range = unsafe { core::ptr::read_volatile(&(*set).ranges[i]) };
         if range.protocol == protocol && range.first <= port && port <= range.last {
-            return true;
+            return ALLOWED;
         }
     }
-    false
+    POLICY_REASON_PORT
 }
 
 /// Whether the pod's `direction` table allows `protocol` to `port` with
-/// `peer` on the far side (IPv4 in the first 4 bytes when `family` is 4).
+/// `peer` on the far side (IPv4 in the first 4 bytes when `family` is 4):
+/// `ALLOWED`, or why not.
 #[inline(always)]
-fn table_allows(
+fn table_verdict(
     pod: PodPolicy,
     direction: u32,
     family: u8,
     peer: &[u8; 16],
     protocol: u8,
     port: u16,
-) -> bool {
+) -> u8 {
     let found = if family == 4 {
         let key = Key::new(
             POLICY_KEY_FIXED_BITS + 32,
@@ -315,8 +334,8 @@ fn table_allows(
         POLICY_V6.get(&key).map(|set| set as *const PolicyPorts)
     };
     match found {
-        Some(set) => set_allows(set, protocol, port),
-        None => false,
+        Some(set) => set_verdict(set, protocol, port),
+        None => POLICY_REASON_NO_PREFIX,
     }
 }
 
@@ -372,11 +391,14 @@ fn allows(pod: PodPolicy, direction: u32, judged: &mut Judged, trusted: bool, le
     } else {
         (direction, u16::from_be_bytes(key.dport))
     };
-    let allowed = trusted
-        || !isolates(pod, judged_direction)
-        || table_allows(pod, judged_direction, key.family, &peer, key.protocol, port);
-    if !allowed {
+    let verdict = if trusted || !isolates(pod, judged_direction) {
+        ALLOWED
+    } else {
+        table_verdict(pod, judged_direction, key.family, &peer, key.protocol, port)
+    };
+    if verdict != ALLOWED {
         count_drop(pod.slot, direction, len);
+        report_drop(key, verdict, len);
         return false;
     }
     let flags = if reply { POLICY_FLOW_F_REPLY } else { 0 };
@@ -394,6 +416,29 @@ fn allows(pod: PodPolicy, direction: u32, judged: &mut Judged, trusted: bool, le
     };
     let _ = POLICY_FLOWS.insert(&back, &value, 0);
     true
+}
+
+/// An event for the packet of `key` (slot and direction filled in) that
+/// policy dropped for `reason`; counted as lost when the buffer is full.
+#[inline(always)]
+fn report_drop(key: &PolicyFlowKey, reason: u8, len: u32) {
+    let event = PolicyEvent {
+        // SAFETY: plain helper call.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        src: key.src,
+        dst: key.dst,
+        sport: key.sport,
+        dport: key.dport,
+        protocol: key.protocol,
+        family: key.family,
+        direction: key.direction,
+        reason,
+        slot: key.slot,
+        len,
+    };
+    if POLICY_EVENTS.output(&event, 0).is_err() {
+        crate::count(flatnet_common::action::POLICY_EVENTS_LOST, len);
+    }
 }
 
 #[inline(always)]

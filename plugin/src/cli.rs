@@ -1,5 +1,5 @@
 //! The `flatnet` binary run by a person (no CNI_COMMAND): subcommands to
-//! inspect and repair the datapath.
+//! inspect, monitor and repair the datapath.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +37,16 @@ enum Subcommands {
         #[arg(long)]
         json: bool,
     },
+    /// Stream the packets NetworkPolicy drops on a network, one line each
+    /// (time, pod, direction, peer, protocol/port, reason) until Ctrl-C.
+    Monitor {
+        /// The network to watch.
+        #[arg(long, default_value = "flatnet")]
+        network: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reload a network's datapath and rebuild its maps from the pods that
     /// exist (after bpffs was remounted, say), re-attaching every pod's veth.
     Repair {
@@ -61,6 +71,7 @@ pub fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Subcommands::Inspect { network, json } => run_inspect(network, json).await,
+            Subcommands::Monitor { network, json } => crate::monitor::run(&network, json).await,
             Subcommands::Repair { conf } => run_repair(&conf).await,
         }
     });

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
-use flatnet_common::{MAPS, PIN_ROOT, PROG_FROM_POD, action};
+use flatnet_common::{
+    MAP_POLICY_PODS, MAPS, PIN_ROOT, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
+    PROG_FROM_POD, action,
+};
 use serde::Serialize;
 
 use crate::cni::config::DatapathMode;
@@ -29,7 +32,7 @@ pub struct NetworkReport {
     pub pods: Vec<PodReport>,
 }
 
-#[derive(Debug, Serialize, Clone, Copy)]
+#[derive(Debug, Serialize, Clone, Copy, Default)]
 pub struct Counts {
     pub packets: u64,
     pub bytes: u64,
@@ -48,6 +51,68 @@ pub struct PodReport {
     pub current_program: bool,
     pub tx: Counts,
     pub rx: Counts,
+    /// NetworkPolicy: None when the datapath has no policy maps.
+    pub policy: Option<PodPolicyReport>,
+}
+
+/// A pod's NetworkPolicy as the datapath holds it.
+#[derive(Debug, Serialize, Clone, Default)]
+pub struct PodPolicyReport {
+    pub ingress_isolated: bool,
+    pub egress_isolated: bool,
+    /// Entries of its table per direction.
+    pub ingress_rules: usize,
+    pub egress_rules: usize,
+    /// What policy dropped, per direction.
+    pub ingress_drops: Counts,
+    pub egress_drops: Counts,
+    /// The policies selecting it, as the agent last wrote them
+    /// (`/run/flatnet/policy-<network>.json`; empty without an agent).
+    pub policies: Vec<String>,
+}
+
+/// Pod address -> the policies selecting that pod, from the agent's file
+/// (none when it is missing or unreadable).
+fn policy_names(network: &str) -> BTreeMap<IpAddr, Vec<String>> {
+    std::fs::read(crate::network::markers::policy_names_file(network))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// The policy of the pod in counter slot `slot`.
+fn pod_policy(
+    datapath: &Datapath,
+    slot: u32,
+    addresses: &[IpAddr],
+    names: &BTreeMap<IpAddr, Vec<String>>,
+) -> Result<PodPolicyReport> {
+    let state = datapath.pod_policy(slot)?;
+    let rules = datapath.pod_policy_rules(slot)?;
+    let ingress_rules = rules
+        .iter()
+        .filter(|(direction, _)| *direction == POLICY_DIR_INGRESS)
+        .count();
+    let drops = datapath.policy_drop_counts(slot)?;
+    Ok(PodPolicyReport {
+        ingress_isolated: state.flags & POLICY_F_INGRESS != 0,
+        egress_isolated: state.flags & POLICY_F_EGRESS != 0,
+        ingress_rules,
+        egress_rules: rules.len() - ingress_rules,
+        ingress_drops: Counts {
+            packets: drops.ingress_packets,
+            bytes: drops.ingress_bytes,
+        },
+        egress_drops: Counts {
+            packets: drops.egress_packets,
+            bytes: drops.egress_bytes,
+        },
+        policies: addresses
+            .iter()
+            .find_map(|ip| names.get(ip))
+            .cloned()
+            .unwrap_or_default(),
+    })
 }
 
 /// Network names with something pinned, from the pin directories.
@@ -115,6 +180,12 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
     } else {
         datapath.host_veths()?
     };
+    let with_policy = datapath.map_path(MAP_POLICY_PODS).exists();
+    let names = if with_policy {
+        policy_names(network)
+    } else {
+        BTreeMap::new()
+    };
     for (index, endpoint) in veths {
         let link = host.link_by_index(index).await?;
         let attached = match (mode, &link) {
@@ -129,6 +200,16 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
         let counters = datapath.slot_counters(endpoint.counter_slot)?;
         let mut pod_addresses = addresses.remove(&index).unwrap_or_default();
         pod_addresses.sort();
+        let policy = if with_policy && endpoint.counter_slot != flatnet_common::NO_COUNTER_SLOT {
+            Some(pod_policy(
+                &datapath,
+                endpoint.counter_slot,
+                &pod_addresses,
+                &names,
+            )?)
+        } else {
+            None
+        };
         report.pods.push(PodReport {
             addresses: pod_addresses,
             pod_mac: format_mac(&endpoint.pod_mac),
@@ -145,6 +226,7 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
                 packets: counters.rx_packets,
                 bytes: counters.rx_bytes,
             },
+            policy,
         });
     }
     report.pods.sort_by(|a, b| a.addresses.cmp(&b.addresses));
@@ -218,6 +300,41 @@ pub fn render(report: &NetworkReport) -> String {
     }
     if report.pods.is_empty() {
         out.push_str("  (no pods)\n");
+    }
+    if report.pods.iter().any(|p| p.policy.is_some()) {
+        out.push_str(&format!(
+            "  {:<34} {:<9} {:<9} {:>8} {:>8} {:>12} {:>12}  {}\n",
+            "POLICY OF POD",
+            "INGRESS",
+            "EGRESS",
+            "RULES IN",
+            "RULES OUT",
+            "DROPPED IN",
+            "DROPPED OUT",
+            "POLICIES"
+        ));
+        for pod in &report.pods {
+            let Some(policy) = &pod.policy else {
+                continue;
+            };
+            let addresses: Vec<String> = pod.addresses.iter().map(ToString::to_string).collect();
+            let isolation = |isolated: bool| if isolated { "isolated" } else { "open" };
+            out.push_str(&format!(
+                "  {:<34} {:<9} {:<9} {:>8} {:>9} {:>12} {:>12}  {}\n",
+                addresses.join(", "),
+                isolation(policy.ingress_isolated),
+                isolation(policy.egress_isolated),
+                policy.ingress_rules,
+                policy.egress_rules,
+                policy.ingress_drops.packets,
+                policy.egress_drops.packets,
+                if policy.policies.is_empty() {
+                    "-".to_string()
+                } else {
+                    policy.policies.join(", ")
+                }
+            ));
+        }
     }
     out
 }

@@ -15,6 +15,7 @@ pub mod ipam;
 
 pub mod lock;
 pub mod masq;
+pub mod monitor;
 pub mod net;
 pub mod netns;
 pub mod network;

@@ -173,6 +173,15 @@ impl ApiStub {
         self.lock().objects.get(&kind)?.get(key).cloned()
     }
 
+    /// Every object of `kind` now, by key.
+    pub fn list(&self, kind: Kind) -> Vec<Value> {
+        self.lock()
+            .objects
+            .get(&kind)
+            .map(|o| o.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Lists of `kind` served.
     pub fn lists(&self, kind: Kind) -> usize {
         self.lock().lists.get(&kind).copied().unwrap_or(0)

@@ -7,8 +7,8 @@ use std::process::Command;
 use flatnet::cni::config::DatapathMode;
 use flatnet::datapath::DATAPATH_ID;
 use flatnet_common::{
-    MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_FLOWS, MAP_POLICY_PODS,
-    MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
+    MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_EVENTS, MAP_POLICY_FLOWS,
+    MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
 };
 use flatnet_tests::*;
 
@@ -45,8 +45,10 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     // Builds before the source check had no POD_SOURCES: the upgrade must
     // fill a new one for the pods already there, or their packets drop.
     std::fs::remove_file(datapath.map_path(MAP_POD_SOURCES)).unwrap();
-    // Nor the NetworkPolicy maps: the upgrade makes them, empty.
+    // Nor the NetworkPolicy maps (nor the drop events' ring buffer): the
+    // upgrade makes them, empty.
     let policy_maps = [
+        MAP_POLICY_EVENTS,
         MAP_POLICY_PODS,
         MAP_POLICY_V4,
         MAP_POLICY_V6,

@@ -4,6 +4,8 @@
 //! - `flatnet_datapath_packets_total{action}` / `flatnet_datapath_bytes_total{action}`:
 //!   what the eBPF programs did (`redirected`, `to_remote_node`, `uplink_to_pod`, ...).
 //! - `flatnet_pod_{tx,rx}_{packets,bytes}_total{host_veth_ifindex}`: per pod.
+//! - `flatnet_policy_denied_packets_total{host_veth_ifindex,direction}`:
+//!   what NetworkPolicy dropped of each pod's traffic (`POLICY_DROPS`).
 //! - `flatnet_remote_cidrs`: entries of the fast path's remote-CIDR tries.
 //! - `flatnet_agent_ready`, `flatnet_peer_nodes`, `flatnet_peer_routes`,
 //!   `flatnet_peer_routes_missing` (not in place now),
@@ -159,6 +161,30 @@ impl Collector for DatapathCollector {
                     ConstCounter::new(read(counters)).encode(
                         family.encode_family(&[("host_veth_ifindex", index.to_string())])?,
                     )?;
+                }
+            }
+            // NetworkPolicy drops per pod and direction (a datapath
+            // pinned without `POLICY_DROPS` has none to report).
+            let drops: Vec<(u32, (u64, u64))> = veths
+                .iter()
+                .filter_map(|(index, pod)| {
+                    Some((*index, datapath.policy_drops(pod.counter_slot).ok()?))
+                })
+                .collect();
+            if !drops.is_empty() {
+                let mut family = encoder.encode_descriptor(
+                    "flatnet_policy_denied_packets",
+                    "Packets NetworkPolicy dropped, per pod and direction",
+                    None,
+                    MetricType::Counter,
+                )?;
+                for (index, (ingress, egress)) in &drops {
+                    for (direction, value) in [("ingress", *ingress), ("egress", *egress)] {
+                        ConstCounter::new(value).encode(family.encode_family(&[
+                            ("host_veth_ifindex", index.to_string()),
+                            ("direction", direction.to_string()),
+                        ])?)?;
+                    }
                 }
             }
         }

@@ -18,7 +18,10 @@ use std::net::IpAddr;
 
 use flatnet::datapath::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
 
-use super::error::Result;
+use flatnet::network::markers::policy_names_file;
+
+use super::error::{AgentError, Result};
+use super::install::write_atomically;
 use super::metrics::{AgentMetrics, DirectionLabel};
 use super::policy::{Allowed, Direction, Plan, PodKey, PodPolicy, PolicyError, PortSet, Table};
 
@@ -41,6 +44,33 @@ pub trait PolicySink {
     fn in_place(&mut self, _policy: &PodPolicy) -> bool {
         true
     }
+
+    /// Records which policies select each pod, by pod address, for people
+    /// (`flatnet inspect`).
+    fn policy_names(&mut self, _names: &BTreeMap<IpAddr, Vec<String>>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Pod address -> the policies selecting that pod (`namespace/name`), for
+/// every pod of `plan` some policy selects.
+pub fn policy_names(plan: &Plan) -> BTreeMap<IpAddr, Vec<String>> {
+    let mut names = BTreeMap::new();
+    for (key, result) in &plan.pods {
+        let Ok(policy) = result else { continue };
+        if policy.policies.is_empty() {
+            continue;
+        }
+        let qualified: Vec<String> = policy
+            .policies
+            .iter()
+            .map(|name| format!("{}/{name}", key.namespace))
+            .collect();
+        for ip in &policy.ips {
+            names.insert(*ip, qualified.clone());
+        }
+    }
+    names
 }
 
 /// What [`PolicySink::apply`] did.
@@ -168,6 +198,9 @@ impl<S: PolicySink> PolicySync<S> {
         }
         let retry = std::mem::take(&mut self.retry);
         self.take_steps(&previous, &plan, &retry);
+        if let Err(e) = self.sink.policy_names(&policy_names(&plan)) {
+            tracing::warn!(error = %e, "cannot record which policies select each pod");
+        }
         self.plan = Some(plan);
     }
 
@@ -267,11 +300,16 @@ impl<S: PolicySink> PolicySync<S> {
 /// its table, a pod isolated in neither direction is cleared.
 pub struct DatapathSink {
     datapath: Datapath,
+    /// What `policy_names` wrote last.
+    names: Option<BTreeMap<IpAddr, Vec<String>>>,
 }
 
 impl DatapathSink {
     pub fn new(datapath: Datapath) -> Self {
-        DatapathSink { datapath }
+        DatapathSink {
+            datapath,
+            names: None,
+        }
     }
 
     /// The counter slot of the first of `ips` the datapath has.
@@ -339,6 +377,19 @@ impl PolicySink for DatapathSink {
             // Not attached (yet, or any more): nothing to rewrite here.
             _ => true,
         }
+    }
+
+    /// `/run/flatnet/policy-<network>.json`, written atomically when it changed.
+    fn policy_names(&mut self, names: &BTreeMap<IpAddr, Vec<String>>) -> Result<()> {
+        if self.names.as_ref() == Some(names) {
+            return Ok(());
+        }
+        let path = policy_names_file(&self.datapath.network_name());
+        let bytes = serde_json::to_vec_pretty(names)
+            .map_err(|e| AgentError::io(format!("encoding {}", path.display()), e.into()))?;
+        write_atomically(&path, &bytes, 0o644)?;
+        self.names = Some(names.clone());
+        Ok(())
     }
 }
 

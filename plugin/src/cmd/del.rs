@@ -23,8 +23,17 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let datapath = Datapath::for_conf(conf)?;
     mark("parse, connect, find veth");
 
-    if datapath.map_path(MAP_HOST_VETHS).exists() {
-        let lock = Lock::shared(&lock::network(&conf.name))?;
+    // Checked again under the lock: a concurrent DEL of the network's last
+    // pod may have unpinned everything while this one waited for it.
+    // (The lock is dropped at the end of this block: the release below may
+    // take it exclusively.)
+    if let Some(lock) = datapath
+        .map_path(MAP_HOST_VETHS)
+        .exists()
+        .then(|| Lock::shared(&lock::network(&conf.name)))
+        .transpose()?
+        && datapath.map_path(MAP_HOST_VETHS).exists()
+    {
         lock.note_activity();
         match &host_link {
             Some(link) => {

@@ -58,6 +58,10 @@ async fn sweep(
 ) -> Result<()> {
     // Exclusive: no ADD or DEL of this network changes the maps meanwhile.
     let _lock = Lock::exclusive(&lock::network(&conf.name))?;
+    // A DEL of the last pod may have unpinned the network meanwhile.
+    if !datapath.map_path(MAP_HOST_VETHS).exists() {
+        return Ok(());
+    }
     let mut pods: BTreeMap<u32, Endpoint> = datapath.host_veths()?.into_iter().collect();
     for (_, endpoint) in datapath.all_endpoints()? {
         pods.entry(endpoint.host_ifindex).or_insert(endpoint);

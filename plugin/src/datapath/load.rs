@@ -165,6 +165,7 @@ fn layout_problem(spec: &MapSpec, info: &MapInfo) -> Option<String> {
         Ok(MapType::Array) => Some(MapKind::Array),
         Ok(MapType::PerCpuArray) => Some(MapKind::PerCpuArray),
         Ok(MapType::LpmTrie) => Some(MapKind::LpmTrie),
+        Ok(MapType::RingBuf) => Some(MapKind::RingBuf),
         _ => None,
     };
     if kind != Some(spec.kind) {
@@ -209,6 +210,7 @@ mod tests {
                 t if t == BPF_MAP_TYPE_ARRAY as u32 => MapKind::Array,
                 t if t == BPF_MAP_TYPE_PERCPU_ARRAY as u32 => MapKind::PerCpuArray,
                 t if t == BPF_MAP_TYPE_LPM_TRIE as u32 => MapKind::LpmTrie,
+                t if t == BPF_MAP_TYPE_RINGBUF as u32 => MapKind::RingBuf,
                 other => panic!("{}: unexpected map type {other}", spec.name),
             };
             assert_eq!(kind, spec.kind, "{}", spec.name);

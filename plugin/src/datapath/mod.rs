@@ -34,6 +34,7 @@ use crate::lock::{LOCK_DIR, Lock};
 mod attach;
 mod bpffs;
 mod endpoints;
+mod events;
 pub mod kfunc;
 mod load;
 mod policy;
@@ -47,6 +48,7 @@ pub use attach::{
     ingress_programs, move_to_tcx, prepare_pod_for_xdp,
 };
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
+pub use events::PolicyEvents;
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };

@@ -209,10 +209,19 @@ impl Datapath {
             .iter()
             .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
             .collect();
-        self.remove_policy_entries(slot, |prefix, direction, address| match address {
-            Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
-            Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
-        })
+        let removed =
+            self.remove_policy_entries(slot, |prefix, direction, address| match address {
+                Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
+                Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
+            })?;
+        // A packet judged between the new generation and these deletions
+        // met the stale entries as well, and its flow was recorded with the
+        // new generation: allowed for good by an entry that is gone. One
+        // more generation has such flows judged again by the final table.
+        if removed > 0 {
+            self.write_pod_policy(slot, flags)?;
+        }
+        Ok(())
     }
 
     /// Attaches `to_pod` to the host veth of the pod in `slot` (a pinned tcx
@@ -250,7 +259,8 @@ impl Datapath {
         if current.flags != 0 {
             self.write_pod_policy(slot, 0)?;
         }
-        self.remove_policy_entries(slot, |_, _, _| true)
+        self.remove_policy_entries(slot, |_, _, _| true)?;
+        Ok(())
     }
 
     /// Writes `flags` for `slot` with the next generation: the generation
@@ -270,12 +280,12 @@ impl Datapath {
     }
 
     /// Removes the policy entries of `slot` that `doomed` selects (prefix
-    /// length as keyed, direction, address).
+    /// length as keyed, direction, address); how many there were.
     fn remove_policy_entries(
         &self,
         slot: u32,
         doomed: impl Fn(u32, u32, Address) -> bool,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let mut v4 = self.policy_v4()?;
         let keys: Vec<LpmKey<PolicyCidrV4>> = v4
             .keys()
@@ -286,6 +296,7 @@ impl Datapath {
                     && doomed(k.prefix_len(), data.direction, Address::V4(data.address))
             })
             .collect();
+        let removed = keys.len();
         for key in keys {
             ignore_missing(v4.remove(&key))?;
         }
@@ -299,10 +310,11 @@ impl Datapath {
                     && doomed(k.prefix_len(), data.direction, Address::V6(data.address))
             })
             .collect();
+        let removed = removed + keys.len();
         for key in keys {
             ignore_missing(v6.remove(&key))?;
         }
-        Ok(())
+        Ok(removed)
     }
 
     /// The policy entries of `slot`, as (direction, rule), read back.

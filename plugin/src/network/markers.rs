@@ -5,6 +5,7 @@
 //!   of a configuration marked `"agentManaged": true` answers 50 without it.
 //! - `agent-<network>.managed` from the agent's first start on: the network's
 //!   datapath belongs to the agent, so the last pod's DEL leaves it pinned.
+//! - `policy-<network>.json`: the NetworkPolicies selecting each local pod.
 //!
 //! Plain files: the plugin reads them, the agent (its own crate) writes
 //! them; neither needs the other's code.
@@ -28,6 +29,13 @@ pub fn ready_marker(network: &str) -> PathBuf {
 
 pub fn managed_marker(network: &str) -> PathBuf {
     marker(network, "managed")
+}
+
+/// `policy-<network>.json`: which NetworkPolicies select each local pod, by
+/// pod address (`{"10.42.0.4": ["default/deny-all"]}`), written by the
+/// agent whenever it applies policy and shown by `flatnet inspect`.
+pub fn policy_names_file(network: &str) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("policy-{}.json", pin_name(network)))
 }
 
 /// True once an agent has taken `network` over on this node.

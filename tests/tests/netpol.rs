@@ -1,0 +1,1297 @@
+//! The upstream Kubernetes e2e NetworkPolicy model with real traffic: on a
+//! simulated cluster of two nodes whose agents follow an API server stub
+//! (`--peer-source kubernetes`), namespaces x, y, z hold pods a, b, c (nine
+//! pods spread over both nodes, made through the plugin the agents
+//! installed), each serving TCP and UDP on ports 80 and 81 and answering with
+//! its own name. For each case the policies go to the stub, the test waits
+//! until both agents have computed and written them, then probes every pod
+//! from every pod (9x9, TCP and UDP, 80 and 81, concurrently) and compares
+//! the result with a reference model of NetworkPolicy written here, in the
+//! test, from the same objects the stub serves (not the agent's code).
+//!
+//! Traffic from a pod to itself: the probe connects to the pod's own
+//! address, which the pod's kernel delivers over its loopback, so no CNI
+//! datapath ever sees it and it is always allowed. The model expects exactly
+//! that in every case (upstream's `AllowLoopback`, which upstream's tables
+//! do not apply in all of their deny cases), and the tests assert it: in the
+//! deny cases too, a pod reaches itself.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub};
+use flatnet_tests::*;
+use ipnetwork::Ipv4Network;
+use serde_json::{Value, json};
+
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const NAMES: [&str; 3] = ["a", "b", "c"];
+/// The stub's fixture nodes: cp-1 (172.30.0.1, 10.244.0.0/24) and worker-1
+/// (172.30.0.2, 10.244.1.0/24).
+const NODES: [(&str, u8, &str); 2] = [
+    ("cp-1", 1, "10.244.0.0/24"),
+    ("worker-1", 2, "10.244.1.0/24"),
+];
+const PORTS: [u16; 2] = [80, 81];
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    fn api(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        }
+    }
+}
+
+/// What one probe saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Allowed,
+    Denied,
+    /// An answer from the wrong pod, a refusal, an error: never right.
+    Wrong(String),
+}
+
+/// One of the nine pods: its simulated pod, where it runs, and its servers.
+struct ModelPod<'c> {
+    namespace: &'static str,
+    name: &'static str,
+    node: &'static str,
+    ip: Ipv4Addr,
+    sim: SimPod<'c>,
+}
+
+impl ModelPod<'_> {
+    fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn netns(&self) -> PathBuf {
+        self.sim.netns.path()
+    }
+}
+
+/// Listener threads, stopped and joined on drop.
+#[derive(Default)]
+struct Servers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Servers {
+    /// TCP on `port` in `netns`: each connection gets `answer`, then FIN.
+    fn tcp(&mut self, netns: PathBuf, port: u16, answer: String) {
+        let stop = self.stop.clone();
+        let (ready, bound) = std::sync::mpsc::channel();
+        self.threads.push(std::thread::spawn(move || {
+            enter_thread(&netns).expect("enter the pod's netns");
+            let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).expect("bind TCP");
+            listener.set_nonblocking(true).expect("nonblocking");
+            ready.send(()).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = conn.write_all(answer.as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }));
+        bound.recv().expect("TCP server bound");
+    }
+
+    /// UDP on `port` in `netns`: each datagram is answered with `answer`.
+    fn udp(&mut self, netns: PathBuf, port: u16, answer: String) {
+        let stop = self.stop.clone();
+        let (ready, bound) = std::sync::mpsc::channel();
+        self.threads.push(std::thread::spawn(move || {
+            enter_thread(&netns).expect("enter the pod's netns");
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).expect("bind UDP");
+            socket
+                .set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            ready.send(()).unwrap();
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = socket.recv_from(&mut buf) {
+                    let _ = socket.send_to(answer.as_bytes(), from);
+                }
+            }
+        }));
+        bound.recv().expect("UDP server bound");
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One probe from inside `from` (the calling thread enters it).
+fn probe_once(from: &Path, to: Ipv4Addr, port: u16, proto: Proto, expect: &str) -> Outcome {
+    if let Err(e) = enter_thread(from) {
+        return Outcome::Wrong(format!("setns: {e}"));
+    }
+    let addr = SocketAddr::from((to, port));
+    match proto {
+        Proto::Tcp => {
+            let mut conn = match TcpStream::connect_timeout(&addr, PROBE_TIMEOUT) {
+                Ok(conn) => conn,
+                Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+                    return Outcome::Denied;
+                }
+                Err(e) => return Outcome::Wrong(format!("connect: {e}")),
+            };
+            let _ = conn.set_read_timeout(Some(PROBE_TIMEOUT));
+            let mut answer = String::new();
+            match conn.read_to_string(&mut answer) {
+                Ok(_) if answer == expect => Outcome::Allowed,
+                // Connected, then the answer was cut: the policy changed
+                // under the probe; a retry tells.
+                Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+                    Outcome::Denied
+                }
+                Ok(_) => Outcome::Wrong(format!("answered {answer:?}")),
+                Err(e) => Outcome::Wrong(format!("read: {e}")),
+            }
+        }
+        Proto::Udp => {
+            let socket = match UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) {
+                Ok(socket) => socket,
+                Err(e) => return Outcome::Wrong(format!("bind: {e}")),
+            };
+            let _ = socket.set_read_timeout(Some(PROBE_TIMEOUT));
+            if let Err(e) = socket.connect(addr).and_then(|_| socket.send(b"probe")) {
+                return Outcome::Wrong(format!("send: {e}"));
+            }
+            let mut buf = [0u8; 512];
+            match socket.recv(&mut buf) {
+                Ok(n) if &buf[..n] == expect.as_bytes() => Outcome::Allowed,
+                Ok(n) => {
+                    Outcome::Wrong(format!("answered {:?}", String::from_utf8_lossy(&buf[..n])))
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+                    Outcome::Denied
+                }
+                Err(e) => Outcome::Wrong(format!("recv: {e}")),
+            }
+        }
+    }
+}
+
+/// A probe, retried once when it was not allowed (a flake is not a deny).
+fn probe(from: &Path, to: Ipv4Addr, port: u16, proto: Proto, expect: &str) -> Outcome {
+    match probe_once(from, to, port, proto, expect) {
+        Outcome::Allowed => Outcome::Allowed,
+        _ => probe_once(from, to, port, proto, expect),
+    }
+}
+
+/// 9x9: [from][to].
+type Table<T> = Vec<Vec<T>>;
+
+/// What the probes and the model say of one port and protocol.
+struct Matrix {
+    port: u16,
+    proto: Proto,
+    actual: Table<Outcome>,
+    expected: Table<bool>,
+}
+
+impl Matrix {
+    fn mismatches(&self) -> usize {
+        let mut n = 0;
+        for (row, expected) in self.actual.iter().zip(&self.expected) {
+            for (outcome, allowed) in row.iter().zip(expected) {
+                if *outcome
+                    != (if *allowed {
+                        Outcome::Allowed
+                    } else {
+                        Outcome::Denied
+                    })
+                {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Upstream's truth table: rows from, columns to; `.` allowed, `X`
+    /// denied; a mismatch shows what was seen in brackets.
+    fn render(&self, ids: &[String]) -> String {
+        let mut text = format!(
+            "{} {} (rows from, columns to; `.` allowed, `X` denied; [c]: the probe saw c, \
+             the model expects the other; [?]: a wrong answer)\n      ",
+            self.proto.api(),
+            self.port
+        );
+        for id in ids {
+            text.push_str(&format!("{id:>5}"));
+        }
+        text.push('\n');
+        let mut wrongs = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            text.push_str(&format!("{id:>5} "));
+            for j in 0..ids.len() {
+                let expected = self.expected[i][j];
+                let cell = match (&self.actual[i][j], expected) {
+                    (Outcome::Allowed, true) => "    .".to_string(),
+                    (Outcome::Denied, false) => "    X".to_string(),
+                    (Outcome::Allowed, false) => "  [.]".to_string(),
+                    (Outcome::Denied, true) => "  [X]".to_string(),
+                    (Outcome::Wrong(why), _) => {
+                        wrongs.push(format!("{} -> {}: {why}", ids[i], ids[j]));
+                        "  [?]".to_string()
+                    }
+                };
+                text.push_str(&cell);
+            }
+            text.push('\n');
+        }
+        for wrong in wrongs {
+            text.push_str(&format!("  {wrong}\n"));
+        }
+        text
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reference model: NetworkPolicy semantics on the stub's objects.
+
+fn labels_of(object: &Value) -> &Value {
+    &object["metadata"]["labels"]
+}
+
+/// A label selector (matchLabels and matchExpressions); `{}` selects all.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let label = |key: &str| labels.get(key).and_then(Value::as_str);
+    let labels_ok = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(key, value)| label(key) == value.as_str());
+    let expressions_ok = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| {
+            let key = e["key"].as_str().expect("key");
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            match e["operator"].as_str().expect("operator") {
+                "In" => label(key).is_some_and(|v| values.contains(&v)),
+                "NotIn" => !label(key).is_some_and(|v| values.contains(&v)),
+                "Exists" => label(key).is_some(),
+                "DoesNotExist" => label(key).is_none(),
+                other => panic!("operator {other}"),
+            }
+        });
+    labels_ok && expressions_ok
+}
+
+/// A pod as the model sees it: the stub's object and its namespace's.
+struct Subject<'a> {
+    pod: &'a Value,
+    namespace: &'a Value,
+}
+
+impl Subject<'_> {
+    fn ns(&self) -> &str {
+        self.pod["metadata"]["namespace"].as_str().unwrap()
+    }
+
+    fn ip(&self) -> Ipv4Addr {
+        self.pod["status"]["podIP"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// The container port named `name` for `proto`.
+    fn named_port(&self, name: &str, proto: Proto) -> Option<u16> {
+        self.pod["spec"]["containers"]
+            .as_array()?
+            .iter()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .find(|p| {
+                p["name"].as_str() == Some(name)
+                    && p["protocol"].as_str().unwrap_or("TCP") == proto.api()
+            })
+            .and_then(|p| p["containerPort"].as_u64())
+            .map(|p| p as u16)
+    }
+}
+
+/// Whether `peer` (one entry of `from` or `to`) of a policy in
+/// `policy_ns` matches `other`.
+fn peer_matches(peer: &Value, policy_ns: &str, other: &Subject) -> bool {
+    if let Some(block) = peer.get("ipBlock") {
+        let cidr: Ipv4Network = block["cidr"].as_str().unwrap().parse().unwrap();
+        let excepted = block["except"].as_array().into_iter().flatten().any(|e| {
+            let e: Ipv4Network = e.as_str().unwrap().parse().unwrap();
+            e.contains(other.ip())
+        });
+        return cidr.contains(other.ip()) && !excepted;
+    }
+    let namespace_ok = match peer.get("namespaceSelector") {
+        Some(selector) => selects(selector, labels_of(other.namespace)),
+        None => other.ns() == policy_ns,
+    };
+    let pod_ok = match peer.get("podSelector") {
+        Some(selector) => selects(selector, labels_of(other.pod)),
+        None => true,
+    };
+    namespace_ok && pod_ok
+}
+
+/// Whether a rule's `ports` let `port`/`proto` of `dst` through.
+fn ports_match(ports: &Value, dst: &Subject, port: u16, proto: Proto) -> bool {
+    let Some(ports) = ports.as_array().filter(|p| !p.is_empty()) else {
+        return true;
+    };
+    ports.iter().any(|entry| {
+        if entry["protocol"].as_str().unwrap_or("TCP") != proto.api() {
+            return false;
+        }
+        match &entry["port"] {
+            Value::Null => true,
+            Value::Number(n) => {
+                let first = n.as_u64().unwrap() as u16;
+                let last = entry["endPort"].as_u64().map_or(first, |p| p as u16);
+                (first..=last).contains(&port)
+            }
+            Value::String(name) => dst.named_port(name, proto) == Some(port),
+            other => panic!("port {other}"),
+        }
+    })
+}
+
+/// Whether `policy` isolates its pods for ingress / egress.
+fn policy_types(policy: &Value) -> (bool, bool) {
+    match policy["spec"]["policyTypes"].as_array() {
+        Some(types) => (
+            types.iter().any(|t| t == "Ingress"),
+            types.iter().any(|t| t == "Egress"),
+        ),
+        None => (true, policy["spec"].get("egress").is_some()),
+    }
+}
+
+/// Whether the policies let `subject` (ingress: the destination; egress:
+/// the source) talk with `peer`, the connection going to `dst`'s port.
+fn direction_allows(
+    policies: &[Value],
+    ingress: bool,
+    subject: &Subject,
+    peer: &Subject,
+    dst: &Subject,
+    port: u16,
+    proto: Proto,
+) -> bool {
+    let (rules_key, peers_key) = if ingress {
+        ("ingress", "from")
+    } else {
+        ("egress", "to")
+    };
+    let selecting: Vec<&Value> = policies
+        .iter()
+        .filter(|p| {
+            p["metadata"]["namespace"].as_str() == Some(subject.ns())
+                && selects(&p["spec"]["podSelector"], labels_of(subject.pod))
+                && {
+                    let (i, e) = policy_types(p);
+                    if ingress { i } else { e }
+                }
+        })
+        .collect();
+    if selecting.is_empty() {
+        return true;
+    }
+    selecting.iter().any(|policy| {
+        let policy_ns = policy["metadata"]["namespace"].as_str().unwrap();
+        policy["spec"][rules_key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| {
+                let peers_ok = match rule[peers_key].as_array().filter(|p| !p.is_empty()) {
+                    None => true,
+                    Some(peers) => peers.iter().any(|p| peer_matches(p, policy_ns, peer)),
+                };
+                peers_ok && ports_match(&rule["ports"], dst, port, proto)
+            })
+    })
+}
+
+/// The expected 9x9 table of `port`/`proto` for the stub's objects now.
+fn model(stub: &ApiStub, ids: &[String], port: u16, proto: Proto) -> Table<bool> {
+    let policies = stub.list(Kind::NetworkPolicy);
+    let pods: Vec<Value> = ids
+        .iter()
+        .map(|id| stub.get(Kind::Pod, id).expect("pod in the stub"))
+        .collect();
+    let namespaces: Vec<Value> = pods
+        .iter()
+        .map(|p| {
+            stub.get(
+                Kind::Namespace,
+                p["metadata"]["namespace"].as_str().unwrap(),
+            )
+            .expect("namespace in the stub")
+        })
+        .collect();
+    let subjects: Vec<Subject> = pods
+        .iter()
+        .zip(&namespaces)
+        .map(|(pod, namespace)| Subject { pod, namespace })
+        .collect();
+    subjects
+        .iter()
+        .enumerate()
+        .map(|(i, src)| {
+            subjects
+                .iter()
+                .enumerate()
+                .map(|(j, dst)| {
+                    // Loopback: never seen by any datapath.
+                    i == j
+                        || (direction_allows(&policies, false, src, dst, dst, port, proto)
+                            && direction_allows(&policies, true, dst, src, dst, port, proto))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// The cluster, the pods, the stub.
+
+fn api_namespace(name: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {"ns": name, "kubernetes.io/metadata.name": name}}})
+}
+
+/// Upstream's pod: one container per port and protocol, ports named
+/// `serve-<port>-<tcp|udp>`.
+fn api_pod(pod: &ModelPod) -> Value {
+    let containers: Vec<Value> = PORTS
+        .iter()
+        .flat_map(|port| {
+            [Proto::Tcp, Proto::Udp].map(|proto| {
+                let lower = proto.api().to_lowercase();
+                json!({
+                    "name": format!("cont-{port}-{lower}"),
+                    "image": "agnhost",
+                    "ports": [{"name": format!("serve-{port}-{lower}"), "containerPort": port, "protocol": proto.api()}]
+                })
+            })
+        })
+        .collect();
+    let ip = pod.ip.to_string();
+    json!({
+        "metadata": {"namespace": pod.namespace, "name": pod.name, "uid": format!("uid-{}-{}", pod.namespace, pod.name),
+                     "labels": {"pod": pod.name}},
+        "spec": {"nodeName": pod.node, "containers": containers},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+    })
+}
+
+fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The model world: the stub (served on each node's loopback), nine pods
+/// with their servers. Built on a cluster the test owns.
+struct World<'c> {
+    cluster: &'c Cluster,
+    stub: ApiStub,
+    // Dropped in this order: servers first, then the pods (DEL), then the
+    // stub's servers.
+    _servers: Servers,
+    pods: Vec<ModelPod<'c>>,
+    _served: Vec<ServedStub>,
+    ids: Vec<String>,
+}
+
+fn cluster() -> Cluster {
+    let specs: Vec<NodeSpec> = specs(
+        &NODES
+            .iter()
+            .map(|(name, index, cidr)| (*name, *index, Some(*cidr)))
+            .collect::<Vec<_>>(),
+    );
+    Cluster::new(&specs)
+}
+
+impl<'c> World<'c> {
+    fn new(cluster: &'c Cluster) -> Self {
+        let stub = ApiStub::from_fixture();
+        for namespace in NAMESPACES {
+            stub.add(Kind::Namespace, api_namespace(namespace));
+        }
+        // One stub, served on each node's own loopback, where its agent runs.
+        let served: Vec<ServedStub> = cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                let listener = node
+                    .netns
+                    .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+                    .unwrap();
+                ServedStub::serve(stub.clone(), listener)
+            })
+            .collect();
+        for (node, served) in cluster.nodes.iter().zip(&served) {
+            node.start_agent(&Peers::Api(served.url.clone()));
+        }
+        for node in &cluster.nodes {
+            node.wait_ready();
+        }
+        let mut pods = Vec::new();
+        let mut servers = Servers::default();
+        for (i, (namespace, name)) in NAMESPACES
+            .iter()
+            .flat_map(|ns| NAMES.iter().map(move |n| (*ns, *n)))
+            .enumerate()
+        {
+            let node = &cluster.nodes[i % cluster.nodes.len()];
+            let sim = node.pod();
+            let pod = ModelPod {
+                namespace,
+                name,
+                node: NODES[i % NODES.len()].0,
+                ip: sim.ip,
+                sim,
+            };
+            for port in PORTS {
+                servers.tcp(pod.netns(), port, pod.id());
+                servers.udp(pod.netns(), port, pod.id());
+            }
+            pods.push(pod);
+        }
+        let ids = pods.iter().map(ModelPod::id).collect();
+        let world = World {
+            cluster,
+            stub,
+            _servers: servers,
+            pods,
+            _served: served,
+            ids,
+        };
+        world.apply(|stub| {
+            for pod in &world.pods {
+                stub.add(Kind::Pod, api_pod(pod));
+            }
+        });
+        world
+    }
+
+    fn pod(&self, id: &str) -> &ModelPod<'c> {
+        self.pods.iter().find(|p| p.id() == id).expect("pod")
+    }
+
+    fn node_of(&self, id: &str) -> &'c SimNode {
+        self.cluster.node(self.pod(id).node)
+    }
+
+    fn metric_of_nodes(&self, series: &str) -> Vec<f64> {
+        self.cluster
+            .nodes
+            .iter()
+            .map(|n| metric(&n.metrics(), series).unwrap_or(0.0))
+            .collect()
+    }
+
+    /// Makes `change` in the stub and waits until both agents have
+    /// computed and written it: each node's computation count has grown
+    /// and then stayed still for 300 ms (every event of the stub makes a
+    /// computation within ~10 ms, and the write follows it in the same
+    /// pass); no policy error on either node.
+    fn apply(&self, change: impl FnOnce(&ApiStub)) {
+        let computes = || self.metric_of_nodes("flatnet_policy_compute_seconds_count");
+        let before = computes();
+        change(&self.stub);
+        wait_until("both agents to compute the change", SETTLE, || {
+            computes().iter().zip(&before).all(|(now, was)| now > was)
+        });
+        let mut last = computes();
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = computes();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let errors = self.metric_of_nodes("flatnet_policy_errors_total");
+        assert!(
+            errors.iter().all(|e| *e == 0.0),
+            "policy errors on the nodes: {errors:?}\n{}",
+            self.logs()
+        );
+    }
+
+    fn logs(&self) -> String {
+        self.cluster
+            .nodes
+            .iter()
+            .map(|n| format!("--- agent of {}:\n{}", n.spec.name, n.agent_log()))
+            .collect()
+    }
+
+    fn policy(&self, policy: Value) {
+        self.apply(|stub| stub.add(Kind::NetworkPolicy, policy));
+    }
+
+    /// Takes every policy away.
+    fn clear_policies(&self) {
+        let keys: Vec<String> = self
+            .stub
+            .list(Kind::NetworkPolicy)
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str().unwrap(),
+                    p["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        self.apply(|stub| {
+            for key in &keys {
+                stub.delete(Kind::NetworkPolicy, key);
+            }
+        });
+    }
+
+    /// Probes all 9x9 pairs of every port and protocol at once (324
+    /// threads) and computes the model's tables.
+    fn probe_all(&self) -> Vec<Matrix> {
+        let cases: Vec<(u16, Proto)> = PORTS
+            .iter()
+            .flat_map(|port| [(*port, Proto::Tcp), (*port, Proto::Udp)])
+            .collect();
+        let actual: Vec<Table<Outcome>> = std::thread::scope(|scope| {
+            let handles: Vec<Vec<Vec<_>>> = cases
+                .iter()
+                .map(|&(port, proto)| {
+                    self.pods
+                        .iter()
+                        .map(|from| {
+                            self.pods
+                                .iter()
+                                .map(|to| {
+                                    let (netns, ip, id) = (from.netns(), to.ip, to.id());
+                                    scope.spawn(move || probe(&netns, ip, port, proto, &id))
+                                })
+                                .collect()
+                        })
+                        .collect()
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|table| {
+                    table
+                        .into_iter()
+                        .map(|row| row.into_iter().map(|h| h.join().unwrap()).collect())
+                        .collect()
+                })
+                .collect()
+        });
+        cases
+            .into_iter()
+            .zip(actual)
+            .map(|((port, proto), actual)| Matrix {
+                port,
+                proto,
+                expected: model(&self.stub, &self.ids, port, proto),
+                actual,
+            })
+            .collect()
+    }
+
+    /// Probes everything and compares with the model; panics with the
+    /// tables on a mismatch. `must_deny`: the model must expect some
+    /// denial (else the case proves nothing). Returns the probe count.
+    fn check(&self, case: &str, must_deny: bool) -> usize {
+        let start = Instant::now();
+        let matrices = self.probe_all();
+        let expected_denied: usize = matrices
+            .iter()
+            .map(|m| m.expected.iter().flatten().filter(|a| !**a).count())
+            .sum();
+        let expected_allowed: usize = matrices
+            .iter()
+            .map(|m| m.expected.iter().flatten().filter(|a| **a).count())
+            .sum();
+        let mismatches: usize = matrices.iter().map(Matrix::mismatches).sum();
+        let probes = matrices.len() * self.ids.len() * self.ids.len();
+        if mismatches > 0 {
+            let tables: String = matrices.iter().map(|m| m.render(&self.ids)).collect();
+            panic!(
+                "case {case:?}: {mismatches} of {probes} probes differ from the model\n{tables}\npolicies: {:#}\n{}",
+                Value::Array(self.stub.list(Kind::NetworkPolicy)),
+                self.logs()
+            );
+        }
+        assert!(
+            expected_allowed > 0,
+            "case {case:?}: the model allows nothing"
+        );
+        if must_deny {
+            assert!(
+                expected_denied > 0,
+                "case {case:?}: the model denies nothing"
+            );
+        } else {
+            assert_eq!(expected_denied, 0, "case {case:?}: the model denies some");
+        }
+        eprintln!(
+            "case {case}: {probes} probes match the model ({expected_allowed} allowed, {expected_denied} denied) in {:.2?}",
+            start.elapsed()
+        );
+        if std::env::var_os("NETPOL_TABLES").is_some() {
+            for m in &matrices {
+                eprintln!("{}", m.render(&self.ids));
+            }
+        }
+        probes
+    }
+
+    /// One policy case from a clean slate: apply, check, clear.
+    fn case(&self, case: &str, policies: Vec<Value>) {
+        self.apply(|stub| {
+            for policy in policies {
+                stub.add(Kind::NetworkPolicy, policy);
+            }
+        });
+        self.check(case, true);
+        self.clear_policies();
+    }
+}
+
+fn policy(namespace: &str, name: &str, spec: Value) -> Value {
+    json!({"metadata": {"namespace": namespace, "name": name}, "spec": spec})
+}
+
+fn only(pod: &str) -> Value {
+    json!({"matchLabels": {"pod": pod}})
+}
+
+#[test]
+fn the_upstream_e2e_policy_cases_match_the_model() {
+    if !root_or_skip("the_upstream_e2e_policy_cases_match_the_model") {
+        return;
+    }
+    let cluster = cluster();
+    let world = World::new(&cluster);
+    // Sanity: the pods are where they should be, spread over both nodes,
+    // and without policy everything is allowed.
+    assert!(world.pod("x/a").ip.octets()[2] != world.pod("x/b").ip.octets()[2]);
+    world.check("no policy", false);
+
+    world.case(
+        "default deny ingress (x)",
+        vec![policy(
+            "x",
+            "deny-ingress",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        )],
+    );
+    world.case(
+        "default deny egress (x)",
+        vec![policy(
+            "x",
+            "deny-egress",
+            json!({"podSelector": {}, "policyTypes": ["Egress"]}),
+        )],
+    );
+    // Deny everything both ways in x, then allow all ingress: the union
+    // lets all in, egress stays denied.
+    world.case(
+        "deny all in x, allow all ingress",
+        vec![
+            policy(
+                "x",
+                "deny-all",
+                json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+            ),
+            policy(
+                "x",
+                "allow-all-ingress",
+                json!({"podSelector": {}, "ingress": [{}]}),
+            ),
+        ],
+    );
+    world.case(
+        "allow ingress to x/a from namespace y",
+        vec![policy(
+            "x",
+            "a-from-y",
+            json!({"podSelector": only("a"),
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
+        )],
+    );
+    world.case(
+        "ingress to x/a from pod b in namespaces y or z (AND in one peer)",
+        vec![policy(
+            "x",
+            "a-from-b-in-yz",
+            json!({"podSelector": only("a"),
+                   "ingress": [{"from": [{
+                       "namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y", "z"]}]},
+                       "podSelector": only("b")}]}]}),
+        )],
+    );
+    world.case(
+        "ingress to x/a from namespace y or pod b of x (OR of two peers)",
+        vec![policy(
+            "x",
+            "a-from-y-or-b",
+            json!({"podSelector": only("a"),
+                   "ingress": [{"from": [
+                       {"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y"]}]}},
+                       {"podSelector": only("b")}]}]}),
+        )],
+    );
+    // worker-1's pods, less one of them.
+    let excepted = world.pod("y/a").ip;
+    assert_eq!(world.pod("y/a").node, "worker-1");
+    world.case(
+        "ingress to x from an ipBlock with except",
+        vec![policy(
+            "x",
+            "from-worker-1-block",
+            json!({"podSelector": {},
+                   "ingress": [{"from": [{"ipBlock": {"cidr": NODES[1].2, "except": [format!("{excepted}/32")]}}]}]}),
+        )],
+    );
+    world.case(
+        "egress of y to an ipBlock (cp-1's pods)",
+        vec![policy(
+            "y",
+            "to-cp-1-block",
+            json!({"podSelector": {}, "policyTypes": ["Egress"],
+                   "egress": [{"to": [{"ipBlock": {"cidr": NODES[0].2}}]}]}),
+        )],
+    );
+    world.case(
+        "named ports: ingress to x/a on serve-81-tcp, egress of x/b to serve-80-udp",
+        vec![
+            policy(
+                "x",
+                "a-named",
+                json!({"podSelector": only("a"),
+                       "ingress": [{"ports": [{"port": "serve-81-tcp", "protocol": "TCP"}]}]}),
+            ),
+            policy(
+                "x",
+                "b-named-egress",
+                json!({"podSelector": only("b"), "policyTypes": ["Egress"],
+                       "egress": [{"ports": [{"port": "serve-80-udp", "protocol": "UDP"}]}]}),
+            ),
+        ],
+    );
+    world.case(
+        "endPort: ingress to y/a on TCP 79-80 and UDP 81-82",
+        vec![policy(
+            "y",
+            "a-ranges",
+            json!({"podSelector": only("a"),
+                   "ingress": [{"ports": [
+                       {"port": 79, "endPort": 80, "protocol": "TCP"},
+                       {"port": 81, "endPort": 82, "protocol": "UDP"}]}]}),
+        )],
+    );
+    world.case(
+        "two policies on z/c (union)",
+        vec![
+            policy(
+                "z",
+                "c-from-x-tcp-80",
+                json!({"podSelector": only("c"),
+                       "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}}],
+                                    "ports": [{"port": 80}]}]}),
+            ),
+            policy(
+                "z",
+                "c-from-pods-a",
+                json!({"podSelector": only("c"),
+                       "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": only("a")}]}]}),
+            ),
+        ],
+    );
+    world.case(
+        "ingress and egress: z/b from x only, to y only on UDP",
+        vec![policy(
+            "z",
+            "b-both",
+            json!({"podSelector": only("b"), "policyTypes": ["Ingress", "Egress"],
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "x"}}}]}],
+                   "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                               "ports": [{"protocol": "UDP"}]}]}),
+        )],
+    );
+    world.check("all policies gone", false);
+}
+
+/// Probes `pairs` (from, to) on TCP 80 over and over on threads until
+/// stopped; each result with when its probe began.
+struct ProbeLoop {
+    stop: Arc<AtomicBool>,
+    results: Arc<Mutex<Vec<(Instant, String, Outcome)>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ProbeLoop {
+    fn start(world: &World, pairs: &[(&str, &str)]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let threads = pairs
+            .iter()
+            .map(|(from, to)| {
+                let (stop, results) = (stop.clone(), results.clone());
+                let netns = world.pod(from).netns();
+                let (ip, expect) = (world.pod(to).ip, to.to_string());
+                let pair = format!("{from}->{to}");
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let began = Instant::now();
+                        let outcome = probe_once(&netns, ip, 80, Proto::Tcp, &expect);
+                        results.lock().unwrap().push((began, pair.clone(), outcome));
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+            })
+            .collect();
+        ProbeLoop {
+            stop,
+            results,
+            threads,
+        }
+    }
+
+    fn stop(mut self) -> Vec<(Instant, String, Outcome)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            thread.join().unwrap();
+        }
+        std::mem::take(&mut *self.results.lock().unwrap())
+    }
+}
+
+/// What the loop saw of `pair` in probes begun in [from, to).
+fn seen(
+    results: &[(Instant, String, Outcome)],
+    pair: &str,
+    from: Instant,
+    to: Instant,
+) -> Vec<Outcome> {
+    results
+        .iter()
+        .filter(|(began, p, _)| p == pair && *began >= from && *began < to)
+        .map(|(_, _, o)| o.clone())
+        .collect()
+}
+
+/// A paced TCP stream from `client` to a server on port 82 of `server`,
+/// counting what arrives.
+struct Stream {
+    received: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Stream {
+    fn start(server: &ModelPod, client: &ModelPod) -> Self {
+        let (received, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let listener = server
+            .sim
+            .netns
+            .run(|| TcpListener::bind((server.ip, 0)).unwrap());
+        let addr = listener.local_addr().unwrap();
+        let receiver = {
+            let (received, stop) = (received.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut conn, _) = listener.accept().unwrap();
+                conn.set_read_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                while !stop.load(Ordering::Relaxed) {
+                    match conn.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            received.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                        Err(_) => return,
+                    }
+                }
+            })
+        };
+        let client_ns = client.netns();
+        let sender = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                enter_thread(&client_ns).unwrap();
+                let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+                conn.set_write_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+                let chunk = vec![7u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    match conn.write(&chunk) {
+                        Ok(_) => {}
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                        Err(_) => return,
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        Stream {
+            received,
+            stop,
+            threads: vec![receiver, sender],
+        }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that arrived in `window`.
+    fn flow(&self, window: Duration) -> u64 {
+        let before = self.received();
+        std::thread::sleep(window);
+        self.received() - before
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn policy_changes_under_traffic_follow_the_model() {
+    if !root_or_skip("policy_changes_under_traffic_follow_the_model") {
+        return;
+    }
+    let cluster = cluster();
+    let world = World::new(&cluster);
+
+    // A policy updated, then deleted, while probes run: x/a from y only,
+    // then from z only, then no policy. y/b is on x/a's node, z/b not.
+    let from_ns = |ns: &str| {
+        policy(
+            "x",
+            "a-from",
+            json!({"podSelector": only("a"),
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": ns}}}]}]}),
+        )
+    };
+    world.policy(from_ns("y"));
+    world.check("x/a from y", true);
+    let (from_y, from_z) = ("y/b->x/a", "z/b->x/a");
+    let looping = Instant::now();
+    let probes = ProbeLoop::start(&world, &[("y/b", "x/a"), ("z/b", "x/a")]);
+    std::thread::sleep(Duration::from_millis(700));
+    let changed = Instant::now();
+    world.apply(|stub| stub.add(Kind::NetworkPolicy, from_ns("z")));
+    let written = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    let deleting = Instant::now();
+    world.apply(|stub| stub.delete(Kind::NetworkPolicy, "x/a-from"));
+    let deleted = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    let end = Instant::now();
+    let results = probes.stop();
+    let phases = [
+        ("before the update", looping, changed, true, false),
+        (
+            "after the update was written",
+            written,
+            deleting,
+            false,
+            true,
+        ),
+        ("after the delete was written", deleted, end, true, true),
+    ];
+    for (phase, from, to, y_allowed, z_allowed) in phases {
+        for (pair, allowed) in [(from_y, y_allowed), (from_z, z_allowed)] {
+            let outcomes = seen(&results, pair, from, to);
+            let want = if allowed {
+                Outcome::Allowed
+            } else {
+                Outcome::Denied
+            };
+            assert!(
+                !outcomes.is_empty() && outcomes.iter().all(|o| *o == want),
+                "{pair} {phase}: want {want:?}, saw {outcomes:?}"
+            );
+        }
+    }
+    eprintln!("probe loop: {} probes", results.len());
+    world.check("x/a from y, then z, then deleted", false);
+
+    // A pod relabelled: x/a admits pods labelled b of any namespace; y/c
+    // becomes one, then is restored.
+    world.policy(policy(
+        "x",
+        "a-from-b",
+        json!({"podSelector": only("a"),
+               "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": only("b")}]}]}),
+    ));
+    let yc = world.pod("y/c");
+    let allowed_yc = |world: &World| model(&world.stub, &world.ids, 80, Proto::Tcp)[5][0];
+    assert_eq!(world.ids[5], "y/c");
+    assert!(!allowed_yc(&world));
+    assert_eq!(
+        probe(&yc.netns(), world.pod("x/a").ip, 80, Proto::Tcp, "x/a"),
+        Outcome::Denied
+    );
+    world.check("x/a from pods b", true);
+    world.apply(|stub| {
+        stub.modify(Kind::Pod, "y/c", |p| {
+            p["metadata"]["labels"]["pod"] = json!("b");
+        })
+    });
+    assert!(allowed_yc(&world), "the model follows the relabel");
+    world.check("y/c relabelled pod=b", true);
+    world.apply(|stub| {
+        stub.modify(Kind::Pod, "y/c", |p| {
+            p["metadata"]["labels"]["pod"] = json!("c");
+        })
+    });
+    world.check("y/c labelled back", true);
+    world.clear_policies();
+
+    // A namespace relabelled: y admits namespaces labelled ns=x; z takes
+    // that label, then gives it back.
+    world.policy(policy(
+        "y",
+        "from-ns-x",
+        json!({"podSelector": {},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "x"}}}]}]}),
+    ));
+    world.check("y from ns=x", true);
+    world.apply(|stub| {
+        stub.modify(Kind::Namespace, "z", |n| {
+            n["metadata"]["labels"]["ns"] = json!("x");
+        })
+    });
+    assert!(
+        model(&world.stub, &world.ids, 81, Proto::Udp)[6][3],
+        "z/a -> y/a"
+    );
+    world.check("namespace z relabelled ns=x", true);
+    world.apply(|stub| {
+        stub.modify(Kind::Namespace, "z", |n| {
+            n["metadata"]["labels"]["ns"] = json!("z");
+        })
+    });
+    world.check("namespace z labelled back", true);
+    world.clear_policies();
+
+    // Established streams into x/a (from y/b on its node, from y/a on the
+    // other) when an ingress policy arrives: one that still allows them
+    // leaves them alone; then a deny cuts them at their next packet (the
+    // datapath judges a flow again once the pod's generation moved).
+    let xa = world.pod("x/a");
+    let streams = [
+        Stream::start(xa, world.pod("y/b")),
+        Stream::start(xa, world.pod("y/a")),
+    ];
+    assert_eq!(world.pod("y/b").node, xa.node);
+    assert_ne!(world.pod("y/a").node, xa.node);
+    let window = Duration::from_millis(500);
+    for stream in &streams {
+        wait_until("the stream to flow", SETTLE, || stream.received() > 0);
+    }
+    world.policy(policy(
+        "x",
+        "a-from-y",
+        json!({"podSelector": only("a"),
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}),
+    ));
+    for stream in &streams {
+        assert!(
+            stream.flow(window) > 0,
+            "an ingress policy that allows the stream stopped it"
+        );
+    }
+    let node = world.node_of("x/a");
+    let slot = node
+        .datapath()
+        .slot_of(IpAddr::V4(xa.ip))
+        .unwrap()
+        .expect("x/a's slot");
+    let drops_before = node.datapath().policy_drops(slot).unwrap().0;
+    world.policy(policy(
+        "x",
+        "a-from-y",
+        json!({"podSelector": only("a"), "policyTypes": ["Ingress"]}),
+    ));
+    // What was in flight when the write landed may still arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    for (stream, from) in streams.iter().zip(["y/b", "y/a"]) {
+        let flowed = stream.flow(Duration::from_millis(1500));
+        assert_eq!(
+            flowed,
+            0,
+            "the established stream from {from} still flows after x/a's ingress was denied \
+             ({flowed} bytes in 1.5 s; x/a's ingress drops {} -> {})\n{}",
+            drops_before,
+            node.datapath().policy_drops(slot).unwrap().0,
+            world.logs()
+        );
+    }
+    let drops = node.datapath().policy_drops(slot).unwrap().0;
+    assert!(
+        drops > drops_before,
+        "x/a's ingress drops did not grow: {drops_before} -> {drops}"
+    );
+    drop(streams);
+    world.check("x/a denies all ingress", true);
+    world.clear_policies();
+    world.check("all policies gone", false);
+}
