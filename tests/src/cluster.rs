@@ -358,6 +358,8 @@ impl Drop for SimNode {
             // An agent-managed network keeps these past its last DEL; the
             // node's namespace (and its nftables table) goes with the test.
             PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
+            // The agent's record of which policies select which pod.
+            flatnet::network::markers::policy_names_file(&self.network),
         ] {
             let _ = std::fs::remove_file(path);
         }
