@@ -119,30 +119,34 @@ impl Netlink {
     /// Filters of any kind at tc ingress and egress of `index` (0 without
     /// a clsact qdisc).
     async fn filter_count(&self, index: u32) -> Result<usize> {
-        let mut count = 0;
-        for egress in [false, true] {
-            let request = self.handle.traffic_filter(index as i32).get();
-            let mut stream = if egress {
-                request.egress()
-            } else {
-                request.ingress()
-            }
-            .execute();
-            loop {
-                match stream.try_next().await {
-                    Ok(Some(_)) => count += 1,
-                    Ok(None) => break,
-                    Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => break,
-                    Err(e) => {
-                        return Err(kernel(
-                            format!("listing tc filters on interface #{index}"),
-                            e,
-                        ));
-                    }
+        Ok(self.filters(index, false).await?.len() + self.filters(index, true).await?.len())
+    }
+
+    /// The tc filters at the ingress (or egress) hook of `index`; none
+    /// when it has no clsact qdisc.
+    async fn filters(&self, index: u32, egress: bool) -> Result<Vec<TcMessage>> {
+        let request = self.handle.traffic_filter(index as i32).get();
+        let mut stream = if egress {
+            request.egress()
+        } else {
+            request.ingress()
+        }
+        .execute();
+        let mut found = Vec::new();
+        loop {
+            match stream.try_next().await {
+                Ok(Some(message)) => found.push(message),
+                Ok(None) => break,
+                Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => break,
+                Err(e) => {
+                    return Err(kernel(
+                        format!("listing tc filters on interface #{index}"),
+                        e,
+                    ));
                 }
             }
         }
-        Ok(count)
+        Ok(found)
     }
 
     /// Deletes the clsact qdisc of `index` when no filter is left on it (a
@@ -207,44 +211,23 @@ impl Netlink {
 
     /// IDs of the BPF programs attached as tc ingress filters on `index`.
     pub async fn tc_ingress_programs(&self, index: u32) -> Result<Vec<(u32, String)>> {
-        let mut stream = self
-            .handle
-            .traffic_filter(index as i32)
-            .get()
-            .ingress()
-            .execute();
         let mut found = Vec::new();
-        loop {
-            match stream.try_next().await {
-                Ok(Some(msg)) => {
-                    for attr in &msg.attributes {
-                        let TcAttribute::Options(options) = attr else {
-                            continue;
-                        };
-                        let mut id = None;
-                        let mut name = String::new();
-                        for option in options {
-                            match option {
-                                TcOption::Bpf(TcFilterBpfOption::ProgId(prog)) => id = Some(*prog),
-                                TcOption::Bpf(TcFilterBpfOption::ProgName(prog)) => {
-                                    name = prog.clone()
-                                }
-                                _ => {}
-                            }
-                        }
-                        if let Some(id) = id {
-                            found.push((id, name));
-                        }
+        for message in self.filters(index, false).await? {
+            for attr in &message.attributes {
+                let TcAttribute::Options(options) = attr else {
+                    continue;
+                };
+                let mut id = None;
+                let mut name = String::new();
+                for option in options {
+                    match option {
+                        TcOption::Bpf(TcFilterBpfOption::ProgId(prog)) => id = Some(*prog),
+                        TcOption::Bpf(TcFilterBpfOption::ProgName(prog)) => name = prog.clone(),
+                        _ => {}
                     }
                 }
-                Ok(None) => break,
-                // No clsact qdisc: nothing attached.
-                Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => break,
-                Err(e) => {
-                    return Err(kernel(
-                        format!("listing tc filters on interface #{index}"),
-                        e,
-                    ));
+                if let Some(id) = id {
+                    found.push((id, name));
                 }
             }
         }
