@@ -1033,8 +1033,13 @@ impl Stream {
     }
 }
 
-/// The stream is measured over this many bytes once it slowed down.
-const WINDOW: usize = 1_000_000;
+/// The stream is measured over this many bytes once it slowed down: 4 s at
+/// 4 Mbit/s. Tokens the bucket saved up during a stall just before the
+/// window starts (a retransmission timeout after the switch) arrive at full
+/// speed inside it; seen up to ~0.45 MB, which made a 1 MB window read
+/// 7.3 Mbit/s on a 4 Mbit/s tbf. Over 2 MB the same tokens stay within the
+/// bounds the test accepts.
+const WINDOW: usize = 2_000_000;
 /// And only after this many more.
 const SETTLE: usize = 500_000;
 /// Slowed down: less than this many bytes in the last `SLOW_SPAN`
@@ -1047,7 +1052,7 @@ const SLOW_SPAN: Duration = Duration::from_millis(250);
 /// full speed before the rate bites.
 const MAX_BYTES: usize = 200_000_000;
 /// A stream that neither slowed down nor ended by then is judged as is.
-const STREAM_TIME_LIMIT: Duration = Duration::from_secs(15);
+const STREAM_TIME_LIMIT: Duration = Duration::from_secs(20);
 
 /// Streams up to `MAX_BYTES` over TCP from the network namespace `from` to
 /// a receiver at `to` in `server`, which watches its own receive rate: when
@@ -1225,12 +1230,66 @@ fn bandwidth_annotations_shape_pod_traffic_to_the_rate() {
     );
 
     let shaped_before = datapath.stats().expect("STATS")[action::SHAPED as usize].packets;
-    let port = |sandbox: &Sandbox| SocketAddr::new(sandbox.ip(), 9000);
     let started = Instant::now();
     // Pod to pod: what flatnet's fast path must leave to the qdiscs.
-    let into = stream_rate(&ingress.netns, port(&ingress), &peer.netns);
-    let out_of = stream_rate(&peer.netns, port(&peer), &egress.netns);
-    let unshaped = stream_rate(&plain.netns, port(&plain), &peer.netns);
+    // The tbf's own byte counter: what went through the shaper.
+    let tbf_sent = |dev: &str| -> u64 {
+        let shown = node.exec(&["tc", "-s", "qdisc", "show", "dev", dev]);
+        shown
+            .lines()
+            .skip_while(|l| !l.contains("qdisc tbf"))
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("Sent ")?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no tbf counters on {dev}: {shown}"))
+    };
+    // One shaped stream, to `server`'s port from `client`, whose shaper is
+    // the tbf on `tbf_dev`.
+    let shaped_stream = |what: &str, server: &Sandbox, client: &Sandbox, tbf_dev: &str| {
+        let mut stream = Stream::Unshaped {
+            bytes: 0,
+            took: Duration::ZERO,
+        };
+        for attempt in 1..=2 {
+            let tbf_before = tbf_sent(tbf_dev);
+            let port = SocketAddr::new(server.ip(), 9000 + attempt);
+            stream = stream_rate(&server.netns, port, &client.netns);
+            let through_tbf = tbf_sent(tbf_dev) - tbf_before;
+            let Stream::Unshaped { bytes, .. } = stream else {
+                break;
+            };
+            // The fast path must not skip the shaper: every byte went
+            // through the tbf.
+            assert!(
+                through_tbf >= bytes as u64,
+                "{what}: {bytes} bytes received, only {through_tbf} through the tbf on \
+                 {tbf_dev}: the datapath skipped the shaper"
+            );
+            // Seen about one run in four: the kernel's tbf, set up with the
+            // burst containerd asks for (u32::MAX bits, which the bandwidth
+            // plugin's buffer in ticks wraps), let a whole 200 MB stream
+            // through unthrottled although all of it went through the tbf.
+            // The next stream finds the bucket drained.
+            eprintln!(
+                "{what}, attempt {attempt}: the tbf let all {bytes} bytes through \
+                 ({through_tbf} counted by it) before its rate bit; measuring again"
+            );
+        }
+        stream
+    };
+    let into = shaped_stream(
+        "into the ingress-shaped pod",
+        &ingress,
+        &peer,
+        &ingress.host_veth,
+    );
+    let out_of = shaped_stream("from the egress-shaped pod", &peer, &egress, &ifbs[0]);
+    let unshaped = stream_rate(&plain.netns, SocketAddr::new(plain.ip(), 9000), &peer.netns);
     eprintln!(
         "measured in {:?}: into the ingress-shaped pod {into:?}; from the egress-shaped pod \
          {out_of:?}; unshaped {unshaped:?}; flatnet's shaping flags (ingress pod, egress pod, \
@@ -1253,13 +1312,13 @@ fn bandwidth_annotations_shape_pod_traffic_to_the_rate() {
             panic!("{what}: no shaping in {MAX_BYTES} bytes: {stream:?}");
         };
         eprintln!(
-            "{what}: {:.1} MB at full speed in {:?}, then 1 MB in {:?} ({:.2} Mbit/s)",
+            "{what}: {:.1} MB at full speed in {:?}, then {WINDOW} bytes in {:?} ({:.2} Mbit/s)",
             shaped.burst_bytes as f64 / 1e6,
             shaped.burst_time,
             shaped.window,
             shaped.mbit_per_s
         );
-        // 1 MB at 4 Mbit/s is 2 s: between 1.33 s and 4 s.
+        // 2 MB at 4 Mbit/s is 4 s: between 2.67 s and 8 s.
         assert!(
             shaped.mbit_per_s > RATE_MBIT * 0.5 && shaped.mbit_per_s < RATE_MBIT * 1.5,
             "{what}: {shaped:?}, not about {RATE_MBIT} Mbit/s"
