@@ -7,6 +7,7 @@ mod cri;
 mod gso;
 mod paths;
 mod pingpong;
+mod policy;
 mod report;
 mod services;
 
@@ -121,6 +122,7 @@ fn measured_program(label: &str) -> Option<(&'static str, &'static str)> {
     match label {
         "flatnet" => Some(("fb-flatnet", "from_pod")),
         "flatnet-xdp" => Some(("fb-flatnet-xdp", "from_pod_xdp")),
+        policy::LABEL => Some((policy::NETWORK, "from_pod")),
         _ => None,
     }
 }
@@ -190,6 +192,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         )
     };
     util::build(true, crate::install::BINARIES)?;
+    let policy_fixture = policy::build_fixture()?;
     let bin = util::binary(true, "flatnet")?
         .parent()
         .map(PathBuf::from)
@@ -253,6 +256,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     ),
                 ),
             )?,
+            {
+                let pair = paths::Pair::attached(
+                    policy::LABEL,
+                    flatnet_plugin(conf(
+                        "flatnet",
+                        policy::NETWORK,
+                        "fbflp0",
+                        "10.218.0",
+                        flatnet_ipam,
+                        &data_dir,
+                    )),
+                )?;
+                let summary = policy::apply(&policy_fixture, &pair.ip_a, &pair.ip_b)?;
+                println!("NetworkPolicy pair: {summary}");
+                pair
+            },
             paths::Pair::bare_veth("veth", "10.213.0", None)?,
             paths::Pair::bare_veth("veth-big", "10.217.0", Some(BIG_TCP))?,
         ];

@@ -38,6 +38,7 @@ pub struct Pair {
     pub label: &'static str,
     a: Netns,
     b: Netns,
+    pub ip_a: String,
     pub ip_b: String,
     plugin: Option<Plugin>,
     servers: Vec<Child>,
@@ -52,6 +53,7 @@ impl Pair {
             label,
             a,
             b,
+            ip_a: String::new(),
             ip_b: String::new(),
             plugin: Some(plugin),
             servers: Vec::new(),
@@ -59,8 +61,11 @@ impl Pair {
         for (netns, id) in [(&pair.a, "a"), (&pair.b, "b")] {
             let plugin = pair.plugin.as_ref().context("plugin")?;
             let result = plugin.call("ADD", &format!("fb-{label}-{id}"), &netns.path())?;
-            if id == "b" {
-                pair.ip_b = first_ip(&result)?;
+            let ip = first_ip(&result)?;
+            if id == "a" {
+                pair.ip_a = ip;
+            } else {
+                pair.ip_b = ip;
             }
         }
         pair.start_servers()?;
@@ -96,6 +101,7 @@ impl Pair {
             label,
             a,
             b,
+            ip_a,
             ip_b,
             plugin: None,
             servers: Vec::new(),

@@ -266,6 +266,56 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     rows
 }
 
+/// NetworkPolicy's cost: the pair 100 policies select against the plain
+/// flatnet pair, same rounds, within 5% (issue 15's target).
+/// A data-plane metric: its name, how it is read and its bound.
+type DataMetric = (&'static str, fn(&DataSample) -> f64, Option<Bound>);
+
+fn policy_table(results: &[Round]) -> String {
+    let metrics: [DataMetric; 5] = [
+        (
+            "TCP throughput (Gbit/s)",
+            |d| d.tcp_gbps,
+            Some(Bound::AtLeast(0.95)),
+        ),
+        (
+            "TCP RTT p50 (us)",
+            |d| d.rr_p50_us,
+            Some(Bound::AtMost(1.05)),
+        ),
+        (
+            "UDP 64 B (kpps)",
+            |d| d.udp_kpps,
+            Some(Bound::AtLeast(0.95)),
+        ),
+        ("program ns/packet, UDP", |d| d.program_ns, None),
+        ("program ns/packet, TCP", |d| d.program_tcp_ns, None),
+    ];
+    let mut out = format!(
+        "| metric | flatnet, no policy | flatnet, {} policies | policy/none | target | |\n\
+         |---|---:|---:|---:|---|---|\n",
+        super::policy::POLICIES
+    );
+    for (metric, pick, target) in metrics {
+        let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
+        let ratio = ratio_median(results, value, super::policy::LABEL, "flatnet");
+        let verdict = match (target, ratio) {
+            (Some(bound), Some(r)) if bound.met(r) => "met",
+            (Some(_), Some(_)) => "MISSED",
+            _ => "",
+        };
+        let _ = writeln!(
+            out,
+            "| {metric} | {} | {} | {} | {} | {verdict} |",
+            number(value_median(results, &value, "flatnet")),
+            number(value_median(results, &value, super::policy::LABEL)),
+            ratio.map(number).unwrap_or_else(|| "-".into()),
+            target.map(Bound::text).unwrap_or_default(),
+        );
+    }
+    out
+}
+
 fn machine() -> String {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
@@ -458,8 +508,15 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
     );
     md.push_str(&table);
     md.push_str("\n![ratios](bench.png)\n");
+    let policy = policy_table(results);
+    md.push_str(&format!(
+        "\n## NetworkPolicy\n\nflatnet, {} policies: a second flatnet pair whose two pods every policy selects (isolated for ingress and egress; each policy allows the benchmark's traffic and peers and ports of its own), written by the agent's computation and sync (`flatnet-policy-fixture`). Same rounds as the plain pair.\n\n{policy}",
+        super::policy::POLICIES
+    ));
     heading("results");
     println!("{table}");
+    heading("NetworkPolicy: 100 policies on the pair vs none");
+    println!("{policy}");
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("bench.md"), &md)?;
     let raw: Vec<_> = results
