@@ -175,11 +175,23 @@ fn tcp_request(client: &SimPod, to: SocketAddr, len: usize) -> anyhow::Result<St
     client.netns.run(|| {
         let mut conn = TcpStream::connect_timeout(&to, IO_TIMEOUT)?;
         conn.set_read_timeout(Some(IO_TIMEOUT))?;
+        conn.set_write_timeout(Some(IO_TIMEOUT))?;
         let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-        conn.write_all(&payload)?;
-        conn.shutdown(std::net::Shutdown::Write)?;
+        // The backend echoes while it reads: written from one thread and
+        // read from another, or both ends block writing into full buffers
+        // (seen: a 4 MiB request stuck after 1.2 MB, both sides rwnd-limited).
+        let mut writer = conn.try_clone()?;
         let mut answer = Vec::new();
-        conn.read_to_end(&mut answer)?;
+        std::thread::scope(|scope| -> std::io::Result<()> {
+            let sent = scope.spawn(|| -> std::io::Result<()> {
+                writer.write_all(&payload)?;
+                writer.shutdown(std::net::Shutdown::Write)
+            });
+            let read = conn.read_to_end(&mut answer);
+            sent.join()
+                .map_err(|_| std::io::Error::other("the writer thread panicked"))??;
+            read.map(|_| ())
+        })?;
         let newline = answer
             .iter()
             .position(|b| *b == b'\n')

@@ -61,6 +61,10 @@ pub async fn uninstall(args: Args) -> Result<()> {
         "managed marker",
         remove_if_present(&ready::managed_marker(&network)).map(drop),
     );
+    note(
+        "policy names",
+        remove_if_present(&ready::policy_names_file(&network)).map(drop),
+    );
     // Map entries before routes: a CIDR left in the map without its route
     // would go wherever the FIB says.
     if datapath.exists() {

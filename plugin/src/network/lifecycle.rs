@@ -123,6 +123,11 @@ pub async fn remove_unused(
         return Ok(None);
     }
     datapath.remove_pins()?;
+    // What the agent (or the benchmark's policy fixture) recorded of the
+    // pods' NetworkPolicies: the pods are gone.
+    let policy_names = markers::policy_names_file(network);
+    crate::util::remove_file_if_present(&policy_names)
+        .map_err(|e| Error::io(format!("removing {}", policy_names.display()), e))?;
     if ip_masq || masq::installed(network) {
         masq::remove(network)?;
     }

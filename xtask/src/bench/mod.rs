@@ -154,6 +154,29 @@ fn ipam_only(conf: &str, data_dir: &std::path::Path, no_fsync: bool) -> String {
     value.to_string()
 }
 
+/// Fails when anything of the bench's flatnet networks (all named `fb-*`)
+/// outlived their last pod's DEL: pins, or state under /run/flatnet (locks,
+/// slot records, the policy fixture's names file).
+fn nothing_left() -> anyhow::Result<()> {
+    let mut left = Vec::new();
+    for dir in ["/sys/fs/bpf/flatnet", "/run/flatnet"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("fb-") || name.contains("-fb-") {
+                left.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    anyhow::ensure!(
+        left.is_empty(),
+        "the bench's networks left these behind: {left:?}"
+    );
+    Ok(())
+}
+
 /// Network, gateway device and subnet for one plugin configuration.
 fn conf(
     kind: &str,
@@ -444,6 +467,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let _ = std::fs::write(BPF_STATS, bpf_stats.trim());
     let _ = std::fs::remove_dir_all(&data_dir);
     let results = outcome?;
+    nothing_left()?;
 
     let out_dir = match (&args.out, args.smoke) {
         (Some(dir), _) => dir.clone(),
