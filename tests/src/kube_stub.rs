@@ -1,6 +1,6 @@
 //! An in-process stub of the Kubernetes API server for the agent's
 //! watches: list and watch of Nodes, Pods, Namespaces and (all namespaces')
-//! NetworkPolicies, from in-memory objects a test adds, changes and
+//! NetworkPolicies, Services and EndpointSlices, from in-memory objects a test adds, changes and
 //! deletes. Each change is a watch event with the next resourceVersion
 //! (one counter for all kinds, as etcd's); a watch replays what came after
 //! the resourceVersion it asks for, then follows, and stays open as a real
@@ -26,10 +26,19 @@ pub enum Kind {
     Pod,
     Namespace,
     NetworkPolicy,
+    Service,
+    EndpointSlice,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Node, Kind::Pod, Kind::Namespace, Kind::NetworkPolicy];
+    pub const ALL: [Kind; 6] = [
+        Kind::Node,
+        Kind::Pod,
+        Kind::Namespace,
+        Kind::NetworkPolicy,
+        Kind::Service,
+        Kind::EndpointSlice,
+    ];
 
     /// The collection's path (every namespace's, for namespaced kinds).
     pub fn path(self) -> &'static str {
@@ -38,12 +47,15 @@ impl Kind {
             Kind::Pod => "/api/v1/pods",
             Kind::Namespace => "/api/v1/namespaces",
             Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
+            Kind::Service => "/api/v1/services",
+            Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
         }
     }
 
     fn api_version(self) -> &'static str {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -54,6 +66,8 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
 }

@@ -1295,3 +1295,226 @@ fn policy_changes_under_traffic_follow_the_model() {
     world.clear_policies();
     world.check("all policies gone", false);
 }
+
+/// A Service as the stub serves it: ClusterIP `ip`, ports (name, port,
+/// protocol), and its EndpointSlice with the ready `backends` on
+/// `target`.
+fn api_service(namespace: &str, name: &str, ip: Ipv4Addr, ports: &[(&str, u16, Proto)]) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(port_name, port, proto)| {
+            json!({"name": port_name, "port": port, "protocol": proto.api(), "targetPort": 80})
+        })
+        .collect();
+    json!({"metadata": {"namespace": namespace, "name": name},
+           "spec": {"type": "ClusterIP", "clusterIP": ip.to_string(), "clusterIPs": [ip.to_string()],
+                    "ports": ports}})
+}
+
+fn api_slice(
+    namespace: &str,
+    service: &str,
+    ports: &[(&str, u16, Proto)],
+    backends: &[Ipv4Addr],
+) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(
+            |(port_name, _, proto)| json!({"name": port_name, "port": 80, "protocol": proto.api()}),
+        )
+        .collect();
+    let endpoints: Vec<Value> = backends
+        .iter()
+        .map(|ip| json!({"addresses": [ip.to_string()], "conditions": {"ready": true}}))
+        .collect();
+    json!({"metadata": {"namespace": namespace, "name": format!("{service}-1"),
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4", "ports": ports, "endpoints": endpoints})
+}
+
+/// kube-proxy's iptables rules for `services` on every node of `world`.
+fn program_kube_proxy(world: &World, services: &[kube_proxy_fixture::ServicePort]) {
+    for node in &world.cluster.nodes {
+        let proxy = kube_proxy_fixture::KubeProxy {
+            mode: kube_proxy_fixture::Mode::Iptables,
+            cluster_cidr_v4: "10.244.0.0/16".into(),
+            cluster_cidr_v6: "fd44::/48".into(),
+            service_cidr_v4: "10.96.0.0/16".into(),
+            service_cidr_v6: "fd96::/108".into(),
+            node_addresses: vec![IpAddr::V4(node.spec.address())],
+        };
+        proxy
+            .apply(&node.netns.name, services)
+            .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
+    }
+}
+
+/// One port of a Service as kube-proxy programs it: `namespace/name`,
+/// port `port_name`, backends on port 80.
+fn kube_proxy_port(
+    (namespace, name): (&str, &str),
+    (port_name, port, proto): (&str, u16, Proto),
+    ip: Ipv4Addr,
+    backends: &[Ipv4Addr],
+) -> kube_proxy_fixture::ServicePort {
+    let protocol = match proto {
+        Proto::Tcp => kube_proxy_fixture::Protocol::Tcp,
+        Proto::Udp => kube_proxy_fixture::Protocol::Udp,
+    };
+    let mut service = kube_proxy_fixture::ServicePort::cluster_ip(
+        name,
+        IpAddr::V4(ip),
+        port,
+        protocol,
+        backends
+            .iter()
+            .map(|b| SocketAddr::from((*b, 80)))
+            .collect(),
+    );
+    service.namespace = namespace.into();
+    service.port_name = port_name.into();
+    service
+}
+
+/// Egress through a ClusterIP, after kube-proxy's DNAT (its iptables rules
+/// from the fixture on both nodes), is judged by the Service's backends, as
+/// upstream's tests with a Service as destination expect: x/a, allowed only
+/// to z/c and y/a, reaches a DNS-like Service backed by z/c on UDP and TCP
+/// 53, not a Service with a backend it may not reach (y/b) beside one it
+/// may (y/a), until that backend leaves the Service's endpoints.
+#[test]
+fn egress_through_a_cluster_ip_is_judged_by_the_services_backends() {
+    if !root_or_skip("egress_through_a_cluster_ip_is_judged_by_the_services_backends") {
+        return;
+    }
+    let cluster = cluster();
+    let world = World::new(&cluster);
+    let (dns_ip, web_ip) = (Ipv4Addr::new(10, 96, 0, 10), Ipv4Addr::new(10, 96, 0, 20));
+    let dns_ports = [("dns", 53, Proto::Udp), ("dns-tcp", 53, Proto::Tcp)];
+    let web_ports = [("web", 80, Proto::Tcp)];
+    let (z_c, y_a, y_b) = (
+        world.pod("z/c").ip,
+        world.pod("y/a").ip,
+        world.pod("y/b").ip,
+    );
+    let program = |web_backends: &[Ipv4Addr]| {
+        let mut ports: Vec<_> = dns_ports
+            .iter()
+            .map(|p| kube_proxy_port(("z", "dns"), *p, dns_ip, &[z_c]))
+            .collect();
+        ports.push(kube_proxy_port(
+            ("y", "web"),
+            web_ports[0],
+            web_ip,
+            web_backends,
+        ));
+        program_kube_proxy(&world, &ports);
+        world.apply(|stub| {
+            stub.add(Kind::Service, api_service("z", "dns", dns_ip, &dns_ports));
+            stub.add(
+                Kind::EndpointSlice,
+                api_slice("z", "dns", &dns_ports, &[z_c]),
+            );
+            stub.add(Kind::Service, api_service("y", "web", web_ip, &web_ports));
+            stub.add(
+                Kind::EndpointSlice,
+                api_slice("y", "web", &web_ports, web_backends),
+            );
+        });
+    };
+    program(&[y_a, y_b]);
+
+    let from = |id: &str| world.pod(id).netns();
+    // Through a Service with two backends: either may answer.
+    let reaches_web = |id: &str| {
+        let outcome = probe(&from(id), web_ip, 80, Proto::Tcp, "y/a");
+        outcome == Outcome::Allowed || outcome == Outcome::Wrong("answered \"y/b\"".into())
+    };
+    // Without policy, the Services work from x/a (kube-proxy's DNAT).
+    assert_eq!(
+        probe(&from("x/a"), dns_ip, 53, Proto::Udp, "z/c"),
+        Outcome::Allowed
+    );
+    assert_eq!(
+        probe(&from("x/a"), dns_ip, 53, Proto::Tcp, "z/c"),
+        Outcome::Allowed
+    );
+    assert!(reaches_web("x/a"));
+
+    world.apply(|stub| {
+        stub.add(
+            Kind::NetworkPolicy,
+            policy(
+                "x",
+                "a-to-z-c-and-y-a",
+                json!({"podSelector": only("a"), "policyTypes": ["Egress"],
+                       "egress": [
+                           {"to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}, "podSelector": only("c")}],
+                            "ports": [{"protocol": "UDP", "port": 80}, {"protocol": "TCP", "port": 80}]},
+                           {"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": only("a")}],
+                            "ports": [{"protocol": "TCP", "port": 80}]}]}),
+            ),
+        );
+    });
+    let expect = |what: &str, outcome: Outcome, want: Outcome| {
+        assert_eq!(outcome, want, "{what}");
+    };
+    // The DNS Service's only backend is allowed: its ClusterIP is, on the
+    // Service's ports, both protocols.
+    expect(
+        "x/a -> dns UDP 53",
+        probe(&from("x/a"), dns_ip, 53, Proto::Udp, "z/c"),
+        Outcome::Allowed,
+    );
+    expect(
+        "x/a -> dns TCP 53",
+        probe(&from("x/a"), dns_ip, 53, Proto::Tcp, "z/c"),
+        Outcome::Allowed,
+    );
+    // Directly: what the policy says of each pod.
+    expect(
+        "x/a -> z/c UDP 80",
+        probe(&from("x/a"), z_c, 80, Proto::Udp, "z/c"),
+        Outcome::Allowed,
+    );
+    expect(
+        "x/a -> y/a TCP 80",
+        probe(&from("x/a"), y_a, 80, Proto::Tcp, "y/a"),
+        Outcome::Allowed,
+    );
+    expect(
+        "x/a -> y/b TCP 80",
+        probe(&from("x/a"), y_b, 80, Proto::Tcp, "y/b"),
+        Outcome::Denied,
+    );
+    // One backend of web is not allowed: web's ClusterIP is denied.
+    expect(
+        "x/a -> web TCP 80",
+        probe(&from("x/a"), web_ip, 80, Proto::Tcp, "y/a"),
+        Outcome::Denied,
+    );
+    // x/b, selected by no policy, still reaches both Services.
+    assert!(reaches_web("x/b"));
+    expect(
+        "x/b -> dns UDP 53",
+        probe(&from("x/b"), dns_ip, 53, Proto::Udp, "z/c"),
+        Outcome::Allowed,
+    );
+
+    // y/b leaves web's endpoints (kube-proxy's rules and the slice): every
+    // backend left is allowed, so the ClusterIP is too.
+    program(&[y_a]);
+    expect(
+        "x/a -> web TCP 80 (y/a only)",
+        probe(&from("x/a"), web_ip, 80, Proto::Tcp, "y/a"),
+        Outcome::Allowed,
+    );
+    // The Service's target port is not a port of the ClusterIP.
+    expect(
+        "x/a -> dns UDP 80",
+        probe(&from("x/a"), dns_ip, 80, Proto::Udp, "z/c"),
+        Outcome::Denied,
+    );
+    let drops = world.metric_of_nodes("flatnet_policy_errors_total");
+    assert!(drops.iter().all(|e| *e == 0.0), "policy errors: {drops:?}");
+}

@@ -1,6 +1,6 @@
 //! The Kubernetes manifests in xtask/deploy/kubernetes parse as the API's own
 //! types (k8s-openapi) and agree with the agent: RBAC is get/list/watch on
-//! nodes only, the DaemonSet mounts what the agent writes to, every
+//! what the agent watches, the DaemonSet mounts what the agent writes to, every
 //! ConfigMap key is a setting the agent reads, images are named so that
 //! containerd finds them, and the uninstall DaemonSet runs `--uninstall`
 //! with the agent's settings and host paths.
@@ -60,7 +60,9 @@ fn rbac_grants_reading_nodes_and_policy_objects_and_nothing_more() {
         ("", "nodes"),
         ("", "pods"),
         ("", "namespaces"),
+        ("", "services"),
         ("networking.k8s.io", "networkpolicies"),
+        ("discovery.k8s.io", "endpointslices"),
     ]
     .iter()
     .map(|(g, r)| (g.to_string(), r.to_string()))

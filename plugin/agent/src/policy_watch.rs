@@ -1,14 +1,17 @@
 //! What NetworkPolicy needs from the API server: every NetworkPolicy, Pod
-//! and Namespace of the cluster (peers can be anywhere), each kept in a
-//! kube reflector store by its own watcher (a re-list after a broken watch,
-//! backoff on errors, as for Nodes). Nothing is computed here: each event
-//! bumps a counter the agent's loop waits on, once all three lists are in.
+//! and Namespace of the cluster (peers can be anywhere), and every Service
+//! and EndpointSlice (egress to a ClusterIP is judged by its backends),
+//! each kept in a kube reflector store by its own watcher (a re-list after
+//! a broken watch, backoff on errors, as for Nodes). Nothing is computed
+//! here: each event bumps a counter the agent's loop waits on, once all
+//! five lists are in.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -19,8 +22,14 @@ use tokio::sync::watch;
 
 use super::metrics::AgentMetrics;
 
-/// The three kinds, for log lines.
-const KINDS: [&str; 3] = ["NetworkPolicy", "Pod", "Namespace"];
+/// The kinds, for log lines.
+const KINDS: [&str; 5] = [
+    "NetworkPolicy",
+    "Pod",
+    "Namespace",
+    "Service",
+    "EndpointSlice",
+];
 
 /// What the watches have seen so far.
 #[derive(Clone)]
@@ -28,6 +37,8 @@ pub struct PolicyObjects {
     policies: Store<NetworkPolicy>,
     pods: Store<Pod>,
     namespaces: Store<Namespace>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
 }
 
 /// The objects as of now (shared with the stores, not copied).
@@ -35,6 +46,8 @@ pub struct Snapshot {
     pub policies: Vec<Arc<NetworkPolicy>>,
     pub pods: Vec<Arc<Pod>>,
     pub namespaces: Vec<Arc<Namespace>>,
+    pub services: Vec<Arc<Service>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
 }
 
 impl PolicyObjects {
@@ -43,6 +56,8 @@ impl PolicyObjects {
             policies: self.policies.state(),
             pods: self.pods.state(),
             namespaces: self.namespaces.state(),
+            services: self.services.state(),
+            slices: self.slices.state(),
         }
     }
 }
@@ -51,7 +66,7 @@ impl PolicyObjects {
 /// (re-)list.
 type Item = Result<(usize, bool), watcher::Error>;
 
-/// Starts the three watches. The receiver's value changes after every
+/// Starts the watches. The receiver's value changes after every
 /// event once all three kinds have been listed (never before: a plan from
 /// a partial view would isolate pods from peers not seen yet); its sender
 /// closing means the watches ended.
@@ -59,10 +74,18 @@ pub fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Re
     let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0);
     let (pods, pod_events) = reflected::<Pod>(&client, 1);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2);
-    let mut events = futures::stream::select_all([policy_events, pod_events, namespace_events]);
+    let (services, service_events) = reflected::<Service>(&client, 3);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 4);
+    let mut events = futures::stream::select_all([
+        policy_events,
+        pod_events,
+        namespace_events,
+        service_events,
+        slice_events,
+    ]);
     let (changes, receiver) = watch::channel(0u64);
     tokio::spawn(async move {
-        let mut listed = [false; 3];
+        let mut listed = [false; KINDS.len()];
         while let Some(item) = events.next().await {
             match item {
                 Ok((kind, init_done)) => {
@@ -89,6 +112,8 @@ pub fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Re
             policies,
             pods,
             namespaces,
+            services,
+            slices,
         },
         receiver,
     )

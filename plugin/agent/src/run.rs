@@ -371,8 +371,11 @@ impl Agent {
         let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
         let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
         let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
+        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
+        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let start = Instant::now();
-        let plan = policy::plan_of(&self.node_name, &policies, &pods, &namespaces);
+        let frontends = policy::services::frontends(&services, &slices);
+        let plan = policy::plan_of(&self.node_name, &policies, &pods, &namespaces, &frontends);
         self.metrics
             .policy_compute
             .0

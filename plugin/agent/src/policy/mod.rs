@@ -20,6 +20,7 @@ mod cluster;
 mod ports;
 mod rules;
 mod selector;
+pub mod services;
 mod table;
 
 #[cfg(test)]
@@ -157,15 +158,18 @@ pub fn plan(
     let policies: Vec<&NetworkPolicy> = policies.iter().collect();
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
-    plan_of(node, &policies, &pods, &namespaces)
+    plan_of(node, &policies, &pods, &namespaces, &[])
 }
 
 /// [`plan`] on borrowed objects (a watch cache's, not cloned).
+/// `frontends`: the cluster's Services, whose ClusterIPs an egress table
+/// allows where it allows all their backends (see [`services`]).
 pub fn plan_of(
     node: &str,
     policies: &[&NetworkPolicy],
     pods: &[&Pod],
     namespaces: &[&Namespace],
+    frontends: &[services::Frontend<'_>],
 ) -> Plan {
     let subjects: Vec<PodView<'_>> = pods
         .iter()
@@ -201,7 +205,14 @@ pub fn plan_of(
             namespace: subject.namespace.to_string(),
             name: subject.name.to_string(),
         };
-        let result = pod_policy(&key, subject, &selecting, &compiled, &cluster, &mut tables);
+        let result = pod_policy(
+            &key,
+            subject,
+            &selecting,
+            (&compiled, frontends),
+            &cluster,
+            &mut tables,
+        );
         plan.pods.insert(key, result);
     }
     plan
@@ -232,7 +243,10 @@ fn pod_policy<'a>(
     key: &PodKey,
     subject: &PodView<'a>,
     selecting: &[usize],
-    compiled: &[(&'a NetworkPolicy, Policy<'a>)],
+    (compiled, frontends): (
+        &[(&'a NetworkPolicy, Policy<'a>)],
+        &[services::Frontend<'a>],
+    ),
     cluster: &Cluster<'a>,
     cache: &mut TableCache<'a>,
 ) -> Result<PodPolicy, PolicyError> {
@@ -266,7 +280,16 @@ fn pod_policy<'a>(
                         Direction::Egress => policy.egress_allows(cluster, &mut allows),
                     }
                 }
-                table::flatten(&allows).map(Allowed::Only)
+                let mut table = table::flatten(&allows)?;
+                if direction == Direction::Egress {
+                    // The Services this table allows all backends of.
+                    let through = services::cluster_ip_allows(&table, frontends);
+                    if !through.is_empty() {
+                        allows.extend(through);
+                        table = table::flatten(&allows)?;
+                    }
+                }
+                Ok(Allowed::Only(table))
             });
         result.clone().map_err(|o| PolicyError::TooManyPortRanges {
             pod: key.clone(),

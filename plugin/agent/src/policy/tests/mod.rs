@@ -5,6 +5,7 @@ mod features;
 mod model;
 mod named_ports;
 mod scale;
+mod services;
 
 use serde_json::{Value, json};
 
