@@ -49,7 +49,7 @@ use network_types::{
 use crate::header_at;
 use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
 
-const IPPROTO_ICMP: u8 = 1;
+pub(crate) const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
@@ -277,7 +277,7 @@ fn judge_v6(ct: &impl Conntrack, proto: u8, forward: TupleV6) -> Flow {
 
 /// ICMPv4 messages that quote the packet they are about.
 #[inline(always)]
-fn is_icmp_error(icmp_type: u8) -> bool {
+pub(crate) fn is_icmp_error(icmp_type: u8) -> bool {
     // Destination unreachable, source quench, redirect, time exceeded,
     // parameter problem.
     matches!(icmp_type, 3 | 4 | 5 | 11 | 12)

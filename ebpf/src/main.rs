@@ -402,10 +402,7 @@ fn policy_judged(decision: Decision, start: usize, end: usize, sender: &Sender) 
         Decision::ToPod { slot, .. } => slot,
         _ => NO_COUNTER_SLOT,
     };
-    if !policy::egress_allowed(start, end, sender) {
-        return Decision::Denied;
-    }
-    if !policy::ingress_allowed(start, end, slot, sender.len) {
+    if !policy::sent_frame_allowed(start, end, sender, slot) {
         return Decision::Denied;
     }
     decision

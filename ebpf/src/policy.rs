@@ -29,11 +29,12 @@
 //! a reply then needs the pod's tables to allow it as a packet of its own.
 //!
 //! What is judged: TCP, UDP and SCTP by protocol and destination port;
-//! every other protocol only by an entry allowing everything (`any`). ICMP
-//! and ICMPv6 errors are judged as ICMP too: letting them through as part of
-//! the flow they quote (a lookup of the quoted tuple) made the verifier give
-//! up on `from_pod`, and is left for later. Neighbour discovery and MLD are never judged (nor ARP, which never gets
-//! here). IPv4 fragments after the first, packets with IPv4 options and
+//! every other protocol only by an entry allowing everything (`any`). An
+//! ICMP or ICMPv6 error passes as part of the flow it quotes when that flow
+//! is recorded for the pod and direction under its current policy (the
+//! quoted packet's reverse looked up in `POLICY_FLOWS`), else it is judged
+//! as ICMP. Neighbour discovery and MLD are never judged (nor ARP, which
+//! never gets here). IPv4 fragments after the first, packets with IPv4 options and
 //! IPv6 extension headers (other than BIG TCP's jumbo Hop-by-Hop) are
 //! judged without ports: only an `any` entry lets them through.
 
@@ -46,7 +47,7 @@ use flatnet_common::{
     PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
 };
 
-use crate::flow::{IPPROTO_ICMPV6, ipv6_transport};
+use crate::flow::{IPPROTO_ICMP, IPPROTO_ICMPV6, ipv6_transport, is_icmp_error};
 use crate::*;
 
 /// Each pod's isolation and policy generation, by counter slot.
@@ -100,6 +101,7 @@ const _: () = assert!(maps::LOCAL_ADDRS.holds::<LocalAddrKey, u32>());
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const IPPROTO_SCTP: u8 = 132;
+
 /// More-fragments flag and fragment offset; the offset alone.
 const IPV4_OFFSET_MASK: u16 = 0x1fff;
 
@@ -161,6 +163,56 @@ struct Judged {
     key: PolicyFlowKey,
     /// Neighbour discovery or MLD: never judged.
     exempt: bool,
+    /// An ICMP or ICMPv6 error: where the IP header it quotes starts (else
+    /// 0). An error of a recorded flow passes as part of it; the flow's
+    /// key is read from the quote only then (kept off the stack the rest of
+    /// the time: the programs are at the verifier's stack limit).
+    quote: usize,
+}
+
+/// ICMP's header before the quoted packet of an error: type, code,
+/// checksum and 4 bytes (unused, or the next-hop MTU).
+const ICMP_ERROR_HEADER: usize = 8;
+
+/// The key of the flow an ICMP(v6) error whose quoted IP header is at
+/// `offset` belongs to (slot and direction left to the judge): the quoted
+/// packet's reverse. None when the quote is cut short; its ports are left
+/// zero when they are not in the packet.
+#[inline(always)]
+fn quoted_v4(start: usize, end: usize, offset: usize) -> Option<PolicyFlowKey> {
+    let inner = header_at::<Ipv4Hdr>(start, end, offset).ok()?;
+    // SAFETY: bounds checked by `header_at`.
+    let inner = unsafe { &*inner };
+    let mut key = PolicyFlowKey {
+        src: in_16_bytes(inner.dst_addr),
+        dst: in_16_bytes(inner.src_addr),
+        protocol: inner.proto,
+        family: 4,
+        ..PolicyFlowKey::default()
+    };
+    if inner.ihl() == Ipv4Hdr::LEN as u8 {
+        ports_at(start, end, offset + Ipv4Hdr::LEN, inner.proto, &mut key);
+        core::mem::swap(&mut key.sport, &mut key.dport);
+    }
+    Some(key)
+}
+
+#[inline(always)]
+fn quoted_v6(start: usize, end: usize, offset: usize) -> Option<PolicyFlowKey> {
+    let inner = header_at::<Ipv6Hdr>(start, end, offset).ok()?;
+    // SAFETY: bounds checked by `header_at`.
+    let inner = unsafe { &*inner };
+    let mut key = PolicyFlowKey {
+        src: inner.dst_addr,
+        dst: inner.src_addr,
+        protocol: inner.next_hdr,
+        family: 6,
+        ..PolicyFlowKey::default()
+    };
+    // Ports only right after the fixed header (no extension headers).
+    ports_at(start, end, offset + Ipv6Hdr::LEN, inner.next_hdr, &mut key);
+    core::mem::swap(&mut key.sport, &mut key.dport);
+    Some(key)
 }
 
 /// Whether `protocol` has the ports policy judges.
@@ -203,6 +255,7 @@ fn judged_v4(start: usize, end: usize, ip: &Ipv4Hdr) -> Judged {
             ..PolicyFlowKey::default()
         },
         exempt: false,
+        quote: 0,
     };
     // With options or past the first fragment, the ports are not read:
     // only an `any` entry allows such a packet.
@@ -211,6 +264,13 @@ fn judged_v4(start: usize, end: usize, ip: &Ipv4Hdr) -> Judged {
     }
     let l4 = EthHdr::LEN + Ipv4Hdr::LEN;
     ports_at(start, end, l4, ip.proto, &mut judged.key);
+    if ip.proto == IPPROTO_ICMP
+        && let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4)
+        // SAFETY: bounds checked by `header_at`.
+        && is_icmp_error(unsafe { (*icmp).icmp_type })
+    {
+        judged.quote = l4 + ICMP_ERROR_HEADER;
+    }
     judged
 }
 
@@ -226,6 +286,7 @@ fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
             ..PolicyFlowKey::default()
         },
         exempt: false,
+        quote: 0,
     };
     let Some((protocol, l4)) = ipv6_transport(start, end, ip) else {
         return judged;
@@ -239,6 +300,11 @@ fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
         let icmp_type = unsafe { (*icmp).icmp_type };
         // MLD (130-132, 143) and neighbour discovery (133-137).
         judged.exempt = matches!(icmp_type, 130..=137 | 143);
+        // Errors: destination unreachable, packet too big, time exceeded,
+        // parameter problem.
+        if icmp_type < 128 {
+            judged.quote = l4 + ICMP_ERROR_HEADER;
+        }
     }
     judged
 }
@@ -356,13 +422,53 @@ fn reversed(key: &PolicyFlowKey) -> PolicyFlowKey {
     }
 }
 
+/// Whether the ICMP error `judged` (at `start`) belongs to a flow recorded
+/// for `pod`'s `direction` under its current policy (a reply of its own, a
+/// PMTU "too big"): then it passes as part of that flow.
+#[inline(always)]
+fn error_of_recorded_flow(
+    pod: PodPolicy,
+    direction: u32,
+    start: usize,
+    end: usize,
+    judged: &Judged,
+) -> bool {
+    let related = if judged.key.family == 4 {
+        quoted_v4(start, end, judged.quote)
+    } else {
+        quoted_v6(start, end, judged.quote)
+    };
+    let Some(mut related) = related else {
+        return false;
+    };
+    related.slot = pod.slot;
+    related.direction = direction as u8;
+    match POLICY_FLOWS.get_ptr(&related) {
+        // SAFETY: a valid map value for the program's run; one field read.
+        Some(known) => {
+            let generation = unsafe { core::ptr::read_volatile(&(*known).generation) };
+            generation == pod.generation
+        }
+        None => false,
+    }
+}
+
 /// Whether policy lets the packet `judged` through `pod`'s `direction`
 /// (`POLICY_DIR_*`); `trusted`: from one of the node's own addresses, always
 /// allowed (but recorded, so the pod's replies get out). A pod no policy
 /// selects is never judged. Denied packets are counted for the pod.
 #[inline(always)]
-fn allows(pod: PodPolicy, direction: u32, judged: &mut Judged, trusted: bool, len: u32) -> bool {
+fn allows(
+    pod: PodPolicy,
+    direction: u32,
+    (start, end, judged): (usize, usize, &mut Judged),
+    trusted: bool,
+    len: u32,
+) -> bool {
     if !pod.selected() || judged.exempt {
+        return true;
+    }
+    if judged.quote != 0 && error_of_recorded_flow(pod, direction, start, end, judged) {
         return true;
     }
     let key = &mut judged.key;
@@ -457,10 +563,29 @@ fn count_drop(slot: u32, direction: u32, len: u32) {
     }
 }
 
+/// The IP frame at `start` as policy sees it; None for frames that are not
+/// IPv4 or IPv6, or whose IP header is cut short: not policy's to judge.
+#[inline(always)]
+fn judged_frame(start: usize, end: usize) -> Option<Judged> {
+    let eth = header_at::<EthHdr>(start, end, 0).ok()?;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            Some(judged_v4(start, end, unsafe { &*ip }))
+        }
+        ETH_P_IPV6 => {
+            let ip = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            Some(judged_v6(start, end, unsafe { &*ip }))
+        }
+        _ => None,
+    }
+}
+
 /// Whether policy lets the IP frame at `start` through `pod`'s `direction`
 /// (`trust_local`: a source among the node's own addresses is allowed).
-/// Frames that are not IPv4 or IPv6, or whose IP header is cut short, are
-/// not policy's to judge.
 #[inline(always)]
 pub(crate) fn frame_allowed(
     start: usize,
@@ -473,29 +598,11 @@ pub(crate) fn frame_allowed(
     if !pod.selected() {
         return true;
     }
-    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+    let Some(mut judged) = judged_frame(start, end) else {
         return true;
     };
-    // SAFETY: `header_at` checked the header lies inside the packet.
-    let mut judged = match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETH_P_IP => {
-            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
-                return true;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            judged_v4(start, end, unsafe { &*ip })
-        }
-        ETH_P_IPV6 => {
-            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
-                return true;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            judged_v6(start, end, unsafe { &*ip })
-        }
-        _ => return true,
-    };
     let trusted = trust_local && is_local(&judged.key);
-    allows(pod, direction, &mut judged, trusted, len)
+    allows(pod, direction, (start, end, &mut judged), trusted, len)
 }
 
 /// Whether the packet's source is one of the node's own addresses.
@@ -513,14 +620,29 @@ fn is_local(key: &PolicyFlowKey) -> bool {
     unsafe { LOCAL_ADDRS.get(address) }.is_some()
 }
 
-/// What the sending pod's egress policy says of its frame.
+/// What the sending pod's egress policy says of its frame, and, when the
+/// datapath hands it to the local pod in counter slot `receiver` (else
+/// `NO_COUNTER_SLOT`), that pod's ingress policy: the frame parsed once for
+/// both.
 #[inline(always)]
-pub(crate) fn egress_allowed(start: usize, end: usize, sender: &Sender) -> bool {
-    frame_allowed(
-        start,
-        end,
+pub(crate) fn sent_frame_allowed(start: usize, end: usize, sender: &Sender, receiver: u32) -> bool {
+    let receiver = of_slot(receiver);
+    if !sender.policy.selected() && !receiver.selected() {
+        return true;
+    }
+    let Some(mut judged) = judged_frame(start, end) else {
+        return true;
+    };
+    allows(
         sender.policy,
         POLICY_DIR_EGRESS,
+        (start, end, &mut judged),
+        false,
+        sender.len,
+    ) && allows(
+        receiver,
+        POLICY_DIR_INGRESS,
+        (start, end, &mut judged),
         false,
         sender.len,
     )

@@ -1440,6 +1440,11 @@ fn egress_through_a_cluster_ip_is_judged_by_the_services_backends() {
         Outcome::Allowed
     );
     assert!(reaches_web("x/a"));
+    // And a closed UDP port answers with an ICMP port unreachable.
+    assert!(
+        udp_refused(&from("x/a"), z_c, CLOSED_PORT) && udp_refused(&from("x/a"), y_a, CLOSED_PORT),
+        "without policy, UDP to a closed port was not refused"
+    );
 
     world.apply(|stub| {
         stub.add(
@@ -1515,6 +1520,59 @@ fn egress_through_a_cluster_ip_is_judged_by_the_services_backends() {
         probe(&from("x/a"), dns_ip, 80, Proto::Udp, "z/c"),
         Outcome::Denied,
     );
+
+    // Related ICMP: UDP to a closed port of z/c (x/a's node) and of y/a
+    // (the other node) is refused by an ICMP port unreachable, with and
+    // without policy alike. With x/a isolated for ingress too (nothing may
+    // come in), the error passes as part of the flow x/a opened.
+    let refused = |to: Ipv4Addr| udp_refused(&from("x/a"), to, CLOSED_PORT);
+    world.apply(|stub| {
+        stub.add(
+            Kind::NetworkPolicy,
+            policy(
+                "x",
+                "a-closed-port-only-in-nothing",
+                json!({"podSelector": only("a"), "policyTypes": ["Ingress", "Egress"],
+                       "egress": [{"ports": [{"protocol": "UDP", "port": CLOSED_PORT}]}]}),
+            ),
+        );
+    });
+    assert!(
+        refused(z_c),
+        "the port unreachable of z/c (same node) did not get into x/a"
+    );
+    assert!(
+        refused(y_a),
+        "the port unreachable of y/a (other node) did not get into x/a"
+    );
+    // Nothing else comes in: x/b's probe of x/a times out.
+    assert_eq!(
+        probe(&from("x/b"), world.pod("x/a").ip, 80, Proto::Udp, "x/a"),
+        Outcome::Denied
+    );
     let drops = world.metric_of_nodes("flatnet_policy_errors_total");
     assert!(drops.iter().all(|e| *e == 0.0), "policy errors: {drops:?}");
+}
+
+/// A UDP port no pod serves.
+const CLOSED_PORT: u16 = 9;
+
+/// Whether a datagram from the pod at `from` to `to`:`port` is refused
+/// (the ICMP port unreachable reached the socket) within the probe timeout;
+/// false when nothing came back.
+fn udp_refused(from: &Path, to: Ipv4Addr, port: u16) -> bool {
+    let from = from.to_path_buf();
+    std::thread::spawn(move || {
+        enter_thread(&from).expect("setns");
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("bind");
+        socket.set_read_timeout(Some(PROBE_TIMEOUT)).unwrap();
+        socket.connect((to, port)).expect("connect");
+        (0..3).any(|_| {
+            let _ = socket.send(b"probe");
+            let mut buf = [0u8; 64];
+            matches!(socket.recv(&mut buf), Err(e) if e.kind() == ErrorKind::ConnectionRefused)
+        })
+    })
+    .join()
+    .expect("probe thread")
 }

@@ -2266,6 +2266,73 @@ fn policy_replies_of_a_recorded_flow_pass_until_the_policy_changes() {
 }
 
 #[test]
+fn policy_icmp_errors_of_a_recorded_flow_pass_as_part_of_it() {
+    let Some(node) = node_or_skip(
+        "policy_icmp_errors_of_a_recorded_flow_pass_as_part_of_it",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // A may send UDP 8080 to B and takes nothing in.
+    let egress = [
+        rule("10.244.0.0/16", &[udp_port(8080)]),
+        rule("fd00:244::/32", &[udp_port(8080)]),
+    ];
+    node.set_policy(a, Some(&[]), Some(&egress));
+    for family in FAMILIES {
+        let flow = Tuple::new(a.ip(family), 40040, b.ip(family), 8080);
+        let (_, datagram) = flow.udp();
+        let sent = a.sends(flow.udp());
+        node.check(
+            &format!("{family:?} A sends UDP 8080 to B"),
+            Hook::PodTc(a),
+            &sent,
+            TC_ACT_REDIRECT,
+            &b.receives(&sent),
+            &[("redirected", 1)],
+        );
+        // B's port unreachable quotes A's datagram: part of A's flow, it
+        // gets in though A's ingress table is empty; on the redirect and
+        // through the stack alike.
+        let about = |quoted: &[u8]| {
+            let (proto, message) = port_unreachable(b.ip(family), a.ip(family), quoted);
+            b.sends(ip(b.ip(family), a.ip(family), TTL, proto, &message))
+        };
+        let error = about(&datagram);
+        node.check(
+            &format!("{family:?} B's port unreachable"),
+            Hook::PodTc(b),
+            &error,
+            TC_ACT_REDIRECT,
+            &a.receives(&error),
+            &[("redirected", 1)],
+        );
+        node.check(
+            &format!("{family:?} B's port unreachable through the stack"),
+            Hook::ToPod(a),
+            &error,
+            TC_NEXT,
+            &error,
+            &[],
+        );
+        // One quoting a datagram A never sent (another source port) is
+        // ICMP like any other: denied.
+        let (_, other) = Tuple::new(a.ip(family), 40041, b.ip(family), 8080).udp();
+        let error = about(&other);
+        node.check(
+            &format!("{family:?} an error of no recorded flow"),
+            Hook::PodTc(b),
+            &error,
+            TC_ACT_SHOT,
+            &a.receives(&error),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (2, 0));
+}
+
+#[test]
 fn policy_to_pod_judges_what_the_stack_delivers_and_trusts_the_node() {
     let Some(node) = node_or_skip(
         "policy_to_pod_judges_what_the_stack_delivers_and_trusts_the_node",
