@@ -255,6 +255,11 @@ pub const POLICY_F_EGRESS: u32 = 2;
 /// `direction` of policy keys: traffic into the pod, from the pod.
 pub const POLICY_DIR_INGRESS: u32 = 0;
 pub const POLICY_DIR_EGRESS: u32 = 1;
+/// A `POLICY_FLOWS` record of both judgements of a pod-to-pod packet on
+/// one node: the sender's egress (`slot`, the `generation`) and the local
+/// receiver's ingress (`receiver_slot`, its generation in `flags`), so the
+/// redirect path checks one record instead of two.
+pub const POLICY_DIR_PAIR: u32 = 2;
 
 /// The most port ranges one policy entry holds (the agent's
 /// `MAX_PORT_RANGES`).
@@ -320,7 +325,8 @@ pub const MAX_POLICY_FLOWS: u32 = 65536;
 /// A flow allowed by a pod's policy in one direction: the packet's own
 /// addresses (IPv4 in the first 4 bytes), ports (network byte order; 0 for
 /// protocols without), protocol, family (4 or 6), and whose judgement it
-/// is (`slot`, `direction`: `POLICY_DIR_*`).
+/// is (`slot`, `direction`: `POLICY_DIR_*`; `receiver_slot` only for
+/// `POLICY_DIR_PAIR`, else 0).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PolicyFlowKey {
@@ -333,7 +339,7 @@ pub struct PolicyFlowKey {
     pub direction: u8,
     pub _pad: u8,
     pub slot: u32,
-    pub _pad2: u32,
+    pub receiver_slot: u32,
 }
 const _: () = assert!(size_of::<PolicyFlowKey>() == 48);
 

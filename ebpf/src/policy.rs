@@ -41,10 +41,10 @@
 use aya_ebpf::btf_maps::{LruHashMap, RingBuf};
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use flatnet_common::{
-    LocalAddrKey, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
-    POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, POLICY_REASON_EXCEPT,
-    POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
-    PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
+    LocalAddrKey, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_DIR_PAIR, POLICY_F_EGRESS,
+    POLICY_F_INGRESS, POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES,
+    POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6,
+    PolicyDrops, PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
 };
 
 use crate::flow::{IPPROTO_ICMP, IPPROTO_ICMPV6, ipv6_transport, is_icmp_error};
@@ -285,7 +285,12 @@ fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
             family: 6,
             ..PolicyFlowKey::default()
         },
-        exempt: false,
+        // Link-scope traffic (to fe80::/10, or to interface- and
+        // link-local multicast, like MLD reports behind their Hop-by-Hop
+        // router alert to ff02::16) never leaves the pod's link: the host's
+        // to answer, not policy's to judge.
+        exempt: crate::pod::is_link_local(&ip.dst_addr)
+            || (crate::pod::is_multicast(&ip.dst_addr) && ip.dst_addr[1] & 0x0f <= 2),
         quote: 0,
     };
     let Some((protocol, l4)) = ipv6_transport(start, end, ip) else {
@@ -299,7 +304,7 @@ fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
         // SAFETY: bounds checked by `header_at`.
         let icmp_type = unsafe { (*icmp).icmp_type };
         // MLD (130-132, 143) and neighbour discovery (133-137).
-        judged.exempt = matches!(icmp_type, 130..=137 | 143);
+        judged.exempt |= matches!(icmp_type, 130..=137 | 143);
         // Errors: destination unreachable, packet too big, time exceeded,
         // parameter problem.
         if icmp_type < 128 {
@@ -418,7 +423,7 @@ fn reversed(key: &PolicyFlowKey) -> PolicyFlowKey {
         direction: other(u32::from(key.direction)) as u8,
         _pad: 0,
         slot: key.slot,
-        _pad2: 0,
+        receiver_slot: 0,
     }
 }
 
@@ -623,7 +628,11 @@ fn is_local(key: &PolicyFlowKey) -> bool {
 /// What the sending pod's egress policy says of its frame, and, when the
 /// datapath hands it to the local pod in counter slot `receiver` (else
 /// `NO_COUNTER_SLOT`), that pod's ingress policy: the frame parsed once for
-/// both.
+/// both. When both pods are selected, a pair record (`POLICY_DIR_PAIR`)
+/// holding both generations answers for the two judgements with one lookup;
+/// it is written once both allowed the packet, and is worth nothing after
+/// either pod's policy changes (its generations no longer match), when the
+/// two judgements are made again as for a new packet.
 #[inline(always)]
 pub(crate) fn sent_frame_allowed(start: usize, end: usize, sender: &Sender, receiver: u32) -> bool {
     let receiver = of_slot(receiver);
@@ -633,7 +642,13 @@ pub(crate) fn sent_frame_allowed(start: usize, end: usize, sender: &Sender, rece
     let Some(mut judged) = judged_frame(start, end) else {
         return true;
     };
-    allows(
+    let paired =
+        sender.policy.selected() && receiver.selected() && !judged.exempt && judged.quote == 0;
+    if paired && pair_recorded(&mut judged.key, sender.policy, receiver) {
+        return true;
+    }
+    judged.key.receiver_slot = 0;
+    let allowed = allows(
         sender.policy,
         POLICY_DIR_EGRESS,
         (start, end, &mut judged),
@@ -645,7 +660,39 @@ pub(crate) fn sent_frame_allowed(start: usize, end: usize, sender: &Sender, rece
         (start, end, &mut judged),
         false,
         sender.len,
-    )
+    );
+    if allowed && paired {
+        let key = &mut judged.key;
+        key.slot = sender.policy.slot;
+        key.direction = POLICY_DIR_PAIR as u8;
+        key.receiver_slot = receiver.slot;
+        let value = PolicyFlow {
+            generation: sender.policy.generation,
+            flags: receiver.generation,
+        };
+        // As for the other records: a failed write only costs the next
+        // packet the two lookups.
+        let _ = POLICY_FLOWS.insert(&*key, &value, 0);
+    }
+    allowed
+}
+
+/// Whether `key` (the packet's) has a pair record of `sender` to
+/// `receiver` under both pods' current generations; leaves `key` set up
+/// as the pair record's.
+#[inline(always)]
+fn pair_recorded(key: &mut PolicyFlowKey, sender: PodPolicy, receiver: PodPolicy) -> bool {
+    key.slot = sender.slot;
+    key.direction = POLICY_DIR_PAIR as u8;
+    key.receiver_slot = receiver.slot;
+    match POLICY_FLOWS.get_ptr(&*key) {
+        Some(known) => {
+            // SAFETY: a valid map value for the program's run; read once.
+            let known = unsafe { core::ptr::read_volatile(known) };
+            known.generation == sender.generation && known.flags == receiver.generation
+        }
+        None => false,
+    }
 }
 
 /// What the receiving pod's (counter slot `slot`) ingress policy says of a

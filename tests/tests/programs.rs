@@ -2266,6 +2266,138 @@ fn policy_replies_of_a_recorded_flow_pass_until_the_policy_changes() {
 }
 
 #[test]
+fn policy_never_judges_link_scope_traffic() {
+    let Some(node) = node_or_skip("policy_never_judges_link_scope_traffic", DatapathMode::Tc)
+    else {
+        return;
+    };
+    let a = &node.a;
+    // Nothing in, nothing out.
+    node.set_policy(a, Some(&[]), Some(&[]));
+    let all_mld_routers: Ipv6Addr = "ff02::16".parse().expect("address");
+    // An MLDv2 report as a pod's kernel sends it on joining a group: from
+    // the unspecified address, behind a Hop-by-Hop header with the router
+    // alert option (next header 0, so no transport header follows the
+    // fixed one).
+    let report = icmpv6(
+        Ipv6Addr::UNSPECIFIED,
+        all_mld_routers,
+        143,
+        0,
+        &[0, 0, 0, 0],
+    );
+    let hop_by_hop = [IPPROTO_ICMPV6, 0, 5, 2, 0, 0, 1, 0];
+    let frame = a.sends((
+        ETH_P_IPV6,
+        ipv6(
+            Ipv6Addr::UNSPECIFIED,
+            all_mld_routers,
+            1,
+            0,
+            &[&hop_by_hop[..], &report].concat(),
+        ),
+    ));
+    node.check(
+        "MLDv2 report to ff02::16 behind a Hop-by-Hop header",
+        Hook::PodTc(a),
+        &frame,
+        TC_NEXT,
+        &frame,
+        &[("passed_to_stack", 1)],
+    );
+    // UDP between link-local addresses (the pod and its host veth).
+    let link_local_a: Ipv6Addr = "fe80::a".parse().expect("address");
+    let link_local_host: Ipv6Addr = "fe80::1".parse().expect("address");
+    let frame = a.sends(Tuple::new(link_local_a.into(), 546, link_local_host.into(), 547).udp());
+    node.check(
+        "UDP to a link-local address",
+        Hook::PodTc(a),
+        &frame,
+        TC_NEXT,
+        &frame,
+        &[("passed_to_stack", 1)],
+    );
+    assert_eq!(node.policy_drops(a), (0, 0));
+}
+
+#[test]
+fn policy_between_two_selected_pods_follows_either_pods_change() {
+    let Some(node) = node_or_skip(
+        "policy_between_two_selected_pods_follows_either_pods_change",
+        DatapathMode::Tc,
+    ) else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    let both_families = |port: u16| {
+        [
+            rule("10.244.0.0/16", &[tcp_port(port)]),
+            rule("fd00:244::/32", &[tcp_port(port)]),
+        ]
+    };
+    // A may open 8080 anywhere in the cluster, B takes 8080 in: both
+    // judged on the redirect, then answered by one pair record.
+    node.set_policy(a, None, Some(&both_families(8080)));
+    node.set_policy(b, Some(&both_families(8080)), None);
+    let segment =
+        |family, flags| a.sends(Tuple::new(a.ip(family), 40050, b.ip(family), 8080).tcp(flags));
+    for family in FAMILIES {
+        for (case, flags) in [("SYN", TCP_SYN), ("ACK", TCP_ACK), ("next ACK", TCP_ACK)] {
+            let frame = segment(family, flags);
+            node.check(
+                &format!("{family:?} A's {case} to B"),
+                Hook::PodTc(a),
+                &frame,
+                TC_ACT_REDIRECT,
+                &b.receives(&frame),
+                &[("redirected", 1)],
+            );
+        }
+    }
+    // B's policy changes (no longer 8080): A's next packet is judged again
+    // by B's new table and dropped, counted as B's ingress drop.
+    node.set_policy(b, Some(&both_families(9090)), None);
+    for family in FAMILIES {
+        let frame = segment(family, TCP_ACK);
+        node.check(
+            &format!("{family:?} A's ACK after B's change"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(b), (2, 0));
+    // Back to 8080 for B, then A's policy changes: A's egress cuts it.
+    node.set_policy(b, Some(&both_families(8080)), None);
+    for family in FAMILIES {
+        let frame = segment(family, TCP_ACK);
+        node.check(
+            &format!("{family:?} A's ACK with B allowing again"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+    }
+    node.set_policy(a, None, Some(&both_families(9090)));
+    for family in FAMILIES {
+        let frame = segment(family, TCP_ACK);
+        node.check(
+            &format!("{family:?} A's ACK after A's change"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (0, 2));
+}
+
+#[test]
 fn policy_icmp_errors_of_a_recorded_flow_pass_as_part_of_it() {
     let Some(node) = node_or_skip(
         "policy_icmp_errors_of_a_recorded_flow_pass_as_part_of_it",
