@@ -1712,6 +1712,46 @@ fn xdp_packets_between_pods_are_redirected() {
 }
 
 #[test]
+fn xdp_mode_enforces_policy_on_both_pods() {
+    let Some(node) = node_or_skip("xdp_mode_enforces_policy_on_both_pods", DatapathMode::Xdp)
+    else {
+        return;
+    };
+    let (a, b) = (&node.a, &node.b);
+    // A may open TCP 8080 and 9090 in the cluster; B takes only 8080 in.
+    let ports = |ports: &[u16]| {
+        let ranges: Vec<PolicyPortRange> = ports.iter().map(|p| tcp_port(*p)).collect();
+        [
+            rule("10.244.0.0/16", &ranges),
+            rule("fd00:244::/32", &ranges),
+        ]
+    };
+    node.set_policy(a, None, Some(&ports(&[8080, 9090])));
+    node.set_policy(b, Some(&ports(&[8080])), None);
+    for family in FAMILIES {
+        for (port, verdict, counted) in [
+            (8080, XDP_REDIRECT, "redirected"),
+            // A's egress allows it, B's ingress does not.
+            (9090, XDP_DROP, "policy_denied"),
+            // A's egress does not.
+            (7070, XDP_DROP, "policy_denied"),
+        ] {
+            let frame = a.sends(Tuple::new(a.ip(family), 40060, b.ip(family), port).tcp(TCP_SYN));
+            node.check(
+                &format!("{family:?} A's SYN to B:{port}"),
+                Hook::PodXdp(a),
+                &frame,
+                verdict,
+                &b.receives(&frame),
+                &[(counted, 1)],
+            );
+        }
+    }
+    assert_eq!(node.policy_drops(a), (0, 2));
+    assert_eq!(node.policy_drops(b), (2, 0));
+}
+
+#[test]
 fn xdp_neighbour_questions_are_answered_with_xdp_tx() {
     let Some(node) = node_or_skip(
         "xdp_neighbour_questions_are_answered_with_xdp_tx",
