@@ -374,7 +374,7 @@ impl Agent {
         let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
         let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let start = Instant::now();
-        let frontends = policy::services::frontends(&services, &slices);
+        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
         let plan = policy::plan_of(&self.node_name, &policies, &pods, &namespaces, &frontends);
         self.metrics
             .policy_compute

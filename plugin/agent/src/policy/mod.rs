@@ -169,7 +169,7 @@ pub fn plan_of(
     policies: &[&NetworkPolicy],
     pods: &[&Pod],
     namespaces: &[&Namespace],
-    frontends: &[services::Frontend<'_>],
+    frontends: &[crate::services::Frontend<'_>],
 ) -> Plan {
     let subjects: Vec<PodView<'_>> = pods
         .iter()
@@ -245,7 +245,7 @@ fn pod_policy<'a>(
     selecting: &[usize],
     (compiled, frontends): (
         &[(&'a NetworkPolicy, Policy<'a>)],
-        &[services::Frontend<'a>],
+        &[crate::services::Frontend<'a>],
     ),
     cluster: &Cluster<'a>,
     cache: &mut TableCache<'a>,

@@ -5,9 +5,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-use super::super::services::{Frontend, FrontendPort, frontends};
 use super::*;
-use crate::policy::ports::Protocol;
+use crate::services::frontends;
 
 fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Value) -> Service {
     serde_json::from_value(json!({
@@ -101,41 +100,6 @@ fn dns_objects() -> (Vec<Service>, Vec<EndpointSlice>) {
     (services, slices)
 }
 
-#[test]
-fn frontends_take_ready_backends_by_port_name_in_both_families() {
-    let (services, slices) = dns_objects();
-    let services: Vec<&Service> = services.iter().collect();
-    let slices: Vec<&EndpointSlice> = slices.iter().collect();
-    let found = frontends(&services, &slices);
-    let dns = found.iter().find(|f| f.name == "kube-dns").unwrap();
-    assert_eq!(
-        dns,
-        &Frontend {
-            name: "kube-dns",
-            cluster_ips: vec![ip("10.96.0.10"), ip("fd96::a")],
-            ports: vec![
-                FrontendPort {
-                    protocol: Protocol::Udp,
-                    port: 53,
-                    backends: vec![
-                        (ip("10.0.9.1"), 5353),
-                        (ip("10.0.9.2"), 5353),
-                        (ip("fd00::9:1"), 5353)
-                    ],
-                },
-                FrontendPort {
-                    protocol: Protocol::Tcp,
-                    port: 53,
-                    backends: vec![(ip("10.0.9.1"), 5353), (ip("10.0.9.2"), 5353)],
-                },
-            ],
-        }
-    );
-    assert!(found.iter().all(|f| f.name != "headless"), "{found:?}");
-    let empty = found.iter().find(|f| f.name == "empty").unwrap();
-    assert!(empty.ports[0].backends.is_empty());
-}
-
 /// x/a may send to kube-system's DNS pods on 5353 and to y/c (10.0.2.3)
 /// on 80, nothing else.
 fn egress_plan() -> Plan {
@@ -175,7 +139,7 @@ fn egress_plan() -> Plan {
     let policies: Vec<&NetworkPolicy> = policies.iter().collect();
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
-    let frontends = frontends(&services, &slices);
+    let frontends = frontends(&services, &slices, NODE);
     plan_of(NODE, &policies, &pods, &namespaces, &frontends)
 }
 

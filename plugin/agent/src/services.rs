@@ -1,0 +1,382 @@
+//! Service state as a node's kube-proxy computes it: for each Service with
+//! ClusterIPs, each port's backends on this node's view. A pure function of
+//! the Services and EndpointSlices (unit-tested without root); NetworkPolicy
+//! judges a ClusterIP by these backends (`policy::services`).
+//!
+//! Which endpoints, as kube-proxy chooses them: the ready ones (`ready`
+//! unset counts as ready); when none is, the ones still serving while they
+//! terminate; with `internalTrafficPolicy: Local`, only those on this node
+//! (none there: the Service has no backend here). A Service port's backends
+//! are its EndpointSlices' ports of the same name and protocol (so a named
+//! `targetPort` is resolved per endpoint, as the slice controller did), each
+//! endpoint address on that slice port.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+
+use crate::policy::Protocol;
+
+/// The label an EndpointSlice names its Service with.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// sessionAffinity ClientIP's default timeout (`timeoutSeconds`).
+const DEFAULT_AFFINITY_SECS: u64 = 10_800;
+
+/// One port of a Service's ClusterIPs and where it leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontendPort {
+    /// The Service port's name ("" when it has one port and no name).
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// (address, target port) of the chosen endpoints, sorted; both
+    /// families (a ClusterIP uses those of its own).
+    pub backends: Vec<(IpAddr, u16)>,
+}
+
+/// A Service with ClusterIPs (not headless, not ExternalName).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frontend<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// Sorted, both families.
+    pub cluster_ips: Vec<IpAddr>,
+    /// sessionAffinity ClientIP: how long a client keeps its backend.
+    pub affinity: Option<Duration>,
+    pub ports: Vec<FrontendPort>,
+}
+
+impl FrontendPort {
+    /// The backends of `cluster_ip`'s family.
+    pub fn backends_for(&self, cluster_ip: IpAddr) -> impl Iterator<Item = &(IpAddr, u16)> {
+        self.backends
+            .iter()
+            .filter(move |(backend, _)| backend.is_ipv4() == cluster_ip.is_ipv4())
+    }
+}
+
+/// The frontends of `services` with their backends from `slices` (matched
+/// by namespace and the service-name label), as seen from `node` (for
+/// `internalTrafficPolicy: Local`).
+pub fn frontends<'a>(
+    services: &[&'a Service],
+    slices: &[&'a EndpointSlice],
+    node: &str,
+) -> Vec<Frontend<'a>> {
+    let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in slices {
+        let labels = slice.metadata.labels.as_ref();
+        let (Some(namespace), Some(service)) = (
+            slice.metadata.namespace.as_deref(),
+            labels.and_then(|l| l.get(SERVICE_NAME_LABEL)),
+        ) else {
+            continue;
+        };
+        by_service
+            .entry((namespace, service.as_str()))
+            .or_default()
+            .push(slice);
+    }
+    services
+        .iter()
+        .filter_map(|service| {
+            let namespace = service.metadata.namespace.as_deref()?;
+            let name = service.metadata.name.as_deref()?;
+            let spec = service.spec.as_ref()?;
+            if spec.type_.as_deref() == Some("ExternalName") {
+                return None;
+            }
+            let cluster_ips: Vec<IpAddr> = spec
+                .cluster_ips
+                .iter()
+                .flatten()
+                .chain(spec.cluster_ip.iter())
+                .filter_map(|ip| ip.parse().ok())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if cluster_ips.is_empty() {
+                return None;
+            }
+            let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+                let seconds = spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or(DEFAULT_AFFINITY_SECS);
+                Duration::from_secs(seconds)
+            });
+            let local_only = spec.internal_traffic_policy.as_deref() == Some("Local");
+            let slices = by_service
+                .get(&(namespace, name))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let ports = spec
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|port| {
+                    let protocol = Protocol::from_kube(port.protocol.as_deref())?;
+                    let port_name = port.name.clone().unwrap_or_default();
+                    let backends =
+                        backends(slices, &port_name, protocol, local_only.then_some(node));
+                    Some(FrontendPort {
+                        name: port_name,
+                        protocol,
+                        port: u16::try_from(port.port).ok()?,
+                        backends,
+                    })
+                })
+                .collect();
+            Some(Frontend {
+                namespace,
+                name,
+                cluster_ips,
+                affinity,
+                ports,
+            })
+        })
+        .collect()
+}
+
+/// What kube-proxy makes of an endpoint's conditions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Ready,
+    /// Serving while terminating: only when no endpoint is ready.
+    Fallback,
+    No,
+}
+
+fn use_of(endpoint: &Endpoint) -> Use {
+    let conditions = endpoint.conditions.as_ref();
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+    match (ready, serving && terminating) {
+        (true, _) => Use::Ready,
+        (false, true) => Use::Fallback,
+        (false, false) => Use::No,
+    }
+}
+
+/// The endpoints of `slices` on their port named `port_name` of
+/// `protocol` that kube-proxy would use (only those on `local_node` when
+/// given), sorted and without repeats.
+fn backends(
+    slices: &[&EndpointSlice],
+    port_name: &str,
+    protocol: Protocol,
+    local_node: Option<&str>,
+) -> Vec<(IpAddr, u16)> {
+    let mut ready = BTreeSet::new();
+    let mut fallback = BTreeSet::new();
+    for slice in slices {
+        let Some(port) = slice.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == port_name
+                && Protocol::from_kube(p.protocol.as_deref()) == Some(protocol)
+        }) else {
+            continue;
+        };
+        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()) else {
+            continue;
+        };
+        for endpoint in &slice.endpoints {
+            if local_node.is_some_and(|node| endpoint.node_name.as_deref() != Some(node)) {
+                continue;
+            }
+            let set = match use_of(endpoint) {
+                Use::Ready => &mut ready,
+                Use::Fallback => &mut fallback,
+                Use::No => continue,
+            };
+            set.extend(
+                endpoint
+                    .addresses
+                    .iter()
+                    .filter_map(|a| a.parse::<IpAddr>().ok())
+                    .map(|ip| (ip, port)),
+            );
+        }
+    }
+    let chosen = if ready.is_empty() { fallback } else { ready };
+    chosen.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const NODE: &str = "node-1";
+
+    fn service(spec: Value) -> Service {
+        serde_json::from_value(
+            json!({"metadata": {"namespace": "ns", "name": "web"}, "spec": spec}),
+        )
+        .unwrap()
+    }
+
+    fn slice(name: &str, service: &str, ports: Value, endpoints: Value) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": ports, "endpoints": endpoints
+        }))
+        .unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn one(service: &Service, slices: &[EndpointSlice]) -> Vec<Frontend<'static>> {
+        // Leaked for the test's 'static borrows; a test process is short.
+        let service: &'static Service = Box::leak(Box::new(service.clone()));
+        let slices: &'static [EndpointSlice] = Box::leak(slices.to_vec().into_boxed_slice());
+        let slices: Vec<&EndpointSlice> = slices.iter().collect();
+        frontends(&[service], &slices, NODE)
+    }
+
+    #[test]
+    fn named_target_ports_resolve_per_slice_and_families_stay_apart() {
+        let svc = service(json!({
+            "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd96::a"],
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                      {"name": "dns", "port": 53, "protocol": "UDP"}]
+        }));
+        let slices = [
+            // Two versions of the Deployment: "http" is 8080 in one, 9090 in the other.
+            slice(
+                "web-a",
+                "web",
+                json!([{"name": "http", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+                json!([{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"], "conditions": {"ready": true}}]),
+            ),
+            slice(
+                "web-b",
+                "web",
+                json!([{"name": "http", "port": 9090}]),
+                json!([{"addresses": ["fd00::3"]}]),
+            ),
+            // Another Service's slice.
+            slice(
+                "other",
+                "other",
+                json!([{"name": "http", "port": 1}]),
+                json!([{"addresses": ["10.9.9.9"]}]),
+            ),
+        ];
+        let found = one(&svc, &slices);
+        assert_eq!(found.len(), 1);
+        let web = &found[0];
+        assert_eq!(web.cluster_ips, vec![ip("10.96.0.10"), ip("fd96::a")]);
+        assert_eq!(web.affinity, None);
+        assert_eq!(
+            web.ports[0].backends,
+            vec![
+                (ip("10.0.0.1"), 8080),
+                (ip("10.0.0.2"), 8080),
+                (ip("fd00::3"), 9090)
+            ]
+        );
+        assert_eq!(
+            web.ports[0].backends_for(ip("fd96::a")).collect::<Vec<_>>(),
+            vec![&(ip("fd00::3"), 9090)]
+        );
+        assert_eq!(web.ports[1].protocol, Protocol::Udp);
+        assert_eq!(
+            web.ports[1].backends,
+            vec![(ip("10.0.0.1"), 5353), (ip("10.0.0.2"), 5353)]
+        );
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let svc = service(json!({"clusterIP": "10.96.0.20", "ports": [{"port": 80}]}));
+        let endpoints = |ready_one: bool| {
+            json!([
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": ready_one, "serving": ready_one, "terminating": false}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": false, "serving": false, "terminating": true}}
+            ])
+        };
+        let with = |ready_one| {
+            one(
+                &svc,
+                &[slice(
+                    "s",
+                    "web",
+                    json!([{"port": 8080}]),
+                    endpoints(ready_one),
+                )],
+            )
+        };
+        assert_eq!(
+            with(true)[0].ports[0].backends,
+            vec![(ip("10.0.0.1"), 8080)]
+        );
+        assert_eq!(
+            with(false)[0].ports[0].backends,
+            vec![(ip("10.0.0.2"), 8080)]
+        );
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_keeps_this_nodes_endpoints() {
+        let svc = service(
+            json!({"clusterIP": "10.96.0.30", "internalTrafficPolicy": "Local",
+                                 "ports": [{"port": 80}]}),
+        );
+        let slices = [slice(
+            "s",
+            "web",
+            json!([{"port": 8080}]),
+            json!([
+                {"addresses": ["10.0.0.1"], "nodeName": NODE},
+                {"addresses": ["10.0.1.1"], "nodeName": "node-2"}
+            ]),
+        )];
+        assert_eq!(
+            one(&svc, &slices)[0].ports[0].backends,
+            vec![(ip("10.0.0.1"), 8080)]
+        );
+        let elsewhere = [slice(
+            "s",
+            "web",
+            json!([{"port": 8080}]),
+            json!([
+                {"addresses": ["10.0.1.1"], "nodeName": "node-2"}
+            ]),
+        )];
+        assert!(one(&svc, &elsewhere)[0].ports[0].backends.is_empty());
+    }
+
+    #[test]
+    fn session_affinity_headless_and_external_names() {
+        let sticky = service(
+            json!({"clusterIP": "10.96.0.40", "sessionAffinity": "ClientIP",
+                                    "ports": [{"port": 80}]}),
+        );
+        assert_eq!(
+            one(&sticky, &[])[0].affinity,
+            Some(Duration::from_secs(10_800))
+        );
+        let short = service(
+            json!({"clusterIP": "10.96.0.41", "sessionAffinity": "ClientIP",
+                                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}},
+                                   "ports": [{"port": 80}]}),
+        );
+        assert_eq!(one(&short, &[])[0].affinity, Some(Duration::from_secs(60)));
+        let headless = service(json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        assert!(one(&headless, &[]).is_empty());
+        let external = service(json!({"type": "ExternalName", "externalName": "example.org"}));
+        assert!(one(&external, &[]).is_empty());
+    }
+}
