@@ -35,6 +35,11 @@ pub const MAP_LOCAL_ADDRS: &str = "LOCAL_ADDRS";
 /// NetworkPolicy drops, one `PolicyEvent` each (a ring buffer `flatnet
 /// monitor` reads).
 pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
+/// Services at the socket (`--services ebpf`): frontends, their backends,
+/// and which ClusterIP each connected or sending socket's peer stands for.
+pub const MAP_SERVICES: &str = "SERVICES";
+pub const MAP_SERVICE_BACKENDS: &str = "SERVICE_BACKENDS";
+pub const MAP_SERVICE_REVNAT: &str = "SERVICE_REVNAT";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -61,6 +66,18 @@ pub const PROG_TO_POD: &str = "to_pod";
 /// tc classifier on the node's uplink: traffic from other nodes for local
 /// pods goes straight into them.
 pub const PROG_FROM_UPLINK: &str = "from_uplink";
+
+/// cgroup v2 socket programs of Services in eBPF: connect() and sendmsg()
+/// to a ClusterIP choose a backend and rewrite the destination; recvmsg()
+/// and getpeername() show the ClusterIP back.
+pub const PROG_SERVICE_CONNECT4: &str = "service_connect4";
+pub const PROG_SERVICE_CONNECT6: &str = "service_connect6";
+pub const PROG_SERVICE_SENDMSG4: &str = "service_sendmsg4";
+pub const PROG_SERVICE_SENDMSG6: &str = "service_sendmsg6";
+pub const PROG_SERVICE_RECVMSG4: &str = "service_recvmsg4";
+pub const PROG_SERVICE_RECVMSG6: &str = "service_recvmsg6";
+pub const PROG_SERVICE_GETPEERNAME4: &str = "service_getpeername4";
+pub const PROG_SERVICE_GETPEERNAME6: &str = "service_getpeername6";
 
 /// The datapath's load-time setting: whether `from_uplink` hands packets
 /// from other nodes' pods straight to local pods (a u32, 1 or 0).
@@ -403,6 +420,81 @@ pub const POLICY_REASON_PORT: u8 = 2;
 /// `except`).
 pub const POLICY_REASON_EXCEPT: u8 = 3;
 
+/// Service ports (frontends) and backends a node holds, and sockets whose
+/// peer stands for a ClusterIP.
+pub const MAX_SERVICES: u32 = 65536;
+pub const MAX_SERVICE_BACKENDS: u32 = 262144;
+pub const MAX_SERVICE_REVNAT: u32 = 65536;
+
+/// A Service frontend: a ClusterIP (IPv4 in the first 4 bytes), a port
+/// (network order) and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServiceKey {
+    pub address: [u8; 16],
+    pub port: [u8; 2],
+    pub protocol: u8,
+    /// 4 or 6.
+    pub family: u8,
+}
+const _: () = assert!(size_of::<ServiceKey>() == 20);
+
+/// Where a frontend's backends are: `count` of them in
+/// `SERVICE_BACKENDS` under (`id`, 0..count). `count` 0: the Service has no
+/// endpoint, connect() is refused. `affinity_secs`: sessionAffinity
+/// ClientIP's timeout (0: none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServiceValue {
+    pub id: u32,
+    pub count: u32,
+    pub affinity_secs: u32,
+    pub _pad: u32,
+}
+
+/// Backend `index` of the backend set `id`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BackendKey {
+    pub id: u32,
+    pub index: u32,
+}
+
+/// A backend: an address (IPv4 in the first 4 bytes) and port (network
+/// order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServiceBackend {
+    pub address: [u8; 16],
+    pub port: [u8; 2],
+    pub family: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceBackend>() == 20);
+
+/// A socket (its cookie) whose peer is `address`:`port` because a
+/// ClusterIP was rewritten to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RevNatKey {
+    pub cookie: u64,
+    pub address: [u8; 16],
+    pub port: [u8; 2],
+    pub family: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(size_of::<RevNatKey>() == 32);
+
+/// The ClusterIP and port the application asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RevNat {
+    pub address: [u8; 16],
+    pub port: [u8; 2],
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<RevNat>() == 20);
+
 /// Entries of `LOCAL_ADDRS`: the node's own addresses.
 pub const MAX_LOCAL_ADDRS: u32 = 256;
 
@@ -597,10 +689,19 @@ pub mod maps {
         MapSpec::new::<LocalAddrKey, u32>(MAP_LOCAL_ADDRS, MapKind::Hash, MAX_LOCAL_ADDRS);
     pub const POLICY_EVENTS: MapSpec =
         MapSpec::new::<(), ()>(MAP_POLICY_EVENTS, MapKind::RingBuf, POLICY_EVENTS_BYTES);
+    pub const SERVICES: MapSpec =
+        MapSpec::new::<ServiceKey, ServiceValue>(MAP_SERVICES, MapKind::Hash, MAX_SERVICES);
+    pub const SERVICE_BACKENDS: MapSpec = MapSpec::new::<BackendKey, ServiceBackend>(
+        MAP_SERVICE_BACKENDS,
+        MapKind::Hash,
+        MAX_SERVICE_BACKENDS,
+    );
+    pub const SERVICE_REVNAT: MapSpec =
+        MapSpec::new::<RevNatKey, RevNat>(MAP_SERVICE_REVNAT, MapKind::LruHash, MAX_SERVICE_REVNAT);
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 16] = [
+pub const MAP_SPECS: [MapSpec; 19] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -617,6 +718,9 @@ pub const MAP_SPECS: [MapSpec; 16] = [
     maps::POLICY_DROPS,
     maps::LOCAL_ADDRS,
     maps::POLICY_EVENTS,
+    maps::SERVICES,
+    maps::SERVICE_BACKENDS,
+    maps::SERVICE_REVNAT,
 ];
 
 #[cfg(feature = "user")]
@@ -651,4 +755,16 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyDrops {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PolicyEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ServiceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ServiceValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::BackendKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ServiceBackend {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RevNatKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RevNat {}
 }

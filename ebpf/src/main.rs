@@ -27,6 +27,7 @@ mod neighbours;
 mod pod;
 mod policy;
 mod remote;
+mod services;
 mod uplink;
 
 use aya_ebpf::{

@@ -246,7 +246,7 @@ impl Datapath {
 }
 
 /// Pins `link` at `path` (its directory made first).
-fn pin_link(link: FdLink, path: &Path) -> Result<()> {
+pub(super) fn pin_link(link: FdLink, path: &Path) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -256,7 +256,7 @@ fn pin_link(link: FdLink, path: &Path) -> Result<()> {
         .map_err(|e| link_err(format!("pinning {}", path.display()), e))
 }
 
-fn remove_if_there(path: &Path) -> Result<()> {
+pub(super) fn remove_if_there(path: &Path) -> Result<()> {
     crate::util::remove_file_if_present(path)
         .map(drop)
         .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))

@@ -39,6 +39,7 @@ pub mod kfunc;
 mod load;
 mod policy;
 mod remote;
+mod services;
 mod slots;
 mod sources;
 mod stats;
@@ -52,6 +53,7 @@ pub use events::PolicyEvents;
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
+pub use services::{SERVICE_PROGRAMS, service_backend, service_key};
 pub use sources::sources_of;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.

@@ -1,0 +1,232 @@
+//! Services at the socket: cgroup v2 programs that every process in the
+//! cgroup they are attached to (the node's root cgroup: pods and host
+//! alike) runs on connect(), sendmsg(), recvmsg() and getpeername().
+//!
+//! connect() and sendmsg() to a frontend in `SERVICES` (a ClusterIP, port
+//! and protocol) pick one of its backends at random and rewrite the
+//! destination before the kernel routes anything: the first packet already
+//! goes to the backend pod's address, so the fast path, NetworkPolicy and
+//! the counters see real pod addresses, and no NAT is left to undo. The
+//! socket's cookie and its backend are recorded in `SERVICE_REVNAT`, so
+//! recvmsg() (a UDP reply's source) and getpeername() show the ClusterIP
+//! the application asked for: a resolver that checks where its answer came
+//! from is satisfied. A frontend without backends refuses connect() with
+//! ECONNREFUSED, as kube-proxy's REJECT does, and sendmsg() with EPERM.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr},
+    btf_maps::{HashMap, LruHashMap},
+    helpers::generated::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
+    macros::{btf_map, cgroup_sock_addr},
+    programs::SockAddrContext,
+};
+use flatnet_common::{
+    BackendKey, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue, maps,
+};
+
+/// Frontends: (ClusterIP, port, protocol) -> where its backends are.
+#[btf_map]
+static SERVICES: HashMap<
+    ServiceKey,
+    ServiceValue,
+    { maps::SERVICES.max_entries as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+const _: () = assert!(maps::SERVICES.holds::<ServiceKey, ServiceValue>());
+
+/// Backend sets: (set id, index) -> backend.
+#[btf_map]
+static SERVICE_BACKENDS: HashMap<
+    BackendKey,
+    ServiceBackend,
+    { maps::SERVICE_BACKENDS.max_entries as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+const _: () = assert!(maps::SERVICE_BACKENDS.holds::<BackendKey, ServiceBackend>());
+
+/// (socket cookie, backend) -> the ClusterIP and port it stands for.
+#[btf_map]
+static SERVICE_REVNAT: LruHashMap<
+    RevNatKey,
+    RevNat,
+    { maps::SERVICE_REVNAT.max_entries as usize },
+> = LruHashMap::new();
+const _: () = assert!(maps::SERVICE_REVNAT.holds::<RevNatKey, RevNat>());
+
+/// What a cgroup sock_addr program answers: let the call go on (with
+/// whatever address it now holds), or fail it.
+const PROCEED: i32 = 1;
+const REFUSE: i32 = 0;
+const ECONNREFUSED: i32 = 111;
+
+/// The destination (or, for recvmsg and getpeername, the peer) of the call:
+/// address (IPv4 in the first 4 bytes), port (network order).
+struct Peer {
+    address: [u8; 16],
+    port: [u8; 2],
+}
+
+#[inline(always)]
+fn read_peer(addr: *const bpf_sock_addr, family: u8) -> Peer {
+    let mut address = [0u8; 16];
+    // SAFETY: fields of the context the kernel passed, read as whole u32s
+    // (the verifier allows only such loads of user_ip6).
+    unsafe {
+        if family == 4 {
+            address[..4]
+                .copy_from_slice(&core::ptr::read_volatile(&(*addr).user_ip4).to_ne_bytes());
+        } else {
+            for i in 0..4 {
+                let word = core::ptr::read_volatile(&(*addr).user_ip6[i]).to_ne_bytes();
+                address[i * 4..i * 4 + 4].copy_from_slice(&word);
+            }
+        }
+        let port = core::ptr::read_volatile(&(*addr).user_port) as u16;
+        Peer {
+            address,
+            port: port.to_ne_bytes(),
+        }
+    }
+}
+
+#[inline(always)]
+fn write_peer(addr: *mut bpf_sock_addr, family: u8, address: &[u8; 16], port: [u8; 2]) {
+    // SAFETY: writable fields of the context for these attach points.
+    unsafe {
+        if family == 4 {
+            let word = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
+            core::ptr::write_volatile(&mut (*addr).user_ip4, word);
+        } else {
+            for i in 0..4 {
+                let word = u32::from_ne_bytes([
+                    address[i * 4],
+                    address[i * 4 + 1],
+                    address[i * 4 + 2],
+                    address[i * 4 + 3],
+                ]);
+                core::ptr::write_volatile(&mut (*addr).user_ip6[i], word);
+            }
+        }
+        core::ptr::write_volatile(&mut (*addr).user_port, u32::from(u16::from_ne_bytes(port)));
+    }
+}
+
+/// connect() or sendmsg() to `family`'s address in `ctx`: to a backend
+/// when it is a frontend. `connect`: refuse with ECONNREFUSED (else EPERM)
+/// when the frontend has no backend.
+#[inline(always)]
+fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
+    let addr = ctx.sock_addr;
+    let peer = read_peer(addr, family);
+    // SAFETY: a field of the context, read once.
+    let protocol = unsafe { core::ptr::read_volatile(&(*addr).protocol) } as u8;
+    let key = ServiceKey {
+        address: peer.address,
+        port: peer.port,
+        protocol,
+        family,
+    };
+    // SAFETY: the value is copied at once.
+    let Some(frontend) = (unsafe { SERVICES.get(&key) }).copied() else {
+        return PROCEED;
+    };
+    if frontend.count == 0 {
+        if connect {
+            // SAFETY: plain helper call; the syscall then fails with it.
+            unsafe { bpf_set_retval(-ECONNREFUSED) };
+        }
+        return REFUSE;
+    }
+    // SAFETY: plain helper call.
+    let index = unsafe { bpf_get_prandom_u32() } % frontend.count;
+    let backend_key = BackendKey {
+        id: frontend.id,
+        index,
+    };
+    // SAFETY: the value is copied at once.
+    let Some(backend) = (unsafe { SERVICE_BACKENDS.get(&backend_key) }).copied() else {
+        // A set being replaced: the frontend already points at the new one,
+        // whose entries were written first; nothing to do but go on.
+        return PROCEED;
+    };
+    write_peer(addr, family, &backend.address, backend.port);
+    let revnat_key = RevNatKey {
+        // SAFETY: plain helper call on the program's context.
+        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        address: backend.address,
+        port: backend.port,
+        family,
+        _pad: [0; 5],
+    };
+    let original = RevNat {
+        address: peer.address,
+        port: peer.port,
+        _pad: [0; 2],
+    };
+    // A failed write (a full LRU evicts instead) only leaves the reply's
+    // source as the backend's.
+    let _ = SERVICE_REVNAT.insert(&revnat_key, &original, 0);
+    PROCEED
+}
+
+/// recvmsg() or getpeername(): a backend this socket was sent to in place
+/// of a ClusterIP is shown as that ClusterIP.
+#[inline(always)]
+fn to_frontend(ctx: &SockAddrContext, family: u8) -> i32 {
+    let addr = ctx.sock_addr;
+    let peer = read_peer(addr, family);
+    let key = RevNatKey {
+        // SAFETY: plain helper call on the program's context.
+        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        address: peer.address,
+        port: peer.port,
+        family,
+        _pad: [0; 5],
+    };
+    // SAFETY: the value is copied at once.
+    if let Some(original) = (unsafe { SERVICE_REVNAT.get(&key) }).copied() {
+        write_peer(addr, family, &original.address, original.port);
+    }
+    PROCEED
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn service_connect4(ctx: SockAddrContext) -> i32 {
+    to_backend(&ctx, 4, true)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn service_connect6(ctx: SockAddrContext) -> i32 {
+    to_backend(&ctx, 6, true)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn service_sendmsg4(ctx: SockAddrContext) -> i32 {
+    to_backend(&ctx, 4, false)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn service_sendmsg6(ctx: SockAddrContext) -> i32 {
+    to_backend(&ctx, 6, false)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn service_recvmsg4(ctx: SockAddrContext) -> i32 {
+    to_frontend(&ctx, 4)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn service_recvmsg6(ctx: SockAddrContext) -> i32 {
+    to_frontend(&ctx, 6)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn service_getpeername4(ctx: SockAddrContext) -> i32 {
+    to_frontend(&ctx, 4)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn service_getpeername6(ctx: SockAddrContext) -> i32 {
+    to_frontend(&ctx, 6)
+}
