@@ -63,10 +63,10 @@ struct Backend {
 }
 
 impl Backend {
-    fn start(pod: &Pod, name: &str) -> Self {
+    fn start(netns: &Netns, name: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let bind = SocketAddr::from((Ipv6Addr::UNSPECIFIED, BACKEND_PORT));
-        let (tcp, udp) = pod.netns.run(|| {
+        let (tcp, udp) = netns.run(|| {
             (
                 TcpListener::bind(bind).expect("tcp bind"),
                 UdpSocket::bind(bind).expect("udp bind"),
@@ -122,10 +122,10 @@ impl Drop for Backend {
 /// What one client process saw: Ok((answer, peer)) or Err((error, errno)).
 type Seen = Result<(String, SocketAddr), (String, Option<i64>)>;
 
-fn client(cgroup: &Path, pod: &Pod, protocol: &str, to: SocketAddr) -> Seen {
+fn client(cgroup: &Path, netns: &Netns, protocol: &str, to: SocketAddr) -> Seen {
     let out = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
         .arg(cgroup)
-        .arg(pod.netns.path())
+        .arg(netns.path())
         .args([protocol, &to.to_string(), "request"])
         .output()
         .expect("running flatnet-sock-client");
@@ -141,10 +141,9 @@ fn client(cgroup: &Path, pod: &Pod, protocol: &str, to: SocketAddr) -> Seen {
 }
 
 /// Service addresses a client pod must never send to unrewritten.
-fn blackhole_services(pod: &Pod) {
+fn blackhole_services(netns: &Netns) {
     for (family, cidr) in [("-4", "10.96.0.0/16"), ("-6", "fd96::/108")] {
-        pod.netns
-            .exec(&["ip", family, "route", "add", "blackhole", cidr]);
+        netns.exec(&["ip", family, "route", "add", "blackhole", cidr]);
     }
 }
 
@@ -155,13 +154,13 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
     }
     let net = Network::dual_stack("tc");
     let client_pod = net.pod();
-    blackhole_services(&client_pod);
+    blackhole_services(&client_pod.netns);
     let pods: Vec<Pod> = (0..3).map(|_| net.pod()).collect();
     let names = ["b0", "b1", "b2"];
     let _backends: Vec<Backend> = pods
         .iter()
         .zip(names)
-        .map(|(pod, name)| Backend::start(pod, name))
+        .map(|(pod, name)| Backend::start(&pod.netns, name))
         .collect();
     let datapath = net.datapath();
     let cgroup = TestCgroup::new();
@@ -189,7 +188,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         // the application sees the ClusterIP as its peer.
         let mut seen = BTreeSet::new();
         for _ in 0..30 {
-            let (answer, peer) = client(&cgroup.0, &client_pod, "tcp", frontend)
+            let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", frontend)
                 .unwrap_or_else(|e| panic!("v6 {v6}: connect to {frontend}: {e:?}"));
             assert_eq!(peer, frontend, "getpeername() showed the backend");
             seen.insert(answer);
@@ -202,7 +201,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
             .put_service(&tcp_key, 2, &[service_backend(backend_of(&pods[1]))], 0)
             .unwrap();
         for _ in 0..10 {
-            let (answer, _) = client(&cgroup.0, &client_pod, "tcp", frontend).unwrap();
+            let (answer, _) = client(&cgroup.0, &client_pod.netns, "tcp", frontend).unwrap();
             assert_eq!(
                 answer, "b1",
                 "v6 {v6}: a new connection to a removed backend"
@@ -215,7 +214,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
 
         // No endpoint: connect() is refused, as kube-proxy's REJECT does.
         datapath.put_service(&tcp_key, 3, &[], 0).unwrap();
-        let refused = client(&cgroup.0, &client_pod, "tcp", frontend);
+        let refused = client(&cgroup.0, &client_pod.netns, "tcp", frontend);
         assert_eq!(
             refused.as_ref().err().and_then(|(_, errno)| *errno),
             Some(111),
@@ -230,7 +229,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         datapath
             .put_service(&udp_key, 4, &[service_backend(backend_of(&pods[2]))], 0)
             .unwrap();
-        let (answer, from) = client(&cgroup.0, &client_pod, "udp", dns)
+        let (answer, from) = client(&cgroup.0, &client_pod.netns, "udp", dns)
             .unwrap_or_else(|e| panic!("v6 {v6}: UDP to {dns}: {e:?}"));
         assert_eq!((answer.as_str(), from), ("b2", dns), "v6 {v6}");
         datapath.delete_service(&udp_key).unwrap();
@@ -239,9 +238,157 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
 
     // Pod to pod straight: untouched.
     let direct = SocketAddr::new(pods[0].address(false), BACKEND_PORT);
-    let (answer, peer) = client(&cgroup.0, &client_pod, "tcp", direct).unwrap();
+    let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", direct).unwrap();
     assert_eq!((answer.as_str(), peer), ("b0", direct));
 
     datapath.detach_services().unwrap();
     assert!(!datapath.services_attached());
+}
+
+/// A Service as the stub serves it, ClusterIP `ip`, one port "http" (80,
+/// TCP) to the named target port "http".
+fn api_service(name: &str, ip: Ipv4Addr) -> Value {
+    serde_json::json!({
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"type": "ClusterIP", "clusterIP": ip.to_string(), "clusterIPs": [ip.to_string()],
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}]}
+    })
+}
+
+/// Its EndpointSlice: "http" is `BACKEND_PORT` on the pods; each endpoint
+/// (address, node) ready.
+fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, node)| {
+            serde_json::json!({"addresses": [ip.to_string()], "nodeName": node,
+                               "conditions": {"ready": true}})
+        })
+        .collect();
+    serde_json::json!({
+        "metadata": {"namespace": "default", "name": format!("{service}-1"),
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": BACKEND_PORT, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+/// `--services ebpf`: two simulated nodes whose agents follow the API
+/// stub's Services and EndpointSlices and attach the socket programs to the
+/// test's cgroup. A client pod on cp-1 reaches a Service whose backends are
+/// a pod on each node (named target port), follows an endpoint change, and
+/// is refused once the Service has no endpoint.
+#[test]
+fn the_agent_keeps_the_service_maps_from_the_api() {
+    use flatnet_tests::cluster::*;
+    use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub};
+    use std::time::Instant;
+
+    if !root_or_skip("the_agent_keeps_the_service_maps_from_the_api") {
+        return;
+    }
+    let cgroup = TestCgroup::new();
+    let mut cluster = Cluster::new(&specs(&[
+        ("cp-1", 1, Some("10.244.0.0/24")),
+        ("worker-1", 2, Some("10.244.1.0/24")),
+    ]));
+    for node in &mut cluster.nodes {
+        node.agent_flags = vec![
+            "--services".into(),
+            "ebpf".into(),
+            "--services-cgroup".into(),
+            cgroup.0.display().to_string(),
+        ];
+    }
+    let stub = ApiStub::from_fixture();
+    let served: Vec<ServedStub> = cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let listener = node
+                .netns
+                .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+                .unwrap();
+            ServedStub::serve(stub.clone(), listener)
+        })
+        .collect();
+    for (node, served) in cluster.nodes.iter().zip(&served) {
+        node.start_agent(&Peers::Api(served.url.clone()));
+    }
+    for node in &cluster.nodes {
+        node.wait_ready();
+    }
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let client_pod = cp.pod();
+    blackhole_services(&client_pod.netns);
+    let (local, remote) = (cp.pod(), worker.pod());
+    let _servers = [
+        Backend::start(&local.netns, "local"),
+        Backend::start(&remote.netns, "remote"),
+    ];
+    let cluster_ip = Ipv4Addr::new(10, 96, 9, 1);
+    let frontend = SocketAddr::from((cluster_ip, 80));
+    let key = service_key(cluster_ip.into(), 80, TCP);
+    let backends_on_cp = || {
+        cp.datapath()
+            .service_backends(&key)
+            .unwrap()
+            .map(|b| b.len())
+    };
+
+    stub.add(Kind::Service, api_service("web", cluster_ip));
+    let changed = Instant::now();
+    stub.add(
+        Kind::EndpointSlice,
+        api_slice("web", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
+    );
+    wait_until("cp-1's agent to write web's two backends", SETTLE, || {
+        backends_on_cp() == Some(2)
+    });
+    eprintln!("EndpointSlice to maps: {:?}", changed.elapsed());
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", frontend)
+            .unwrap_or_else(|e| panic!("connect to {frontend}: {e:?}"));
+        assert_eq!(peer, frontend);
+        seen.insert(answer);
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from(["local".to_string(), "remote".to_string()])
+    );
+
+    // The local backend leaves: new connections go to the remote one only.
+    stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
+        *slice = api_slice("web", &[(remote.ip, "worker-1")]);
+    });
+    wait_until("the local backend gone from cp-1's maps", SETTLE, || {
+        backends_on_cp() == Some(1)
+    });
+    for _ in 0..10 {
+        let (answer, _) = client(&cgroup.0, &client_pod.netns, "tcp", frontend).unwrap();
+        assert_eq!(answer, "remote");
+    }
+    // No endpoint left: refused.
+    stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
+        *slice = api_slice("web", &[]);
+    });
+    wait_until("web without backends on cp-1", SETTLE, || {
+        backends_on_cp() == Some(0)
+    });
+    let refused = client(&cgroup.0, &client_pod.netns, "tcp", frontend);
+    assert_eq!(refused.err().and_then(|(_, errno)| errno), Some(111));
+    // The Service deleted: its frontend goes.
+    stub.delete(Kind::Service, "default/web");
+    wait_until("web gone from cp-1's maps", SETTLE, || {
+        backends_on_cp().is_none()
+    });
+    let page = cp.metrics();
+    assert!(page.contains("flatnet_services 0"), "{page}");
+    for node in &cluster.nodes {
+        node.stop_agent();
+        // What the agent attached to the cgroup goes with the network.
+        node.datapath().detach_services().unwrap();
+    }
 }

@@ -19,6 +19,16 @@ pub enum SourceKind {
     File,
 }
 
+/// Who load-balances ClusterIP traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ServicesMode {
+    /// kube-proxy's rules; flatnet hands translated flows to the stack.
+    KubeProxy,
+    /// flatnet's socket programs at the cgroup (`--services-cgroup`):
+    /// connect() and sendmsg() to a ClusterIP go to a backend directly.
+    Ebpf,
+}
+
 /// The datapath mode written into the conflist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -181,6 +191,24 @@ pub struct Args {
     /// datapath (needs get/list/watch on them).
     #[arg(long, env = "FLATNET_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     pub network_policy: bool,
+
+    /// Who load-balances ClusterIP traffic: `kube-proxy` (its rules), or
+    /// `ebpf` (with `--peer-source kubernetes`: this agent watches Services
+    /// and EndpointSlices and flatnet's socket programs choose a backend at
+    /// connect() and sendmsg(); NodePort, LoadBalancer and externalIPs
+    /// stay kube-proxy's).
+    #[arg(
+        long,
+        env = "FLATNET_SERVICES",
+        value_enum,
+        default_value = "kube-proxy"
+    )]
+    pub services: ServicesMode,
+
+    /// The cgroup v2 directory the socket programs are attached to
+    /// (default: the root of the cgroup v2 mount: every process of the node).
+    #[arg(long, env = "FLATNET_SERVICES_CGROUP")]
+    pub services_cgroup: Option<PathBuf>,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `flatnet=debug`.
     #[arg(long, env = "FLATNET_LOG", default_value = "info")]

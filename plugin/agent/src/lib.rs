@@ -26,6 +26,7 @@ pub mod policy_watch;
 pub mod reclaim;
 pub mod routes;
 pub mod run;
+pub mod service_sync;
 pub mod services;
 pub mod uninstall;
 

@@ -65,6 +65,10 @@ pub struct AgentMetrics {
     pub policy_isolated: Family<DirectionLabel, Gauge>,
     pub policy_updates: Counter,
     pub policy_errors: Counter,
+    pub services: Gauge,
+    pub service_backends: Gauge,
+    pub service_update: ComputeSeconds,
+    pub service_errors: Counter,
 }
 
 /// `ingress` or `egress`.
@@ -283,6 +287,26 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "flatnet_policy_errors",
         "Pods whose NetworkPolicy could not be computed or written, and broken policy watches",
         agent.policy_errors.clone(),
+    );
+    registry.register(
+        "flatnet_services",
+        "Service frontends (ClusterIP, port, protocol) in the datapath's Service maps (--services ebpf)",
+        agent.services.clone(),
+    );
+    registry.register(
+        "flatnet_service_backends",
+        "Backends of those frontends, summed",
+        agent.service_backends.clone(),
+    );
+    registry.register(
+        "flatnet_service_update_seconds",
+        "Time to bring the Service maps up to date after a Service or EndpointSlice change",
+        agent.service_update.0.clone(),
+    );
+    registry.register(
+        "flatnet_service_errors",
+        "Service frontends that could not be written or deleted (tried again at the next change)",
+        agent.service_errors.clone(),
     );
     registry.register_collector(Box::new(DatapathCollector {
         datapath: datapath.clone(),

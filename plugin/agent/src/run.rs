@@ -16,7 +16,7 @@ use ipnetwork::IpNetwork;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use super::config::{Args, SourceKind};
+use super::config::{Args, ServicesMode, SourceKind};
 use super::error::{AgentError, Result};
 use super::file_source::FileSource;
 use super::install::{self, BINARIES, ConflistSpec};
@@ -28,6 +28,7 @@ use super::policy_sync::{DatapathSink, PolicySync};
 use super::policy_watch::{self, PolicyObjects};
 use super::reclaim::Reclaimer;
 use super::routes::Routes;
+use super::service_sync::{self, ServiceSync};
 use flatnet::cni::config::NetConf;
 use flatnet::datapath::{
     self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
@@ -78,6 +79,12 @@ pub async fn run(args: Args) -> Result<()> {
         }
     });
     let mut agent = Agent::start(args, node_name, conf, datapath, agent_metrics).await?;
+    // Back to kube-proxy's Services: the socket programs of an earlier
+    // `--services ebpf` run must not keep translating ClusterIPs.
+    if agent.args.services == ServicesMode::KubeProxy && agent.datapath.services_attached() {
+        agent.datapath.detach_services()?;
+        tracing::info!("Service socket programs detached (--services kube-proxy)");
+    }
 
     let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
     // Policy changes; None with the file source or --network-policy=false.
@@ -89,16 +96,22 @@ pub async fn run(args: Args) -> Result<()> {
         }
         None => {
             let client = kube_source::client(agent.args.kube_api_server.as_deref()).await?;
-            if agent.args.network_policy {
+            let services_ebpf = agent.args.services == ServicesMode::Ebpf;
+            if agent.args.network_policy || services_ebpf {
                 let (objects, changes) = policy_watch::spawn(client.clone(), agent.metrics.clone());
+                agent.objects = Some(objects);
+                policy_rx = Some(changes);
+            }
+            if agent.args.network_policy {
                 agent.policy = Some(Enforcer {
-                    objects,
                     sync: PolicySync::new(
                         DatapathSink::new(agent.datapath.clone()),
                         agent.metrics.clone(),
                     ),
                 });
-                policy_rx = Some(changes);
+            }
+            if services_ebpf {
+                agent.services = Some(agent.start_services()?);
             }
             spawn_source(KubeSource::new(client), updates, agent.metrics.clone());
         }
@@ -139,6 +152,7 @@ pub async fn run(args: Args) -> Result<()> {
             _ = until(policy_due) => {
                 policy_due = None;
                 agent.enforce_policy();
+                agent.sync_services();
             }
             _ = terminate.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
@@ -235,13 +249,17 @@ pub struct Agent {
     ready: bool,
     /// With `--cri-socket`: releases what no sandbox owns any more.
     reclaimer: Option<Reclaimer>,
+    /// With the Kubernetes peer source and `--network-policy` or
+    /// `--services ebpf`: the watched cluster objects.
+    objects: Option<PolicyObjects>,
     /// With `--network-policy` and the Kubernetes peer source.
     policy: Option<Enforcer>,
+    /// With `--services ebpf` and the Kubernetes peer source.
+    services: Option<ServiceSync>,
 }
 
-/// NetworkPolicy on this node: the watched objects and what was written.
+/// NetworkPolicy on this node: what was written.
 struct Enforcer {
-    objects: PolicyObjects,
     sync: PolicySync<DatapathSink>,
 }
 
@@ -320,7 +338,9 @@ impl Agent {
             last_missing: Vec::new(),
             ready: false,
             reclaimer,
+            objects: None,
             policy: None,
+            services: None,
         })
     }
 
@@ -364,10 +384,10 @@ impl Agent {
     /// Recomputes this node's NetworkPolicy plan from the watched objects
     /// and writes what changed.
     fn enforce_policy(&mut self) {
-        let Some(enforcer) = self.policy.as_mut() else {
+        let (Some(enforcer), Some(objects)) = (self.policy.as_mut(), self.objects.as_ref()) else {
             return;
         };
-        let snapshot = enforcer.objects.snapshot();
+        let snapshot = objects.snapshot();
         let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
         let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
         let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
@@ -381,6 +401,35 @@ impl Agent {
             .0
             .observe(start.elapsed().as_secs_f64());
         enforcer.sync.update(plan);
+    }
+
+    /// `--services ebpf`: the socket programs attached to the cgroup (this
+    /// build's replacing any earlier ones without a gap) and the Service
+    /// maps as they are adopted.
+    fn start_services(&self) -> Result<ServiceSync> {
+        let cgroup = match &self.args.services_cgroup {
+            Some(dir) => dir.clone(),
+            None => cgroup2_root()?,
+        };
+        self.datapath.attach_services(&cgroup)?;
+        tracing::info!(cgroup = %cgroup.display(), "Service socket programs attached");
+        Ok(ServiceSync::start(
+            self.datapath.clone(),
+            self.metrics.clone(),
+        )?)
+    }
+
+    /// Brings the Service maps up to date with the watched Services and
+    /// EndpointSlices.
+    fn sync_services(&mut self) {
+        let (Some(sync), Some(objects)) = (self.services.as_mut(), self.objects.as_ref()) else {
+            return;
+        };
+        let snapshot = objects.snapshot();
+        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
+        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
+        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        sync.update(&service_sync::desired(&frontends));
     }
 
     /// One pass. An error is this node's own (no datapath, no pod CIDR, no
@@ -622,4 +671,21 @@ fn own_directory() -> Result<PathBuf> {
     exe.parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| AgentError::Config(format!("{} has no directory", exe.display())))
+}
+
+/// Where cgroup v2 is mounted (its root holds every process of the node).
+fn cgroup2_root() -> Result<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")
+        .map_err(|e| AgentError::io("reading /proc/self/mounts", e))?;
+    mounts
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+        })
+        .ok_or_else(|| {
+            AgentError::Config(
+                "--services ebpf needs cgroup v2 mounted (none in /proc/self/mounts); set --services-cgroup".into(),
+            )
+        })
 }

@@ -72,6 +72,12 @@ pub async fn uninstall(args: Args) -> Result<()> {
             "remote-CIDR map",
             datapath.set_remote_cidrs(&[]).map_err(AgentError::from),
         );
+        // Off every socket of the node first: ClusterIPs go back to
+        // kube-proxy's rules.
+        note(
+            "Service socket programs",
+            datapath.detach_services().map_err(AgentError::from),
+        );
     }
     note(
         "no-masquerade sets",

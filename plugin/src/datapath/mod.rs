@@ -53,7 +53,7 @@ pub use events::PolicyEvents;
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
-pub use services::{SERVICE_PROGRAMS, service_backend, service_key};
+pub use services::{SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key};
 pub use sources::sources_of;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.

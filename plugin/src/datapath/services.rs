@@ -66,9 +66,37 @@ pub fn service_backend(backend: SocketAddr) -> ServiceBackend {
     }
 }
 
+fn address_of(bytes: &[u8; 16], family: u8) -> IpAddr {
+    if family == 4 {
+        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
+    } else {
+        IpAddr::from(*bytes)
+    }
+}
+
+/// (ClusterIP, port, protocol) of a frontend key.
+pub fn frontend_of(key: &ServiceKey) -> (IpAddr, u16, u8) {
+    (
+        address_of(&key.address, key.family),
+        u16::from_be_bytes(key.port),
+        key.protocol,
+    )
+}
+
+/// The address of a backend entry.
+pub fn backend_address(backend: &ServiceBackend) -> SocketAddr {
+    SocketAddr::new(
+        address_of(&backend.address, backend.family),
+        u16::from_be_bytes(backend.port),
+    )
+}
+
 impl Datapath {
-    /// Every frontend in `SERVICES`.
+    /// Every frontend in `SERVICES` (none when the maps are not pinned).
     pub fn service_frontends(&self) -> Result<Vec<(ServiceKey, ServiceValue)>> {
+        if !self.map_path(MAP_SERVICES).exists() {
+            return Ok(Vec::new());
+        }
         let map = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
         map.iter()
             .collect::<std::result::Result<Vec<_>, _>>()

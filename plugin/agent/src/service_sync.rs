@@ -1,0 +1,236 @@
+//! Services in eBPF (`--services ebpf`): the node's frontends and backends
+//! kept in the datapath's Service maps, from the watched Services and
+//! EndpointSlices.
+//!
+//! Plan, then apply: `desired` is the pure state the maps should hold,
+//! `steps` the difference from what this agent wrote (or found at start:
+//! a restarted agent adopts the maps as they are, so a restart rewrites
+//! nothing and no connection notices it). Only frontends whose backends or
+//! affinity changed are rewritten, each under a fresh backend-set id, so a
+//! Service never has a moment without backends (see the datapath's
+//! `put_service`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use flatnet::datapath::{Datapath, service_backend, service_key};
+
+use crate::metrics::AgentMetrics;
+use crate::services::Frontend;
+
+/// A frontend: ClusterIP, port and IP protocol number.
+pub type FrontendKey = (IpAddr, u16, u8);
+
+/// What a frontend leads to: its backends (in map order) and
+/// sessionAffinity ClientIP's timeout in seconds (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub backends: Vec<SocketAddr>,
+    pub affinity_secs: u32,
+}
+
+/// The state the maps should hold for `frontends`: each ClusterIP's port
+/// with the backends of its family (none: connect() refused).
+pub fn desired(frontends: &[Frontend<'_>]) -> BTreeMap<FrontendKey, Target> {
+    let mut out = BTreeMap::new();
+    for frontend in frontends {
+        let affinity_secs = frontend
+            .affinity
+            .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        for port in &frontend.ports {
+            for ip in &frontend.cluster_ips {
+                let backends = port
+                    .backends_for(*ip)
+                    .map(|(address, target)| SocketAddr::new(*address, *target))
+                    .collect();
+                out.insert(
+                    (*ip, port.port, port.protocol.number()),
+                    Target {
+                        backends,
+                        affinity_secs,
+                    },
+                );
+            }
+        }
+    }
+    out
+}
+
+/// One change to the maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<'a> {
+    Put(FrontendKey, &'a Target),
+    Delete(FrontendKey),
+}
+
+/// What turns `written` into `desired`: gone frontends deleted, new and
+/// changed ones put; unchanged ones untouched.
+pub fn steps<'a>(
+    written: &BTreeMap<FrontendKey, Target>,
+    desired: &'a BTreeMap<FrontendKey, Target>,
+) -> Vec<Step<'a>> {
+    let gone = written
+        .keys()
+        .filter(|key| !desired.contains_key(key))
+        .map(|key| Step::Delete(*key));
+    let changed = desired
+        .iter()
+        .filter(|(key, target)| written.get(key) != Some(target))
+        .map(|(key, target)| Step::Put(*key, target));
+    gone.chain(changed).collect()
+}
+
+/// The Service maps of this node and what this agent knows is in them.
+pub struct ServiceSync {
+    datapath: Datapath,
+    metrics: AgentMetrics,
+    written: BTreeMap<FrontendKey, Target>,
+    /// The next backend-set id: above every id in the maps at start.
+    next_id: u32,
+}
+
+impl ServiceSync {
+    /// Adopts what the maps hold (a restarted agent's predecessor wrote it).
+    pub fn start(datapath: Datapath, metrics: AgentMetrics) -> flatnet::cni::error::Result<Self> {
+        let mut written = BTreeMap::new();
+        let mut next_id = 1;
+        for (key, value) in datapath.service_frontends()? {
+            next_id = next_id.max(value.id.wrapping_add(1));
+            let backends = datapath
+                .service_backends(&key)?
+                .unwrap_or_default()
+                .iter()
+                .map(flatnet::datapath::backend_address)
+                .collect();
+            written.insert(
+                flatnet::datapath::frontend_of(&key),
+                Target {
+                    backends,
+                    affinity_secs: value.affinity_secs,
+                },
+            );
+        }
+        tracing::info!(frontends = written.len(), "Service maps adopted");
+        Ok(ServiceSync {
+            datapath,
+            metrics,
+            written,
+            next_id,
+        })
+    }
+
+    /// Makes the maps hold `desired`; a failed step is logged, counted and
+    /// tried again at the next update.
+    pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>) {
+        let start = Instant::now();
+        for step in steps(&self.written, desired) {
+            let outcome = match step {
+                Step::Delete(key) => self
+                    .datapath
+                    .delete_service(&service_key(key.0, key.1, key.2))
+                    .map(|()| {
+                        self.written.remove(&key);
+                    }),
+                Step::Put(key, target) => {
+                    let id = self.next_id;
+                    self.next_id = self.next_id.wrapping_add(1).max(1);
+                    let backends: Vec<_> = target
+                        .backends
+                        .iter()
+                        .copied()
+                        .map(service_backend)
+                        .collect();
+                    self.datapath
+                        .put_service(
+                            &service_key(key.0, key.1, key.2),
+                            id,
+                            &backends,
+                            target.affinity_secs,
+                        )
+                        .map(|()| {
+                            self.written.insert(key, target.clone());
+                        })
+                }
+            };
+            if let Err(e) = outcome {
+                self.metrics.service_errors.inc();
+                tracing::warn!(error = %e, ?step, "cannot write a Service frontend");
+            }
+        }
+        self.metrics
+            .service_update
+            .0
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics.services.set(self.written.len() as i64);
+        self.metrics
+            .service_backends
+            .set(self.written.values().map(|t| t.backends.len() as i64).sum());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::Protocol;
+    use crate::services::FrontendPort;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn frontend(backends: &[(&str, u16)], affinity: Option<u64>) -> Frontend<'static> {
+        Frontend {
+            namespace: "ns",
+            name: "web",
+            cluster_ips: vec![ip("10.96.0.10"), ip("fd96::a")],
+            affinity: affinity.map(Duration::from_secs),
+            ports: vec![FrontendPort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                backends: backends.iter().map(|(a, p)| (ip(a), *p)).collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn each_cluster_ip_gets_the_backends_of_its_family() {
+        let state = desired(&[frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], Some(60))]);
+        assert_eq!(
+            state[&(ip("10.96.0.10"), 80, 6)],
+            Target {
+                backends: vec!["10.0.0.1:8080".parse().unwrap()],
+                affinity_secs: 60
+            }
+        );
+        assert_eq!(
+            state[&(ip("fd96::a"), 80, 6)].backends,
+            vec!["[fd00::1]:8080".parse::<SocketAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn only_changed_frontends_are_written() {
+        let before = desired(&[frontend(&[("10.0.0.1", 8080)], None)]);
+        // Nothing changed: nothing to do (an agent restart).
+        assert!(steps(&before, &before).is_empty());
+        // One backend more: only the IPv4 frontend is put again.
+        let after = desired(&[frontend(&[("10.0.0.1", 8080), ("10.0.0.2", 8080)], None)]);
+        let planned = steps(&before, &after);
+        assert_eq!(planned.len(), 1);
+        assert!(matches!(planned[0], Step::Put((a, 80, 6), _) if a == ip("10.96.0.10")));
+        // The Service gone: both frontends deleted.
+        let nothing = BTreeMap::new();
+        let planned = steps(&after, &nothing);
+        assert_eq!(
+            planned,
+            vec![
+                Step::Delete((ip("10.96.0.10"), 80, 6)),
+                Step::Delete((ip("fd96::a"), 80, 6))
+            ]
+        );
+    }
+}
