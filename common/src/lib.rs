@@ -40,6 +40,9 @@ pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 pub const MAP_SERVICES: &str = "SERVICES";
 pub const MAP_SERVICE_BACKENDS: &str = "SERVICE_BACKENDS";
 pub const MAP_SERVICE_REVNAT: &str = "SERVICE_REVNAT";
+/// sessionAffinity ClientIP: the backend each client (network namespace)
+/// was given for a frontend, and when it last used it.
+pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -425,6 +428,29 @@ pub const POLICY_REASON_EXCEPT: u8 = 3;
 pub const MAX_SERVICES: u32 = 65536;
 pub const MAX_SERVICE_BACKENDS: u32 = 262144;
 pub const MAX_SERVICE_REVNAT: u32 = 65536;
+pub const MAX_SERVICE_AFFINITY: u32 = 65536;
+
+/// A client of a frontend with sessionAffinity: its network namespace
+/// (a pod's, or the host's: one client IP each) and the frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AffinityKey {
+    pub netns_cookie: u64,
+    pub frontend: ServiceKey,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 32);
+
+/// The backend (`index` in set `id`) a client was given, and when it last
+/// connected to the frontend (monotonic ns). Worth nothing once the
+/// frontend moved to another backend set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Affinity {
+    pub id: u32,
+    pub index: u32,
+    pub last_ns: u64,
+}
 
 /// A Service frontend: a ClusterIP (IPv4 in the first 4 bytes), a port
 /// (network order) and protocol.
@@ -698,10 +724,15 @@ pub mod maps {
     );
     pub const SERVICE_REVNAT: MapSpec =
         MapSpec::new::<RevNatKey, RevNat>(MAP_SERVICE_REVNAT, MapKind::LruHash, MAX_SERVICE_REVNAT);
+    pub const SERVICE_AFFINITY: MapSpec = MapSpec::new::<AffinityKey, Affinity>(
+        MAP_SERVICE_AFFINITY,
+        MapKind::LruHash,
+        MAX_SERVICE_AFFINITY,
+    );
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 19] = [
+pub const MAP_SPECS: [MapSpec; 20] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -721,6 +752,7 @@ pub const MAP_SPECS: [MapSpec; 19] = [
     maps::SERVICES,
     maps::SERVICE_BACKENDS,
     maps::SERVICE_REVNAT,
+    maps::SERVICE_AFFINITY,
 ];
 
 #[cfg(feature = "user")]
@@ -767,4 +799,8 @@ mod pod {
     unsafe impl aya::Pod for super::RevNatKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::RevNat {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Affinity {}
 }

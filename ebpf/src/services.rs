@@ -12,17 +12,27 @@
 //! the application asked for: a resolver that checks where its answer came
 //! from is satisfied. A frontend without backends refuses connect() with
 //! ECONNREFUSED, as kube-proxy's REJECT does, and sendmsg() with EPERM.
+//!
+//! sessionAffinity ClientIP: a client is a network namespace (a pod, one
+//! address; or the host), keyed by its cookie in `SERVICE_AFFINITY` with
+//! the backend it was given; it keeps that backend while it connects again
+//! within the timeout and the frontend keeps its backend set (a new set
+//! starts afresh).
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr},
     btf_maps::{HashMap, LruHashMap},
-    helpers::generated::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::generated::{
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
+        bpf_set_retval,
+    },
     macros::{btf_map, cgroup_sock_addr},
     programs::SockAddrContext,
 };
 use flatnet_common::{
-    BackendKey, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue, maps,
+    Affinity, AffinityKey, BackendKey, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    maps,
 };
 
 /// Frontends: (ClusterIP, port, protocol) -> where its backends are.
@@ -53,6 +63,15 @@ static SERVICE_REVNAT: LruHashMap<
     { maps::SERVICE_REVNAT.max_entries as usize },
 > = LruHashMap::new();
 const _: () = assert!(maps::SERVICE_REVNAT.holds::<RevNatKey, RevNat>());
+
+/// Each client's backend of a frontend with sessionAffinity ClientIP.
+#[btf_map]
+static SERVICE_AFFINITY: LruHashMap<
+    AffinityKey,
+    Affinity,
+    { maps::SERVICE_AFFINITY.max_entries as usize },
+> = LruHashMap::new();
+const _: () = assert!(maps::SERVICE_AFFINITY.holds::<AffinityKey, Affinity>());
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -138,8 +157,7 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
         }
         return REFUSE;
     }
-    // SAFETY: plain helper call.
-    let index = unsafe { bpf_get_prandom_u32() } % frontend.count;
+    let index = backend_index(ctx, &key, &frontend);
     let backend_key = BackendKey {
         id: frontend.id,
         index,
@@ -168,6 +186,45 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     // source as the backend's.
     let _ = SERVICE_REVNAT.insert(&revnat_key, &original, 0);
     PROCEED
+}
+
+/// Which of `frontend`'s backends this call gets: at random, or with
+/// sessionAffinity the one this client had while it is still fresh.
+#[inline(always)]
+fn backend_index(ctx: &SockAddrContext, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    if frontend.affinity_secs == 0 {
+        // SAFETY: plain helper call.
+        return unsafe { bpf_get_prandom_u32() } % frontend.count;
+    }
+    let client = AffinityKey {
+        // SAFETY: plain helper call on the program's context.
+        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+        frontend: *key,
+        _pad: 0,
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let timeout_ns = u64::from(frontend.affinity_secs) * 1_000_000_000;
+    // SAFETY: the value is copied at once.
+    let index = match unsafe { SERVICE_AFFINITY.get(&client) }.copied() {
+        Some(given)
+            if given.id == frontend.id
+                && given.index < frontend.count
+                && now.saturating_sub(given.last_ns) < timeout_ns =>
+        {
+            given.index
+        }
+        // SAFETY: plain helper call.
+        _ => (unsafe { bpf_get_prandom_u32() }) % frontend.count,
+    };
+    let given = Affinity {
+        id: frontend.id,
+        index,
+        last_ns: now,
+    };
+    // A failed write only means the next connection picks afresh.
+    let _ = SERVICE_AFFINITY.insert(&client, &given, 0);
+    index
 }
 
 /// recvmsg() or getpeername(): a backend this socket was sent to in place

@@ -195,6 +195,18 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         }
         assert_eq!(seen, BTreeSet::from(names.map(String::from)), "v6 {v6}");
 
+        // sessionAffinity ClientIP (60 s): the client pod keeps the backend
+        // it was given.
+        datapath.put_service(&tcp_key, 5, &all, 60).unwrap();
+        let answers: BTreeSet<String> = (0..10)
+            .map(|_| {
+                client(&cgroup.0, &client_pod.netns, "tcp", frontend)
+                    .unwrap()
+                    .0
+            })
+            .collect();
+        assert_eq!(answers.len(), 1, "v6 {v6}: affinity broken: {answers:?}");
+
         // The set replaced by one backend: every new connection goes there,
         // and the old set is gone from the map.
         datapath
