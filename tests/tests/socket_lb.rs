@@ -371,6 +371,69 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         BTreeSet::from(["local".to_string(), "remote".to_string()])
     );
 
+    // kube-proxy's iptables rules for the same Service, on both nodes, but
+    // naming the local backend only: no packet is addressed to the
+    // ClusterIP any more, so they change nothing.
+    for node in &cluster.nodes {
+        let proxy = kube_proxy_fixture::KubeProxy {
+            mode: kube_proxy_fixture::Mode::Iptables,
+            cluster_cidr_v4: "10.244.0.0/16".into(),
+            cluster_cidr_v6: "fd44::/48".into(),
+            service_cidr_v4: "10.96.0.0/16".into(),
+            service_cidr_v6: "fd96::/108".into(),
+            node_addresses: vec![IpAddr::V4(node.spec.address())],
+        };
+        let mut port = kube_proxy_fixture::ServicePort::cluster_ip(
+            "web",
+            cluster_ip.into(),
+            80,
+            kube_proxy_fixture::Protocol::Tcp,
+            vec![SocketAddr::from((local.ip, BACKEND_PORT))],
+        );
+        port.port_name = "http".into();
+        proxy
+            .apply(&node.netns.name, &[port])
+            .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
+    }
+    let with_rules: BTreeSet<String> = (0..20)
+        .map(|_| {
+            client(&cgroup.0, &client_pod.netns, "tcp", frontend)
+                .unwrap()
+                .0
+        })
+        .collect();
+    assert_eq!(
+        with_rules,
+        BTreeSet::from(["local".to_string(), "remote".to_string()]),
+        "kube-proxy's rules changed where connections went"
+    );
+
+    // The agent restarted under a live connection through the ClusterIP:
+    // its bytes keep flowing (one every 100 ms for 3.6 s) and it ends
+    // normally, no reset.
+    let live = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
+        .arg(&cgroup.0)
+        .arg(client_pod.netns.path())
+        .args(["tcp-slow", &frontend.to_string(), "a-live-connection-across-the-restart"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the live client");
+    std::thread::sleep(Duration::from_millis(300));
+    cp.stop_agent();
+    cp.start_agent(&Peers::Api(served[0].url.clone()));
+    cp.wait_ready();
+    let out = live.wait_with_output().expect("the live client's end");
+    let line: Value = serde_json::from_slice(&out.stdout).expect("its JSON line");
+    assert!(
+        matches!(line["answer"].as_str(), Some("local" | "remote")),
+        "the live connection across the agent's restart: {line}"
+    );
+    assert_eq!(
+        backends_on_cp(),
+        Some(2),
+        "the restarted agent lost the maps"
+    );
+
     // The local backend leaves: new connections go to the remote one only.
     stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
         *slice = api_slice("web", &[(remote.ip, "worker-1")]);

@@ -3,7 +3,9 @@
 //! be a process of its own, put in the test's cgroup before it makes its
 //! socket, and in the pod's network namespace.
 //!
-//! Usage: flatnet-sock-client <cgroup dir> <netns path> tcp|udp <address:port> <payload>
+//! Usage: flatnet-sock-client <cgroup dir> <netns path> tcp|tcp-slow|udp <address:port> <payload>
+//! (`tcp-slow`: the payload's bytes one every 100 ms, a connection that
+//! lives while something else happens.)
 //! Prints one JSON line: {"answer", "peer"} (tcp: what getpeername() says;
 //! udp: the source recvfrom() reported), or {"error", "errno"}.
 
@@ -21,7 +23,7 @@ fn error(e: std::io::Error) -> serde_json::Value {
     json!({"error": e.kind().to_string(), "errno": e.raw_os_error()})
 }
 
-fn tcp(to: SocketAddr, payload: &[u8]) -> serde_json::Value {
+fn tcp(to: SocketAddr, payload: &[u8], slow: bool) -> serde_json::Value {
     let mut conn = match TcpStream::connect_timeout(&to, TIMEOUT) {
         Ok(conn) => conn,
         Err(e) => return error(e),
@@ -29,7 +31,14 @@ fn tcp(to: SocketAddr, payload: &[u8]) -> serde_json::Value {
     let peer = conn.peer_addr().map(|p| p.to_string()).unwrap_or_default();
     let exchange = (|| -> std::io::Result<String> {
         conn.set_read_timeout(Some(TIMEOUT))?;
-        conn.write_all(payload)?;
+        if slow {
+            for byte in payload {
+                conn.write_all(std::slice::from_ref(byte))?;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        } else {
+            conn.write_all(payload)?;
+        }
         conn.shutdown(std::net::Shutdown::Write)?;
         let mut answer = String::new();
         conn.read_to_string(&mut answer)?;
@@ -91,10 +100,11 @@ fn main() {
         std::process::exit(2);
     };
     let outcome = match protocol.as_str() {
-        "tcp" => tcp(to, payload.as_bytes()),
+        "tcp" => tcp(to, payload.as_bytes(), false),
+        "tcp-slow" => tcp(to, payload.as_bytes(), true),
         "udp" => udp(to, payload.as_bytes()),
         other => {
-            eprintln!("{other}: tcp or udp");
+            eprintln!("{other}: tcp, tcp-slow or udp");
             std::process::exit(2);
         }
     };
