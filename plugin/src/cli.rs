@@ -36,6 +36,10 @@ enum Subcommands {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The Service frontends and backends of the socket programs
+        /// (`--services ebpf`) instead of the pods.
+        #[arg(long)]
+        services: bool,
     },
     /// Stream the packets NetworkPolicy drops on a network, one line each
     /// (time, pod, direction, peer, protocol/port, reason) until Ctrl-C.
@@ -70,7 +74,17 @@ pub fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match cli.command {
-            Subcommands::Inspect { network, json } => run_inspect(network, json).await,
+            Subcommands::Inspect {
+                network,
+                json,
+                services,
+            } => {
+                if services {
+                    run_inspect_services(network, json)
+                } else {
+                    run_inspect(network, json).await
+                }
+            }
             Subcommands::Monitor { network, json } => crate::monitor::run(&network, json).await,
             Subcommands::Repair { conf } => run_repair(&conf).await,
         }
@@ -82,6 +96,28 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_inspect_services(network: Option<String>, json: bool) -> Result<()> {
+    let networks = match network {
+        Some(name) => vec![name],
+        None => inspect::pinned_networks(),
+    };
+    let reports = networks
+        .iter()
+        .map(|name| crate::inspect_services::report(name))
+        .collect::<Result<Vec<_>>>()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).unwrap_or_default()
+        );
+    } else {
+        for report in &reports {
+            print!("{}", crate::inspect_services::render(report));
+        }
+    }
+    Ok(())
 }
 
 async fn run_inspect(network: Option<String>, json: bool) -> Result<()> {

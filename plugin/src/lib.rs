@@ -11,6 +11,7 @@ pub mod cni;
 pub mod datapath;
 pub mod delegate;
 pub mod inspect;
+pub mod inspect_services;
 pub mod ipam;
 
 pub mod lock;

@@ -195,6 +195,20 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         }
         assert_eq!(seen, BTreeSet::from(names.map(String::from)), "v6 {v6}");
 
+        // `flatnet inspect --services` shows the frontend and its backends.
+        let out = Command::new(bin("flatnet"))
+            .args(["inspect", "--services", "--json", "--network", &net.name])
+            .output()
+            .expect("flatnet inspect --services");
+        assert!(out.status.success(), "{out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let frontends = report[0]["frontends"].as_array().expect("frontends");
+        assert_eq!(report[0]["attached"], true, "{report}");
+        assert_eq!(frontends.len(), 1, "{report}");
+        assert_eq!(frontends[0]["cluster_ip"], cluster_ip.to_string());
+        assert_eq!(frontends[0]["protocol"], "TCP");
+        assert_eq!(frontends[0]["backends"].as_array().map(Vec::len), Some(3));
+
         // sessionAffinity ClientIP (60 s): the client pod keeps the backend
         // it was given.
         datapath.put_service(&tcp_key, 5, &all, 60).unwrap();
@@ -414,7 +428,11 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     let live = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
         .arg(&cgroup.0)
         .arg(client_pod.netns.path())
-        .args(["tcp-slow", &frontend.to_string(), "a-live-connection-across-the-restart"])
+        .args([
+            "tcp-slow",
+            &frontend.to_string(),
+            "a-live-connection-across-the-restart",
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("the live client");
