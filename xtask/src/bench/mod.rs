@@ -10,6 +10,7 @@ mod pingpong;
 mod policy;
 mod report;
 mod services;
+mod socket_services;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -474,6 +475,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         (None, true) => std::env::temp_dir().join("flatnet-bench-smoke"),
         (None, false) => util::root().join("results"),
     };
+    heading("bench: Services at the socket against kube-proxy's rules");
+    let (service_seconds, service_counts): (f64, &[usize]) = if args.smoke {
+        (0.3, &[10, 100])
+    } else {
+        (f64::from(seconds), &[10, 1_000, 10_000])
+    };
+    let services = socket_services::run(&bin, service_seconds, service_counts)?;
+    let services_table = socket_services::table(&services);
+    println!("{services_table}");
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(
+        out_dir.join("services.json"),
+        serde_json::to_string_pretty(&services)? + "\n",
+    )?;
+    std::fs::write(out_dir.join("services.md"), &services_table)?;
+    nothing_left()?;
     if !args.smoke {
         heading("bench: RunPodSandbox under containerd's CRI (median of 20 each)");
         let cri = cri::run_pod_sandbox(&bin)?;

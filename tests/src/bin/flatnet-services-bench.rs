@@ -1,0 +1,346 @@
+//! `cargo xtask bench`'s Services section: one connection to a ClusterIP
+//! and a 64-byte request/response, over and over, with 10, 1,000 and
+//! 10,000 Services installed, through flatnet's socket programs
+//! (`--services ebpf`) and through kube-proxy's iptables-mode and
+//! nftables-mode rules (the tests' `kube-proxy-fixture`, the same
+//! Services); and the time to apply one EndpointSlice change: flatnet's
+//! map update against an `iptables-restore` of the same rule set.
+//!
+//! Where: a flatnet network of two pods (the plugins of FLATNET_BIN_DIR).
+//! kube-proxy's rules go into the client pod's own namespace (its nat
+//! OUTPUT chain, which kube-proxy fills for a node's own processes), so
+//! the client's connect() walks them exactly as on a node and the host's
+//! tables are never touched; in that namespace the Service CIDR leads to a
+//! sink in the pod, so a ClusterIP nothing rewrote goes nowhere. The measured Service sits in the middle of
+//! kube-proxy's list. The client is a process of its own (this binary,
+//! `--client`), in the bench's cgroup for flatnet's case.
+//!
+//! Usage: flatnet-services-bench <seconds> <count>... ; prints one JSON line.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use flatnet::datapath::{service_backend, service_key};
+use flatnet_tests::Network;
+use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
+use serde_json::{Value, json};
+
+const PORT: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+const MESSAGE: usize = 64;
+
+/// ClusterIP number `i`: 10.96.0.0/16 holds 65,534.
+fn cluster_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 96, (1 + i / 250) as u8, (1 + i % 250) as u8)
+}
+
+/// Backends of the other Services: addresses no packet is sent to.
+fn idle_backend(i: usize) -> SocketAddr {
+    SocketAddr::from((
+        Ipv4Addr::new(10, 250, (i / 250) as u8, (1 + i % 250) as u8),
+        BACKEND_PORT,
+    ))
+}
+
+/// `count` Services, the measured one (to `backend`) in the middle.
+fn services(count: usize, backend: SocketAddr) -> (Vec<ServicePort>, Ipv4Addr) {
+    let measured = count / 2;
+    let ports = (0..count)
+        .map(|i| {
+            let target = if i == measured {
+                backend
+            } else {
+                idle_backend(i)
+            };
+            let mut port = ServicePort::cluster_ip(
+                &format!("svc-{i}"),
+                IpAddr::V4(cluster_ip(i)),
+                PORT,
+                Protocol::Tcp,
+                vec![target],
+            );
+            port.namespace = "bench".into();
+            port
+        })
+        .collect();
+    (ports, cluster_ip(measured))
+}
+
+fn kube_proxy(mode: Mode) -> KubeProxy {
+    KubeProxy {
+        mode,
+        cluster_cidr_v4: "10.0.0.0/8".into(),
+        cluster_cidr_v6: "fd00::/8".into(),
+        service_cidr_v4: "10.96.0.0/16".into(),
+        service_cidr_v6: "fd96::/108".into(),
+        node_addresses: vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))],
+    }
+}
+
+/// A 64-byte echo server in `netns` on `BACKEND_PORT`, until dropped.
+struct Echo {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    fn start(netns: &flatnet_harness::Netns) -> Self {
+        let listener = netns
+            .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, BACKEND_PORT)))
+            .expect("echo bind");
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; MESSAGE];
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((mut conn, _)) => {
+                            let _ = conn.set_nonblocking(false);
+                            let _ = conn.set_nodelay(true);
+                            if conn.read_exact(&mut buf).is_ok() {
+                                let _ = conn.write_all(&buf);
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_micros(50)),
+                    }
+                }
+            })
+        };
+        Echo {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The client process: connections to `to` for `seconds`, each one
+/// connect + 64 bytes each way + an abortive close (no TIME_WAIT piling
+/// up). {"connections", "per_second", "p50_us", "p99_us"}.
+fn client(
+    cgroup: Option<&Path>,
+    netns: &Path,
+    to: SocketAddr,
+    seconds: f64,
+) -> anyhow::Result<Value> {
+    if let Some(cgroup) = cgroup {
+        std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+            .context("joining the cgroup")?;
+    }
+    let namespace = std::fs::File::open(netns).context("the pod's netns")?;
+    nix::sched::setns(namespace.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    let mut buf = [7u8; MESSAGE];
+    while Instant::now() < deadline {
+        let begin = Instant::now();
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+            .with_context(|| format!("connecting to {to}"))?;
+        conn.set_nodelay(true)?;
+        conn.write_all(&buf)?;
+        conn.read_exact(&mut buf)?;
+        socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO))?;
+        drop(conn);
+        samples.push(begin.elapsed().as_secs_f64() * 1e6);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    ensure!(samples.len() > 10, "only {} connections", samples.len());
+    let count = samples.len();
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((count - 1) as f64 * q) as usize];
+    Ok(
+        json!({"connections": count, "per_second": count as f64 / elapsed,
+              "p50_us": at(0.5), "p99_us": at(0.99)}),
+    )
+}
+
+/// Runs the client process and reads its line.
+fn measure(
+    cgroup: Option<&Path>,
+    netns: &Path,
+    to: SocketAddr,
+    seconds: f64,
+) -> anyhow::Result<Value> {
+    let me = std::env::current_exe()?;
+    let out = Command::new(me)
+        .arg("--client")
+        .arg(cgroup.map_or_else(|| PathBuf::from("-"), Path::to_path_buf))
+        .arg(netns)
+        .arg(to.to_string())
+        .arg(seconds.to_string())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "the client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// A cgroup v2 directory of the bench's own, removed on drop.
+struct BenchCgroup(PathBuf);
+
+impl BenchCgroup {
+    fn new() -> anyhow::Result<Self> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        let root = mounts
+            .lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+            })
+            .context("no cgroup v2 mount")?;
+        let dir = root.join(flatnet_harness::unique("flatnet-bench-"));
+        std::fs::create_dir(&dir)?;
+        Ok(BenchCgroup(dir))
+    }
+}
+
+impl Drop for BenchCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn flush_kube_proxy(netns: &str) {
+    for args in [
+        &["iptables", "-t", "nat", "-F"][..],
+        &["iptables", "-t", "nat", "-X"],
+        &["iptables", "-t", "filter", "-F"],
+        &["iptables", "-t", "filter", "-X"],
+        &["nft", "delete", "table", "ip", "kube-proxy"],
+        &["nft", "delete", "table", "ip6", "kube-proxy"],
+    ] {
+        let _ = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .args(args)
+            .output();
+    }
+}
+
+fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
+    let net = Network::flatnet_ipam();
+    let client_pod = net.pod();
+    let server_pod = net.pod();
+    let _echo = Echo::start(&server_pod.netns);
+    let backend = SocketAddr::from((server_pod.ip(), BACKEND_PORT));
+    let datapath = net.datapath();
+    let cgroup = BenchCgroup::new()?;
+    datapath.attach_services(&cgroup.0)?;
+    // A packet to a ClusterIP that nothing rewrote dies in the client pod
+    // (out of a veth whose peer is in the same namespace, which does not
+    // forward): the route lookup before kube-proxy's OUTPUT DNAT still
+    // succeeds (a blackhole route would fail connect() first), and nothing
+    // leaves for the node's default route. (No dummy driver here.)
+    client_pod.netns.exec(&[
+        "ip", "link", "add", "svcsink", "type", "veth", "peer", "name", "svcsink1",
+    ]);
+    client_pod
+        .netns
+        .exec(&["ip", "link", "set", "svcsink", "up"]);
+    client_pod
+        .netns
+        .exec(&["ip", "link", "set", "svcsink1", "up"]);
+    client_pod
+        .netns
+        .exec(&["ip", "route", "add", "10.96.0.0/16", "dev", "svcsink"]);
+    let client_ns = client_pod.netns.path();
+    let client_name = client_pod.netns.name.clone();
+    let mut rows = Vec::new();
+    let mut updates = Vec::new();
+    for &count in counts {
+        let (ports, measured) = services(count, backend);
+        let to = SocketAddr::from((measured, PORT));
+        // flatnet: every Service in the maps (ids 1..=count).
+        for (i, port) in ports.iter().enumerate() {
+            let key = service_key(port.cluster_ip, PORT, 6);
+            let backends: Vec<_> = port
+                .endpoints
+                .iter()
+                .copied()
+                .map(service_backend)
+                .collect();
+            datapath.put_service(&key, i as u32 + 1, &backends, 0)?;
+        }
+        let ebpf = measure(Some(&cgroup.0), &client_ns, to, seconds)?;
+        // One EndpointSlice change: the measured Service's set replaced.
+        let key = service_key(IpAddr::V4(measured), PORT, 6);
+        let start = Instant::now();
+        datapath.put_service(&key, count as u32 + 1, &[service_backend(backend)], 0)?;
+        let map_update_us = start.elapsed().as_secs_f64() * 1e6;
+        for port in &ports {
+            datapath.delete_service(&service_key(port.cluster_ip, PORT, 6))?;
+        }
+        // kube-proxy, both modes, in the client's namespace.
+        let mut proxied = Vec::new();
+        let mut restore_us = f64::NAN;
+        for mode in [Mode::Iptables, Mode::Nftables] {
+            let start = Instant::now();
+            kube_proxy(mode)
+                .apply(&client_name, &ports)
+                .map_err(|e| anyhow::anyhow!("kube-proxy rules: {e}"))?;
+            if mode == Mode::Iptables {
+                restore_us = start.elapsed().as_secs_f64() * 1e6;
+            }
+            proxied.push(measure(None, &client_ns, to, seconds)?);
+            flush_kube_proxy(&client_name);
+        }
+        eprintln!(
+            "{count} Services: ebpf {}/s p50 {} us; iptables {}/s p50 {} us; nftables {}/s p50 {} us; update: map {map_update_us:.0} us, iptables-restore {restore_us:.0} us",
+            ebpf["per_second"],
+            ebpf["p50_us"],
+            proxied[0]["per_second"],
+            proxied[0]["p50_us"],
+            proxied[1]["per_second"],
+            proxied[1]["p50_us"]
+        );
+        rows.push(json!({"services": count, "ebpf": ebpf, "iptables": proxied[0], "nftables": proxied[1]}));
+        updates.push(json!({"services": count, "map_update_us": map_update_us,
+                            "iptables_restore_us": restore_us}));
+    }
+    datapath.detach_services()?;
+    Ok(json!({"bench": "services", "seconds": seconds, "rows": rows, "updates": updates}))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--client") {
+        let [_, cgroup, netns, to, seconds] = args.as_slice() else {
+            bail!("--client <cgroup|-> <netns> <address:port> <seconds>");
+        };
+        let cgroup = (cgroup != "-").then(|| PathBuf::from(cgroup));
+        let line = client(
+            cgroup.as_deref(),
+            Path::new(netns),
+            to.parse()?,
+            seconds.parse()?,
+        )?;
+        println!("{line}");
+        return Ok(());
+    }
+    let Some((seconds, counts)) = args.split_first() else {
+        bail!("usage: flatnet-services-bench <seconds> <count>...");
+    };
+    let counts: Vec<usize> = counts.iter().map(|c| c.parse()).collect::<Result<_, _>>()?;
+    let report = run(seconds.parse()?, &counts)?;
+    println!("{report}");
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! Services in eBPF against kube-proxy: the tests crate's
+//! `flatnet-services-bench` (it links flatnet's library and the
+//! kube-proxy fixture, which xtask cannot) measures connect + 64-byte
+//! request/response to a ClusterIP with 10, 1,000 and 10,000 Services
+//! through flatnet's socket programs and through kube-proxy's iptables and
+//! nftables rules, and one update of each; xtask keeps its JSON line and
+//! renders the table.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+use crate::util;
+
+const BIN: &str = "flatnet-services-bench";
+
+/// Runs the measurement with the plugins of `plugin_dir`.
+pub fn run(plugin_dir: &Path, seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
+    util::run_cmd(util::cargo().args(["build", "-p", "flatnet-tests", "--bin", BIN]))?;
+    let out = Command::new(util::target_dir(false).join(BIN))
+        .arg(seconds.to_string())
+        .args(counts.iter().map(ToString::to_string))
+        .env("FLATNET_BIN_DIR", plugin_dir)
+        .output()
+        .context("running the Services benchmark")?;
+    ensure!(
+        out.status.success(),
+        "the Services benchmark failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).context("the Services benchmark's JSON line")
+}
+
+fn number(value: &Value) -> String {
+    value
+        .as_f64()
+        .map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+
+/// The markdown table of a run: per Service count, connections per second
+/// and p50 (µs) of each path, flatnet against itself at the fewest
+/// Services and against each kube-proxy mode, and the update times.
+pub fn table(report: &Value) -> String {
+    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+    let base = rows
+        .first()
+        .and_then(|r| r["ebpf"]["per_second"].as_f64())
+        .unwrap_or(f64::NAN);
+    let mut out = String::from(
+        "| Services | flatnet eBPF conn/s | p50 us | kube-proxy iptables conn/s | p50 us | kube-proxy nftables conn/s | p50 us | eBPF / eBPF at fewest | eBPF / iptables | eBPF / nftables |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in &rows {
+        let rate = |path: &str| row[path]["per_second"].as_f64().unwrap_or(f64::NAN);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            row["services"],
+            number(&row["ebpf"]["per_second"]),
+            number(&row["ebpf"]["p50_us"]),
+            number(&row["iptables"]["per_second"]),
+            number(&row["iptables"]["p50_us"]),
+            number(&row["nftables"]["per_second"]),
+            number(&row["nftables"]["p50_us"]),
+            rate("ebpf") / base,
+            rate("ebpf") / rate("iptables"),
+            rate("ebpf") / rate("nftables"),
+        ));
+    }
+    out.push_str("\n| Services | one EndpointSlice change: flatnet map update (us) | kube-proxy iptables-restore of the rule set (us) |\n|---:|---:|---:|\n");
+    for update in report["updates"].as_array().cloned().unwrap_or_default() {
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            update["services"],
+            number(&update["map_update_us"]),
+            number(&update["iptables_restore_us"]),
+        ));
+    }
+    out
+}
