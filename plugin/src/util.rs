@@ -1,7 +1,7 @@
 //! Small helpers several modules need.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ipnetwork::IpNetwork;
 
@@ -19,6 +19,16 @@ pub fn remove_file_if_present(path: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Where cgroup v2 is mounted (its root holds every process of the node;
+/// the Service socket programs attach there). None without a cgroup2 mount.
+pub fn cgroup2_root() -> io::Result<Option<PathBuf>> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    Ok(mounts.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
+    }))
 }
 
 #[cfg(test)]

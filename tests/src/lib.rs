@@ -15,6 +15,7 @@ use std::time::Duration;
 use flatnet::datapath::Datapath;
 use flatnet::net::AttachmentNames;
 
+pub mod cgroup;
 pub mod cluster;
 /// A real containerd with its CRI plugin, and the test images it runs.
 pub mod containerd;

@@ -13,47 +13,20 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flatnet::datapath::{service_backend, service_key};
+use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::*;
 use serde_json::Value;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 const BACKEND_PORT: u16 = 8080;
-
-/// A cgroup v2 directory of the test's own, removed on drop (its client
-/// processes have exited by then).
-struct TestCgroup(PathBuf);
-
-impl TestCgroup {
-    fn new() -> Self {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
-        let root = mounts
-            .lines()
-            .find_map(|line| {
-                let fields: Vec<&str> = line.split(' ').collect();
-                (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-            })
-            .expect("a cgroup v2 mount (CONFIG_CGROUP_BPF needs one)");
-        let dir = root.join(unique("flatnet-test-"));
-        std::fs::create_dir(&dir).expect("creating the test cgroup");
-        TestCgroup(dir)
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir(&self.0) {
-            eprintln!("removing {}: {e}", self.0.display());
-        }
-    }
-}
 
 /// Servers in a pod answering each TCP connection (after reading it to its
 /// end) and each UDP datagram with `name`; stopped on drop.
@@ -163,7 +136,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         .map(|(pod, name)| Backend::start(&pod.netns, name))
         .collect();
     let datapath = net.datapath();
-    let cgroup = TestCgroup::new();
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     datapath
         .attach_services(&cgroup.0)
         .expect("attaching the socket programs");
@@ -314,7 +287,7 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     if !root_or_skip("the_agent_keeps_the_service_maps_from_the_api") {
         return;
     }
-    let cgroup = TestCgroup::new();
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let mut cluster = Cluster::new(&specs(&[
         ("cp-1", 1, Some("10.244.0.0/24")),
         ("worker-1", 2, Some("10.244.1.0/24")),

@@ -675,14 +675,8 @@ fn own_directory() -> Result<PathBuf> {
 
 /// Where cgroup v2 is mounted (its root holds every process of the node).
 fn cgroup2_root() -> Result<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts")
-        .map_err(|e| AgentError::io("reading /proc/self/mounts", e))?;
-    mounts
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-        })
+    flatnet::util::cgroup2_root()
+        .map_err(|e| AgentError::io("reading /proc/self/mounts", e))?
         .ok_or_else(|| {
             AgentError::Config(
                 "--services ebpf needs cgroup v2 mounted (none in /proc/self/mounts); set --services-cgroup".into(),

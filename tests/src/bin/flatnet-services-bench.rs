@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use flatnet::datapath::{service_backend, service_key};
 use flatnet_tests::Network;
+use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
 use serde_json::{Value, json};
 
@@ -195,31 +196,6 @@ fn measure(
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-/// A cgroup v2 directory of the bench's own, removed on drop.
-struct BenchCgroup(PathBuf);
-
-impl BenchCgroup {
-    fn new() -> anyhow::Result<Self> {
-        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
-        let root = mounts
-            .lines()
-            .find_map(|line| {
-                let fields: Vec<&str> = line.split(' ').collect();
-                (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-            })
-            .context("no cgroup v2 mount")?;
-        let dir = root.join(flatnet_harness::unique("flatnet-bench-"));
-        std::fs::create_dir(&dir)?;
-        Ok(BenchCgroup(dir))
-    }
-}
-
-impl Drop for BenchCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 fn flush_kube_proxy(netns: &str) {
     for args in [
         &["iptables", "-t", "nat", "-F"][..],
@@ -243,7 +219,7 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
     let _echo = Echo::start(&server_pod.netns);
     let backend = SocketAddr::from((server_pod.ip(), BACKEND_PORT));
     let datapath = net.datapath();
-    let cgroup = BenchCgroup::new()?;
+    let cgroup = TestCgroup::new("flatnet-bench-")?;
     datapath.attach_services(&cgroup.0)?;
     // A packet to a ClusterIP that nothing rewrote dies in the client pod
     // (out of a veth whose peer is in the same namespace, which does not
