@@ -235,6 +235,25 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         assert!(datapath.service_frontends().unwrap().is_empty());
     }
 
+    // Hairpin: a Service whose backend is the client pod itself.
+    let _itself = Backend::start(&client_pod.netns, "itself");
+    let hairpin = SocketAddr::from((Ipv4Addr::new(10, 96, 7, 9), 80));
+    let hairpin_key = service_key(hairpin.ip(), 80, TCP);
+    datapath
+        .put_service(
+            &hairpin_key,
+            6,
+            &[service_backend(SocketAddr::new(
+                client_pod.address(false),
+                BACKEND_PORT,
+            ))],
+            0,
+        )
+        .unwrap();
+    let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", hairpin).unwrap();
+    assert_eq!((answer.as_str(), peer), ("itself", hairpin));
+    datapath.delete_service(&hairpin_key).unwrap();
+
     // Pod to pod straight: untouched.
     let direct = SocketAddr::new(pods[0].address(false), BACKEND_PORT);
     let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", direct).unwrap();
@@ -436,6 +455,36 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         let (answer, _) = client(&cgroup.0, &client_pod.netns, "tcp", frontend).unwrap();
         assert_eq!(answer, "remote");
     }
+    // A live connection to the remaining backend while the set changes
+    // twice (the local backend back, then gone again): untouched.
+    let live = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
+        .arg(&cgroup.0)
+        .arg(client_pod.netns.path())
+        .args([
+            "tcp-slow",
+            &frontend.to_string(),
+            "a-live-connection-to-remote",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the live client");
+    std::thread::sleep(Duration::from_millis(300));
+    stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
+        *slice = api_slice("web", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    });
+    wait_until("the local backend back on cp-1", SETTLE, || {
+        backends_on_cp() == Some(2)
+    });
+    stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
+        *slice = api_slice("web", &[(remote.ip, "worker-1")]);
+    });
+    wait_until("the local backend gone again", SETTLE, || {
+        backends_on_cp() == Some(1)
+    });
+    let out = live.wait_with_output().expect("the live client's end");
+    let line: Value = serde_json::from_slice(&out.stdout).expect("its JSON line");
+    assert_eq!(line["answer"], "remote", "the live connection: {line}");
+
     // No endpoint left: refused.
     stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
         *slice = api_slice("web", &[]);
