@@ -490,6 +490,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&services)? + "\n",
     )?;
     std::fs::write(out_dir.join("services.md"), &services_table)?;
+    socket_services::chart(&services, &out_dir.join("services.png"))?;
     nothing_left()?;
     if !args.smoke {
         heading("bench: RunPodSandbox under containerd's CRI (median of 20 each)");

@@ -406,7 +406,12 @@ fn table(rows: &[Row]) -> String {
     out
 }
 
-fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
+/// DejaVuSans as the charts' "sans-serif", registered once per process.
+pub(super) fn register_font() -> anyhow::Result<()> {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if REGISTERED.get().is_some() {
+        return Ok(());
+    }
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
         .context("the chart needs DejaVuSans (Debian package fonts-dejavu-core)")?;
     plotters::style::register_font(
@@ -415,6 +420,12 @@ fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
         Box::leak(font.into_boxed_slice()),
     )
     .map_err(|_| anyhow::anyhow!("DejaVuSans.ttf is not a usable font"))?;
+    let _ = REGISTERED.set(true);
+    Ok(())
+}
+
+fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
+    register_font()?;
     let ratios: Vec<([&str; 2], f64, Option<Bound>)> = rows
         .iter()
         .filter(|r| !r.vs_bridge.is_nan())

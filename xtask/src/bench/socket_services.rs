@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, ensure};
+use plotters::prelude::*;
 use serde_json::Value;
 
 use crate::util;
@@ -79,4 +80,79 @@ pub fn table(report: &Value) -> String {
         ));
     }
     out
+}
+
+/// A bar chart of the run: connections per second per Service count, one
+/// bar per path.
+pub fn chart(report: &Value, path: &Path) -> anyhow::Result<()> {
+    super::report::register_font()?;
+    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+    let paths = [
+        ("ebpf", "flatnet eBPF", RGBColor(46, 139, 87)),
+        ("iptables", "kube-proxy iptables", RGBColor(230, 140, 40)),
+        ("nftables", "kube-proxy nftables", RGBColor(70, 110, 190)),
+    ];
+    let top = rows
+        .iter()
+        .flat_map(|row| {
+            paths
+                .iter()
+                .filter_map(|(key, _, _)| row[*key]["per_second"].as_f64())
+        })
+        .fold(1.0_f64, f64::max)
+        * 1.2;
+    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Connections per second to a ClusterIP (connect + 64 B each way), by Services installed",
+            ("sans-serif", 20),
+        )
+        .margin(20)
+        .x_label_area_size(10)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..rows.len() as f64, -top * 0.1..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("connections per second")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    for (i, row) in rows.iter().enumerate() {
+        for (j, (key, _, color)) in paths.iter().enumerate() {
+            let Some(rate) = row[*key]["per_second"].as_f64() else {
+                continue;
+            };
+            let x = i as f64 + 0.1 + j as f64 * 0.27;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x, 0.0), (x + 0.24, rate)],
+                color.filled(),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{rate:.0}"),
+                (x, rate + top * 0.02),
+                ("sans-serif", 13),
+            )))?;
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            format!("{} Services", row["services"]),
+            (i as f64 + 0.35, -top * 0.04),
+            ("sans-serif", 15),
+        )))?;
+    }
+    for (j, (_, label, color)) in paths.iter().enumerate() {
+        let y = top * (0.97 - 0.06 * j as f64);
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(0.05, y), (0.12, y - top * 0.035)],
+            color.filled(),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            label.to_string(),
+            (0.15, y),
+            ("sans-serif", 14),
+        )))?;
+    }
+    root.present()?;
+    Ok(())
 }
