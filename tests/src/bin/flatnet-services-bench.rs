@@ -13,7 +13,9 @@
 //! tables are never touched; in that namespace the Service CIDR leads to a
 //! sink in the pod, so a ClusterIP nothing rewrote goes nowhere. The measured Service sits in the middle of
 //! kube-proxy's list. The client is a process of its own (this binary,
-//! `--client`), in the bench's cgroup for flatnet's case.
+//! `--client`), in the bench's cgroup for flatnet's case. Each path has a
+//! client pod of its own (rules set up once per Service count) and the
+//! paths are measured in interleaved slices, medians reported.
 //!
 //! Usage: flatnet-services-bench <seconds> <count>... ; prints one JSON line.
 
@@ -212,34 +214,52 @@ fn flush_kube_proxy(netns: &str) {
     }
 }
 
+/// A client pod whose Service CIDR leads to a sink: a packet to a
+/// ClusterIP that nothing rewrote dies there (out of a veth whose peer is in
+/// the same namespace, which does not forward). The route lookup before
+/// kube-proxy's OUTPUT DNAT still succeeds (a blackhole route would fail
+/// connect() first), and nothing leaves for the node's default route. (No
+/// dummy driver in this kernel.)
+fn client_pod(net: &Network) -> flatnet_tests::Pod<'_> {
+    let pod = net.pod();
+    pod.netns.exec(&[
+        "ip", "link", "add", "svcsink", "type", "veth", "peer", "name", "svcsink1",
+    ]);
+    pod.netns.exec(&["ip", "link", "set", "svcsink", "up"]);
+    pod.netns.exec(&["ip", "link", "set", "svcsink1", "up"]);
+    pod.netns
+        .exec(&["ip", "route", "add", "10.96.0.0/16", "dev", "svcsink"]);
+    pod
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Slices per path and Service count, taken in turn (this VM flips between
+/// a fast and a slow state every few seconds; interleaved slices see both
+/// alike). Each path reports the median of its slices.
+const SLICES: usize = 5;
+
 fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
     let net = Network::flatnet_ipam();
-    let client_pod = net.pod();
+    // One client pod per path, each set up once per Service count: the
+    // socket programs' cgroup, kube-proxy's iptables rules, its nftables
+    // rules.
+    let clients = [client_pod(&net), client_pod(&net), client_pod(&net)];
     let server_pod = net.pod();
     let _echo = Echo::start(&server_pod.netns);
     let backend = SocketAddr::from((server_pod.ip(), BACKEND_PORT));
     let datapath = net.datapath();
     let cgroup = TestCgroup::new("flatnet-bench-")?;
     datapath.attach_services(&cgroup.0)?;
-    // A packet to a ClusterIP that nothing rewrote dies in the client pod
-    // (out of a veth whose peer is in the same namespace, which does not
-    // forward): the route lookup before kube-proxy's OUTPUT DNAT still
-    // succeeds (a blackhole route would fail connect() first), and nothing
-    // leaves for the node's default route. (No dummy driver here.)
-    client_pod.netns.exec(&[
-        "ip", "link", "add", "svcsink", "type", "veth", "peer", "name", "svcsink1",
-    ]);
-    client_pod
-        .netns
-        .exec(&["ip", "link", "set", "svcsink", "up"]);
-    client_pod
-        .netns
-        .exec(&["ip", "link", "set", "svcsink1", "up"]);
-    client_pod
-        .netns
-        .exec(&["ip", "route", "add", "10.96.0.0/16", "dev", "svcsink"]);
-    let client_ns = client_pod.netns.path();
-    let client_name = client_pod.netns.name.clone();
+    let paths: [(&str, Option<&Path>); 3] = [
+        ("ebpf", Some(cgroup.0.as_path())),
+        ("iptables", None),
+        ("nftables", None),
+    ];
+    let slice = seconds / SLICES as f64;
     let mut rows = Vec::new();
     let mut updates = Vec::new();
     for &count in counts {
@@ -256,7 +276,23 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
                 .collect();
             datapath.put_service(&key, i as u32 + 1, &backends, 0)?;
         }
-        let ebpf = measure(Some(&cgroup.0), &client_ns, to, seconds)?;
+        let start = Instant::now();
+        kube_proxy(Mode::Iptables)
+            .apply(&clients[1].netns.name, &ports)
+            .map_err(|e| anyhow::anyhow!("kube-proxy iptables rules: {e}"))?;
+        let restore_us = start.elapsed().as_secs_f64() * 1e6;
+        kube_proxy(Mode::Nftables)
+            .apply(&clients[2].netns.name, &ports)
+            .map_err(|e| anyhow::anyhow!("kube-proxy nftables rules: {e}"))?;
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        let mut p50s: [Vec<f64>; 3] = Default::default();
+        for _ in 0..SLICES {
+            for (i, (_, cgroup)) in paths.iter().enumerate() {
+                let seen = measure(*cgroup, &clients[i].netns.path(), to, slice)?;
+                rates[i].push(seen["per_second"].as_f64().unwrap_or(f64::NAN));
+                p50s[i].push(seen["p50_us"].as_f64().unwrap_or(f64::NAN));
+            }
+        }
         // One EndpointSlice change: the measured Service's set replaced.
         let key = service_key(IpAddr::V4(measured), PORT, 6);
         let start = Instant::now();
@@ -265,30 +301,22 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         for port in &ports {
             datapath.delete_service(&service_key(port.cluster_ip, PORT, 6))?;
         }
-        // kube-proxy, both modes, in the client's namespace.
-        let mut proxied = Vec::new();
-        let mut restore_us = f64::NAN;
-        for mode in [Mode::Iptables, Mode::Nftables] {
-            let start = Instant::now();
-            kube_proxy(mode)
-                .apply(&client_name, &ports)
-                .map_err(|e| anyhow::anyhow!("kube-proxy rules: {e}"))?;
-            if mode == Mode::Iptables {
-                restore_us = start.elapsed().as_secs_f64() * 1e6;
-            }
-            proxied.push(measure(None, &client_ns, to, seconds)?);
-            flush_kube_proxy(&client_name);
+        flush_kube_proxy(&clients[1].netns.name);
+        flush_kube_proxy(&clients[2].netns.name);
+        let mut row = serde_json::Map::new();
+        row.insert("services".into(), json!(count));
+        for (i, (name, _)) in paths.iter().enumerate() {
+            row.insert(
+                name.to_string(),
+                json!({"per_second": median(&mut rates[i]), "p50_us": median(&mut p50s[i]),
+                       "slices": SLICES}),
+            );
         }
         eprintln!(
-            "{count} Services: ebpf {}/s p50 {} us; iptables {}/s p50 {} us; nftables {}/s p50 {} us; update: map {map_update_us:.0} us, iptables-restore {restore_us:.0} us",
-            ebpf["per_second"],
-            ebpf["p50_us"],
-            proxied[0]["per_second"],
-            proxied[0]["p50_us"],
-            proxied[1]["per_second"],
-            proxied[1]["p50_us"]
+            "{count} Services: {}; update: map {map_update_us:.0} us, iptables-restore {restore_us:.0} us",
+            Value::Object(row.clone())
         );
-        rows.push(json!({"services": count, "ebpf": ebpf, "iptables": proxied[0], "nftables": proxied[1]}));
+        rows.push(Value::Object(row));
         updates.push(json!({"services": count, "map_update_us": map_update_us,
                             "iptables_restore_us": restore_us}));
     }
