@@ -764,16 +764,18 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
         n["spec"]["podCIDRs"] = json!(["10.244.2.0/24"]);
     });
     let worker_2 = "10.244.2.0/24 via 172.30.0.3".to_string();
-    wait_until("worker-2's late route", SETTLE, || {
+    // Routes and the fast path's CIDR map are written one after the other
+    // in the same pass: wait for both (CI once read the map in between).
+    wait_until("worker-2's late route and map entry", SETTLE, || {
         node.routes() == [worker_1.clone(), worker_2.clone()]
+            && node.remote_cidrs() == [worker_1.clone(), worker_2.clone()]
     });
-    assert_eq!(node.remote_cidrs(), [worker_1.clone(), worker_2.clone()]);
 
     served.stub.delete(Kind::Node, "worker-1");
-    wait_until("worker-1's route to go", SETTLE, || {
+    wait_until("worker-1's route and map entry to go", SETTLE, || {
         node.routes() == [worker_2.clone()]
+            && node.remote_cidrs() == std::slice::from_ref(&worker_2)
     });
-    assert_eq!(node.remote_cidrs(), std::slice::from_ref(&worker_2));
 
     // A pod on this node gets its address from the node's CIDR.
     let pod = node.pod();
