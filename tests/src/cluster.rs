@@ -555,6 +555,33 @@ impl Cluster {
         std::fs::rename(&temp, &self.peer_file).expect("peer file");
     }
 
+    /// `stub` served on each node's own loopback (where its agent runs),
+    /// every node's agent started against it and ready. The servers stop
+    /// when the returned handles drop.
+    pub fn start_agents_on_api(
+        &self,
+        stub: &crate::kube_stub::ApiStub,
+    ) -> Vec<crate::kube_stub::ServedStub> {
+        let served: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let listener = node
+                    .netns
+                    .run(|| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+                    .expect("a loopback listener in the node");
+                crate::kube_stub::ServedStub::serve(stub.clone(), listener)
+            })
+            .collect();
+        for (node, served) in self.nodes.iter().zip(&served) {
+            node.start_agent(&Peers::Api(served.url.clone()));
+        }
+        for node in &self.nodes {
+            node.wait_ready();
+        }
+        served
+    }
+
     pub fn node(&self, name: &str) -> &SimNode {
         self.nodes
             .iter()

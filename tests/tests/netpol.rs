@@ -556,23 +556,7 @@ impl<'c> World<'c> {
             stub.add(Kind::Namespace, api_namespace(namespace));
         }
         // One stub, served on each node's own loopback, where its agent runs.
-        let served: Vec<ServedStub> = cluster
-            .nodes
-            .iter()
-            .map(|node| {
-                let listener = node
-                    .netns
-                    .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-                    .unwrap();
-                ServedStub::serve(stub.clone(), listener)
-            })
-            .collect();
-        for (node, served) in cluster.nodes.iter().zip(&served) {
-            node.start_agent(&Peers::Api(served.url.clone()));
-        }
-        for node in &cluster.nodes {
-            node.wait_ready();
-        }
+        let served = cluster.start_agents_on_api(&stub);
         let mut pods = Vec::new();
         let mut servers = Servers::default();
         for (i, (namespace, name)) in NAMESPACES

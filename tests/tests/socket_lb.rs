@@ -95,11 +95,38 @@ impl Drop for Backend {
 /// What one client process saw: Ok((answer, peer)) or Err((error, errno)).
 type Seen = Result<(String, SocketAddr), (String, Option<i64>)>;
 
-fn client(cgroup: &Path, netns: &Netns, protocol: &str, to: SocketAddr) -> Seen {
-    let out = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
-        .arg(cgroup)
+/// `flatnet-sock-client` in `cgroup` and `netns`: `mode` (tcp, tcp-slow,
+/// udp) to `to`, sending `payload`.
+fn client_command(
+    cgroup: &Path,
+    netns: &Netns,
+    mode: &str,
+    to: SocketAddr,
+    payload: &str,
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"));
+    cmd.arg(cgroup)
         .arg(netns.path())
-        .args([protocol, &to.to_string(), "request"])
+        .args([mode, &to.to_string(), payload])
+        .stdout(std::process::Stdio::piped());
+    cmd
+}
+
+/// A slow TCP client started in the background (one byte every 100 ms),
+/// and the answer it ended with.
+fn live_client(cgroup: &Path, netns: &Netns, to: SocketAddr, payload: &str) -> std::process::Child {
+    client_command(cgroup, netns, "tcp-slow", to, payload)
+        .spawn()
+        .expect("the live client")
+}
+
+fn live_answer(live: std::process::Child) -> Value {
+    let out = live.wait_with_output().expect("the live client's end");
+    serde_json::from_slice(&out.stdout).expect("its JSON line")
+}
+
+fn client(cgroup: &Path, netns: &Netns, protocol: &str, to: SocketAddr) -> Seen {
+    let out = client_command(cgroup, netns, protocol, to, "request")
         .output()
         .expect("running flatnet-sock-client");
     assert!(out.status.success(), "flatnet-sock-client: {out:?}");
@@ -300,7 +327,7 @@ fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
 #[test]
 fn the_agent_keeps_the_service_maps_from_the_api() {
     use flatnet_tests::cluster::*;
-    use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub};
+    use flatnet_tests::kube_stub::{ApiStub, Kind};
     use std::time::Instant;
 
     if !root_or_skip("the_agent_keeps_the_service_maps_from_the_api") {
@@ -320,23 +347,7 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         ];
     }
     let stub = ApiStub::from_fixture();
-    let served: Vec<ServedStub> = cluster
-        .nodes
-        .iter()
-        .map(|node| {
-            let listener = node
-                .netns
-                .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-                .unwrap();
-            ServedStub::serve(stub.clone(), listener)
-        })
-        .collect();
-    for (node, served) in cluster.nodes.iter().zip(&served) {
-        node.start_agent(&Peers::Api(served.url.clone()));
-    }
-    for node in &cluster.nodes {
-        node.wait_ready();
-    }
+    let served = cluster.start_agents_on_api(&stub);
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let client_pod = cp.pod();
     blackhole_services(&client_pod.netns);
@@ -417,23 +428,17 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     // The agent restarted under a live connection through the ClusterIP:
     // its bytes keep flowing (one every 100 ms for 3.6 s) and it ends
     // normally, no reset.
-    let live = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
-        .arg(&cgroup.0)
-        .arg(client_pod.netns.path())
-        .args([
-            "tcp-slow",
-            &frontend.to_string(),
-            "a-live-connection-across-the-restart",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("the live client");
+    let live = live_client(
+        &cgroup.0,
+        &client_pod.netns,
+        frontend,
+        "a-live-connection-across-the-restart",
+    );
     std::thread::sleep(Duration::from_millis(300));
     cp.stop_agent();
     cp.start_agent(&Peers::Api(served[0].url.clone()));
     cp.wait_ready();
-    let out = live.wait_with_output().expect("the live client's end");
-    let line: Value = serde_json::from_slice(&out.stdout).expect("its JSON line");
+    let line = live_answer(live);
     assert!(
         matches!(line["answer"].as_str(), Some("local" | "remote")),
         "the live connection across the agent's restart: {line}"
@@ -457,17 +462,12 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     }
     // A live connection to the remaining backend while the set changes
     // twice (the local backend back, then gone again): untouched.
-    let live = Command::new(env!("CARGO_BIN_EXE_flatnet-sock-client"))
-        .arg(&cgroup.0)
-        .arg(client_pod.netns.path())
-        .args([
-            "tcp-slow",
-            &frontend.to_string(),
-            "a-live-connection-to-remote",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("the live client");
+    let live = live_client(
+        &cgroup.0,
+        &client_pod.netns,
+        frontend,
+        "a-live-connection-to-remote",
+    );
     std::thread::sleep(Duration::from_millis(300));
     stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
         *slice = api_slice("web", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
@@ -481,8 +481,7 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     wait_until("the local backend gone again", SETTLE, || {
         backends_on_cp() == Some(1)
     });
-    let out = live.wait_with_output().expect("the live client's end");
-    let line: Value = serde_json::from_slice(&out.stdout).expect("its JSON line");
+    let line = live_answer(live);
     assert_eq!(line["answer"], "remote", "the live connection: {line}");
 
     // No endpoint left: refused.
