@@ -582,6 +582,33 @@ impl Cluster {
         served
     }
 
+    /// What every node's kube-proxy in `mode` programs for `services` (all
+    /// nodes see all Services), the rules of the kube-proxy fixture, with
+    /// the simulated cluster's CIDRs (pods 10.244.0.0/16 and fd44::/48,
+    /// Services 10.96.0.0/16 and fd96::/108), in each node's namespace.
+    pub fn program_kube_proxy(
+        &self,
+        mode: kube_proxy_fixture::Mode,
+        services: &[kube_proxy_fixture::ServicePort],
+    ) {
+        for node in &self.nodes {
+            let proxy = kube_proxy_fixture::KubeProxy {
+                mode,
+                cluster_cidr_v4: "10.244.0.0/16".into(),
+                cluster_cidr_v6: "fd44::/48".into(),
+                service_cidr_v4: "10.96.0.0/16".into(),
+                service_cidr_v6: "fd96::/108".into(),
+                node_addresses: vec![
+                    IpAddr::V4(node.spec.address()),
+                    IpAddr::V6(node.spec.address6()),
+                ],
+            };
+            proxy
+                .apply(&node.netns.name, services)
+                .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
+        }
+    }
+
     pub fn node(&self, name: &str) -> &SimNode {
         self.nodes
             .iter()

@@ -1316,23 +1316,6 @@ fn api_slice(
            "addressType": "IPv4", "ports": ports, "endpoints": endpoints})
 }
 
-/// kube-proxy's iptables rules for `services` on every node of `world`.
-fn program_kube_proxy(world: &World, services: &[kube_proxy_fixture::ServicePort]) {
-    for node in &world.cluster.nodes {
-        let proxy = kube_proxy_fixture::KubeProxy {
-            mode: kube_proxy_fixture::Mode::Iptables,
-            cluster_cidr_v4: "10.244.0.0/16".into(),
-            cluster_cidr_v6: "fd44::/48".into(),
-            service_cidr_v4: "10.96.0.0/16".into(),
-            service_cidr_v6: "fd96::/108".into(),
-            node_addresses: vec![IpAddr::V4(node.spec.address())],
-        };
-        proxy
-            .apply(&node.netns.name, services)
-            .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
-    }
-}
-
 /// One port of a Service as kube-proxy programs it: `namespace/name`,
 /// port `port_name`, backends on port 80.
 fn kube_proxy_port(
@@ -1392,7 +1375,9 @@ fn egress_through_a_cluster_ip_is_judged_by_the_services_backends() {
             web_ip,
             web_backends,
         ));
-        program_kube_proxy(&world, &ports);
+        world
+            .cluster
+            .program_kube_proxy(kube_proxy_fixture::Mode::Iptables, &ports);
         world.apply(|stub| {
             stub.add(Kind::Service, api_service("z", "dns", dns_ip, &dns_ports));
             stub.add(

@@ -14,13 +14,9 @@ use std::time::{Duration, Instant};
 
 use flatnet_common::action;
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_proxy::{KubeProxy, Mode, Protocol, ServicePort};
+use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
 use flatnet_tests::*;
 
-const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
-const CLUSTER_CIDR_V6: &str = "fd44::/48";
-const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
-const SERVICE_CIDR_V6: &str = "fd96::/108";
 /// Where backends listen (a Service's targetPort).
 const BACKEND_PORT: u16 = 8080;
 const DNS_PORT: u16 = 53;
@@ -84,22 +80,7 @@ impl ServiceCluster {
     /// What every node's kube-proxy programs for `services` (all nodes see
     /// all Services, as kube-proxy does).
     fn program(&self, services: &[ServicePort]) {
-        for node in &self.cluster.nodes {
-            let proxy = KubeProxy {
-                mode: self.mode,
-                cluster_cidr_v4: CLUSTER_CIDR_V4.into(),
-                cluster_cidr_v6: CLUSTER_CIDR_V6.into(),
-                service_cidr_v4: SERVICE_CIDR_V4.into(),
-                service_cidr_v6: SERVICE_CIDR_V6.into(),
-                node_addresses: vec![
-                    IpAddr::V4(node.spec.address()),
-                    IpAddr::V6(node.spec.address6()),
-                ],
-            };
-            proxy
-                .apply(&node.netns.name, services)
-                .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
-        }
+        self.cluster.program_kube_proxy(self.mode, services);
     }
 }
 

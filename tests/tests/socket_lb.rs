@@ -391,27 +391,15 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     // kube-proxy's iptables rules for the same Service, on both nodes, but
     // naming the local backend only: no packet is addressed to the
     // ClusterIP any more, so they change nothing.
-    for node in &cluster.nodes {
-        let proxy = kube_proxy_fixture::KubeProxy {
-            mode: kube_proxy_fixture::Mode::Iptables,
-            cluster_cidr_v4: "10.244.0.0/16".into(),
-            cluster_cidr_v6: "fd44::/48".into(),
-            service_cidr_v4: "10.96.0.0/16".into(),
-            service_cidr_v6: "fd96::/108".into(),
-            node_addresses: vec![IpAddr::V4(node.spec.address())],
-        };
-        let mut port = kube_proxy_fixture::ServicePort::cluster_ip(
-            "web",
-            cluster_ip.into(),
-            80,
-            kube_proxy_fixture::Protocol::Tcp,
-            vec![SocketAddr::from((local.ip, BACKEND_PORT))],
-        );
-        port.port_name = "http".into();
-        proxy
-            .apply(&node.netns.name, &[port])
-            .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
-    }
+    let mut port = kube_proxy_fixture::ServicePort::cluster_ip(
+        "web",
+        cluster_ip.into(),
+        80,
+        kube_proxy_fixture::Protocol::Tcp,
+        vec![SocketAddr::from((local.ip, BACKEND_PORT))],
+    );
+    port.port_name = "http".into();
+    cluster.program_kube_proxy(kube_proxy_fixture::Mode::Iptables, &[port]);
     let with_rules: BTreeSet<String> = (0..20)
         .map(|_| {
             client(&cgroup.0, &client_pod.netns, "tcp", frontend)
