@@ -24,7 +24,6 @@ use ipnetwork::IpNetwork;
 
 use crate::cni::error::{Error, Result};
 use crate::lock::{LOCK_DIR, Lock};
-use crate::net::set_sysctl;
 use crate::util::normalized;
 
 const TABLE: &str = "flatnet";
@@ -174,7 +173,7 @@ fn list_table() -> Result<Listing> {
 }
 
 /// Makes sure `network`'s subnets are masqueraded (idempotent, race-free
-/// across concurrent ADDs), and that the node forwards IPv4 at all.
+/// across concurrent ADDs); ADD turns forwarding on (`Forwarding`).
 pub fn ensure(network: &str, subnets: &[IpNetwork]) -> Result<()> {
     let wanted: Vec<String> = subnets.iter().map(|s| rule(s, network)).collect();
     let marker = marker(network);
@@ -185,9 +184,6 @@ pub fn ensure(network: &str, subnets: &[IpNetwork]) -> Result<()> {
     if std::fs::read_to_string(&marker).is_ok_and(|done| done == wanted.concat()) {
         return Ok(());
     }
-    // Pods leave through the host stack: it must forward (as the reference
-    // bridge plugin does for isGateway).
-    set_sysctl("net/ipv4/ip_forward", "1")?;
     let mut script = declare_sets(network);
     script.push_str(&format!(
         "add chain inet {TABLE} {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}\n"

@@ -426,6 +426,8 @@ impl Cluster {
         };
         for spec in specs {
             let netns = Netns::new();
+            // A fresh node: what needs forwarding must turn it on itself.
+            crate::forwarding::off_in(&netns);
             let port = format!("p{}", spec.index);
             run_ok(Command::new("ip").args([
                 "-n",

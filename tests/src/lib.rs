@@ -6,7 +6,7 @@
 //! re-exported here whole.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,6 +21,8 @@ pub mod cluster;
 pub mod containerd;
 /// A CRI client: what kubelet sends containerd.
 pub mod cri;
+/// The node's forwarding switches, off as on a fresh machine.
+pub mod forwarding;
 /// Plugin binaries older than their sources are refused.
 pub mod fresh;
 /// A stub of the Kubernetes API server: list and watch of the objects the
@@ -85,6 +87,7 @@ impl Network {
 
     /// flatnet with an IPAM section built from (subnet, gateway, data dir).
     pub fn with_ipam(ipam: impl FnOnce(&str, &str, &str) -> Value) -> Self {
+        forwarding::pristine_host();
         let n = unique_number();
         let prefix = format!("10.{}.{}", 100 + (std::process::id() % 100), n % 250);
         let name = unique("ft-net-");
@@ -466,6 +469,118 @@ pub fn wait_link_gone(link: &str, timeout: Duration) -> bool {
     poll_until(timeout, POLL_INTERVAL, || !link_exists(link))
 }
 
+/// Sends one datagram of `len` bytes from `from` (bound to `from_ip`, DF
+/// off so a node may fragment it) to a socket bound in `to` at `to_ip`;
+/// the source address it arrived with.
+pub fn udp_source(
+    from: &Netns,
+    from_ip: Ipv4Addr,
+    to: &Netns,
+    to_ip: Ipv4Addr,
+    len: usize,
+) -> IpAddr {
+    let receiver = to
+        .run(|| UdpSocket::bind((to_ip, 0)))
+        .expect("bind receiver");
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let target = receiver.local_addr().unwrap();
+    let payload = vec![0x5a_u8; len];
+    from.run(|| {
+        let socket = UdpSocket::bind((from_ip, 0)).unwrap();
+        let dont = nix::libc::IP_PMTUDISC_DONT;
+        // SAFETY: a valid socket and an int option of the size given.
+        let rc = unsafe {
+            nix::libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                nix::libc::IPPROTO_IP,
+                nix::libc::IP_MTU_DISCOVER,
+                (&dont as *const i32).cast(),
+                size_of::<i32>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "IP_MTU_DISCOVER");
+        socket.send_to(&payload, target).unwrap();
+    });
+    let mut buf = vec![0u8; 2048];
+    let (got, source) = receiver
+        .recv_from(&mut buf)
+        .expect("the datagram did not arrive");
+    assert_eq!(&buf[..got], &payload[..]);
+    source.ip()
+}
+
+/// An attachment made through a configuration list, taken back on drop
+/// even when the test panicked: DEL through the list (as libcni runs it
+/// after a failed ADD too), then any host device a chained plugin named in
+/// the result and left (the bandwidth plugin's ifb device).
+pub struct ListAttachment<'a> {
+    list: &'a Conflist,
+    pub call: CniCall,
+    pub runtime_config: Value,
+    /// The list's result; Null until ADD succeeded.
+    pub result: Value,
+    deleted: bool,
+}
+
+impl<'a> ListAttachment<'a> {
+    /// ADD through `list`; the guard is armed before ADD runs.
+    pub fn add(
+        list: &'a Conflist,
+        call: CniCall,
+        runtime_config: Value,
+    ) -> Result<Self, ChainError> {
+        let mut attachment = ListAttachment {
+            list,
+            call,
+            runtime_config,
+            result: Value::Null,
+            deleted: false,
+        };
+        attachment.result = list.add(&attachment.call, &attachment.runtime_config)?;
+        Ok(attachment)
+    }
+
+    /// Host devices of the result that are not the pod's, nor flatnet's
+    /// host veth: what a chained plugin made (the bandwidth plugin's ifb).
+    pub fn chained_devices(&self) -> Vec<String> {
+        let flatnet_veth = self.result["interfaces"][0]["name"].as_str();
+        self.result["interfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i.get("sandbox").is_none())
+            .filter_map(|i| i["name"].as_str())
+            .filter(|name| Some(*name) != flatnet_veth)
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// DEL through the list in reverse order; the guard is then disarmed.
+    pub fn del(&mut self) -> Result<(), ChainError> {
+        let result = (!self.result.is_null()).then_some(&self.result);
+        self.list.del(&self.call, &self.runtime_config, result)?;
+        self.deleted = true;
+        Ok(())
+    }
+}
+
+impl Drop for ListAttachment<'_> {
+    fn drop(&mut self) {
+        if !self.deleted
+            && let Err(e) = self.del()
+        {
+            eprintln!("cleanup DEL of {}: {e}", self.call.container_id);
+        }
+        for device in self.chained_devices() {
+            if link_exists(&device) {
+                let _ = Command::new("ip").args(["link", "del", &device]).output();
+            }
+        }
+    }
+}
+
 impl Network {
     /// This network's flatnet configuration as an entry of a list (without
     /// the `name` and `cniVersion` the list gives it).
@@ -515,6 +630,13 @@ impl Network {
     }
 }
 
+/// What bpftool printed, for a test: judged by its output (bookworm-backports'
+/// 7.5.0 exits 255 after a correct `link show`), panics on a real error.
+#[track_caller]
+pub fn bpftool_ok(cmd: &mut Command) -> String {
+    bpftool(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// One entry at a tc hook of a device, as `bpftool net` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcHook {
@@ -542,7 +664,7 @@ pub fn wait_for_tcx(dev: &str) {
 /// What sits at the tc hooks of `dev` in the caller's namespace (tcx links
 /// and cls_bpf filters), from `bpftool -j net show` (bpftool 7.3+ for tcx).
 pub fn tc_hooks(dev: &str) -> Vec<TcHook> {
-    let out = run_ok(Command::new("bpftool").args(["-j", "net", "show", "dev", dev]));
+    let out = bpftool_ok(Command::new("bpftool").args(["-j", "net", "show", "dev", dev]));
     let listed: Value = serde_json::from_str(&out).expect("bpftool's JSON");
     let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
     listed[0]["tc"]

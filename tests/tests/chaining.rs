@@ -192,9 +192,9 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
         "portMappings": [{"hostPort": host_port, "containerPort": 8080, "protocol": "tcp"}],
         "bandwidth": {"ingressRate": 4_000_000, "ingressBurst": 524_288},
     });
-    let result = list
-        .add(&call, &runtime_config)
+    let mut attachment = ListAttachment::add(&list, call.clone(), runtime_config.clone())
         .expect("ADD through the list");
+    let result = attachment.result.clone();
     let host_veth = net.host_veth(&id, "eth0");
     // Every plugin passed flatnet's result on.
     assert_eq!(
@@ -257,8 +257,7 @@ fn flatnet_portmap_bandwidth_tuning_add_check_del() {
         .expect("CHECK through the list");
     eprintln!("tolerated CHECK failures: {tolerated:?}");
 
-    list.del(&call, &runtime_config, Some(&result))
-        .expect("DEL in reverse order");
+    attachment.del().expect("DEL in reverse order");
     assert!(wait_link_gone(&host_veth, Duration::from_secs(10)));
     let nat = sh("iptables -t nat -S");
     assert!(!nat.contains(&format!("{ip}")), "portmap rules left: {nat}");
@@ -299,9 +298,15 @@ fn bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends() {
     let call = CniCall::new("ADD", &id, &netns.path(), "eth0");
     // 4 Mbit/s out of the pod, burst 64 KiB.
     let runtime_config = json!({"bandwidth": {"egressRate": 4_000_000, "egressBurst": 524_288}});
-    let result = list
-        .add(&call, &runtime_config)
+    let mut attachment = ListAttachment::add(&list, call.clone(), runtime_config.clone())
         .expect("ADD with egress shaping after flatnet");
+    let result = attachment.result.clone();
+    // The bandwidth plugin's ifb device for this pod, named in its result.
+    let ifbs = attachment.chained_devices();
+    assert!(
+        ifbs.len() == 1 && ifbs[0].starts_with("bwp") && link_exists(&ifbs[0]),
+        "{result}"
+    );
     let ip = pod_ip(&result);
     let host_veth = net.host_veth(&id, "eth0");
     let shown = qdiscs(&host_veth);
@@ -335,12 +340,15 @@ fn bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends() {
     // CHECK agrees (the datapath records the shaping), DEL cleans up.
     list.check(&call, &runtime_config, &result)
         .expect("CHECK of the shaped pod");
-    list.del(&call, &runtime_config, Some(&result))
-        .expect("DEL in reverse order");
+    attachment.del().expect("DEL in reverse order");
     assert!(wait_link_gone(&host_veth, Duration::from_secs(10)));
     let left: Vec<String> = net.ipam_allocations();
     assert!(!left.contains(&ip.to_string()), "{left:?}");
-    assert!(!sh("ip -o link").contains("bwp"), "an ifb device was left");
+    assert!(
+        !link_exists(&ifbs[0]),
+        "this pod's ifb device {} was left",
+        ifbs[0]
+    );
 }
 
 #[test]

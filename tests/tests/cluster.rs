@@ -2,7 +2,7 @@
 //! `flatnet_tests::cluster`): the fast path between nodes, the agent's peer
 //! sources, fallbacks, restarts, ipMasq, uninstall, dual-stack and XDP.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -273,45 +273,12 @@ fn no_masq_elements(node: &SimNode) -> Option<Vec<String>> {
 /// True while `from_uplink` is attached to the node's uplink (a tcx link,
 /// as `bpftool net` in the node's namespace lists it).
 fn uplink_program_attached(node: &SimNode) -> bool {
-    node.netns
-        .exec(&["bpftool", "net", "show", "dev", "up0"])
-        .contains("tcx/ingress from_uplink")
-}
-
-/// Sends one datagram of `len` bytes from `from` (bound to `from_ip`, DF
-/// off so a node may fragment it) to a socket bound in `to` at `to_ip`;
-/// the source address it arrived with.
-fn udp_source(from: &Netns, from_ip: Ipv4Addr, to: &Netns, to_ip: Ipv4Addr, len: usize) -> IpAddr {
-    let receiver = to
-        .run(|| UdpSocket::bind((to_ip, 0)))
-        .expect("bind receiver");
-    receiver
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let target = receiver.local_addr().unwrap();
-    let payload = vec![0x5a_u8; len];
-    from.run(|| {
-        let socket = UdpSocket::bind((from_ip, 0)).unwrap();
-        let dont = nix::libc::IP_PMTUDISC_DONT;
-        // SAFETY: a valid socket and an int option of the size given.
-        let rc = unsafe {
-            nix::libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                nix::libc::IPPROTO_IP,
-                nix::libc::IP_MTU_DISCOVER,
-                (&dont as *const i32).cast(),
-                size_of::<i32>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "IP_MTU_DISCOVER");
-        socket.send_to(&payload, target).unwrap();
-    });
-    let mut buf = vec![0u8; 2048];
-    let (got, source) = receiver
-        .recv_from(&mut buf)
-        .expect("the datagram did not arrive");
-    assert_eq!(&buf[..got], &payload[..]);
-    source.ip()
+    bpftool_ok(
+        &mut node
+            .netns
+            .command(&["bpftool", "net", "show", "dev", "up0"]),
+    )
+    .contains("tcx/ingress from_uplink")
 }
 
 #[test]

@@ -135,9 +135,9 @@ impl NodeNs {
             ]);
             ns.exec(&["ip", "link", "set", "up0", "up"]);
         }
-        // What the agent does on a node (flatnet-agent sets it at start):
-        // hostPort and shaped traffic are forwarded by the node's stack.
-        netns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        // A fresh node: flatnet's ADD turns forwarding on, which hostPort
+        // and shaped traffic need (the node's stack forwards them).
+        forwarding::off_in(&netns);
         // containerd's stream server binds 127.0.0.1 there.
         let lo = netns.exec(&["ip", "-o", "link", "show", "dev", "lo"]);
         assert!(lo.contains(",UP"), "loopback of the node is down: {lo}");

@@ -309,7 +309,7 @@ fn maps_dump_with_field_names_in_bpftool() {
     }
     let net = Network::host_local();
     let pod = net.pod();
-    let dump = run_ok(
+    let dump = bpftool_ok(
         std::process::Command::new("bpftool")
             .args(["map", "dump", "pinned"])
             .arg(net.datapath().map_path("ENDPOINTS_V4")),
@@ -325,7 +325,7 @@ fn maps_dump_with_field_names_in_bpftool() {
         )),
         "{dump}"
     );
-    let stats = run_ok(
+    let stats = bpftool_ok(
         std::process::Command::new("bpftool")
             .args(["map", "dump", "pinned"])
             .arg(net.datapath().map_path("STATS")),

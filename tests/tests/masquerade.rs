@@ -9,23 +9,6 @@ use std::time::Duration;
 use flatnet_tests::*;
 use serde_json::json;
 
-/// Puts net.ipv4.ip_forward back (ipMasq turns it on, as the bridge plugin does).
-struct ForwardingGuard(String);
-
-impl ForwardingGuard {
-    fn save() -> Self {
-        ForwardingGuard(
-            std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_else(|_| "0".into()),
-        )
-    }
-}
-
-impl Drop for ForwardingGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", self.0.trim());
-    }
-}
-
 /// Removes the network's nftables rules even when the test fails half way.
 struct MasqGuard(String);
 
@@ -127,7 +110,6 @@ fn masquerade_hides_pods_behind_the_node_but_not_from_each_other() {
     if !root_or_skip("masquerade_hides_pods_behind_the_node_but_not_from_each_other") {
         return;
     }
-    let _forwarding = ForwardingGuard::save();
     let mut net = Network::host_local();
     net.conf["ipMasq"] = json!(true);
     let _rules = MasqGuard(net.name.clone());

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 /// The BPF links of the kernel on device `ifindex`, as `bpftool link` lists
 /// them: (type, attach type).
 fn links_on(ifindex: u32) -> Vec<(String, String)> {
-    let out = run_ok(Command::new("bpftool").args(["-j", "link", "show"]));
+    let out = bpftool_ok(Command::new("bpftool").args(["-j", "link", "show"]));
     let listed: Value = serde_json::from_str(&out).expect("bpftool's JSON");
     listed
         .as_array()
@@ -315,11 +315,15 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
             vec![("xdp".to_string(), String::new())],
             "{veth}: bpftool link"
         );
-        let listed = run_ok(Command::new("bpftool").args(["net", "show", "dev", &veth]));
+        let listed = bpftool_ok(Command::new("bpftool").args(["net", "show", "dev", &veth]));
         assert!(listed.contains(&format!("id {from_pod_xdp}")), "{listed}");
         assert!(link_pin(&net, LinkRole::HostVeth, &veth).exists());
         assert!(link_pin(&net, LinkRole::PodSide, &veth).exists());
-        let inside = pod.netns.exec(&["bpftool", "net", "show", "dev", "eth0"]);
+        let inside = bpftool_ok(
+            &mut pod
+                .netns
+                .command(&["bpftool", "net", "show", "dev", "eth0"]),
+        );
         assert!(inside.contains(&format!("id {pod_xdp_pass}")), "{inside}");
     }
     let before = net.redirected_bytes();

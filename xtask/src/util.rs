@@ -30,6 +30,20 @@ pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a bpftool view and prints what it printed; judged by that, not its
+/// exit status (see `flatnet_harness::bpftool`).
+pub fn run_bpftool(args: &[&str], path: Option<&std::path::Path>) -> anyhow::Result<String> {
+    let mut cmd = Command::new("bpftool");
+    cmd.args(args);
+    if let Some(path) = path {
+        cmd.arg(path);
+    }
+    println!("$ {}", flatnet_harness::describe(&cmd));
+    let shown = flatnet_harness::bpftool(&mut cmd)?;
+    print!("{shown}");
+    Ok(shown)
+}
+
 /// `cargo` with the project-local tools (bpf-linker) on PATH.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));

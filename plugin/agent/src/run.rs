@@ -34,7 +34,7 @@ use flatnet::datapath::{
     self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
 };
 use flatnet::masq;
-use flatnet::net::{Netlink, set_sysctl};
+use flatnet::net::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
 use flatnet::network::ensure_datapath;
 use flatnet::network::markers as ready;
 
@@ -283,10 +283,11 @@ impl Agent {
         );
         // host-gw forwards pod traffic; the fast path's FIB lookup also
         // refuses to route when forwarding is off.
-        set_sysctl("net/ipv4/ip_forward", "1")?;
-        if Path::new("/proc/sys/net/ipv6/conf/all/forwarding").exists() {
-            set_sysctl("net/ipv6/conf/all/forwarding", "1")?;
+        Forwarding {
+            ipv4: true,
+            ipv6: read_sysctl(IPV6_FORWARD).is_some(),
         }
+        .ensure()?;
         datapath::ensure_bpffs_at(&args.pin_root)?;
         let host = Netlink::connect()?;
         drop(ensure_datapath(&conf, &datapath, &host).await?);

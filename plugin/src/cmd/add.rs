@@ -144,6 +144,10 @@ async fn add_steps(
     done.in_datapath = true;
     datapath.insert_pod(endpoint, &plan.endpoint_addresses, conf.shaping)?;
     mark("pod inserted");
+    // Last, so a failed ADD leaves the switches as it found them; as the
+    // reference bridge plugin does, since the host forwards whatever the
+    // datapath does not redirect (see README, "A fresh node").
+    plan.forwarding.ensure()?;
     Ok(plan.result(conf.version, conf.prev_result.as_ref()))
 }
 

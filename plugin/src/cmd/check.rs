@@ -53,6 +53,14 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     }
     check_endpoints(&plan, &datapath, &host_link, &pod_link)?;
     check_shaping(conf, &plan, &datapath)?;
+    let forwarding = plan.forwarding.problems();
+    if !forwarding.is_empty() {
+        return Err(mismatch(format!(
+            "network {}: {}",
+            conf.name,
+            forwarding.join("; ")
+        )));
+    }
 
     let ipam = Delegate::find(conf.require_ipam()?, &env.path)?;
     ipam.run(Command::Check, stdin)?;

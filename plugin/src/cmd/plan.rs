@@ -18,7 +18,7 @@ use crate::cni::config::{DatapathMode, NetConf};
 use crate::cni::error::{Error, Result};
 use crate::cni::result::{CniResult, Interface, IpConfig, Route};
 use crate::cni::version::SpecVersion;
-use crate::net::{AttachmentNames, Mac, format_mac, parse_mac};
+use crate::net::{AttachmentNames, Forwarding, Mac, format_mac, parse_mac};
 
 /// The pod's veth pair: what ADD creates before IPAM has answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +85,9 @@ pub struct AttachmentPlan {
     pub masquerade: Vec<IpNetwork>,
     /// The gateway device needs IPv6 turned on.
     pub gateway_ipv6: bool,
+    /// The node forwards the pod's families (the host stack carries
+    /// everything the datapath does not redirect).
+    pub forwarding: Forwarding,
     /// DNS for the result: the configuration's, else IPAM's.
     pub dns: crate::cni::result::Dns,
 }
@@ -184,6 +187,7 @@ impl AttachmentPlan {
                 Vec::new()
             },
             gateway_ipv6: ips.iter().any(|ip| ip.address.is_ipv6()),
+            forwarding: Forwarding::for_addresses(&endpoint_addresses),
             interface,
             pod_routes,
             gateway_addresses,
@@ -341,6 +345,7 @@ mod tests {
         assert_eq!(plan.endpoint_addresses.len(), 2);
         assert_eq!(plan.masquerade.len(), 2);
         assert!(plan.gateway_ipv6);
+        assert!(plan.forwarding.ipv4 && plan.forwarding.ipv6);
         assert_eq!(plan.interface.mtu, Some(1400));
         assert!(plan.interface.host_veth.starts_with("fl"));
     }
@@ -364,6 +369,8 @@ mod tests {
             ["0.0.0.0/0 via 10.1.0.254", "192.168.0.0/16 via 10.1.0.1"]
         );
         assert!(!plan.gateway_ipv6);
+        // Forwarding is planned for the pod's family only.
+        assert!(plan.forwarding.ipv4 && !plan.forwarding.ipv6);
         assert!(plan.masquerade.is_empty());
     }
 

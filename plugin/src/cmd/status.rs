@@ -2,6 +2,8 @@
 //! only when the datapath is loaded or can be (eBPF object embedded, bpffs
 //! mounted or mountable, no conflicting pins), the gateway device is not
 //! another network's, and the IPAM plugin answers its own STATUS with ready.
+//! Forwarding turned off under live pods is code 51 (existing containers
+//! cut off from what the host stack forwards).
 //! Read-only: nothing is mounted, loaded or created. A kernel without tcx
 //! (programs attached as cls_bpf filters instead) is said on stderr.
 
@@ -12,7 +14,7 @@ use crate::cni::env::{CniEnv, Command};
 use crate::cni::error::{Error, Result, code};
 use crate::datapath::{self, Datapath};
 use crate::delegate::Delegate;
-use crate::net::{Netlink, gateway_alias};
+use crate::net::{Forwarding, Netlink, gateway_alias};
 
 const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
@@ -24,7 +26,11 @@ pub async fn status(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     if let Some(problem) = gateway_problem(conf).await {
         problems.push(problem);
     }
-    let mut limited = false;
+    // Forwarding turned off under live pods cuts them off from everything
+    // the host stack carries: existing containers' connectivity is limited.
+    let forwarding = forwarding_problems(conf);
+    let mut limited = !forwarding.is_empty();
+    problems.extend(forwarding);
     let ipam = conf.require_ipam()?;
     match Delegate::find(ipam, &env.path).and_then(|ipam| ipam.run(Command::Status, stdin)) {
         Ok(_) => {}
@@ -107,6 +113,14 @@ fn datapath_problems(conf: &NetConf) -> Vec<String> {
         ));
     }
     problems
+}
+
+/// Forwarding off for a family the network's pods have addresses in.
+fn forwarding_problems(conf: &NetConf) -> Vec<String> {
+    let Ok(endpoints) = Datapath::for_conf(conf).and_then(|d| d.all_endpoints()) else {
+        return Vec::new();
+    };
+    Forwarding::for_addresses(endpoints.iter().map(|(ip, _)| ip)).problems()
 }
 
 /// An ADD refuses a gateway device that another network owns.

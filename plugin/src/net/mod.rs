@@ -46,7 +46,7 @@ pub use gateway::gateway_alias;
 pub use link::{GsoLimits, LinkState, VethPair, ifindex_is_gone, ifname_of};
 pub use names::{AttachmentNames, Mac, format_mac, parse_mac};
 pub use route::RouteState;
-pub use sysctl::set_sysctl;
+pub use sysctl::{Forwarding, IPV4_FORWARD, IPV6_FORWARD, read_sysctl, set_sysctl};
 
 const EEXIST: i32 = libc::EEXIST;
 const ENODEV: i32 = libc::ENODEV;

@@ -23,7 +23,7 @@ pub use cni::{
     CniCall, CniOutput, REFERENCE_PLUGINS, bin_dir, cni_path, find_plugin, result_ips,
     run_with_stdin,
 };
-pub use command::{CommandError, describe, output, run_ok};
+pub use command::{CommandError, bpftool, describe, output, run_ok};
 pub use conflist::{ChainError, Conflist};
 pub use netns::{Netns, enter, enter_thread};
 pub use require::{REQUIRE_ROOT_ENV, Verdict, is_root, require, verdict};

@@ -80,7 +80,7 @@ fn program_stats(network: &str, program: &str) -> Option<(u64, u64)> {
                     .is_some_and(|rest| rest.starts_with('-'))
             })
         })?;
-    let shown = util::output(
+    let shown = flatnet_harness::bpftool(
         Command::new("bpftool")
             .args(["prog", "show", "pinned"])
             .arg(&pin)
