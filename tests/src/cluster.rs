@@ -253,8 +253,19 @@ impl SimNode {
 
     pub fn pod(&self) -> SimPod<'_> {
         let netns = Netns::new();
+        self.pod_in(netns, "")
+    }
+
+    /// A pod in `netns` (made by the caller, who may already run things in
+    /// it), added with `cni_args` as CNI_ARGS (kubelet's
+    /// `K8S_POD_NAMESPACE=..;K8S_POD_NAME=..`).
+    pub fn pod_in(&self, netns: Netns, cni_args: &str) -> SimPod<'_> {
         let container = unique("cpod-");
-        let out = self.cni("ADD", Some((&container, &netns.path())));
+        let mut call = CniCall::new("ADD", &container, &netns.path(), "eth0");
+        call.path = self.bin_dir().display().to_string();
+        call.node = Some(self.netns.path());
+        call.args = cni_args.to_string();
+        let out = call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin());
         assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
         let result = out.json();
         let addresses = result_ips(&result);

@@ -24,6 +24,7 @@ pub mod policy;
 pub mod policy_sync;
 pub mod policy_watch;
 pub mod reclaim;
+pub mod records_watch;
 pub mod routes;
 pub mod run;
 pub mod service_sync;

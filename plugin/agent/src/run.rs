@@ -27,6 +27,7 @@ use super::policy;
 use super::policy_sync::{DatapathSink, PolicySync};
 use super::policy_watch::{self, PolicyObjects};
 use super::reclaim::Reclaimer;
+use super::records_watch;
 use super::routes::Routes;
 use super::service_sync::{self, ServiceSync};
 use flatnet::cni::config::NetConf;
@@ -36,6 +37,7 @@ use flatnet::datapath::{
 use flatnet::masq;
 use flatnet::net::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
 use flatnet::network::ensure_datapath;
+use flatnet::network::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
 use flatnet::network::markers as ready;
 
 /// tc filter priority and handle of `from_uplink` on the uplink: its own
@@ -89,6 +91,12 @@ pub async fn run(args: Args) -> Result<()> {
     let (updates, mut nodes_rx) = watch::channel::<Option<Vec<Node>>>(None);
     // Policy changes; None with the file source or --network-policy=false.
     let mut policy_rx = None;
+    // ADD's pod records changed; with --network-policy only.
+    let mut records_rx = None;
+    if !agent.args.network_policy || peer_file.is_some() {
+        // No policy enforced here: new pods start open.
+        remove_if_present(&isolation_file(&agent.args.network))?;
+    }
     match peer_file {
         Some(path) => {
             let poll = Duration::from_millis(agent.args.peer_file_poll_ms.max(10));
@@ -109,6 +117,7 @@ pub async fn run(args: Args) -> Result<()> {
                         agent.metrics.clone(),
                     ),
                 });
+                records_rx = Some(agent.start_first_packet_policy()?);
             }
             if services_ebpf {
                 agent.services = Some(agent.start_services()?);
@@ -149,6 +158,15 @@ pub async fn run(args: Args) -> Result<()> {
                 }
                 policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
             }
+            changed = policy_change(&mut records_rx) => {
+                if changed.is_err() {
+                    break Err(AgentError::SourceEnded("the pod records watch stopped".into()));
+                }
+                // Only once the watches have listed (the first value after).
+                if policy_rx.as_ref().is_some_and(|rx| *rx.borrow() > 0) {
+                    policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
+                }
+            }
             _ = until(policy_due) => {
                 policy_due = None;
                 agent.enforce_policy();
@@ -163,6 +181,14 @@ pub async fn run(args: Args) -> Result<()> {
     remove_if_present(&ready::ready_marker(&agent.args.network))?;
     tracing::info!("stopping; the datapath and routes stay in place");
     outcome
+}
+
+/// `isolation-<network>.json` for ADD, written atomically when it changed.
+fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
+    let path = isolation_file(network);
+    let bytes = serde_json::to_vec_pretty(isolation)
+        .map_err(|e| AgentError::io(format!("encoding {}", path.display()), e.into()))?;
+    install::write_atomically(&path, &bytes, 0o644).map(drop)
 }
 
 /// The next policy change; never without policy watches.
@@ -385,6 +411,10 @@ impl Agent {
     /// Recomputes this node's NetworkPolicy plan from the watched objects
     /// and writes what changed.
     fn enforce_policy(&mut self) {
+        if self.policy.is_none() {
+            return;
+        }
+        let local = self.recorded_local_ips();
         let (Some(enforcer), Some(objects)) = (self.policy.as_mut(), self.objects.as_ref()) else {
             return;
         };
@@ -396,12 +426,59 @@ impl Agent {
         let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let start = Instant::now();
         let frontends = crate::services::frontends(&services, &slices, &self.node_name);
-        let plan = policy::plan_of(&self.node_name, &policies, &pods, &namespaces, &frontends);
+        let plan = policy::plan_of(
+            &self.node_name,
+            &policies,
+            &pods,
+            &namespaces,
+            &frontends,
+            &local,
+        );
         self.metrics
             .policy_compute
             .0
             .observe(start.elapsed().as_secs_f64());
         enforcer.sync.update(plan);
+        // What ADD starts a new pod with (after the plan: a pod already
+        // here is written before its namespace's new policy reaches ADDs).
+        let isolation = policy::isolation(&policies);
+        if let Err(e) = write_isolation(&self.args.network, &isolation) {
+            self.metrics.policy_errors.inc();
+            tracing::warn!(error = %e, "cannot write the namespaces' isolation for ADD");
+        }
+    }
+
+    /// NetworkPolicy from a pod's first packet (`first_packet`): until the
+    /// watches have listed, a new pod starts isolated both ways (an earlier
+    /// run's file, still in /run, stays in force meanwhile); ADD's pod
+    /// records wake the computation.
+    fn start_first_packet_policy(&self) -> Result<watch::Receiver<u64>> {
+        let network = &self.args.network;
+        if !isolation_file(network).exists() {
+            write_isolation(network, &Isolation::default())?;
+        }
+        records_watch::spawn(&records_dir(network))
+    }
+
+    /// The addresses ADD recorded for this node's pods, each still in the
+    /// datapath (a record a crash left behind names none).
+    fn recorded_local_ips(&self) -> policy::LocalIps {
+        let mut local = policy::LocalIps {
+            node: self.node_name.clone(),
+            ..Default::default()
+        };
+        for (_, record) in PodRecord::read_all(&self.args.network) {
+            let attached = record
+                .ips
+                .iter()
+                .any(|ip| self.datapath.slot_of(*ip).is_ok_and(|slot| slot.is_some()));
+            if attached {
+                local
+                    .ips
+                    .insert((record.namespace, record.name), record.ips);
+            }
+        }
+        local
     }
 
     /// `--services ebpf`: the socket programs attached to the cgroup (this

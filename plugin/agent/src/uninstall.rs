@@ -27,6 +27,7 @@ use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_p
 use flatnet::datapath::Datapath;
 use flatnet::masq;
 use flatnet::net::{Netlink, errno};
+use flatnet::network::first_packet;
 use flatnet::network::markers::{self as ready, AGENT_MANAGED_KEY};
 use flatnet::network::remove_unused;
 use flatnet_common::PROG_FROM_UPLINK;
@@ -65,6 +66,12 @@ pub async fn uninstall(args: Args) -> Result<()> {
         "policy names",
         remove_if_present(&ready::policy_names_file(&network)).map(drop),
     );
+    // New pods start open again (no agent enforces policy any more).
+    note(
+        "namespaces' isolation",
+        remove_if_present(&first_packet::isolation_file(&network)).map(drop),
+    );
+    first_packet::PodRecord::remove_all(&network);
     // Map entries before routes: a CIDR left in the map without its route
     // would go wherever the FIB says.
     if datapath.exists() {

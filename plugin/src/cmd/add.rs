@@ -20,6 +20,7 @@ use crate::delegate::Delegate;
 use crate::masq;
 use crate::net::{Netlink, VethPair, set_sysctl};
 use crate::netns;
+use crate::network::first_packet::{Isolation, PodRecord};
 use crate::network::{ensure_datapath, release_if_empty};
 use crate::reaper;
 use crate::trace::mark;
@@ -32,6 +33,17 @@ struct Done {
     host_veth: Option<(u32, String)>,
     counter_slot: Option<u32>,
     in_datapath: bool,
+    /// The slot whose policy ADD started (see `first_packet`).
+    policy_slot: Option<u32>,
+    /// The pod's record for the agent was (being) written.
+    record: bool,
+}
+
+/// The pod's namespace and name, when the runtime is kubelet's (CNI_ARGS).
+fn pod_identity(env: &CniEnv) -> Option<(&str, &str)> {
+    let namespace = env.arg("K8S_POD_NAMESPACE").filter(|n| !n.is_empty())?;
+    let name = env.arg("K8S_POD_NAME").filter(|n| !n.is_empty())?;
+    Some((namespace, name))
 }
 
 pub async fn add(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<CniResult> {
@@ -142,7 +154,26 @@ async fn add_steps(
         counter_slot,
     };
     done.in_datapath = true;
+    // NetworkPolicy from the first packet: a pod of a namespace with
+    // policies starts isolated, before it is reachable at all.
+    let identity = pod_identity(env);
+    let isolation = Isolation::read(&conf.name);
+    if let (Some((namespace, _)), Some(isolation)) = (identity, &isolation) {
+        let flags = isolation.start_flags(namespace);
+        done.policy_slot = Some(counter_slot);
+        datapath.start_pod_policy(counter_slot, &plan.interface.host_veth, flags)?;
+    }
     datapath.insert_pod(endpoint, &plan.endpoint_addresses, conf.shaping)?;
+    if let (Some((namespace, name)), Some(_)) = (identity, &isolation) {
+        // For the agent, who learns the address from the API only later.
+        done.record = true;
+        PodRecord {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            ips: plan.endpoint_addresses.clone(),
+        }
+        .write(&conf.name, &plan.interface.host_veth)?;
+    }
     mark("pod inserted");
     // Last, so a failed ADD leaves the switches as it found them; as the
     // reference bridge plugin does, since the host forwards whatever the
@@ -254,6 +285,17 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ipam: &Delegate, host: &Netlink,
         && let Err(e) = datapath.remove_pods(|ifindex| ifindex == *index)
     {
         eprintln!("flatnet: rollback: {e}");
+    }
+    if let Some(datapath) = &datapath
+        && let Some(slot) = done.policy_slot
+        && let Err(e) = datapath.clear_pod_policy(slot)
+    {
+        eprintln!("flatnet: rollback: {e}");
+    }
+    if done.record
+        && let Some((_, name)) = &done.host_veth
+    {
+        PodRecord::remove(&conf.name, name);
     }
     // A slot not yet recorded with the pod is given back here.
     if let Some(datapath) = &datapath

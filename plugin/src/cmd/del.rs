@@ -12,6 +12,7 @@ use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::lock::{self, Lock};
 use crate::net::{AttachmentNames, Netlink, ifindex_is_gone};
+use crate::network::first_packet::PodRecord;
 use crate::network::release_if_empty;
 use crate::reaper;
 use crate::trace::mark;
@@ -49,6 +50,9 @@ pub async fn del(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             None => datapath.remove_pods(ifindex_is_gone)?,
         }
     }
+    // The agent's record of who the pod was (ADD wrote it when an agent
+    // enforces NetworkPolicy).
+    PodRecord::remove(&conf.name, &names.host_veth);
     mark("pod removed from the datapath");
     if let Some(link) = &host_link {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU

@@ -20,6 +20,7 @@ use crate::datapath::Datapath;
 use crate::delegate::Delegate;
 use crate::lock::{self, Lock};
 use crate::net::{AttachmentNames, Netlink};
+use crate::network::first_packet::PodRecord;
 use crate::network::release_if_empty;
 
 pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
@@ -29,6 +30,7 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         .collect();
     let host = Netlink::connect()?;
     let mut failures: Vec<Error> = Vec::new();
+    PodRecord::retain(&conf.name, |veth| valid.contains(veth));
 
     let datapath = Datapath::for_conf(conf)?;
     if datapath.map_path(MAP_HOST_VETHS).exists()

@@ -224,6 +224,26 @@ impl Datapath {
         Ok(())
     }
 
+    /// A new pod's policy before the agent has written its own (see
+    /// `network::first_packet`): isolated in `flags`' directions with empty
+    /// tables, so nothing passes there from its first packet on; `to_pod`
+    /// on its host veth `host_veth` first when ingress is isolated (what
+    /// the host stack delivers is judged there). A datapath pinned without
+    /// the policy maps has no policy to start.
+    pub fn start_pod_policy(&self, slot: u32, host_veth: &str, flags: u32) -> Result<()> {
+        if flags == 0 || !self.map_path(MAP_POLICY_PODS).exists() {
+            return Ok(());
+        }
+        check_slot(slot)?;
+        if flags & POLICY_F_INGRESS != 0
+            && attach_mode() == AttachMode::Tcx
+            && !self.link_path(LinkRole::ToPod, host_veth).exists()
+        {
+            self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, host_veth)?;
+        }
+        self.write_pod_policy(slot, flags)
+    }
+
     /// Attaches `to_pod` to the host veth of the pod in `slot` (a pinned tcx
     /// link, `links/egress-<veth>`), unless it is there. Only pods isolated
     /// for ingress get it: the others never pay for it. Creating a tcx link

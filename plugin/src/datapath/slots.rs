@@ -29,6 +29,7 @@ impl Datapath {
             // ifindex (`preferred_slot`), so it rarely has to look up.
             let slot = preferred_slot(index.wrapping_add(probe));
             let path = dir.join(slot.to_string());
+            let mut took_over = false;
             for _attempt in 0..2 {
                 match std::fs::OpenOptions::new()
                     .write(true)
@@ -41,6 +42,11 @@ impl Datapath {
                             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
                         self.zero_counters(slot)?;
                         self.zero_policy_drops(slot)?;
+                        if took_over {
+                            // The crashed owner's policy must not become
+                            // this pod's (DEL clears it; a crash did not).
+                            self.clear_pod_policy(slot)?;
+                        }
                         return Ok(slot);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -51,6 +57,7 @@ impl Datapath {
                             Some(owner) if owner == index => return Ok(slot),
                             Some(owner) if crate::net::ifindex_is_gone(owner) => {
                                 let _ = std::fs::remove_file(&path);
+                                took_over = true;
                             }
                             _ => break,
                         }

@@ -128,6 +128,7 @@ pub async fn remove_unused(
     let policy_names = markers::policy_names_file(network);
     crate::util::remove_file_if_present(&policy_names)
         .map_err(|e| Error::io(format!("removing {}", policy_names.display()), e))?;
+    super::first_packet::PodRecord::remove_all(network);
     if ip_masq || masq::installed(network) {
         masq::remove(network)?;
     }

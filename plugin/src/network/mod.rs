@@ -4,6 +4,7 @@
 //! The verbs (`cmd`), `flatnet repair` (`cli`) and flatnet-agent all use it;
 //! it uses none of them.
 
+pub mod first_packet;
 pub mod lifecycle;
 pub mod markers;
 pub mod rebuild;

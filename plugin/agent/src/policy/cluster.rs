@@ -17,6 +17,14 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 /// The label the API server puts on every namespace, naming it.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
+/// The addresses of `node`'s pods as their ADD recorded them (by namespace
+/// and name; see `flatnet::network::first_packet`).
+#[derive(Debug, Clone, Default)]
+pub struct LocalIps {
+    pub node: String,
+    pub ips: BTreeMap<(String, String), Vec<IpAddr>>,
+}
+
 /// What the computation needs to know about a pod.
 pub struct PodView<'a> {
     pub pod: &'a Pod,
@@ -48,6 +56,21 @@ impl<'a> PodView<'a> {
             labels: pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             ips,
         }
+    }
+
+    /// With the addresses ADD recorded (`local`) when the status has none
+    /// yet and the pod is on `local`'s node: kubelet writes them seconds
+    /// after ADD, and policy must not wait for that.
+    pub fn or_recorded(mut self, local: &LocalIps) -> Self {
+        if self.ips.is_empty()
+            && self.node() == Some(local.node.as_str())
+            && let Some(ips) = local
+                .ips
+                .get(&(self.namespace.to_string(), self.name.to_string()))
+        {
+            self.ips = ips.clone();
+        }
+        self
     }
 
     /// Succeeded or Failed: its containers are gone, its IPs may be reused.
@@ -100,10 +123,10 @@ pub struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(pods: &[&'a Pod], namespaces: &[&'a Namespace]) -> Self {
+    pub fn new(pods: &[&'a Pod], namespaces: &[&'a Namespace], local: &LocalIps) -> Self {
         let peers = pods
             .iter()
-            .map(|p| PodView::new(p))
+            .map(|p| PodView::new(p).or_recorded(local))
             .filter(|p| !p.ips.is_empty() && !p.finished())
             .collect();
         let namespaces = namespaces

@@ -37,7 +37,9 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use ports::{MAX_PORT_RANGES, PortRange, PortSet, Protocol};
 pub use table::{Entry, Table};
 
+pub use cluster::LocalIps;
 use cluster::{Cluster, PodView};
+use flatnet::network::first_packet::Isolation;
 use rules::Policy;
 
 /// A pod, by namespace and name.
@@ -158,7 +160,37 @@ pub fn plan(
     let policies: Vec<&NetworkPolicy> = policies.iter().collect();
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
-    plan_of(node, &policies, &pods, &namespaces, &[])
+    plan_of(
+        node,
+        &policies,
+        &pods,
+        &namespaces,
+        &[],
+        &LocalIps::default(),
+    )
+}
+
+/// Which directions each namespace's policies isolate: what a new pod of
+/// that namespace starts with until its own policy is written.
+pub fn isolation(policies: &[&NetworkPolicy]) -> Isolation {
+    let mut isolation = Isolation {
+        listed: true,
+        namespaces: BTreeMap::new(),
+    };
+    for policy in policies {
+        let Some(namespace) = policy.metadata.namespace.as_deref() else {
+            continue;
+        };
+        let (ingress, egress) = rules::policy_types(policy);
+        let directions = isolation
+            .namespaces
+            .entry(namespace.to_string())
+            .or_default();
+        directions.ingress |= ingress;
+        directions.egress |= egress;
+    }
+    isolation.namespaces.retain(|_, d| d.ingress || d.egress);
+    isolation
 }
 
 /// [`plan`] on borrowed objects (a watch cache's, not cloned).
@@ -170,13 +202,14 @@ pub fn plan_of(
     pods: &[&Pod],
     namespaces: &[&Namespace],
     frontends: &[crate::services::Frontend<'_>],
+    local: &LocalIps,
 ) -> Plan {
     let subjects: Vec<PodView<'_>> = pods
         .iter()
-        .map(|p| PodView::new(p))
+        .map(|p| PodView::new(p).or_recorded(local))
         .filter(|p| p.node() == Some(node) && !p.host_network() && !p.finished())
         .collect();
-    let cluster = Cluster::new(pods, namespaces);
+    let cluster = Cluster::new(pods, namespaces, local);
     // Peers are resolved only for policies that select a pod here.
     let mut relevant: Vec<&NetworkPolicy> = policies
         .iter()

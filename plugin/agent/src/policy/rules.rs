@@ -38,6 +38,25 @@ struct Rule<'a> {
     ports: Vec<RulePort<'a>>,
 }
 
+/// The directions `policy` isolates the pods it selects in: (ingress,
+/// egress). Upstream defaulting: unset (or empty) policyTypes means
+/// Ingress, plus Egress when there are egress rules.
+pub fn policy_types(policy: &NetworkPolicy) -> (bool, bool) {
+    let spec = policy.spec.as_ref();
+    let types = spec
+        .and_then(|s| s.policy_types.as_deref())
+        .unwrap_or_default();
+    if types.is_empty() {
+        let egress_rules = spec.and_then(|s| s.egress.as_deref()).unwrap_or_default();
+        (true, !egress_rules.is_empty())
+    } else {
+        (
+            types.iter().any(|t| t == "Ingress"),
+            types.iter().any(|t| t == "Egress"),
+        )
+    }
+}
+
 /// A policy with its peers resolved, for the pods it selects.
 pub struct Policy<'a> {
     pub name: &'a str,
@@ -53,19 +72,7 @@ impl<'a> Policy<'a> {
         let spec = policy.spec.as_ref();
         let ingress_rules = spec.and_then(|s| s.ingress.as_deref()).unwrap_or_default();
         let egress_rules = spec.and_then(|s| s.egress.as_deref()).unwrap_or_default();
-        // Upstream defaulting: unset (or empty) policyTypes means Ingress,
-        // plus Egress when there are egress rules.
-        let types = spec
-            .and_then(|s| s.policy_types.as_deref())
-            .unwrap_or_default();
-        let (has_ingress, has_egress) = if types.is_empty() {
-            (true, !egress_rules.is_empty())
-        } else {
-            (
-                types.iter().any(|t| t == "Ingress"),
-                types.iter().any(|t| t == "Egress"),
-            )
-        };
+        let (has_ingress, has_egress) = policy_types(policy);
         let compile = |peers: Option<&'a [NetworkPolicyPeer]>,
                        ports: Option<&'a [NetworkPolicyPort]>| Rule {
             peers: compile_peers(peers, namespace, cluster),

@@ -2,6 +2,7 @@
 //! ([`model`]), and each feature and edge case on its own.
 
 mod features;
+mod first_packet;
 mod model;
 mod named_ports;
 mod scale;

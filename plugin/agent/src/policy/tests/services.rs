@@ -140,7 +140,14 @@ fn egress_plan() -> Plan {
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
     let frontends = frontends(&services, &slices, NODE);
-    plan_of(NODE, &policies, &pods, &namespaces, &frontends)
+    plan_of(
+        NODE,
+        &policies,
+        &pods,
+        &namespaces,
+        &frontends,
+        &super::super::LocalIps::default(),
+    )
 }
 
 #[test]
