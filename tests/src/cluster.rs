@@ -371,9 +371,13 @@ impl Drop for SimNode {
             PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
             // The agent's record of which policies select which pod.
             flatnet::network::markers::policy_names_file(&self.network),
+            // What the agent tells ADD of the namespaces' policies.
+            flatnet::network::first_packet::isolation_file(&self.network),
         ] {
             let _ = std::fs::remove_file(path);
         }
+        // ADD's pod records (its pods' DELs took theirs).
+        flatnet::network::first_packet::PodRecord::remove_all(&self.network);
         let _ = std::fs::remove_dir_all(format!("/run/flatnet/slots-{}", self.network));
     }
 }
