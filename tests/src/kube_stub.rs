@@ -13,7 +13,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::extract::{RawQuery, State};
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -89,6 +89,9 @@ struct ApiState {
     events: Vec<(u64, Kind, Value)>,
     lists: HashMap<Kind, usize>,
     watches: HashMap<Kind, usize>,
+    /// The discovery.k8s.io version EndpointSlices are served at ("v1",
+    /// "v1beta1" as Kubernetes 1.17-1.20, or "" for neither); None: v1.
+    slice_version: Option<&'static str>,
 }
 
 /// The stub's objects; cheap to clone (shared).
@@ -128,6 +131,17 @@ impl ApiStub {
         stub
     }
 
+    /// Serves EndpointSlices only at discovery.k8s.io/`version` ("v1beta1"
+    /// as Kubernetes 1.20 does, "" for an API server without them): the
+    /// other version's path answers 404 with a Status, as kube-apiserver.
+    pub fn serve_slices_as(&self, version: &'static str) {
+        self.lock().slice_version = Some(version);
+    }
+
+    fn slice_version(&self) -> &'static str {
+        self.lock().slice_version.unwrap_or("v1")
+    }
+
     fn lock(&self) -> MutexGuard<'_, ApiState> {
         // A test that panicked holding it has failed already.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -140,7 +154,7 @@ impl ApiStub {
         state.version += 1;
         let version = state.version;
         object["metadata"]["resourceVersion"] = json!(version.to_string());
-        object["apiVersion"] = json!(kind.api_version());
+        object["apiVersion"] = json!(self.api_version_of(kind, &state));
         object["kind"] = json!(kind.name());
         let key = key_of(&object);
         let objects = state.objects.entry(kind).or_default();
@@ -206,6 +220,15 @@ impl ApiStub {
         self.lock().watches.get(&kind).copied().unwrap_or(0)
     }
 
+    fn api_version_of(&self, kind: Kind, state: &ApiState) -> String {
+        match (kind, state.slice_version) {
+            (Kind::EndpointSlice, Some(version)) if !version.is_empty() => {
+                format!("discovery.k8s.io/{version}")
+            }
+            _ => kind.api_version().to_string(),
+        }
+    }
+
     pub fn router(&self) -> axum::Router {
         let mut router = axum::Router::new();
         for kind in Kind::ALL {
@@ -213,22 +236,37 @@ impl ApiStub {
                 kind.path(),
                 axum::routing::get(
                     move |State(stub): State<ApiStub>, RawQuery(raw): RawQuery| {
-                        collection(kind, stub, raw)
+                        collection(kind, stub, raw, "v1")
                     },
                 ),
             );
         }
+        router = router.route(
+            "/apis/discovery.k8s.io/v1beta1/endpointslices",
+            axum::routing::get(
+                move |State(stub): State<ApiStub>, RawQuery(raw): RawQuery| {
+                    collection(Kind::EndpointSlice, stub, raw, "v1beta1")
+                },
+            ),
+        );
         router.with_state(self.clone())
     }
 }
 
 /// A list of `kind`, or with `watch=true` its events after the asked
 /// resourceVersion, one JSON object a line, then the ones to come.
-async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response {
+async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>, version: &str) -> Response {
     // kube's parameters are plain words and numbers: no percent-decoding needed.
     let raw = raw.unwrap_or_default();
     let query: HashMap<&str, &str> = raw.split('&').filter_map(|p| p.split_once('=')).collect();
     let json_type = [(header::CONTENT_TYPE, "application/json")];
+    if kind == Kind::EndpointSlice && stub.slice_version() != version {
+        // What kube-apiserver answers for a version it does not serve.
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "message": "the server could not find the requested resource",
+                            "reason": "NotFound", "details": {}, "code": 404});
+        return (StatusCode::NOT_FOUND, json_type, status.to_string()).into_response();
+    }
     if !matches!(query.get("watch"), Some(&("true" | "1"))) {
         let mut state = stub.lock();
         *state.lists.entry(kind).or_default() += 1;
@@ -239,7 +277,7 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response 
             .unwrap_or_default();
         let list = json!({
             "kind": format!("{}List", kind.name()),
-            "apiVersion": kind.api_version(),
+            "apiVersion": stub.api_version_of(kind, &state),
             "metadata": {"resourceVersion": state.version.to_string()},
             "items": items,
         });

@@ -7,7 +7,9 @@
 //! - `flatnet_policy_denied_packets_total{host_veth_ifindex,direction}`:
 //!   what NetworkPolicy dropped of each pod's traffic (`POLICY_DROPS`).
 //! - `flatnet_remote_cidrs`: entries of the fast path's remote-CIDR tries.
-//! - `flatnet_agent_ready`, `flatnet_peer_nodes`, `flatnet_peer_routes`,
+//! - `flatnet_agent_ready`, `flatnet_agent_feature_ready{feature}` (0 while
+//!   NetworkPolicy or eBPF Services is down: a watch cannot list),
+//!   `flatnet_peer_nodes`, `flatnet_peer_routes`,
 //!   `flatnet_peer_routes_missing` (not in place now),
 //!   `flatnet_route_failures_total` (failed kernel requests),
 //!   `flatnet_peer_updates_total`, `flatnet_peer_source_errors_total`.
@@ -69,6 +71,16 @@ pub struct AgentMetrics {
     pub service_backends: Gauge,
     pub service_update: ComputeSeconds,
     pub service_errors: Counter,
+    /// 0 for each feature that is down (`network_policy`, ...), 1 when up.
+    pub feature_ready: Family<FeatureLabel, Gauge>,
+    /// Why the agent is not ready, for `/readyz` (not a metric).
+    pub not_ready: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// `network_policy`, `services_ebpf`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureLabel {
+    pub feature: String,
 }
 
 /// `ingress` or `egress`.
@@ -214,6 +226,11 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         agent.ready.clone(),
     );
     registry.register(
+        "flatnet_agent_feature_ready",
+        "1 while a feature the agent was started with works, 0 while it is down (its watches cannot list)",
+        agent.feature_ready.clone(),
+    );
+    registry.register(
         "flatnet_peer_nodes",
         "Other nodes in the peer list",
         agent.peer_nodes.clone(),
@@ -346,9 +363,18 @@ async fn metrics(State(served): State<Served>) -> impl IntoResponse {
 /// 200 while ready, 503 otherwise: a DaemonSet readiness probe.
 async fn readyz(State(served): State<Served>) -> impl IntoResponse {
     if served.agent.ready.get() == 1 {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        let reasons = served
+            .agent
+            .not_ready
+            .lock()
+            .map(|r| r.iter().map(|line| format!("{line}\n")).collect::<String>())
+            .unwrap_or_default();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready\n{reasons}"),
+        )
     }
 }
 

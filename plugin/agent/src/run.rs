@@ -106,7 +106,8 @@ pub async fn run(args: Args) -> Result<()> {
             let client = kube_source::client(agent.args.kube_api_server.as_deref()).await?;
             let services_ebpf = agent.args.services == ServicesMode::Ebpf;
             if agent.args.network_policy || services_ebpf {
-                let (objects, changes) = policy_watch::spawn(client.clone(), agent.metrics.clone());
+                let (objects, changes) =
+                    policy_watch::spawn(client.clone(), agent.metrics.clone()).await;
                 agent.objects = Some(objects);
                 policy_rx = Some(changes);
             }
@@ -273,6 +274,8 @@ pub struct Agent {
     last_missing: Vec<String>,
     /// The readiness last reported (marker, gauge, /readyz).
     ready: bool,
+    /// The node's own setup succeeded at the last pass.
+    setup_ok: bool,
     /// With `--cri-socket`: releases what no sandbox owns any more.
     reclaimer: Option<Reclaimer>,
     /// With the Kubernetes peer source and `--network-policy` or
@@ -364,6 +367,7 @@ impl Agent {
             last_skipped: Vec::new(),
             last_missing: Vec::new(),
             ready: false,
+            setup_ok: false,
             reclaimer,
             objects: None,
             policy: None,
@@ -397,7 +401,8 @@ impl Agent {
         if let Err(e) = &outcome {
             tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
         }
-        self.report_ready(outcome.is_ok());
+        self.setup_ok = outcome.is_ok();
+        self.refresh_ready();
         // A leaked address is not the node's setup: readiness stays as is.
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
             reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
@@ -439,6 +444,8 @@ impl Agent {
             .0
             .observe(start.elapsed().as_secs_f64());
         enforcer.sync.update(plan);
+        // Listed (or listed again): readiness may follow at once.
+        self.refresh_ready();
         // What ADD starts a new pod with (after the plan: a pod already
         // here is written before its namespace's new policy reaches ADDs).
         let isolation = policy::isolation(&policies);
@@ -607,17 +614,65 @@ impl Agent {
     /// Makes the ready marker, `flatnet_agent_ready` and /readyz say
     /// `ready`. The marker goes first when leaving readiness (STATUS is
     /// what stops new pods) and comes first when entering it.
-    fn report_ready(&mut self, ready: bool) {
+    /// Readiness from the node's setup and the features the agent was
+    /// started with: NetworkPolicy or eBPF Services whose watches have not
+    /// listed every kind are down (never silently open: new pods start
+    /// isolated meanwhile), and the node is not ready, saying why.
+    fn refresh_ready(&mut self) {
+        let problem = self.objects.as_ref().and_then(PolicyObjects::problem);
+        let mut down = Vec::new();
+        for (enabled, feature, what) in [
+            (self.args.network_policy, "network_policy", "NetworkPolicy"),
+            (
+                self.args.services == ServicesMode::Ebpf,
+                "services_ebpf",
+                "Services in eBPF",
+            ),
+        ] {
+            if !enabled || self.objects.is_none() {
+                continue;
+            }
+            self.metrics
+                .feature_ready
+                .get_or_create(&metrics::FeatureLabel {
+                    feature: feature.into(),
+                })
+                .set(i64::from(problem.is_none()));
+            if let Some(problem) = &problem {
+                down.push(format!("{what} is not enforced on this node: {problem}"));
+            }
+        }
+        let mut reasons = down.clone();
+        if !self.setup_ok {
+            reasons.insert(
+                0,
+                "the node's setup is not complete (see the agent's log)".into(),
+            );
+        }
+        if let Ok(mut not_ready) = self.metrics.not_ready.lock() {
+            *not_ready = reasons;
+        }
+        self.report_ready(self.setup_ok, &down);
+    }
+
+    /// The ready marker and gauge: ready when `setup_ok` and nothing is
+    /// `down`; with features down the marker stays, naming them, so CNI
+    /// STATUS says which and why.
+    fn report_ready(&mut self, setup_ok: bool, down: &[String]) {
         let marker = ready::ready_marker(&self.args.network);
-        if ready {
-            if self.ready && marker.exists() {
+        let ready = setup_ok && down.is_empty();
+        if setup_ok {
+            if self.ready == ready && marker.exists() && ready {
                 return;
             }
-            let content = serde_json::json!({
+            let mut content = serde_json::json!({
                 "node": self.node_name,
                 "pid": std::process::id(),
                 "datapathId": DATAPATH_ID,
             });
+            if !down.is_empty() {
+                content["down"] = serde_json::json!(down);
+            }
             if let Err(e) =
                 install::write_atomically(&marker, format!("{content}\n").as_bytes(), 0o644)
             {
@@ -626,11 +681,14 @@ impl Agent {
                 self.ready = false;
                 return;
             }
-            self.metrics.ready.set(1);
-            if !self.ready {
+            self.metrics.ready.set(i64::from(ready));
+            if ready && !self.ready {
                 tracing::info!("node ready: CNI STATUS now answers ready");
             }
-            self.ready = true;
+            if !ready && self.ready {
+                tracing::warn!(down = ?down, "node no longer ready: a feature is down");
+            }
+            self.ready = ready;
         } else {
             if let Err(e) = remove_if_present(&marker) {
                 tracing::error!(error = %e, "cannot remove the ready marker");

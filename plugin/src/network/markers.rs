@@ -51,12 +51,21 @@ pub fn agent_problem(network: &str, stdin: &[u8]) -> Option<String> {
         return None;
     }
     let marker = ready_marker(network);
-    (!marker.exists()).then(|| {
-        format!(
+    let Ok(content) = std::fs::read(&marker) else {
+        return Some(format!(
             "the flatnet agent has not finished setting up this node yet ({} is missing): check the flatnet-agent logs",
             marker.display()
-        )
-    })
+        ));
+    };
+    // A feature the agent runs that is down (its watches cannot list).
+    let said: serde_json::Value = serde_json::from_slice(&content).unwrap_or_default();
+    let down: Vec<&str> = said["down"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|line| line.as_str())
+        .collect();
+    (!down.is_empty()).then(|| down.join("; "))
 }
 
 #[cfg(test)]
