@@ -92,8 +92,8 @@ impl Datapath {
                 .program_mut(name)
                 .ok_or_else(|| Error::Datapath(format!("the eBPF object has no program {name}")))?;
             match program {
-                Program::SchedClassifier(p) => p.load(),
-                Program::Xdp(p) => p.load(),
+                Program::SchedClassifier(p) => verify(|| p.load()),
+                Program::Xdp(p) => verify(|| p.load()),
                 _ => {
                     return Err(Error::Datapath(format!(
                         "{name} has an unexpected program type"
@@ -238,6 +238,25 @@ mod tests {
                     .any(|w| w == program.as_bytes()),
                 "{program}"
             );
+        }
+    }
+}
+
+/// Runs one program's load, again when the verifier gave up because a
+/// signal reached the loading thread (EAGAIN; libbpf retries the same way):
+/// a busy process's SIGCHLD must not fail an ADD. At most five tries.
+pub(crate) fn verify(
+    mut load: impl FnMut() -> std::result::Result<(), aya::programs::ProgramError>,
+) -> std::result::Result<(), aya::programs::ProgramError> {
+    let mut tries = 1;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 5 =>
+            {
+                tries += 1;
+            }
+            outcome => return outcome,
         }
     }
 }

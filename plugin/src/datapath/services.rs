@@ -202,8 +202,7 @@ impl Datapath {
                 .ok_or_else(|| Error::Datapath(format!("the eBPF object has no program {name}")))?
                 .try_into()
                 .map_err(|e| datapath_err(&format!("{name} is no cgroup sock_addr program"), e))?;
-            program
-                .load()
+            super::load::verify(|| program.load())
                 .map_err(|e| datapath_err(&format!("verifying {name}"), e))?;
             // A BPF link on a cgroup takes no flags (Single is 0) and runs
             // alongside other programs there anyway, as with ALLOW_MULTI.
