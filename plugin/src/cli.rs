@@ -16,7 +16,8 @@ use crate::network::{ensure_datapath, reattach_all};
 #[derive(Parser)]
 #[command(
     name = "flatnet",
-    version,
+    // The datapath build too: flatnet-agent compares it with its own.
+    version = concat!(env!("CARGO_PKG_VERSION"), " datapath ", env!("FLATNET_DATAPATH_ID")),
     about = "flatnet: a CNI plugin with an eBPF datapath.",
     long_about = "A container runtime runs flatnet with CNI_COMMAND set (ADD, DEL, CHECK, STATUS, GC, VERSION) \
                   and the network configuration on stdin. These subcommands are for people."

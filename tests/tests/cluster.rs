@@ -627,6 +627,63 @@ fn restarting_agents_keeps_an_established_tcp_stream() {
     assert_eq!(program_ids(n1), programs_before);
 }
 
+/// One datapath build per node, the agent's. An agent of another build
+/// (its programs pinned under their own build id) meets a plugin of this
+/// build: the plugin's ADD refuses to pin its programs over the agent's,
+/// saying which builds meet, and leaves nothing behind. The rolling
+/// upgrade (an agent of the plugin's build starting) loads its own build,
+/// moves the running pods onto it and retires the other; ADD works again.
+#[test]
+fn a_plugin_of_another_build_never_replaces_the_agents_datapath() {
+    if !root_or_skip("a_plugin_of_another_build_never_replaces_the_agents_datapath") {
+        return;
+    }
+    const OTHER_BUILD: &str = "0123456789ab";
+    let cluster = Cluster::with_file_agents(1);
+    let n1 = cluster.node("n1");
+    let a = n1.pod();
+    // The agent of "another build": its programs pinned under that id.
+    n1.stop_agent();
+    let pins = n1.datapath().pin_dir().to_path_buf();
+    let own = format!("-{}", flatnet::datapath::DATAPATH_ID);
+    for entry in std::fs::read_dir(&pins).expect("pins").flatten() {
+        let name = entry.file_name().into_string().expect("a pin name");
+        if let Some(program) = name.strip_suffix(&own) {
+            std::fs::rename(entry.path(), pins.join(format!("{program}-{OTHER_BUILD}")))
+                .expect("re-pin under the other build's id");
+        }
+    }
+    let links_before = run_ok(Command::new("ip").args(["-n", &n1.netns.name, "-o", "link"]));
+    let netns = Netns::new();
+    let out = n1.cni("ADD", Some(("ctr-other-build", &netns.path())));
+    out.assert_error(101, OTHER_BUILD);
+    out.assert_error(101, flatnet::datapath::DATAPATH_ID);
+    // Nothing of the failed ADD is left, and the other build stays pinned.
+    let links_after = run_ok(Command::new("ip").args(["-n", &n1.netns.name, "-o", "link"]));
+    assert_eq!(
+        links_after.lines().count(),
+        links_before.lines().count(),
+        "{links_after}"
+    );
+    assert_eq!(
+        n1.datapath().other_pinned_build().as_deref(),
+        Some(OTHER_BUILD)
+    );
+    // The rolling upgrade: the agent of this build starts.
+    n1.start_agent(&cluster.file());
+    n1.wait_ready();
+    assert_eq!(n1.datapath().other_pinned_build(), None);
+    assert!(
+        !std::fs::read_dir(&pins)
+            .expect("pins")
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(OTHER_BUILD)),
+        "the other build's programs were not retired"
+    );
+    let b = n1.pod_in(netns, "");
+    tcp_echo(Some(&a.netns), a.ip, Some(&b.netns), 100_000).expect("b -> a after the upgrade");
+}
+
 // ---------------------------------------------------------------------------
 // The agent against a stub of the Kubernetes API server (kube_stub.rs).
 

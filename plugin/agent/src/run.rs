@@ -184,6 +184,35 @@ pub async fn run(args: Args) -> Result<()> {
     outcome
 }
 
+/// Why the `flatnet` plugin in `bin_dir` cannot serve this agent's network:
+/// it is another datapath build (its `--version` says which), so its ADDs
+/// are refused there; None when it is this build.
+fn plugin_build_problem(bin_dir: &Path) -> Option<String> {
+    let plugin = bin_dir.join("flatnet");
+    let said = std::process::Command::new(&plugin)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned());
+    let build = said.as_deref().and_then(|text| {
+        text.split_whitespace()
+            .skip_while(|w| *w != "datapath")
+            .nth(1)
+    });
+    match build {
+        Some(build) if build == DATAPATH_ID => None,
+        Some(build) => Some(format!(
+            "the flatnet plugin in {} is datapath build {build}, this agent's is {DATAPATH_ID}: its ADDs are refused on this network until the agent's binaries are installed",
+            bin_dir.display()
+        )),
+        None => Some(format!(
+            "{} does not say its datapath build (missing, or older than this agent): ADDs may be refused",
+            plugin.display()
+        )),
+    }
+}
+
 /// `isolation-<network>.json` for ADD, written atomically when it changed.
 fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
     let path = isolation_file(network);
@@ -276,6 +305,8 @@ pub struct Agent {
     ready: bool,
     /// The node's own setup succeeded at the last pass.
     setup_ok: bool,
+    /// Without --install-binaries: the installed plugin is another build.
+    plugin_problem: Option<String>,
     /// With `--cri-socket`: releases what no sandbox owns any more.
     reclaimer: Option<Reclaimer>,
     /// With the Kubernetes peer source and `--network-policy` or
@@ -368,6 +399,7 @@ impl Agent {
             last_missing: Vec::new(),
             ready: false,
             setup_ok: false,
+            plugin_problem: None,
             reclaimer,
             objects: None,
             policy: None,
@@ -402,6 +434,11 @@ impl Agent {
             tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
         }
         self.setup_ok = outcome.is_ok();
+        self.plugin_problem = if self.args.install_binaries {
+            None
+        } else {
+            plugin_build_problem(&self.args.cni_bin_dir)
+        };
         self.refresh_ready();
         // A leaked address is not the node's setup: readiness stays as is.
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
@@ -642,6 +679,7 @@ impl Agent {
                 down.push(format!("{what} is not enforced on this node: {problem}"));
             }
         }
+        down.extend(self.plugin_problem.clone());
         let mut reasons = down.clone();
         if !self.setup_ok {
             reasons.insert(
@@ -818,4 +856,33 @@ fn cgroup2_root() -> Result<PathBuf> {
                 "--services ebpf needs cgroup v2 mounted (none in /proc/self/mounts); set --services-cgroup".into(),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A `flatnet` in a folder of its own that prints `version`.
+    fn plugin_saying(version: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flatnet");
+        std::fs::write(&path, format!("#!/bin/sh\necho '{version}'\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_installed_plugin_of_another_build_is_named() {
+        let same = plugin_saying(&format!("flatnet 0.1.0 datapath {DATAPATH_ID}"));
+        assert_eq!(plugin_build_problem(same.path()), None);
+        let other = plugin_saying("flatnet 0.1.0 datapath 0123456789ab");
+        let problem = plugin_build_problem(other.path()).expect("another build");
+        assert!(
+            problem.contains("0123456789ab") && problem.contains(DATAPATH_ID),
+            "{problem}"
+        );
+        let old = plugin_saying("flatnet 0.1.0");
+        assert!(plugin_build_problem(old.path()).is_some());
+    }
 }

@@ -106,6 +106,7 @@ async fn add_steps(
     // Host side, under the network lock: datapath, gateway, routes, the pod.
     let datapath = Datapath::for_conf(conf)?;
     datapath::ensure_bpffs_at(datapath.root())?;
+    refuse_other_agent_build(conf, &datapath)?;
     let lock = ensure_datapath(conf, &datapath, host).await?;
     lock.note_activity();
     mark("bpffs, lock, datapath loaded");
@@ -180,6 +181,26 @@ async fn add_steps(
     // datapath does not redirect (see README, "A fresh node").
     plan.forwarding.ensure()?;
     Ok(plan.result(conf.version, conf.prev_result.as_ref()))
+}
+
+/// One datapath build per node, the agent's: on a network flatnet-agent
+/// manages, an ADD of another build must not pin its programs over the
+/// agent's (the agent's policy and Service writes would then fail, and the
+/// two would take turns). It fails instead, saying which builds meet; a
+/// rolling upgrade's new agent installs its own plugin binaries.
+fn refuse_other_agent_build(conf: &NetConf, datapath: &Datapath) -> Result<()> {
+    if !crate::network::markers::is_agent_managed(&conf.name) {
+        return Ok(());
+    }
+    match datapath.other_pinned_build() {
+        Some(agents) => Err(Error::Datapath(format!(
+            "network {} is managed by flatnet-agent, whose datapath build {agents} is pinned under {}; this plugin is build {} and will not replace it: install the agent's plugin binaries (flatnet-agent --install-binaries does) or run an agent of this build",
+            conf.name,
+            datapath.pin_dir().display(),
+            datapath::DATAPATH_ID
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Creates the pod's veth pair, host end up (the peer already in the pod's

@@ -235,6 +235,23 @@ impl Datapath {
     }
 
     /// Names of the pinned programs (every pin that is not a map).
+    /// The build of the programs pinned here when it is not this one's
+    /// (`from_pod-<id>`): None when this build's are pinned, or none are.
+    pub fn other_pinned_build(&self) -> Option<String> {
+        let pinned = self.pinned_programs();
+        if pinned
+            .iter()
+            .any(|name| name.ends_with(&format!("-{DATAPATH_ID}")))
+        {
+            return None;
+        }
+        pinned
+            .iter()
+            .filter_map(|name| name.rsplit_once('-').map(|(_, id)| id))
+            .find(|id| id.len() == DATAPATH_ID.len() && id.chars().all(|c| c.is_ascii_hexdigit()))
+            .map(str::to_string)
+    }
+
     pub fn pinned_programs(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
