@@ -346,11 +346,17 @@ impl SimNode {
 
     /// The agent's /metrics page.
     pub fn metrics(&self) -> String {
+        self.agent_http("/metrics")
+    }
+
+    /// `GET path` of the agent's metrics server: the whole response,
+    /// status line first.
+    pub fn agent_http(&self, path: &str) -> String {
         self.netns.run(|| {
             let mut conn =
                 TcpStream::connect((Ipv4Addr::LOCALHOST, METRICS_PORT)).expect("metrics port");
             conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
                 .unwrap();
             let mut page = String::new();
             conn.read_to_string(&mut page).unwrap();

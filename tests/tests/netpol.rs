@@ -1638,6 +1638,16 @@ fn policy_flags(node: &SimNode, ip: Ipv4Addr) -> u32 {
     datapath.pod_policy(slot).expect("POLICY_PODS").flags
 }
 
+/// `namespace/deny-egress`: every pod of the namespace isolated for egress,
+/// nothing allowed.
+fn deny_all_egress(namespace: &str) -> Value {
+    policy(
+        namespace,
+        "deny-egress",
+        json!({"podSelector": {}, "policyTypes": ["Egress"]}),
+    )
+}
+
 /// kubelet's CNI_ARGS for pod `namespace/name`.
 fn kubelet_args(namespace: &str, name: &str) -> String {
     format!(
@@ -1673,14 +1683,7 @@ fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
     stub.add(Kind::Pod, pending_pod("y", "server", node_name));
     report_ip(&stub, "y", "server", server.ip);
     // x: every pod's egress denied; z: only pod a's ingress isolated.
-    stub.add(
-        Kind::NetworkPolicy,
-        policy(
-            "x",
-            "deny-egress",
-            json!({"podSelector": {}, "policyTypes": ["Egress"]}),
-        ),
-    );
+    stub.add(Kind::NetworkPolicy, deny_all_egress("x"));
     stub.add(
         Kind::NetworkPolicy,
         policy(
@@ -1785,20 +1788,6 @@ fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
     assert_eq!(errors, 0.0, "{}", n1.agent_log());
 }
 
-/// `GET /readyz` of `node`'s agent: (status line, body).
-fn readyz(node: &SimNode) -> String {
-    node.netns.run(|| {
-        let mut conn =
-            TcpStream::connect((Ipv4Addr::LOCALHOST, METRICS_PORT)).expect("metrics port");
-        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        conn.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .unwrap();
-        let mut page = String::new();
-        conn.read_to_string(&mut page).unwrap();
-        page
-    })
-}
-
 /// Kubernetes 1.17-1.20 serve EndpointSlices as discovery.k8s.io/v1beta1
 /// only: the agent reads them there and enforces policy. An API server
 /// without them at all leaves NetworkPolicy down, and the agent says so
@@ -1827,15 +1816,12 @@ fn endpoint_slices_of_kubernetes_1_20_or_none_at_all() {
             n1.metrics().contains(policy_ready)
         });
         assert!(n1.agent_log().contains("discovery.k8s.io/v1beta1"));
-        assert!(readyz(n1).starts_with("HTTP/1.0 200"), "{}", readyz(n1));
-        stub.add(
-            Kind::NetworkPolicy,
-            policy(
-                "x",
-                "deny-egress",
-                json!({"podSelector": {}, "policyTypes": ["Egress"]}),
-            ),
+        assert!(
+            n1.agent_http("/readyz").starts_with("HTTP/1.0 200"),
+            "{}",
+            n1.agent_http("/readyz")
         );
+        stub.add(Kind::NetworkPolicy, deny_all_egress("x"));
         stub.add(Kind::Pod, pending_pod("x", "a", &n1.spec.name));
         let pod = n1.pod_in(Netns::new(), &kubelet_args("x", "a"));
         wait_until("x/a's egress isolation written", SETTLE, || {
@@ -1864,7 +1850,7 @@ fn endpoint_slices_of_kubernetes_1_20_or_none_at_all() {
         said.contains("NetworkPolicy is not enforced on this node: EndpointSlice (discovery.k8s.io/v1) cannot be listed"),
         "{said}"
     );
-    let page = readyz(n1);
+    let page = n1.agent_http("/readyz");
     assert!(page.starts_with("HTTP/1.0 503"), "{page}");
     assert!(page.contains("NetworkPolicy is not enforced"), "{page}");
     let metrics = n1.metrics();

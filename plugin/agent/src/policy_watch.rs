@@ -108,6 +108,13 @@ impl PolicyObjects {
 /// (re-)list; or which kind's watch failed, and how.
 type Item = Result<(usize, bool), (usize, watcher::Error)>;
 
+/// A watch event of `kind` as the merged stream carries it.
+fn item<K>(kind: usize, event: Result<Event<K>, watcher::Error>) -> Item {
+    event
+        .map(|e| (kind, matches!(e, Event::InitDone)))
+        .map_err(|e| (kind, e))
+}
+
 /// Where the API server serves EndpointSlices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SliceApi {
@@ -194,11 +201,7 @@ fn reflected_v1beta1_slices(
             std::future::ready(Ok(converted))
         })
         .reflect(writer)
-        .map(move |event| {
-            event
-                .map(|e| (kind, matches!(e, Event::InitDone)))
-                .map_err(|e| (kind, e))
-        });
+        .map(move |event| item(kind, event));
     (store, Box::pin(events))
 }
 
@@ -300,11 +303,7 @@ where
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
-        .map(move |event| {
-            event
-                .map(|e| (kind, matches!(e, Event::InitDone)))
-                .map_err(|e| (kind, e))
-        });
+        .map(move |event| item(kind, event));
     (store, Box::pin(events))
 }
 
