@@ -185,6 +185,25 @@ fn layout_problem(spec: &MapSpec, info: &MapInfo) -> Option<String> {
     None
 }
 
+/// Runs one program's load, again when the verifier gave up because a
+/// signal reached the loading thread (EAGAIN; libbpf retries the same way):
+/// a busy process's SIGCHLD must not fail an ADD. At most five tries.
+pub(crate) fn verify(
+    mut load: impl FnMut() -> std::result::Result<(), aya::programs::ProgramError>,
+) -> std::result::Result<(), aya::programs::ProgramError> {
+    let mut tries = 1;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 5 =>
+            {
+                tries += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,25 +257,6 @@ mod tests {
                     .any(|w| w == program.as_bytes()),
                 "{program}"
             );
-        }
-    }
-}
-
-/// Runs one program's load, again when the verifier gave up because a
-/// signal reached the loading thread (EAGAIN; libbpf retries the same way):
-/// a busy process's SIGCHLD must not fail an ADD. At most five tries.
-pub(crate) fn verify(
-    mut load: impl FnMut() -> std::result::Result<(), aya::programs::ProgramError>,
-) -> std::result::Result<(), aya::programs::ProgramError> {
-    let mut tries = 1;
-    loop {
-        match load() {
-            Err(aya::programs::ProgramError::LoadError { io_error, .. })
-                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 5 =>
-            {
-                tries += 1;
-            }
-            outcome => return outcome,
         }
     }
 }
