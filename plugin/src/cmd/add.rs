@@ -189,7 +189,8 @@ async fn add_steps(
 /// two would take turns). It fails instead, saying which builds meet; a
 /// rolling upgrade's new agent installs its own plugin binaries.
 fn refuse_other_agent_build(conf: &NetConf, datapath: &Datapath) -> Result<()> {
-    if !crate::network::markers::is_agent_managed(&conf.name) {
+    // This build pinned (every ADD but an upgrade's): one stat, no listing.
+    if datapath.is_loaded(conf.datapath) || !crate::network::markers::is_agent_managed(&conf.name) {
         return Ok(());
     }
     match datapath.other_pinned_build() {
