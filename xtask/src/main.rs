@@ -4,6 +4,7 @@
 mod bench;
 mod cni;
 mod demo;
+mod e2e;
 mod install;
 mod setup;
 mod test;
@@ -41,6 +42,8 @@ enum Task {
     },
     /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
     Bench(bench::BenchArgs),
+    /// Build Kubernetes 1.20.2, e2e.test, agnhost and pause for real-cluster tests, in $FLATNET_CACHE.
+    E2eBuild,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,6 +73,11 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => {
             setup::all()?;
             bench::run(&args)
+        }
+        Task::E2eBuild => {
+            let built = e2e::build::prepare()?;
+            println!("{built}");
+            Ok(())
         }
     }
 }

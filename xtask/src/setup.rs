@@ -182,7 +182,12 @@ fn installed(package: &str) -> bool {
 }
 
 fn packages() -> anyhow::Result<()> {
-    let missing: Vec<_> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    ensure_packages(PACKAGES)
+}
+
+/// Installs those of `packages` that are missing (none: nothing is run).
+pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<_> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
