@@ -44,6 +44,34 @@ pub fn run_bpftool(args: &[&str], path: Option<&std::path::Path>) -> anyhow::Res
     Ok(shown)
 }
 
+/// The host's forwarding switches as they were, put back on drop: the
+/// bench's reference bridge and flatnet's ADDs turn them on, and a run of
+/// the suite or the bench leaves the node as it found it.
+pub struct SavedForwarding(Vec<(&'static str, String)>);
+
+impl SavedForwarding {
+    pub fn now() -> Self {
+        let switches = [
+            "/proc/sys/net/ipv4/ip_forward",
+            "/proc/sys/net/ipv6/conf/all/forwarding",
+        ];
+        SavedForwarding(
+            switches
+                .into_iter()
+                .filter_map(|path| Some((path, std::fs::read_to_string(path).ok()?)))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for SavedForwarding {
+    fn drop(&mut self) {
+        for (path, value) in &self.0 {
+            let _ = std::fs::write(path, value.trim());
+        }
+    }
+}
+
 /// `cargo` with the project-local tools (bpf-linker) on PATH.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));

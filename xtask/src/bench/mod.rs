@@ -205,6 +205,7 @@ fn conf(
 const BIG_TCP: u32 = 524_280;
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let _forwarding = util::SavedForwarding::now();
     let (rounds, seconds, sequential, concurrent) = if args.smoke {
         (1, 1, 5, 4)
     } else {
@@ -224,7 +225,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let flatnet_ipam = "flatnet-ipam";
     let cni_path = format!("{}:{REFERENCE_PLUGINS}", bin.display());
     let data_dir = std::env::temp_dir().join(format!("flatnet-bench-{}", std::process::id()));
-    let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
     let bpf_stats = std::fs::read_to_string(BPF_STATS).unwrap_or_default();
     std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
     let bridge_plugin = |conf: String| {
@@ -460,11 +460,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         Ok(results)
     })();
-    // The reference bridge plugin leaves its bridges and sets ip_forward; put the node back.
+    // The reference bridge plugin leaves its bridges; put the node back
+    // (forwarding: `run`'s guard).
     for device in ["fbbr0", "fbcpbr0"] {
         let _ = Command::new("ip").args(["link", "del", device]).output();
     }
-    let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", ip_forward.trim());
     let _ = std::fs::write(BPF_STATS, bpf_stats.trim());
     let _ = std::fs::remove_dir_all(&data_dir);
     let results = outcome?;
