@@ -133,6 +133,16 @@ impl CriNode {
     }
 
     /// A counter or gauge of the agent's metrics page (0 when absent).
+    /// `flatnet_ipam_reclaimed_total` reaches `count` and stays there: it
+    /// is counted when the agent's pass ends, a moment after its DEL
+    /// released the address and the endpoint (CI read 0 in between).
+    fn assert_reclaimed(&self, count: u64) {
+        wait_until("the reclaim to be counted", Duration::from_secs(5), || {
+            self.metric("flatnet_ipam_reclaimed_total") >= count
+        });
+        assert_eq!(self.metric("flatnet_ipam_reclaimed_total"), count);
+    }
+
     fn metric(&self, name: &str) -> u64 {
         self.node()
             .metrics()
@@ -283,7 +293,7 @@ fn an_attachment_whose_del_never_comes_is_reclaimed_after_the_grace_period() {
         Duration::from_secs(5),
         || !cri.has_endpoint(lost_ip),
     );
-    assert_eq!(cri.metric("flatnet_ipam_reclaimed_total"), 1);
+    cri.assert_reclaimed(1);
     let held = cri.allocations();
     for ip in &live_ips {
         assert!(held.contains(&IpAddr::V4(*ip)), "live {ip} lost: {held:?}");
@@ -418,7 +428,7 @@ fn the_runtime_killed_mid_add_leaks_nothing() {
         Duration::from_secs(5),
         || !cri.link_in_node(&veth) && !cri.has_endpoint(address),
     );
-    assert_eq!(cri.metric("flatnet_ipam_reclaimed_total"), 1);
+    cri.assert_reclaimed(1);
     // The node still works: a new sandbox gets an address.
     let id = client
         .run_pod_sandbox(&PodSpec::new("after"))
