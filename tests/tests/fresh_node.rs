@@ -6,7 +6,7 @@
 //! does; CHECK and STATUS say when it has been turned off under live pods.
 //! Each case starts from forwarding off and has no agent to turn it on.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 
 use flatnet_common::action;
@@ -143,28 +143,10 @@ fn every_stack_path_works_on_a_node_whose_forwarding_the_plugin_turned_on() {
     }
 
     // An outside host on n1's own link, routing the pod CIDR back via n1.
-    let outside = Netns::new();
-    let link = unique("fo");
-    run_ok(Command::new("ip").args([
-        "-n",
-        &n1.netns.name,
-        "link",
-        "add",
-        &link,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &outside.name,
-    ]));
-    n1.netns
-        .exec(&["ip", "addr", "add", "192.168.77.1/24", "dev", &link]);
-    n1.netns.exec(&["ip", "link", "set", &link, "up"]);
-    outside.exec(&["ip", "addr", "add", "192.168.77.2/24", "dev", "eth0"]);
-    outside.exec(&["ip", "link", "set", "eth0", "up"]);
-    outside.exec(&["ip", "route", "add", "10.244.0.0/16", "via", "192.168.77.1"]);
+    let outside = OutsideHost::new(Some(&n1.netns), "192.168.77");
+    outside
+        .netns
+        .exec(&["ip", "route", "add", "10.244.0.0/16", "via", "192.168.77.1"]);
 
     let client = n1.pod();
     let backend = n1.pod();
@@ -206,8 +188,8 @@ fn every_stack_path_works_on_a_node_whose_forwarding_the_plugin_turned_on() {
     let to_outside = udp_source(
         &client.netns,
         client.ip,
-        &outside,
-        Ipv4Addr::new(192, 168, 77, 2),
+        &outside.netns,
+        outside.address(),
         100,
     );
     assert_eq!(to_outside, IpAddr::V4(client.ip), "not masqueraded");

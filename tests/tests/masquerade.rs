@@ -18,63 +18,6 @@ impl Drop for MasqGuard {
     }
 }
 
-/// An "outside host": a namespace on a veth from the host, 172.30.X.0/24.
-struct Outside {
-    netns: Netns,
-    host_side: String,
-    prefix: String,
-}
-
-impl Outside {
-    fn new() -> Self {
-        let netns = Netns::new();
-        let host_side = unique("fo");
-        let prefix = format!("172.30.{}", std::process::id() % 250);
-        run_ok(Command::new("ip").args([
-            "link",
-            "add",
-            &host_side,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &netns.name,
-        ]));
-        run_ok(Command::new("ip").args([
-            "addr",
-            "add",
-            &format!("{prefix}.1/24"),
-            "dev",
-            &host_side,
-        ]));
-        run_ok(Command::new("ip").args(["link", "set", &host_side, "up"]));
-        netns.exec(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{prefix}.2/24"),
-            "dev",
-            "eth0",
-        ]);
-        netns.exec(&["ip", "link", "set", "eth0", "up"]);
-        Outside {
-            netns,
-            host_side,
-            prefix,
-        }
-    }
-}
-
-impl Drop for Outside {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_side])
-            .output();
-    }
-}
-
 /// Connects from `client` to a server on `ip` in `server`; the address the
 /// server saw the connection come from (after an echo both ways).
 fn seen_from(server: &Netns, ip: IpAddr, client: &Netns) -> IpAddr {
@@ -113,7 +56,7 @@ fn masquerade_hides_pods_behind_the_node_but_not_from_each_other() {
     let mut net = Network::host_local();
     net.conf["ipMasq"] = json!(true);
     let _rules = MasqGuard(net.name.clone());
-    let outside = Outside::new();
+    let outside = OutsideHost::new(None, &format!("172.30.{}", std::process::id() % 250));
     let a = net.pod();
     let b = net.pod();
     assert_eq!(
