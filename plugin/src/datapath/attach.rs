@@ -235,8 +235,12 @@ impl Datapath {
             let device = ["veth-", "pod-", "egress-"]
                 .iter()
                 .find_map(|prefix| name.strip_prefix(prefix));
+            // Asked of this network namespace (an ioctl on a socket), not
+            // of /sys/class/net: a runtime's mount namespace may hold a
+            // sysfs of another network namespace, which would make every
+            // live device look gone.
             if let Some(device) = device
-                && !std::path::Path::new("/sys/class/net").join(device).exists()
+                && nix::net::if_::if_nametoindex(device) == Err(nix::errno::Errno::ENODEV)
             {
                 remove_if_there(&entry.path())?;
             }

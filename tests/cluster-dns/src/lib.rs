@@ -1,0 +1,168 @@
+//! flatnet-cluster-dns: the cluster DNS server of flatnet's real-cluster
+//! e2e harness (Kubernetes 1.20, kubelet + containerd + kube-proxy,
+//! flatnet as CNI). It stands in for CoreDNS, which is not packaged in
+//! Debian and whose Go modules cannot be fetched here, and serves what the
+//! upstream e2e tests ask of cluster DNS: the Kubernetes DNS-based service
+//! discovery specification (github.com/kubernetes/dns,
+//! docs/specification.md), shaped like CoreDNS's `kubernetes` plugin in
+//! `pods insecure` mode.
+//!
+//! It watches core/v1 Services and Endpoints cluster-wide and serves, over
+//! UDP and TCP:
+//!
+//! - `<svc>.<ns>.svc.<zone>`: A/AAAA, the ClusterIP(s) of ClusterIP,
+//!   NodePort and LoadBalancer services; the ready endpoint addresses of
+//!   headless services (NXDOMAIN with none); a CNAME to `spec.externalName`
+//!   for ExternalName services (followed only when it points into the
+//!   zone).
+//! - `<endpoint>.<svc>.<ns>.svc.<zone>`: A/AAAA of one ready endpoint,
+//!   named by its `hostname`, else by its address with dashes
+//!   (`10-244-1-5`, `fd00--5`).
+//! - SRV at `_<port>._<proto>.<svc>.<ns>.svc.<zone>` for named ports and at
+//!   `<svc>.<ns>.svc.<zone>` for every port; the target is the service
+//!   (ClusterIP) or each ready endpoint (headless), with the targets'
+//!   addresses in the additional section.
+//! - `<a-b-c-d>.<ns>.pod.<zone>` (and the IPv6 form with dashes): A/AAAA of
+//!   the address the name spells; pods are not watched.
+//! - PTR in in-addr.arpa. and ip6.arpa. for every ClusterIP (its service)
+//!   and every ready endpoint address (its endpoint names).
+//! - TXT `dns-version.<zone>`: the schema version, "1.1.0".
+//! - SOA at each zone apex, and in the authority section of NXDOMAIN (an
+//!   unknown name) and NODATA (a known name without the asked type).
+//!
+//! Anything outside the cluster zone and the reverse zones is REFUSED. It
+//! never forwards a query nor contacts any DNS server: there is no
+//! upstream, by design (the harness has no network beyond the machine).
+//!
+//! The parts: [`snapshot`] turns Services and Endpoints into the names of
+//! the zones; [`resolver`] answers a question from a snapshot (pure, unit
+//! tested); [`server`] serves it with hickory; [`kube_watch`] feeds it
+//! snapshots from the API server; [`health`] answers the probes.
+
+pub mod error;
+pub mod health;
+pub mod kube_watch;
+pub mod resolver;
+pub mod server;
+pub mod snapshot;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use error::RunError;
+pub use resolver::Answer;
+pub use server::{DnsServer, SnapshotReceiver};
+pub use snapshot::{ClusterSnapshot, DNS_SCHEMA_VERSION, ZoneConfig};
+
+use error::ServerError;
+
+/// `flatnet-cluster-dns [--listen ADDR] [--zone ZONE] ...`
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Cluster DNS for flatnet's e2e harness (in place of CoreDNS; never forwards)"
+)]
+pub struct Args {
+    /// Where DNS is served, on UDP and TCP.
+    #[arg(long, env = "CLUSTER_DNS_LISTEN", default_value = "0.0.0.0:53")]
+    pub listen: SocketAddr,
+
+    /// The cluster domain (kubelet's --cluster-domain).
+    #[arg(long, env = "CLUSTER_DNS_ZONE", default_value = "cluster.local")]
+    pub zone: String,
+
+    /// The TTL of the records, in seconds (CoreDNS's default).
+    #[arg(long, env = "CLUSTER_DNS_TTL", default_value_t = 5)]
+    pub ttl: u32,
+
+    /// Where `GET /health` and `GET /ready` are served (HTTP).
+    #[arg(
+        long,
+        env = "CLUSTER_DNS_HEALTH_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub health_listen: SocketAddr,
+
+    /// A kubeconfig to use; without it, kube's usual order: KUBECONFIG,
+    /// ~/.kube/config, then the in-cluster service account.
+    #[arg(long, env = "CLUSTER_DNS_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Log filter (tracing's EnvFilter syntax). hickory logs every query at
+    /// info, hence its warn.
+    #[arg(
+        long,
+        env = "CLUSTER_DNS_LOG",
+        default_value = "info,hickory_server=warn"
+    )]
+    pub log: String,
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, RunError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Waits for SIGTERM (the kubelet stopping the pod) or SIGINT.
+async fn shutdown_signal() -> Result<(), RunError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        result = tokio::signal::ctrl_c() => result.map_err(RunError::Signal)?,
+    }
+    Ok(())
+}
+
+/// Serves DNS and the probes, fed by the watches, until a signal or a
+/// failure.
+pub async fn run(args: Args) -> Result<(), RunError> {
+    let config = ZoneConfig::new(&args.zone, args.ttl)?;
+    let (snapshot_sender, snapshots) =
+        watch::channel(Arc::new(ClusterSnapshot::unsynced(config.clone())));
+    // Listen first: the liveness probe holds while the API server is slow.
+    let dns = DnsServer::bind(args.listen, snapshots.clone()).await?;
+    let health_listener = TcpListener::bind(args.health_listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            protocol: "TCP",
+            addr: args.health_listen,
+            source,
+        })?;
+    let health_addr = health_listener
+        .local_addr()
+        .map_err(ServerError::LocalAddr)?;
+    tracing::info!(
+        listen = %dns.local_addr(),
+        health = %health_addr,
+        zone = %config.zone(),
+        ttl = config.ttl(),
+        "serving DNS (no upstream: other names are refused)"
+    );
+    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    tokio::select! {
+        result = dns.run() => result?,
+        result = health::serve(health_listener, snapshots) => result?,
+        result = kube_watch::run(client, config, snapshot_sender) => result?,
+        result = shutdown_signal() => {
+            result?;
+            tracing::info!("stopping on signal");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
