@@ -44,6 +44,10 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Build Kubernetes 1.20.2, e2e.test, agnhost and pause for real-cluster tests, in $FLATNET_CACHE.
     E2eBuild,
+    /// A cluster of real kubelets, kube-proxy, API server and containerd
+    /// with flatnet as its CNI, and the upstream sig-network and
+    /// NetworkPolicy e2e suites of the same release run on it.
+    E2e(e2e::E2eArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,6 +77,10 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => {
             setup::all()?;
             bench::run(&args)
+        }
+        Task::E2e(args) => {
+            setup::all()?;
+            e2e::run(&args)
         }
         Task::E2eBuild => {
             let built = e2e::build::prepare()?;

@@ -198,3 +198,14 @@ pub fn target_dir(release: bool) -> PathBuf {
         .join("target")
         .join(if release { "release" } else { "debug" })
 }
+
+/// Runs a command with `input` on its stdin; its stdout, or an error with
+/// its stderr.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> anyhow::Result<String> {
+    let text = flatnet_harness::describe(cmd);
+    let done = flatnet_harness::run_with_stdin(cmd, input);
+    if !done.success() {
+        bail!("`{text}` failed ({:?}): {}", done.code, done.stderr.trim());
+    }
+    Ok(done.stdout)
+}

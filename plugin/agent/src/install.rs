@@ -45,6 +45,16 @@ pub fn chained(portmap: bool, bandwidth: bool) -> Vec<&'static str> {
         .collect()
 }
 
+/// The reference plugins the agent puts on the node: the ones the conflist
+/// chains, and `loopback`, which containerd's and CRI-O's CRI run for every
+/// pod sandbox's `lo` (a node without the CNI reference plugins has none,
+/// and then no pod starts: "failed to find plugin loopback").
+pub fn node_plugins(portmap: bool, bandwidth: bool) -> Vec<&'static str> {
+    let mut plugins = chained(portmap, bandwidth);
+    plugins.push("loopback");
+    plugins
+}
+
 /// The conflist for a node owning `pod_cidrs`: flatnet with flatnet-ipam
 /// handing out each CIDR, the first address of each as the gateway.
 /// `cniVersion` 1.0.0 for runtimes whose libcni stops there; `cniVersions`
@@ -183,8 +193,13 @@ pub fn install_reference_plugins(from: &Path, to: &Path, names: &[&str]) -> Resu
             if present {
                 continue;
             }
+            let remedy = if *name == "loopback" {
+                "the runtime runs it for every pod's lo".to_string()
+            } else {
+                format!("or turn the chaining off (--chain-{name}=false)")
+            };
             return Err(AgentError::Config(format!(
-                "the conflist chains the reference {name} plugin, but neither {} nor {} has it: install the CNI reference plugins there, or turn the chaining off (--chain-{name}=false)",
+                "the node needs the reference {name} plugin, but neither {} nor {} has it: install the CNI reference plugins there; {remedy}",
                 target.display(),
                 source.display()
             )));
@@ -304,6 +319,11 @@ mod tests {
         assert_eq!(list["plugins"].as_array().unwrap().len(), 1);
         assert!(chained(false, false).is_empty());
         assert_eq!(chained(true, true), ["portmap", "bandwidth"]);
+        assert_eq!(node_plugins(false, false), ["loopback"]);
+        assert_eq!(
+            node_plugins(true, true),
+            ["portmap", "bandwidth", "loopback"]
+        );
     }
 
     #[test]

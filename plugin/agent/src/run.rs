@@ -369,11 +369,10 @@ impl Agent {
                 "plugin binaries installed"
             );
         }
-        let chained = install::chained(args.chain_portmap, args.chain_bandwidth);
         let installed = install::install_reference_plugins(
             &args.reference_plugins_from,
             &args.cni_bin_dir,
-            &chained,
+            &install::node_plugins(args.chain_portmap, args.chain_bandwidth),
         )?;
         if !installed.is_empty() {
             tracing::info!(

@@ -31,9 +31,20 @@ pub const PACKAGES: &[&str] = &[
     "openssl",
     "conntrack",
     "iptables",
+    // The test images' tools (e2e/images.rs): busybox's applets, and
+    // Debian's where busybox's fall short or are missing.
+    "busybox-static",
     "dash",
     "netcat-openbsd",
     "curl",
+    "wget",
+    "bind9-dnsutils",
+    "bind9-host",
+    "iproute2",
+    "iperf",
+    // The flatnet agent's image: nft, and the reference plugins it installs.
+    "nftables",
+    "containernetworking-plugins",
     // The Kubernetes tree's own build: its Makefile, and rsync for placing
     // the binaries under _output/bin (Build-Depends of the source package).
     "make",

@@ -1,4 +1,240 @@
 //! Real-Kubernetes cluster tests: what they need on the machine, prepared
-//! once and cached outside the checkout (see ../shared/k8s-real.md).
+//! once and cached outside the checkout (`build.rs`, see
+//! ../shared/k8s-real.md), and `cargo xtask e2e`, which brings up a
+//! cluster of real components on this machine with flatnet as its CNI and
+//! runs the upstream e2e suites of the same release on it.
 
 pub mod build;
+mod cluster;
+mod control_plane;
+mod daemon;
+mod guard;
+mod host;
+pub mod images;
+mod node;
+mod pki;
+mod plan;
+mod suites;
+mod sysctls;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use nix::fcntl::{Flock, FlockArg};
+
+pub use cluster::ServicesMode;
+
+use crate::util::{self, heading};
+
+#[derive(clap::Args, Clone)]
+pub struct E2eArgs {
+    /// Every sig-network and NetworkPolicy spec this cluster can run (the
+    /// default is the subset CI runs).
+    #[arg(long)]
+    pub full: bool,
+    /// Which Services modes to run (default: both).
+    #[arg(long, value_enum)]
+    pub services: Option<ServicesMode>,
+    /// Run only the specs matching this regular expression (ginkgo focus),
+    /// instead of the suites.
+    #[arg(long)]
+    pub focus: Option<String>,
+    /// Nodes of the cluster.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: u8,
+    /// Leave the cluster running after the suites (until Enter is pressed).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Where a run's logs and reports go (kept), per Services mode.
+fn logs_root() -> PathBuf {
+    util::root().join("target/e2e")
+}
+
+/// Where the clusters' state goes (removed after each).
+const STATE_DIR: &str = "/var/tmp/flatnet-e2e";
+
+pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
+    if !util::is_root() {
+        bail!("cargo xtask e2e runs a cluster of real kubelets: run it as root");
+    }
+    let started = Instant::now();
+    let built = build::prepare()?;
+    // One cluster at a time on a machine: the names are fixed.
+    std::fs::create_dir_all(STATE_DIR)?;
+    let lock_file = std::fs::File::create(PathBuf::from(STATE_DIR).join(".lock"))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| anyhow::anyhow!("another `cargo xtask e2e` is running on this machine"))?;
+    clean_up_leftovers();
+    tear_down_on_signal()?;
+
+    // The agent's image carries the release binaries, as a user builds it.
+    util::build(true, &[])?;
+    util::run_cmd(util::cargo().args(["build", "--release", "--package", "flatnet-cluster-dns"]))?;
+    heading("e2e: images");
+    let images = images::for_cluster(&built)?;
+
+    heading("e2e: the uplink guard");
+    guard::self_test().context("the uplink guard's self-test")?;
+    let guard = guard::Guard::install(None)?;
+    let sysctls = sysctls::SavedSysctls::save(&PathBuf::from(STATE_DIR).join("sysctls.json"))?;
+    let _forwarding = util::SavedForwarding::now();
+
+    let modes = match args.services {
+        Some(mode) => vec![mode],
+        None => vec![ServicesMode::KubeProxy, ServicesMode::Ebpf],
+    };
+    let mut outcome = Ok(());
+    let mut reports = Vec::new();
+    for mode in modes {
+        heading(&format!("e2e: a cluster with {} Services", mode.name()));
+        let result = run_mode(args, mode, &built, &images);
+        let dropped = guard.dropped()?;
+        match result {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                outcome = Err(e);
+            }
+        }
+        if dropped != 0 {
+            bail!(
+                "the uplink guard dropped {dropped} packet(s) of the cluster's ranges: something of the cluster tried to leave the machine"
+            );
+        }
+        let changed = sysctls.restore();
+        if !changed.is_empty() {
+            println!(
+                "e2e: put back what the cluster changed: {}",
+                changed.join(", ")
+            );
+        }
+        sysctls.verify()?;
+        if outcome.is_err() {
+            break;
+        }
+    }
+    sysctls.done();
+    suites::print_summary(&reports);
+    println!(
+        "e2e: the uplink guard dropped 0 packets; global settings restored; {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    outcome?;
+    suites::verdict(&reports)
+}
+
+fn run_mode(
+    args: &E2eArgs,
+    mode: ServicesMode,
+    built: &build::Built,
+    images: &[PathBuf],
+) -> anyhow::Result<suites::ModeReport> {
+    let logs = logs_root().join(mode.name());
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
+    let plan = plan::Plan {
+        dir: PathBuf::from(STATE_DIR).join(mode.name()),
+        logs: logs.clone(),
+        nodes: args.nodes,
+    };
+    let mut cluster = cluster::Cluster::up(plan, mode, built, images)?;
+    let report = suites::run(&mut cluster, args, built)?;
+    if args.keep {
+        println!(
+            "e2e: the cluster is kept running: kubectl --kubeconfig {} (enter with nsenter --target {} --mount --uts --net); press Enter to tear it down",
+            cluster.control_plane.admin_kubeconfig.display(),
+            cluster.control_plane.host.pid()
+        );
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
+    cluster.down();
+    Ok(report)
+}
+
+/// On SIGINT, SIGTERM or SIGHUP (Ctrl-C, CI's timeout): everything a
+/// cluster made is found by its names and taken away, the guard removed,
+/// the saved settings put back, and the process exits. Without it a killed
+/// run would leave its machines until the next run.
+fn tear_down_on_signal() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            eprintln!("\ne2e: signal {signal}: tearing the cluster down");
+            clean_up_leftovers();
+            let _ = std::process::Command::new("nft")
+                .args(["delete", "table", "inet", guard::TABLE])
+                .output();
+            let saved = PathBuf::from(STATE_DIR).join("sysctls.json");
+            if let Ok(sysctls) = sysctls::SavedSysctls::save(&saved) {
+                sysctls.done();
+            }
+            std::process::exit(128 + signal);
+        }
+    });
+    Ok(())
+}
+
+/// What a crashed or killed earlier run left: its machines' processes,
+/// network namespaces, cgroups, mounts' folders.
+fn clean_up_leftovers() {
+    for entry in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(plan::PREFIX) {
+            continue;
+        }
+        println!("e2e: removing {name}, left by an earlier run");
+        // Each machine's processes are found by their network namespace's
+        // holder: every process whose net namespace is this one, and every
+        // process sharing a mount namespace with one of them.
+        let Ok(netns) = nix::sys::stat::stat(&entry.path()) else {
+            continue;
+        };
+        let mut mount_namespaces = std::collections::BTreeSet::new();
+        for pid in processes() {
+            if let Ok(meta) = nix::sys::stat::stat(format!("/proc/{pid}/ns/net").as_str())
+                && meta.st_ino == netns.st_ino
+                && let Ok(mnt) = std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+            {
+                mount_namespaces.insert(mnt);
+            }
+        }
+        let own = std::fs::read_link("/proc/self/ns/mnt").ok();
+        for mnt in mount_namespaces {
+            if Some(&mnt) != own.as_ref() {
+                host::kill_mount_namespace(&mnt);
+            }
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &name])
+            .output();
+        if let Some(index) = name.strip_prefix(&format!("{}-node-", plan::PREFIX)) {
+            node::remove_cgroup_tree(&format!("/{}-node-{index}", plan::PREFIX));
+        }
+    }
+    for mode in [ServicesMode::KubeProxy, ServicesMode::Ebpf] {
+        let dir = PathBuf::from(STATE_DIR).join(mode.name());
+        for machine in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            host::remove_made_mount_points(&machine.path());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn processes() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,312 @@
+//! The control plane machine: etcd, kube-apiserver, kube-controller-manager
+//! and kube-scheduler, as kubeadm would run them (secure ports, RBAC and
+//! Node authorization, service account tokens, node CIDRs allocated by the
+//! controller manager). It also holds the cluster's switch: a bridge that
+//! every node's uplink is plugged into, and the routes back to the pods.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::daemon::Daemon;
+use super::host::Host;
+use super::pki::{Pki, Subject};
+use super::plan::{self, Plan};
+
+pub struct ControlPlane {
+    pub host: Host,
+    pub admin_kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+    daemons: Vec<Daemon>,
+}
+
+impl ControlPlane {
+    /// Starts everything and waits for the API server to be ready.
+    pub fn start(plan: &Plan, pki: &Pki, bin: &Path, etcd: &Path) -> anyhow::Result<Self> {
+        let host = Host::create(&plan.control_plane_name(), &plan.dir.join("control-plane"))?;
+        let sh = |script: &str| host.run("sh", &["-euc", script]);
+        sh(&format!(
+            "ip link set lo up
+             ip link add {bridge} type bridge
+             ip addr add {address}/{prefix} dev {bridge}
+             ip link set {bridge} up
+             mkdir -p /var/lib/etcd && mount -t tmpfs -o size=512m tmpfs /var/lib/etcd",
+            bridge = plan::BRIDGE,
+            address = plan::CONTROL_PLANE_ADDRESS,
+            prefix = plan::UNDERLAY_PREFIX,
+        ))
+        .context("setting up the control plane's network")?;
+        let logs = plan.logs.clone();
+        let server = plan.api_server_url();
+        let address = IpAddr::V4(plan::CONTROL_PLANE_ADDRESS);
+
+        // Certificates: the API server's, its client to the kubelets, and
+        // one per control plane client.
+        let serving = pki.server(
+            "apiserver",
+            "kube-apiserver",
+            &[
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+                "localhost",
+            ],
+            &[
+                address,
+                IpAddr::V4(plan::API_SERVICE_ADDRESS),
+                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            ],
+        )?;
+        let kubelet_client = pki.client(
+            "apiserver-kubelet-client",
+            &Subject {
+                user: "kube-apiserver-kubelet-client",
+                groups: &["system:masters"],
+            },
+        )?;
+        let admin = pki.client(
+            "admin",
+            &Subject {
+                user: "kubernetes-admin",
+                groups: &["system:masters"],
+            },
+        )?;
+        let admin_kubeconfig = pki.kubeconfig("admin", &server, &admin)?;
+        let controller_manager = pki.client(
+            "controller-manager",
+            &Subject {
+                user: "system:kube-controller-manager",
+                groups: &[],
+            },
+        )?;
+        let controller_manager_kubeconfig =
+            pki.kubeconfig("controller-manager", &server, &controller_manager)?;
+        let scheduler = pki.client(
+            "scheduler",
+            &Subject {
+                user: "system:kube-scheduler",
+                groups: &[],
+            },
+        )?;
+        let scheduler_kubeconfig = pki.kubeconfig("scheduler", &server, &scheduler)?;
+
+        let mut control_plane = ControlPlane {
+            kubectl: bin.join("kubectl"),
+            admin_kubeconfig,
+            daemons: Vec::new(),
+            host,
+        };
+
+        let mut etcd_cmd = control_plane.host.command(etcd);
+        etcd_cmd.args([
+            "--name=control-plane",
+            "--data-dir=/var/lib/etcd",
+            "--listen-client-urls=http://127.0.0.1:2379",
+            "--advertise-client-urls=http://127.0.0.1:2379",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=control-plane=http://127.0.0.1:2380",
+            "--log-level=warn",
+        ]);
+        let mut etcd_daemon = Daemon::start(&control_plane.host, "etcd", etcd_cmd, &logs)?;
+        etcd_daemon.wait_ready(Duration::from_secs(30), "client port", || {
+            control_plane
+                .host
+                .run("curl", &["-sf", "http://127.0.0.1:2379/health"])
+                .is_ok()
+        })?;
+        control_plane.daemons.push(etcd_daemon);
+
+        let mut apiserver = control_plane.host.command(bin.join("kube-apiserver"));
+        apiserver
+            .arg(format!("--advertise-address={address}"))
+            .arg("--bind-address=0.0.0.0")
+            .arg(format!("--secure-port={}", plan::API_PORT))
+            .arg("--etcd-servers=http://127.0.0.1:2379")
+            .arg(format!("--service-cluster-ip-range={}", plan::SERVICE_CIDR))
+            .arg("--service-node-port-range=30000-32767")
+            .arg("--allow-privileged=true")
+            .arg("--authorization-mode=Node,RBAC")
+            .arg("--enable-admission-plugins=NodeRestriction")
+            .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+            .arg(format!("--tls-cert-file={}", serving.cert.display()))
+            .arg(format!("--tls-private-key-file={}", serving.key.display()))
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                kubelet_client.cert.display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                kubelet_client.key.display()
+            ))
+            .arg(format!(
+                "--kubelet-certificate-authority={}",
+                pki.ca_cert.display()
+            ))
+            .arg("--kubelet-preferred-address-types=InternalIP")
+            .arg(format!(
+                "--service-account-key-file={}",
+                pki.service_account_pub.display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                pki.service_account_key.display()
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg("--api-audiences=https://kubernetes.default.svc.cluster.local")
+            .arg("--endpoint-reconciler-type=lease")
+            .arg("--profiling=false")
+            .arg("--v=1");
+        let mut apiserver_daemon =
+            Daemon::start(&control_plane.host, "kube-apiserver", apiserver, &logs)?;
+        apiserver_daemon.wait_ready(Duration::from_secs(90), "/readyz", || {
+            control_plane
+                .kubectl(&["get", "--raw", "/readyz"])
+                .is_ok_and(|out| out.trim() == "ok")
+        })?;
+        control_plane.daemons.push(apiserver_daemon);
+
+        let mut controller = control_plane
+            .host
+            .command(bin.join("kube-controller-manager"));
+        let kubeconfig = controller_manager_kubeconfig.display().to_string();
+        controller
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .arg(format!("--authentication-kubeconfig={kubeconfig}"))
+            .arg(format!("--authorization-kubeconfig={kubeconfig}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--leader-elect=false")
+            .arg("--allocate-node-cidrs=true")
+            .arg(format!("--cluster-cidr={}", plan::CLUSTER_CIDR))
+            .arg("--node-cidr-mask-size=24")
+            .arg(format!("--service-cluster-ip-range={}", plan::SERVICE_CIDR))
+            .arg(format!(
+                "--cluster-signing-cert-file={}",
+                pki.ca_cert.display()
+            ))
+            .arg(format!(
+                "--cluster-signing-key-file={}",
+                pki.ca_key().display()
+            ))
+            .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                pki.service_account_key.display()
+            ))
+            .arg("--use-service-account-credentials=true")
+            .arg("--controllers=*,bootstrapsigner,tokencleaner")
+            // No cloud: routes are the CNI's (flatnet's agents).
+            .arg("--configure-cloud-routes=false")
+            .arg("--profiling=false")
+            .arg("--v=1");
+        control_plane.daemons.push(Daemon::start(
+            &control_plane.host,
+            "kube-controller-manager",
+            controller,
+            &logs,
+        )?);
+
+        let mut scheduler_cmd = control_plane.host.command(bin.join("kube-scheduler"));
+        let kubeconfig = scheduler_kubeconfig.display().to_string();
+        scheduler_cmd
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .arg(format!("--authentication-kubeconfig={kubeconfig}"))
+            .arg(format!("--authorization-kubeconfig={kubeconfig}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--leader-elect=false")
+            .arg("--profiling=false")
+            .arg("--v=1");
+        control_plane.daemons.push(Daemon::start(
+            &control_plane.host,
+            "kube-scheduler",
+            scheduler_cmd,
+            &logs,
+        )?);
+        // The default service account exists once the controllers run:
+        // nothing can make pods before that.
+        control_plane.wait_for(
+            Duration::from_secs(60),
+            "the default service account",
+            || {
+                control_plane
+                    .kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                    .is_ok()
+            },
+        )?;
+        Ok(control_plane)
+    }
+
+    /// kubectl as the cluster admin, run on the control plane machine.
+    pub fn kubectl_command(&self) -> Command {
+        let mut cmd = self.host.command(&self.kubectl);
+        cmd.arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()));
+        cmd
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.kubectl_command();
+        cmd.args(args);
+        Ok(crate::util::output(&mut cmd)?)
+    }
+
+    /// `kubectl apply` of a manifest given as text.
+    pub fn apply(&self, manifest: &str) -> anyhow::Result<()> {
+        let mut cmd = self.kubectl_command();
+        cmd.args(["apply", "-f", "-"]);
+        crate::util::output_with_stdin(&mut cmd, manifest.as_bytes()).context("kubectl apply")?;
+        Ok(())
+    }
+
+    /// Every daemon still running.
+    pub fn check(&mut self) -> anyhow::Result<()> {
+        for daemon in &mut self.daemons {
+            daemon.check()?;
+        }
+        Ok(())
+    }
+
+    /// Polls `ready` while checking that the daemons still run.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        what: &str,
+        mut ready: impl FnMut() -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        while !ready() {
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "{what}: not there after {timeout:?} (logs in {})",
+                    self.host.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(())
+    }
+
+    /// A route on the control plane machine to a node's pod CIDR (the API
+    /// server reaches pods when it proxies to them).
+    pub fn route_pods(&self, pod_cidr: &str, node_address: &str) -> anyhow::Result<()> {
+        self.host
+            .run("ip", &["route", "replace", pod_cidr, "via", node_address])?;
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        while let Some(mut daemon) = self.daemons.pop() {
+            daemon.stop();
+        }
+        self.host.shut_down();
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

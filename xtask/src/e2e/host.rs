@@ -1,0 +1,285 @@
+//! A simulated machine of the cluster: a network namespace, a mount
+//! namespace and a UTS namespace (hostname = the machine's name), held open
+//! by a holder process. Every daemon of the machine runs entered into all
+//! three, so it sees what it would on a machine of its own:
+//!
+//! - its own directories at the standard paths (`/var/lib/kubelet`,
+//!   `/etc/cni/net.d`, `/run`, ...): bind mounts of a per-machine folder,
+//!   so two kubelets do not delete each other's pod logs and two
+//!   containerds do not share a socket;
+//! - a sysfs of its own network namespace (`/sys/class/net` lists its own
+//!   devices) with the host's cgroup hierarchies bound back under it, and
+//!   no bpffs until something on the machine mounts one (a fresh node);
+//! - mounts shared inside the machine (a pod's `Bidirectional` volume
+//!   propagates to the machine) and never back to the host (slave).
+//!
+//! Shutting a machine down kills every process in its mount namespace (the
+//! daemons, containerd's shims, the containers), which is what makes a
+//! crashed run's leftovers findable too.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::util::output;
+
+/// Paths each machine has for itself. The mount point is made on the host
+/// when missing (and removed again at teardown when it was made here).
+pub const PRIVATE_PATHS: &[&str] = &[
+    "/run",
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/etc/containerd",
+    "/etc/kubernetes",
+    "/var/lib/cni",
+    "/var/lib/containerd",
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+];
+
+pub struct Host {
+    pub name: String,
+    /// This machine's folder: `root/<path>` is bound at each private path.
+    pub dir: PathBuf,
+    holder: Option<Child>,
+    holder_pid: u32,
+}
+
+impl Host {
+    /// Makes the namespaces and the private mounts; `logs` is where the
+    /// daemons' output goes.
+    pub fn create(name: &str, dir: &Path) -> anyhow::Result<Self> {
+        let netns = PathBuf::from("/run/netns").join(name);
+        if !netns.exists() {
+            run(Command::new("ip").args(["netns", "add", name]))?;
+        }
+        std::fs::create_dir_all(dir.join("root"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        // The holder: entered into the network namespace, it unshares a
+        // mount namespace (slave of the host's: nothing mounted inside
+        // reaches the host) and a UTS namespace, then sleeps until killed.
+        let holder = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args([
+                "--",
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "slave",
+                "--",
+                "sleep",
+                "infinity",
+            ])
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the holder of a machine's namespaces (nsenter, unshare)")?;
+        let holder_pid = holder.id();
+        let mut host = Host {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            holder: Some(holder),
+            holder_pid: 0,
+        };
+        // nsenter and unshare exec into each other: the pid stays, but the
+        // namespaces change only once unshare has run. Wait for that.
+        let own_mnt = std::fs::read_link("/proc/self/ns/mnt")?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let exe = std::fs::read_link(format!("/proc/{holder_pid}/exe")).unwrap_or_default();
+            let mnt = std::fs::read_link(format!("/proc/{holder_pid}/ns/mnt")).unwrap_or_default();
+            if exe.ends_with("sleep") && mnt != own_mnt {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("{name}'s namespace holder did not start (pid {holder_pid})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        host.holder_pid = holder_pid;
+        host.set_up_mounts()?;
+        Ok(host)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.holder_pid
+    }
+
+    /// The identity of this machine's mount namespace (`mnt:[inode]`).
+    pub fn mount_namespace(&self) -> anyhow::Result<PathBuf> {
+        Ok(std::fs::read_link(format!(
+            "/proc/{}/ns/mnt",
+            self.holder_pid
+        ))?)
+    }
+
+    /// `program` entered into this machine's namespaces.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.args([
+            "--target",
+            &self.holder_pid.to_string(),
+            "--mount",
+            "--uts",
+            "--net",
+            "--",
+        ])
+        .arg(program);
+        cmd
+    }
+
+    /// Runs a short command on the machine and returns its stdout.
+    pub fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.command(program);
+        cmd.args(args);
+        Ok(output(&mut cmd)?)
+    }
+
+    /// Starts a daemon on the machine, its output appended to `log`.
+    pub fn spawn(&self, mut cmd: Command, log: &Path) -> anyhow::Result<Child> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        cmd.spawn()
+            .with_context(|| format!("starting {}", flatnet_harness::describe(&cmd)))
+    }
+
+    fn set_up_mounts(&self) -> anyhow::Result<()> {
+        let sh = |script: &str| -> anyhow::Result<()> {
+            self.run("sh", &["-euc", script])
+                .with_context(|| format!("setting up {}'s mounts", self.name))?;
+            Ok(())
+        };
+        run(Command::new("nsenter")
+            .args([
+                "--target",
+                &self.holder_pid.to_string(),
+                "--uts",
+                "hostname",
+            ])
+            .arg(&self.name))?;
+        // A sysfs of the machine's network namespace, with the host's
+        // cgroup hierarchies (one tree for all machines: kubelet's
+        // cgroupRoot keeps each node's apart) moved back under it. Done
+        // while every mount is still a slave: a mount under a shared one
+        // cannot be moved.
+        let cgroup_move = self.dir.join("cgroup-move");
+        std::fs::create_dir_all(&cgroup_move)?;
+        sh(&format!(
+            "mount --rbind /sys/fs/cgroup '{dir}'
+             mount -t sysfs sysfs /sys
+             mount --move '{dir}' /sys/fs/cgroup",
+            dir = cgroup_move.display()
+        ))?;
+        // Shared inside the machine, still a slave of the host.
+        sh("mount --make-rshared /")?;
+        for path in PRIVATE_PATHS {
+            let source = self.dir.join("root").join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(&source)?;
+            if !Path::new(path).exists() {
+                std::fs::create_dir_all(path)
+                    .with_context(|| format!("creating the mount point {path}"))?;
+                // Remembered so teardown takes it away again.
+                let made = self.dir.join("made-mount-points");
+                let mut list = std::fs::read_to_string(&made).unwrap_or_default();
+                list.push_str(path);
+                list.push('\n');
+                std::fs::write(&made, list)?;
+            }
+            sh(&format!("mount --bind '{}' '{path}'", source.display()))?;
+        }
+        // /run is the machine's own: make what the tools expect there.
+        sh("mkdir -p /run/netns /run/lock")?;
+        Ok(())
+    }
+
+    /// The paths mounted on the host for this machine that were not there before.
+    fn made_mount_points(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("made-mount-points"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Kills every process of the machine (all that share its mount
+    /// namespace), removes its network namespace and its folder's state.
+    pub fn shut_down(&mut self) {
+        if self.holder.is_none() {
+            return;
+        }
+        if let Ok(mnt) = self.mount_namespace() {
+            kill_mount_namespace(&mnt);
+        }
+        if let Some(mut holder) = self.holder.take() {
+            let _ = holder.kill();
+            let _ = holder.wait();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.name])
+            .output();
+        remove_made_mount_points(&self.dir);
+    }
+}
+
+/// Removes the mount points a machine made on the host (listed in its
+/// folder), when they are empty: never anything that is not ours.
+pub fn remove_made_mount_points(dir: &Path) {
+    {
+        for path in Host::made_mount_points(dir) {
+            let _ = std::fs::remove_dir(&path);
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// SIGKILLs every process whose mount namespace is `mnt`, until none is left.
+pub fn kill_mount_namespace(mnt: &Path) {
+    for _ in 0..50 {
+        let mut found = false;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|p| p.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                if std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                    .ok()
+                    .as_deref()
+                    == Some(mnt)
+                {
+                    found = true;
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+        if !found {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    output(cmd)?;
+    Ok(())
+}

@@ -1,0 +1,496 @@
+//! A worker node: containerd 1.6 with its CRI plugin, kubelet and (in
+//! `--services kube-proxy` runs) kube-proxy, on a machine of its own
+//! (`host.rs`), plugged into the control plane's bridge. flatnet is not
+//! started here: its agent arrives as the DaemonSet's pod, as on a real
+//! cluster, and until then the node is NotReady (no CNI configuration).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::daemon::Daemon;
+use super::host::Host;
+use super::pki::{Pki, Subject};
+use super::plan::{self, Plan};
+
+/// Registries the e2e suite and kubelet name: each pointed at a closed
+/// port of the node's loopback, so an image that was not imported fails at
+/// once instead of reaching out.
+const REGISTRIES: &[&str] = &[
+    "docker.io",
+    "registry-1.docker.io",
+    "k8s.gcr.io",
+    "gcr.io",
+    "registry.k8s.io",
+    "quay.io",
+    "us.gcr.io",
+    "invalid.com",
+    "localhost",
+];
+const CLOSED_PORT: &str = "http://127.0.0.1:9";
+
+/// Global sysctls kubelet 1.20 writes (setupKernelTunables): saved before
+/// and restored after a run by `sysctls.rs`.
+pub const KUBELET_SYSCTLS: &[&str] = &[
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+pub struct Node {
+    pub index: u8,
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub host: Host,
+    /// kubelet's cgroupRoot: the node's own subtree of every hierarchy.
+    pub cgroup_root: String,
+    containerd: Option<Daemon>,
+    kubelet: Option<Daemon>,
+    kube_proxy: Option<Daemon>,
+    logs: PathBuf,
+}
+
+impl Node {
+    /// Makes the machine, plugs it into the bridge, and starts containerd
+    /// (with the images imported) and kubelet.
+    pub fn start(
+        plan: &Plan,
+        index: u8,
+        control_plane: &Host,
+        pki: &Pki,
+        bin: &Path,
+        images: &[PathBuf],
+    ) -> anyhow::Result<Self> {
+        let name = plan.node_name(index);
+        let address = plan.node_address(index);
+        let host = Host::create(&name, &plan.dir.join(&name))?;
+        let logs = plan.logs.join(&name);
+        std::fs::create_dir_all(&logs)?;
+        let mut node = Node {
+            index,
+            cgroup_root: format!("/{name}"),
+            name,
+            address,
+            host,
+            containerd: None,
+            kubelet: None,
+            kube_proxy: None,
+            logs,
+        };
+        node.plug_in(control_plane)?;
+        node.make_cgroup_root()?;
+        node.write_configuration(plan, pki)?;
+        node.start_containerd(images)?;
+        node.start_kubelet(bin)?;
+        Ok(node)
+    }
+
+    /// The node's `eth0` on the control plane's bridge; routes to the
+    /// Services' range through it (kube-proxy translates on the way out,
+    /// but a route must exist for the first lookup). No default route.
+    fn plug_in(&self, control_plane: &Host) -> anyhow::Result<()> {
+        let port = format!("{}-n{}", plan::PREFIX, self.index);
+        let node_pid = self.host.pid().to_string();
+        control_plane
+            .run(
+                "ip",
+                &[
+                    "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+                    &node_pid,
+                ],
+            )
+            .context("plugging a node into the bridge")?;
+        control_plane.run(
+            "sh",
+            &[
+                "-euc",
+                &format!(
+                    "ip link set {port} master {bridge} && ip link set {port} up",
+                    bridge = plan::BRIDGE
+                ),
+            ],
+        )?;
+        self.host.run(
+            "sh",
+            &[
+                "-euc",
+                &format!(
+                    "ip link set lo up
+                     ip addr add {address}/{prefix} dev eth0
+                     ip link set eth0 up
+                     ip route add {services} dev eth0",
+                    address = self.address,
+                    prefix = plan::UNDERLAY_PREFIX,
+                    services = plan::SERVICE_CIDR,
+                ),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// kubelet checks that its cgroupRoot exists in every hierarchy; the
+    /// cpuset one needs its CPUs and memory nodes before anything joins it.
+    fn make_cgroup_root(&self) -> anyhow::Result<()> {
+        for hierarchy in cgroup_hierarchies()? {
+            let dir = hierarchy.join(self.cgroup_root.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if hierarchy.ends_with("cpuset") {
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    let value = std::fs::read_to_string(hierarchy.join(file))?;
+                    std::fs::write(dir.join(file), value.trim())
+                        .with_context(|| format!("writing {}", dir.join(file).display()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The host-side path of a file the node sees at `path`.
+    fn file(&self, path: &str) -> PathBuf {
+        self.host
+            .dir
+            .join("root")
+            .join(path.trim_start_matches('/'))
+    }
+
+    fn write(&self, path: &str, text: &str) -> anyhow::Result<()> {
+        let file = self.file(path);
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))
+    }
+
+    fn write_configuration(&self, plan: &Plan, pki: &Pki) -> anyhow::Result<()> {
+        let server = plan.api_server_url();
+        let name = &self.name;
+        // Credentials: kubelet as system:node:<name> (Node authorizer and
+        // NodeRestriction), its serving certificate for the API server's
+        // exec/logs/proxy calls, kube-proxy as system:kube-proxy.
+        let kubelet_client = pki.client(
+            &format!("{name}-kubelet-client"),
+            &Subject {
+                user: &format!("system:node:{name}"),
+                groups: &["system:nodes"],
+            },
+        )?;
+        let kubelet_serving = pki.server(
+            &format!("{name}-kubelet-serving"),
+            name,
+            &[name],
+            &[IpAddr::V4(self.address)],
+        )?;
+        let proxy = pki.client(
+            &format!("{name}-kube-proxy"),
+            &Subject {
+                user: "system:kube-proxy",
+                groups: &[],
+            },
+        )?;
+        let copy = |from: &Path, to: &str| -> anyhow::Result<()> {
+            self.write(to, &std::fs::read_to_string(from)?)
+        };
+        copy(&pki.ca_cert, "/etc/kubernetes/pki/ca.crt")?;
+        copy(&kubelet_serving.cert, "/etc/kubernetes/pki/kubelet.crt")?;
+        copy(&kubelet_serving.key, "/etc/kubernetes/pki/kubelet.key")?;
+        copy(
+            &pki.kubeconfig(&format!("{name}-kubelet"), &server, &kubelet_client)?,
+            "/etc/kubernetes/kubelet.kubeconfig",
+        )?;
+        copy(
+            &pki.kubeconfig(&format!("{name}-kube-proxy"), &server, &proxy)?,
+            "/etc/kubernetes/kube-proxy.kubeconfig",
+        )?;
+        // Pods with dnsPolicy Default get the node's resolv.conf: a node
+        // of this cluster has no resolver beyond the cluster's own.
+        self.write("/etc/kubernetes/resolv.conf", "options ndots:1\n")?;
+        self.write("/etc/kubernetes/kubelet.yaml", &self.kubelet_config())?;
+        self.write("/etc/kubernetes/kube-proxy.yaml", &self.kube_proxy_config())?;
+        self.write("/etc/containerd/config.toml", CONTAINERD_CONFIG)?;
+        for registry in REGISTRIES {
+            self.write(
+                &format!("/etc/containerd/certs.d/{registry}/hosts.toml"),
+                &format!(
+                    "# {registry} cannot be reached from here: fail at once.\n\
+                     server = \"{CLOSED_PORT}\"\n\n[host.\"{CLOSED_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn kubelet_config(&self) -> String {
+        format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {address}
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: /etc/kubernetes/pki/ca.crt
+authorization:
+  mode: Webhook
+tlsCertFile: /etc/kubernetes/pki/kubelet.crt
+tlsPrivateKeyFile: /etc/kubernetes/pki/kubelet.key
+rotateCertificates: false
+cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
+clusterDNS:
+- {dns}
+clusterDomain: {domain}
+resolvConf: /etc/kubernetes/resolv.conf
+failSwapOn: false
+# This machine refuses a negative oom_score_adj (kubelet asks -999 for itself).
+oomScoreAdj: 0
+# Every image was imported by hand and none can be pulled again: never
+# garbage-collect one.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "100Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+serializeImagePulls: false
+"#,
+            address = self.address,
+            cgroup_root = self.cgroup_root,
+            dns = plan::DNS_SERVICE_ADDRESS,
+            domain = plan::DNS_DOMAIN,
+        )
+    }
+
+    fn kube_proxy_config(&self) -> String {
+        format!(
+            r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: /etc/kubernetes/kube-proxy.kubeconfig
+hostnameOverride: {name}
+bindAddress: {address}
+healthzBindAddress: {address}:10256
+metricsBindAddress: 127.0.0.1:10249
+clusterCIDR: {cluster_cidr}
+mode: iptables
+conntrack:
+  # nf_conntrack_max is global (and read-only outside the host's network
+  # namespace): left alone. The per-namespace TCP timeouts are set.
+  maxPerCore: 0
+  min: 0
+"#,
+            name = self.name,
+            address = self.address,
+            cluster_cidr = plan::CLUSTER_CIDR,
+        )
+    }
+
+    fn start_containerd(&mut self, images: &[PathBuf]) -> anyhow::Result<()> {
+        let mut cmd = self.host.command("/usr/bin/containerd");
+        cmd.args(["--config", "/etc/containerd/config.toml"]);
+        let mut daemon = Daemon::start(&self.host, "containerd", cmd, &self.logs)?;
+        daemon.wait_ready(Duration::from_secs(30), "its socket", || {
+            self.host
+                .run("ctr", &["--address", SOCKET, "version"])
+                .is_ok()
+        })?;
+        self.containerd = Some(daemon);
+        for image in images {
+            self.host
+                .run(
+                    "ctr",
+                    &[
+                        "--address",
+                        SOCKET,
+                        "-n",
+                        "k8s.io",
+                        "images",
+                        "import",
+                        &image.display().to_string(),
+                    ],
+                )
+                .with_context(|| format!("importing {} on {}", image.display(), self.name))?;
+        }
+        Ok(())
+    }
+
+    fn start_kubelet(&mut self, bin: &Path) -> anyhow::Result<()> {
+        let mut cmd = self.host.command(bin.join("kubelet"));
+        cmd.args([
+            "--config=/etc/kubernetes/kubelet.yaml",
+            "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
+            "--container-runtime=remote",
+            &format!("--container-runtime-endpoint=unix://{SOCKET}"),
+            &format!("--hostname-override={}", self.name),
+            &format!("--node-ip={}", self.address),
+            "--v=1",
+        ])
+        // kubelet 1.20's in-tree ECR credential provider asks the EC2
+        // metadata address at start.
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+        let mut daemon = Daemon::start(&self.host, "kubelet", cmd, &self.logs)?;
+        daemon.wait_ready(Duration::from_secs(60), "healthz", || {
+            self.host
+                .run("curl", &["-sf", "http://127.0.0.1:10248/healthz"])
+                .is_ok()
+        })?;
+        self.kubelet = Some(daemon);
+        Ok(())
+    }
+
+    pub fn start_kube_proxy(&mut self, bin: &Path) -> anyhow::Result<()> {
+        let mut cmd = self.host.command(bin.join("kube-proxy"));
+        cmd.args(["--config=/etc/kubernetes/kube-proxy.yaml", "--v=1"]);
+        let mut daemon = Daemon::start(&self.host, "kube-proxy", cmd, &self.logs)?;
+        let healthz = format!("http://{}:10256/healthz", self.address);
+        daemon.wait_ready(Duration::from_secs(60), "healthz", || {
+            self.host.run("curl", &["-sf", &healthz]).is_ok()
+        })?;
+        self.kube_proxy = Some(daemon);
+        Ok(())
+    }
+
+    /// Every daemon of the node still running.
+    pub fn check(&mut self) -> anyhow::Result<()> {
+        for daemon in [
+            &mut self.containerd,
+            &mut self.kubelet,
+            &mut self.kube_proxy,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            daemon.check()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the daemons, kills what is left on the machine (shims and
+    /// containers), removes the node's cgroups and its machine.
+    pub fn stop(&mut self) {
+        for daemon in [
+            &mut self.kube_proxy,
+            &mut self.kubelet,
+            &mut self.containerd,
+        ] {
+            if let Some(mut daemon) = daemon.take() {
+                daemon.stop();
+            }
+        }
+        self.host.shut_down();
+        remove_cgroup_tree(&self.cgroup_root);
+    }
+
+    pub fn logs(&self) -> &Path {
+        &self.logs
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub const SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// containerd 1.6 at its default paths (the node's own), CRI as kubelet
+/// 1.20 needs it.
+const CONTAINERD_CONFIG: &str = r#"version = 2
+# Snapshotters that cannot work here (or would probe the machine): off.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[plugins."io.containerd.grpc.v1.cri"]
+  # kubelet 1.20's default sandbox image, imported from pause.c.
+  sandbox_image = "k8s.gcr.io/pause:3.2"
+  # This machine refuses a negative oom_score_adj, which sandboxes ask for
+  # (-998): without this every sandbox fails in runc.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  # kubelet proxies exec/attach/port-forward to this, on the node's loopback.
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  disable_tcp_service = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # Every registry points at a closed port (certs.d/<registry>/hosts.toml).
+    config_path = "/etc/containerd/certs.d"
+"#;
+
+/// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers and
+/// the v2 `unified` one of a hybrid layout, or the v2 root alone).
+pub fn cgroup_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(mountinfo
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let fs_type = fields.get(dash + 1)?;
+            (*fs_type == "cgroup" || *fs_type == "cgroup2").then(|| PathBuf::from(fields[4]))
+        })
+        .filter(|p| p.starts_with("/sys/fs/cgroup"))
+        .collect())
+}
+
+/// Removes `root` and everything under it from every hierarchy, deepest
+/// first (a cgroup is removed with rmdir once it is empty of processes).
+pub fn remove_cgroup_tree(root: &str) {
+    let Ok(hierarchies) = cgroup_hierarchies() else {
+        return;
+    };
+    for hierarchy in hierarchies {
+        let top = hierarchy.join(root.trim_start_matches('/'));
+        let mut dirs = Vec::new();
+        collect_dirs(&top, &mut dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    out.push(dir.to_path_buf());
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_dirs(&entry.path(), out);
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The upstream e2e suites of the same release (e2e.test + ginkgo, built
+//! from the same source), run from the control plane machine against the
+//! cluster, and their JUnit reports read back: what ran, what passed, what
+//! failed and with which message, what skipped itself and why.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use super::E2eArgs;
+use super::build::Built;
+use super::cluster::{Cluster, ServicesMode};
+use super::plan;
+
+/// A set of specs chosen by ginkgo's focus and skip expressions.
+pub struct Suite {
+    pub name: &'static str,
+    pub focus: &'static str,
+    /// Specs of the focus this cluster cannot run, and why (README).
+    pub skips: &'static [(&'static str, &'static str)],
+    /// Run in CI (`cargo xtask test`) as well as with `--full`.
+    pub in_ci: bool,
+    /// Services modes it runs in.
+    pub modes: &'static [ServicesMode],
+}
+
+const BOTH: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::Ebpf];
+
+/// Skips shared by every suite: what no cluster on this machine can do.
+pub const COMMON_SKIPS: &[(&str, &str)] = &[
+    (
+        r"\[Serial\]",
+        "needs the whole cluster to itself (run by hand with --focus)",
+    ),
+    (r"\[Disruptive\]", "restarts or breaks nodes and components"),
+    (r"\[Flaky\]", "marked flaky upstream"),
+    (
+        r"\[Feature:SCTP\]|\[Feature:SCTPConnectivity\]",
+        "SCTP: not built into this kernel",
+    ),
+    (
+        r"\[Feature:Networking-IPv4\]",
+        "dials 8.8.8.8: no traffic may leave this machine",
+    ),
+    (
+        r"\[Feature:Networking-IPv6\]|\[Feature:IPv6DualStack|\[IPv6\]",
+        "the cluster is IPv4-only (Kubernetes 1.20's dual-stack is alpha)",
+    ),
+    (
+        r"\[Feature:(Ingress|NEG|kubemci|IngressScale)\]",
+        "needs a cloud's L7 load balancer or an ingress controller",
+    ),
+];
+
+/// Specs that need what only kube-proxy gives today (NodePort,
+/// LoadBalancer, externalIPs, kube-proxy's own endpoints): skipped with
+/// `--services ebpf` until flatnet serves them.
+const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
+    (
+        r"NodePort|nodePort",
+        "NodePort is kube-proxy's (flatnet's eBPF Services serve ClusterIPs)",
+    ),
+    (
+        r"kube-proxy urls|\[sig-network\] KubeProxy ",
+        "asks kube-proxy's own ports and conntrack settings",
+    ),
+];
+
+pub const SUITES: &[Suite] = &[
+    // The CI subset: pod to pod on and across nodes, ClusterIP Services
+    // through each mode, cluster DNS, and NetworkPolicy in both directions
+    // including a client created after its egress policy.
+    Suite {
+        name: "ci",
+        focus: concat!(
+            r"\[sig-network\] Networking Granular Checks: Pods should function for intra-pod communication: (http|udp)",
+            r"|\[sig-network\] Networking Granular Checks: Services should function for pod-Service: (http|udp)",
+            r"|\[sig-network\] Services should serve multiport endpoints from pods",
+            r"|\[sig-network\] DNS should provide DNS for services",
+            r"|NetworkPolicy between server and client should support a 'default-deny-ingress' policy",
+            r"|NetworkPolicy between server and client should enforce egress policy allowing traffic to a server in a different namespace",
+        ),
+        skips: &[],
+        in_ci: true,
+        modes: BOTH,
+    },
+    Suite {
+        name: "sig-network",
+        focus: r"\[sig-network\]",
+        skips: &[],
+        in_ci: false,
+        modes: &[ServicesMode::KubeProxy],
+    },
+    Suite {
+        name: "sig-network",
+        focus: r"\[sig-network\]",
+        skips: NEEDS_KUBE_PROXY,
+        in_ci: false,
+        modes: &[ServicesMode::Ebpf],
+    },
+];
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpecResult {
+    pub name: String,
+    pub outcome: Outcome,
+    pub seconds: f64,
+    /// The failure's or the skip's message.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SuiteReport {
+    pub suite: String,
+    pub seconds: f64,
+    pub specs: Vec<SpecResult>,
+}
+
+impl SuiteReport {
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.specs.iter().filter(|s| s.outcome == outcome).count()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    pub mode: String,
+    pub suites: Vec<SuiteReport>,
+}
+
+pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Result<ModeReport> {
+    let mut report = ModeReport {
+        mode: cluster.mode.name().to_string(),
+        suites: Vec::new(),
+    };
+    let chosen: Vec<(String, String, String)> = match &args.focus {
+        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[]))],
+        None => SUITES
+            .iter()
+            .filter(|s| {
+                s.modes.contains(&cluster.mode) && (if args.full { !s.in_ci } else { s.in_ci })
+            })
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    s.focus.to_string(),
+                    skip_expression(s.skips),
+                )
+            })
+            .collect(),
+    };
+    for (name, focus, skip) in chosen {
+        let started = Instant::now();
+        let dir = cluster.logs().join(format!("e2e-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        run_e2e(cluster, built, &focus, &skip, &dir)?;
+        cluster.check()?;
+        let specs = read_junit(&dir)?;
+        let suite = SuiteReport {
+            suite: name,
+            seconds: started.elapsed().as_secs_f64(),
+            specs,
+        };
+        println!(
+            "e2e: {} ({}): {} ran, {} passed, {} failed, {} skipped at run time, {:.0} s",
+            suite.suite,
+            report.mode,
+            suite.count(Outcome::Passed) + suite.count(Outcome::Failed),
+            suite.count(Outcome::Passed),
+            suite.count(Outcome::Failed),
+            suite.count(Outcome::Skipped),
+            suite.seconds
+        );
+        report.suites.push(suite);
+    }
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(cluster.logs().join("report.json"), json)?;
+    Ok(report)
+}
+
+fn skip_expression(skips: &[(&str, &str)]) -> String {
+    COMMON_SKIPS
+        .iter()
+        .chain(skips)
+        .map(|(pattern, _)| *pattern)
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+fn run_e2e(
+    cluster: &Cluster,
+    built: &Built,
+    focus: &str,
+    skip: &str,
+    report_dir: &Path,
+) -> anyhow::Result<()> {
+    let host = &cluster.control_plane.host;
+    let mut cmd = host.command(built.bin("ginkgo"));
+    cmd.args(["-nodes=2", "-noColor", "-succinct"])
+        .arg(built.bin("e2e.test"))
+        .arg("--")
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.control_plane.admin_kubeconfig.display()
+        ))
+        .arg(format!("--kubectl-path={}", built.bin("kubectl").display()))
+        .arg("--provider=skeleton")
+        .arg(format!("--num-nodes={}", cluster.nodes.len()))
+        .arg(format!("--dns-domain={}", plan::DNS_DOMAIN))
+        .arg(format!("--report-dir={}", report_dir.display()))
+        .arg("--disable-log-dump")
+        .arg(format!("--ginkgo.focus={focus}"))
+        .arg(format!("--ginkgo.skip={skip}"))
+        .current_dir(report_dir);
+    let log = report_dir.join("e2e.log");
+    let mut child = host.spawn(cmd, &log)?;
+    let status = child.wait()?;
+    // A failed spec makes ginkgo exit non-zero: the report says which.
+    if !status.success()
+        && std::fs::read_dir(report_dir)?
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with("junit"))
+    {
+        bail!(
+            "e2e.test ran no spec ({status}); the end of {}:\n{}",
+            log.display(),
+            super::daemon::tail(&log, 40)
+        );
+    }
+    Ok(())
+}
+
+/// Every spec of the reports ginkgo's nodes wrote (`junit_*.xml`) that
+/// was selected: specs outside the focus are reported as skipped in 0 s
+/// with no message, and are left out.
+pub fn read_junit(dir: &Path) -> anyhow::Result<Vec<SpecResult>> {
+    let mut specs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with("junit") && name.ends_with(".xml")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        specs.extend(parse_junit(&text).with_context(|| format!("reading {}", path.display()))?);
+    }
+    specs.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(specs)
+}
+
+fn parse_junit(text: &str) -> anyhow::Result<Vec<SpecResult>> {
+    let document = roxmltree::Document::parse(text)?;
+    let mut specs = Vec::new();
+    for case in document
+        .descendants()
+        .filter(|n| n.has_tag_name("testcase"))
+    {
+        let name = case.attribute("name").unwrap_or_default().to_string();
+        let seconds: f64 = case
+            .attribute("time")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0.0);
+        let child = |tag: &str| case.children().find(|c| c.has_tag_name(tag));
+        let message = |node: roxmltree::Node| {
+            node.attribute("message")
+                .map(str::to_string)
+                .or_else(|| node.text().map(str::to_string))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let (outcome, message) = if let Some(failure) = child("failure").or_else(|| child("error"))
+        {
+            (Outcome::Failed, message(failure))
+        } else if let Some(skipped) = child("skipped") {
+            let text = message(skipped);
+            if seconds == 0.0 && text.is_empty() {
+                // Not selected by the focus.
+                continue;
+            }
+            (Outcome::Skipped, text)
+        } else {
+            (Outcome::Passed, String::new())
+        };
+        // ginkgo's own BeforeSuite/AfterSuite entries.
+        if name.is_empty()
+            || name.starts_with("[SynchronizedBeforeSuite]") && outcome == Outcome::Passed
+        {
+            continue;
+        }
+        specs.push(SpecResult {
+            name,
+            outcome,
+            seconds,
+            message,
+        });
+    }
+    Ok(specs)
+}
+
+pub fn print_summary(reports: &[ModeReport]) {
+    println!("\n| Services | suite | ran | passed | failed | skipped at run time | time |");
+    println!("|---|---|---|---|---|---|---|");
+    for report in reports {
+        for suite in &report.suites {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {:.0} s |",
+                report.mode,
+                suite.suite,
+                suite.count(Outcome::Passed) + suite.count(Outcome::Failed),
+                suite.count(Outcome::Passed),
+                suite.count(Outcome::Failed),
+                suite.count(Outcome::Skipped),
+                suite.seconds
+            );
+        }
+    }
+    for report in reports {
+        for suite in &report.suites {
+            for spec in suite.specs.iter().filter(|s| s.outcome == Outcome::Failed) {
+                println!(
+                    "FAILED ({}, {}): {}\n    {}",
+                    report.mode,
+                    suite.suite,
+                    spec.name,
+                    spec.message.lines().next().unwrap_or_default()
+                );
+            }
+        }
+    }
+}
+
+/// An error when any spec failed or a suite ran nothing.
+pub fn verdict(reports: &[ModeReport]) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    for report in reports {
+        for suite in &report.suites {
+            let failed = suite.count(Outcome::Failed);
+            if failed > 0 {
+                problems.push(format!(
+                    "{} failed in {} ({})",
+                    failed, suite.suite, report.mode
+                ));
+            }
+            if suite.count(Outcome::Passed) == 0 {
+                problems.push(format!("{} ({}) passed nothing", suite.suite, report.mode));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        bail!("e2e: {}", problems.join("; "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn junit_cases_are_read_and_unselected_ones_left_out() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuite name="Kubernetes e2e suite" tests="4" failures="1" errors="0" time="50">
+  <testcase name="[sig-network] a passes" classname="Kubernetes e2e suite" time="12.5"></testcase>
+  <testcase name="[sig-network] b fails" classname="Kubernetes e2e suite" time="30">
+    <failure type="Failure">boom
+more</failure>
+  </testcase>
+  <testcase name="[sig-network] c needs two nodes" classname="Kubernetes e2e suite" time="3.2"><skipped message="Requires at least 2 nodes"></skipped></testcase>
+  <testcase name="[sig-storage] d not selected" classname="Kubernetes e2e suite" time="0"><skipped></skipped></testcase>
+</testsuite>"#;
+        let specs = parse_junit(xml).unwrap();
+        assert_eq!(specs.len(), 3);
+        assert_eq!(specs[0].outcome, Outcome::Passed);
+        assert_eq!(specs[1].outcome, Outcome::Failed);
+        assert!(specs[1].message.starts_with("boom"));
+        assert_eq!(specs[2].outcome, Outcome::Skipped);
+        assert_eq!(specs[2].message, "Requires at least 2 nodes");
+    }
+}
