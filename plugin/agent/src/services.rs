@@ -22,6 +22,13 @@ use crate::policy::Protocol;
 
 /// The label an EndpointSlice names its Service with.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Services with either label are not kube-proxy's to serve (another
+/// proxy's, or headless by label): kube-proxy's informers select them
+/// away, and so does flatnet.
+const NOT_FOR_THIS_PROXY: [&str; 2] = [
+    "service.kubernetes.io/service-proxy-name",
+    "service.kubernetes.io/headless",
+];
 /// sessionAffinity ClientIP's default timeout (`timeoutSeconds`).
 const DEFAULT_AFFINITY_SECS: u64 = 10_800;
 
@@ -87,6 +94,13 @@ pub fn frontends<'a>(
             let name = service.metadata.name.as_deref()?;
             let spec = service.spec.as_ref()?;
             if spec.type_.as_deref() == Some("ExternalName") {
+                return None;
+            }
+            let labels = service.metadata.labels.as_ref();
+            if NOT_FOR_THIS_PROXY
+                .iter()
+                .any(|label| labels.is_some_and(|l| l.contains_key(*label)))
+            {
                 return None;
             }
             let cluster_ips: Vec<IpAddr> = spec
@@ -356,6 +370,24 @@ mod tests {
             ]),
         )];
         assert!(one(&svc, &elsewhere)[0].ports[0].backends.is_empty());
+    }
+
+    #[test]
+    fn services_labelled_for_another_proxy_or_headless_are_left_alone() {
+        let slices = [slice(
+            "web-1",
+            "web",
+            json!([{"port": 8080}]),
+            json!([{"addresses": ["10.42.0.5"]}]),
+        )];
+        let slices: Vec<&EndpointSlice> = slices.iter().collect();
+        for label in NOT_FOR_THIS_PROXY {
+            let mut labelled = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
+            labelled.metadata.labels = Some([(label.to_string(), "foo-bar".to_string())].into());
+            assert!(frontends(&[&labelled], &slices, "n1").is_empty(), "{label}");
+        }
+        let plain = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
+        assert_eq!(frontends(&[&plain], &slices, "n1").len(), 1);
     }
 
     #[test]

@@ -925,12 +925,12 @@ pub struct FlatnetBinaries {
 }
 
 impl FlatnetBinaries {
-    /// Where `cargo xtask build --release` puts them.
-    pub fn release() -> anyhow::Result<Self> {
+    /// Where `cargo xtask build [--release]` puts them.
+    pub fn of_build(release: bool) -> anyhow::Result<Self> {
         Ok(FlatnetBinaries {
-            agent: crate::util::binary(true, crate::util::AGENT_PACKAGE)?,
-            plugin: crate::util::binary(true, "flatnet")?,
-            ipam: crate::util::binary(true, "flatnet-ipam")?,
+            agent: crate::util::binary(release, crate::util::AGENT_PACKAGE)?,
+            plugin: crate::util::binary(release, "flatnet")?,
+            ipam: crate::util::binary(release, "flatnet-ipam")?,
         })
     }
 }
@@ -997,19 +997,19 @@ pub fn test_images(kube: &Built) -> anyhow::Result<Vec<ImageSpec>> {
 
 /// Where the cluster DNS server's binary is: tests/cluster-dns built with
 /// `cargo build --release -p flatnet-cluster-dns`.
-pub fn cluster_dns_binary() -> PathBuf {
-    crate::util::target_dir(true).join("flatnet-cluster-dns")
+pub fn cluster_dns_binary(release: bool) -> PathBuf {
+    crate::util::target_dir(release).join("flatnet-cluster-dns")
 }
 
 /// Every image a cluster of `cargo xtask e2e` runs, as archives in the
 /// Kubernetes cache's `images/` folder (rebuilt only when their inputs
-/// changed): the test images, flatnet's agent from the release build
-/// ([`FlatnetBinaries::release`]) and the cluster DNS server
+/// changed): the test images, flatnet's agent from the release (or the
+/// debug) build ([`FlatnetBinaries::of_build`]) and the cluster DNS server
 /// ([`cluster_dns_binary`]).
-pub fn for_cluster(kube: &Built) -> anyhow::Result<Vec<PathBuf>> {
+pub fn for_cluster(kube: &Built, release: bool) -> anyhow::Result<Vec<PathBuf>> {
     let mut specs = test_images(kube)?;
-    specs.push(flatnet(&FlatnetBinaries::release()?)?);
-    specs.push(cluster_dns(&cluster_dns_binary())?);
+    specs.push(flatnet(&FlatnetBinaries::of_build(release)?)?);
+    specs.push(cluster_dns(&cluster_dns_binary(release))?);
     cached_archives(&specs, &kube.root.join("images"))
 }
 
@@ -1828,25 +1828,11 @@ disabled_plugins = [
             root,
         };
         let mut specs = test_images(&kube).unwrap();
-        let flatnet_binaries = FlatnetBinaries::release().unwrap();
-        let with_flatnet = [
-            &flatnet_binaries.agent,
-            &flatnet_binaries.plugin,
-            &flatnet_binaries.ipam,
-        ]
-        .iter()
-        .all(|binary| binary.exists());
-        if with_flatnet {
-            specs.push(flatnet(&flatnet_binaries).unwrap());
-        } else {
-            println!("SKIPPED {FLATNET}: run `cargo xtask build --release` first");
-        }
-        let with_dns = cluster_dns_binary().exists();
-        if with_dns {
-            specs.push(cluster_dns(&cluster_dns_binary()).unwrap());
-        } else {
-            println!("SKIPPED {CLUSTER_DNS}: build flatnet-cluster-dns (release) first");
-        }
+        // Built first by `cargo xtask build --release` and `cargo build
+        // --release -p flatnet-cluster-dns`; missing ones fail the check.
+        let flatnet_binaries = FlatnetBinaries::of_build(true).unwrap();
+        specs.push(flatnet(&flatnet_binaries).unwrap());
+        specs.push(cluster_dns(&cluster_dns_binary(true)).unwrap());
         let archives =
             cached_archives(&specs, &crate::util::root().join("target/e2e-images-check")).unwrap();
 
@@ -1992,55 +1978,51 @@ disabled_plugins = [
                 "--dport 80",
             ),
         ];
-        if with_flatnet {
-            checks.extend([
-                (
-                    FLATNET,
-                    false,
-                    vec!["/usr/local/bin/flatnet", "--version"],
-                    "flatnet",
-                ),
-                (
-                    FLATNET,
-                    false,
-                    vec!["/usr/local/bin/flatnet-agent", "--help"],
-                    "Usage",
-                ),
-                (FLATNET, false, vec!["nft", "--version"], "nftables v1"),
-                (FLATNET, false, vec!["iptables", "--version"], "(nf_tables)"),
-                (
-                    FLATNET,
-                    true,
-                    vec![
-                        "iptables",
-                        "-t",
-                        "nat",
-                        "-A",
-                        "POSTROUTING",
-                        "-p",
-                        "udp",
-                        "-j",
-                        "MASQUERADE",
-                    ],
-                    "",
-                ),
-                (
-                    FLATNET,
-                    false,
-                    vec!["/usr/lib/cni/portmap"],
-                    "CNI portmap plugin",
-                ),
-                (FLATNET, false, vec!["ip", "-V"], "iproute2"),
-            ]);
-        }
-        if with_dns {
-            checks.push((
-                CLUSTER_DNS,
+        checks.extend([
+            (
+                FLATNET,
                 false,
-                vec!["/usr/local/bin/flatnet-cluster-dns", "--help"],
+                vec!["/usr/local/bin/flatnet", "--version"],
+                "flatnet",
+            ),
+            (
+                FLATNET,
+                false,
+                vec!["/usr/local/bin/flatnet-agent", "--help"],
                 "Usage",
-            ));
-        }
+            ),
+            (FLATNET, false, vec!["nft", "--version"], "nftables v1"),
+            (FLATNET, false, vec!["iptables", "--version"], "(nf_tables)"),
+            (
+                FLATNET,
+                true,
+                vec![
+                    "iptables",
+                    "-t",
+                    "nat",
+                    "-A",
+                    "POSTROUTING",
+                    "-p",
+                    "udp",
+                    "-j",
+                    "MASQUERADE",
+                ],
+                "",
+            ),
+            (
+                FLATNET,
+                false,
+                vec!["/usr/lib/cni/portmap"],
+                "CNI portmap plugin",
+            ),
+            (FLATNET, false, vec!["ip", "-V"], "iproute2"),
+        ]);
+        checks.push((
+            CLUSTER_DNS,
+            false,
+            vec!["/usr/local/bin/flatnet-cluster-dns", "--help"],
+            "Usage",
+        ));
         let mut failed = Vec::new();
         for (image, privileged, args, expected) in &checks {
             let (said, code) = containerd.run(image, *privileged, args);

@@ -46,6 +46,10 @@ pub struct E2eArgs {
     /// Leave the cluster running after the suites (until Enter is pressed).
     #[arg(long)]
     pub keep: bool,
+    /// Deploy the debug build (what `cargo xtask test` has just built and
+    /// tested) instead of the release build users deploy.
+    #[arg(long)]
+    pub debug_build: bool,
 }
 
 /// Where a run's logs and reports go (kept), per Services mode.
@@ -70,11 +74,18 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     clean_up_leftovers();
     tear_down_on_signal()?;
 
-    // The agent's image carries the release binaries, as a user builds it.
-    util::build(true, &[])?;
-    util::run_cmd(util::cargo().args(["build", "--release", "--package", "flatnet-cluster-dns"]))?;
+    // The agent's image carries the release binaries, as a user builds it
+    // (or the debug ones, with --debug-build).
+    let release = !args.debug_build;
+    util::build(release, &[])?;
+    let mut dns = util::cargo();
+    dns.args(["build", "--package", "flatnet-cluster-dns"]);
+    if release {
+        dns.arg("--release");
+    }
+    util::run_cmd(&mut dns)?;
     heading("e2e: images");
-    let images = images::for_cluster(&built)?;
+    let images = images::for_cluster(&built, release)?;
 
     heading("e2e: the uplink guard");
     guard::self_test().context("the uplink guard's self-test")?;

@@ -59,12 +59,12 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
 /// `--services ebpf` until flatnet serves them.
 const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
     (
-        r"NodePort|nodePort",
-        "NodePort is kube-proxy's (flatnet's eBPF Services serve ClusterIPs)",
+        r"NodePort|nodePort|Networking Granular Checks: Services should function for (pod|node|endpoint)-Service|multiple endpoint-Services with same selector|pod-Service\(hostNetwork\)|service endpoints using hostNetwork",
+        "dials a NodePort: NodePort is still kube-proxy's (flatnet's eBPF Services serve ClusterIPs)",
     ),
     (
         r"kube-proxy urls|\[sig-network\] KubeProxy ",
-        "asks kube-proxy's own ports and conntrack settings",
+        "asks kube-proxy itself (its ports, its conntrack settings)",
     ),
 ];
 
@@ -76,7 +76,8 @@ pub const SUITES: &[Suite] = &[
         name: "ci",
         focus: concat!(
             r"\[sig-network\] Networking Granular Checks: Pods should function for intra-pod communication: (http|udp)",
-            r"|\[sig-network\] Networking Granular Checks: Services should function for pod-Service: (http|udp)",
+            r"|\[sig-network\] Networking Granular Checks: Services should be able to handle large requests: udp",
+            r"|\[sig-network\] Networking Granular Checks: Services should function for client IP based session affinity: http",
             r"|\[sig-network\] Services should serve multiport endpoints from pods",
             r"|\[sig-network\] DNS should provide DNS for services",
             r"|NetworkPolicy between server and client should support a 'default-deny-ingress' policy",
