@@ -21,6 +21,9 @@ pub struct TestArgs {
     /// Seconds each fuzz target runs in the smoke stage.
     #[arg(long, default_value_t = 30)]
     pub fuzz_seconds: u32,
+    /// Skip the real-cluster stage (`cargo xtask e2e`'s CI subset).
+    #[arg(long)]
+    pub no_e2e: bool,
 }
 
 /// rustup's `cargo +nightly` (`$CARGO` is stable's own binary, which knows
@@ -120,6 +123,21 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             concurrent: 4,
             smoke: true,
             out: None,
+        })?;
+    }
+    if !args.no_e2e && args.filter.is_none() {
+        heading(
+            "e2e: a real two-node cluster in each Services mode, the upstream suites' CI subset (`cargo xtask e2e --full` runs the rest)",
+        );
+        // The debug build the suite has just tested; `cargo xtask e2e`
+        // alone deploys the release build, as users do.
+        crate::e2e::run(&crate::e2e::E2eArgs {
+            full: false,
+            services: None,
+            focus: None,
+            nodes: 2,
+            keep: false,
+            debug_build: true,
         })?;
     }
     Ok(())

@@ -76,7 +76,7 @@ KUBE_GIT_TREE_STATE='clean'
 const MAKE_TARGETS: &[&str] = &[
     "cmd/kube-apiserver cmd/kubelet cmd/kube-proxy cmd/kube-controller-manager cmd/kube-scheduler cmd/kubectl",
     "test/e2e/e2e.test vendor/github.com/onsi/ginkgo/ginkgo",
-    "test/images/agnhost",
+    "test/images/agnhost test/images/regression-issue-74839",
 ];
 
 /// Binaries copied from the tree's build output into `bin/`.
@@ -90,6 +90,7 @@ pub const KUBE_BINARIES: &[&str] = &[
     "e2e.test",
     "ginkgo",
     "agnhost",
+    "regression-issue-74839",
 ];
 
 /// Every binary `bin/` holds when complete.

@@ -56,6 +56,9 @@ pub const HTTPD: &[&str] = &[
 /// exec pod (`sleep`, `conntrack -L`, `grep`).
 pub const DEBIAN_IPTABLES: &str = "k8s.gcr.io/build-image/debian-iptables:buster-v1.3.0";
 /// The agent's DaemonSet image (xtask/deploy/kubernetes/daemonset.yaml).
+/// The invalid-conntrack test's packet injector (built from the same tree).
+pub const REGRESSION_74839: &str =
+    "gcr.io/kubernetes-e2e-test-images/regression-issue-74839-amd64:1.0";
 pub const FLATNET: &str = "localhost/flatnet:0.1.0";
 pub const CLUSTER_DNS: &str = "localhost/flatnet-cluster-dns:0.1.0";
 
@@ -790,6 +793,19 @@ pub fn agnhost(kube: &Built) -> anyhow::Result<ImageSpec> {
         .cmd(&["pause"]))
 }
 
+/// regression-issue-74839: "KubeProxy should resolve connection reset issue
+/// #74839" sends an out-of-window TCP segment from it (upstream's image is
+/// the same static binary on distroless).
+pub fn regression_issue_74839(kube: &Built) -> anyhow::Result<ImageSpec> {
+    let mut rootfs = Rootfs::base();
+    rootfs.binary(
+        &kube.bin("regression-issue-74839"),
+        "/regression-issue-74839",
+        &built_by_e2e_build(),
+    )?;
+    Ok(ImageSpec::new(&[REGRESSION_74839], rootfs).entrypoint(&["/regression-issue-74839"]))
+}
+
 /// busybox:1.29, as the suite's generic shell image: the toolbox, `sh`.
 pub fn busybox() -> anyhow::Result<ImageSpec> {
     Ok(ImageSpec::new(&[BUSYBOX], toolbox()?).cmd(&["sh"]))
@@ -992,6 +1008,7 @@ pub fn test_images(kube: &Built) -> anyhow::Result<Vec<ImageSpec>> {
         nginx()?,
         httpd()?,
         debian_iptables()?,
+        regression_issue_74839(kube)?,
     ])
 }
 

@@ -8,6 +8,7 @@ pub mod build;
 mod cluster;
 mod control_plane;
 mod daemon;
+mod first_packet;
 mod guard;
 mod host;
 pub mod images;

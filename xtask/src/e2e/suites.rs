@@ -59,8 +59,15 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
 /// `--services ebpf` until flatnet serves them.
 const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
     (
-        r"NodePort|nodePort|Networking Granular Checks: Services should function for (pod|node|endpoint)-Service|multiple endpoint-Services with same selector|pod-Service\(hostNetwork\)|service endpoints using hostNetwork",
-        "dials a NodePort: NodePort is still kube-proxy's (flatnet's eBPF Services serve ClusterIPs)",
+        concat!(
+            r"functioning NodePort service|session affinity for NodePort service",
+            r"|session affinity (timeout )?work for NodePort service|type from ExternalName to NodePort",
+            r"|update service type to NodePort|for a NodePort service|basic nodePort|update nodePort",
+            r"|Networking Granular Checks: Services should function for (pod|node|endpoint)-Service",
+            r"|multiple endpoint-Services with same selector|pod-Service\(hostNetwork\)",
+            r"|service endpoints using hostNetwork",
+        ),
+        "dials a NodePort: NodePort is still kube-proxy's (flatnet's eBPF Services serve ClusterIPs); the NodePort specs that only ask the API server run",
     ),
     (
         r"kube-proxy urls|\[sig-network\] KubeProxy ",
@@ -131,19 +138,52 @@ impl SuiteReport {
     pub fn count(&self, outcome: Outcome) -> usize {
         self.specs.iter().filter(|s| s.outcome == outcome).count()
     }
+
+    /// `| mode | suite | ran | passed | failed | skipped at run time | time |`
+    pub fn row(&self, mode: &str) -> String {
+        format!(
+            "| {mode} | {} | {} | {} | {} | {} | {:.0} s |",
+            self.suite,
+            self.count(Outcome::Passed) + self.count(Outcome::Failed),
+            self.count(Outcome::Passed),
+            self.count(Outcome::Failed),
+            self.count(Outcome::Skipped),
+            self.seconds
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
     pub mode: String,
     pub suites: Vec<SuiteReport>,
+    /// flatnet's first-packet check (first_packet.rs).
+    pub first_packet: Option<FirstPacketReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstPacketReport {
+    pub tries: usize,
+    pub through: usize,
+    pub opened_after_seconds: f64,
 }
 
 pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Result<ModeReport> {
     let mut report = ModeReport {
         mode: cluster.mode.name().to_string(),
         suites: Vec::new(),
+        first_packet: None,
     };
+    let probe = super::first_packet::check(cluster)?;
+    println!(
+        "e2e: first packet ({}): {} of {} tries from a new pod under a deny-all-egress policy got through; {:.1} s after the policy was deleted they did",
+        report.mode, probe.through, probe.tries, probe.opened_after
+    );
+    report.first_packet = Some(FirstPacketReport {
+        tries: probe.tries,
+        through: probe.through,
+        opened_after_seconds: probe.opened_after,
+    });
     let chosen: Vec<(String, String, String)> = match &args.focus {
         Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[]))],
         None => SUITES
@@ -172,16 +212,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
             seconds: started.elapsed().as_secs_f64(),
             specs,
         };
-        println!(
-            "e2e: {} ({}): {} ran, {} passed, {} failed, {} skipped at run time, {:.0} s",
-            suite.suite,
-            report.mode,
-            suite.count(Outcome::Passed) + suite.count(Outcome::Failed),
-            suite.count(Outcome::Passed),
-            suite.count(Outcome::Failed),
-            suite.count(Outcome::Skipped),
-            suite.seconds
-        );
+        println!("e2e: {}", suite.row(&report.mode));
         report.suites.push(suite);
     }
     let json = serde_json::to_string_pretty(&report)?;
@@ -314,19 +345,16 @@ pub fn print_summary(reports: &[ModeReport]) {
     println!("|---|---|---|---|---|---|---|");
     for report in reports {
         for suite in &report.suites {
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {:.0} s |",
-                report.mode,
-                suite.suite,
-                suite.count(Outcome::Passed) + suite.count(Outcome::Failed),
-                suite.count(Outcome::Passed),
-                suite.count(Outcome::Failed),
-                suite.count(Outcome::Skipped),
-                suite.seconds
-            );
+            println!("{}", suite.row(&report.mode));
         }
     }
     for report in reports {
+        if let Some(probe) = &report.first_packet {
+            println!(
+                "first packet ({}): {} of {} tries through under the policy; through {:.1} s after it was deleted",
+                report.mode, probe.through, probe.tries, probe.opened_after_seconds
+            );
+        }
         for suite in &report.suites {
             for spec in suite.specs.iter().filter(|s| s.outcome == Outcome::Failed) {
                 println!(
@@ -345,6 +373,14 @@ pub fn print_summary(reports: &[ModeReport]) {
 pub fn verdict(reports: &[ModeReport]) -> anyhow::Result<()> {
     let mut problems = Vec::new();
     for report in reports {
+        if let Some(probe) = &report.first_packet
+            && probe.through > 0
+        {
+            problems.push(format!(
+                "{} of {} first-packet tries got through a deny-all-egress policy ({})",
+                probe.through, probe.tries, report.mode
+            ));
+        }
         for suite in &report.suites {
             let failed = suite.count(Outcome::Failed);
             if failed > 0 {
