@@ -69,3 +69,89 @@ pub enum RunError {
     #[error("cannot wait for signals: {0}")]
     Signal(#[source] std::io::Error),
 }
+
+/// What the CoreDNS mode supports of a Corefile, quoted by its errors.
+pub const COREFILE_SUPPORTED: &str = "supported: server blocks `ZONE[:PORT] {` ... `}` \
+     (one zone each, `.` for every name, port 53 by default) holding the plugins \
+     `hosts` (a block of inline `IP NAME [NAME...]` entries and an optional \
+     `fallthrough`), `log` and `errors`, without arguments; `#` comments";
+
+/// A Corefile the CoreDNS mode cannot serve (see [`COREFILE_SUPPORTED`]).
+/// Lines count from 1.
+#[derive(Debug, thiserror::Error)]
+pub enum CorefileError {
+    #[error("line {line}: plugin `{plugin}` is not supported; {supported}", supported = COREFILE_SUPPORTED)]
+    UnsupportedPlugin { line: usize, plugin: String },
+    #[error("line {line}: {problem}; {supported}", supported = COREFILE_SUPPORTED)]
+    Syntax { line: usize, problem: String },
+    #[error("line {line}: `{key}` is not a server block key ZONE[:PORT]: {problem}")]
+    InvalidKey {
+        line: usize,
+        key: String,
+        problem: String,
+    },
+    #[error("line {line}: `{text}` is not a hosts entry `IP NAME [NAME...]`: {problem}")]
+    InvalidHostsEntry {
+        line: usize,
+        text: String,
+        problem: String,
+    },
+    #[error(
+        "line {line}: `hosts {arguments}`: a hosts file or zone list is not supported, \
+         only inline entries: `hosts {{` with one `IP NAME [NAME...]` a line, then `}}`"
+    )]
+    HostsArguments { line: usize, arguments: String },
+    #[error(
+        "line {line}: `{option}` in hosts is not supported; only inline entries and a bare `fallthrough` are"
+    )]
+    UnsupportedHostsOption { line: usize, option: String },
+    #[error(
+        "line {line}: zone {zone} on port {port} is already served by the block of line {first}"
+    )]
+    DuplicateZone {
+        line: usize,
+        zone: String,
+        port: u16,
+        first: usize,
+    },
+    #[error("line {line}: the block opened here is not closed")]
+    Unclosed { line: usize },
+    #[error("the Corefile has no server block; {supported}", supported = COREFILE_SUPPORTED)]
+    Empty,
+}
+
+/// A command line of the CoreDNS mode that cannot be followed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgsError {
+    #[error("flag needs an argument: {0}")]
+    MissingValue(String),
+    #[error("flag provided but not supported: {0} (supported: -conf FILE, -help)")]
+    Unsupported(String),
+    #[error("-conf is given twice")]
+    Repeated,
+    #[error("no Corefile: give -conf FILE")]
+    NoConf,
+    #[error("an argument is not UTF-8: {0}")]
+    NotUtf8(String),
+}
+
+/// Anything that ends the CoreDNS mode.
+#[derive(Debug, thiserror::Error)]
+pub enum CorednsError {
+    #[error("cannot read the Corefile {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serve the Corefile {path}: {source}")]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: CorefileError,
+    },
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("cannot wait for signals: {0}")]
+    Signal(#[source] std::io::Error),
+}

@@ -38,9 +38,74 @@
 //! the zones; [`resolver`] answers a question from a snapshot (pure, unit
 //! tested); [`server`] serves it with hickory; [`kube_watch`] feeds it
 //! snapshots from the API server; [`health`] answers the probes.
+//!
+//! # The CoreDNS mode
+//!
+//! Upstream's agnhost image (the e2e suite's utility image) carries the
+//! CoreDNS binary as `/coredns`, and "[sig-network] DNS should support
+//! configurable pod resolv.conf" (and the `dns_configmap.go` tests) run it
+//! as a pod's DNS server: `/coredns -conf /etc/coredns/Corefile`, the
+//! Corefile from a ConfigMap of this shape (`generateCoreDNSConfigmap` in
+//! `test/e2e/network/dns_common.go`):
+//!
+//! ```text
+//! . {
+//!     hosts {
+//!         1.1.1.1 notexistname.resolv.conf.local
+//!     }
+//!     log
+//! }
+//! ```
+//!
+//! flatnet's agnhost image ships this binary as `/coredns` in its stead
+//! (xtask/src/e2e/images.rs). Called `coredns`, or with `-conf FILE` /
+//! `--conf FILE` / `-conf=FILE` (Go's flag syntax, as CoreDNS reads it),
+//! it does no Kubernetes work: it reads the Corefile and serves it
+//! ([`coredns`]; the parser is [`corefile`], the answers [`hosts`], the
+//! serving the same [`server`] as the cluster's). Exactly this is
+//! supported, anything else is refused at start with the line at fault
+//! and what is supported, and a non-zero exit:
+//!
+//! - Server blocks `ZONE[:PORT] { ... }`, one zone each (`.` is every
+//!   name; any case, a trailing dot optional), port 53 by default, several
+//!   blocks (on one port a question goes to the block of the longest zone
+//!   holding its name); no transport prefix (`dns://`), no CIDR keys, no
+//!   blocks without braces. `{` ends the line that opens a block, `}`
+//!   stands alone on its line. `#` comments and blank lines.
+//! - `hosts { ... }`: one `IP NAME [NAME...]` entry a line (an address
+//!   IPv4 or IPv6, without `%zone`), and an optional bare `fallthrough`
+//!   (accepted, but it changes no answer: nothing follows hosts here;
+//!   CoreDNS would hand an unknown name to no next plugin and answer
+//!   SERVFAIL, this answers NXDOMAIN). No hosts file (CoreDNS's `hosts`
+//!   also reads /etc/hosts, or the file it is given: not here), no zones,
+//!   `ttl`, `reload` or `no_reverse`; a malformed entry is an error where
+//!   CoreDNS skips it.
+//! - `log`: one line per query on stderr, in the shape of CoreDNS's
+//!   (`{remote} - {id} "{type} {class} {name} {proto} {size} {do}
+//!   {bufsize}" {rcode} {flags} {duration}`, no response size), no
+//!   arguments.
+//! - `errors`: accepted, nothing to do.
+//! - The command line: `-conf FILE` and `-help` only (no `-dns.port`,
+//!   no `-version`); called `coredns` without `-conf` is an error (CoreDNS
+//!   would look for ./Corefile).
+//!
+//! The answers, as CoreDNS's hosts plugin gives them: A and AAAA for the
+//! entries' names (without case, asked absolute or not), PTR at the
+//! reverse name of each entry's address (in-addr.arpa. or ip6.arpa.,
+//! when that name is in the block's zone, as with `.`) to each name it
+//! has, all with TTL 3600 and the AA bit; NOERROR without records (NODATA)
+//! for such a name asked another type (ANY included); NXDOMAIN for any
+//! other name in the zone (no SOA: the hosts plugin has none); REFUSED
+//! outside every zone (an entry outside its block's zone is never
+//! answered), for classes other than IN and for zone transfers.
+//! It never forwards a query. It listens on UDP and TCP at `[::]:PORT`
+//! (IPv4 too), or `0.0.0.0:PORT` on a host without IPv6.
 
+pub mod coredns;
+pub mod corefile;
 pub mod error;
 pub mod health;
+pub mod hosts;
 pub mod kube_watch;
 pub mod resolver;
 pub mod server;
@@ -54,9 +119,11 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use corefile::Corefile;
 pub use error::RunError;
+pub use hosts::HostsResolver;
 pub use resolver::Answer;
-pub use server::{DnsServer, SnapshotReceiver};
+pub use server::{DnsServer, Resolve, SnapshotReceiver};
 pub use snapshot::{ClusterSnapshot, DNS_SCHEMA_VERSION, ZoneConfig};
 
 use error::ServerError;
@@ -116,12 +183,12 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, RunEr
 }
 
 /// Waits for SIGTERM (the kubelet stopping the pod) or SIGINT.
-async fn shutdown_signal() -> Result<(), RunError> {
+pub(crate) async fn shutdown_signal() -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
+    let mut terminate = signal(SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => {}
-        result = tokio::signal::ctrl_c() => result.map_err(RunError::Signal)?,
+        result = tokio::signal::ctrl_c() => result?,
     }
     Ok(())
 }
@@ -157,7 +224,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         result = health::serve(health_listener, snapshots) => result?,
         result = kube_watch::run(client, config, snapshot_sender) => result?,
         result = shutdown_signal() => {
-            result?;
+            result.map_err(RunError::Signal)?;
             tracing::info!("stopping on signal");
         }
     }

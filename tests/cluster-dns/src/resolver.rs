@@ -35,7 +35,7 @@ pub struct Answer {
 }
 
 impl Answer {
-    fn bare(response_code: ResponseCode, authoritative: bool) -> Self {
+    pub(crate) fn bare(response_code: ResponseCode, authoritative: bool) -> Self {
         Answer {
             response_code,
             authoritative,
@@ -46,7 +46,7 @@ impl Answer {
     }
 
     /// A name outside our zones: there is no upstream to ask, by design.
-    fn refused() -> Self {
+    pub(crate) fn refused() -> Self {
         Self::bare(ResponseCode::Refused, false)
     }
 }

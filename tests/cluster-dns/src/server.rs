@@ -1,27 +1,66 @@
-//! The DNS server around the resolver: hickory's UDP and TCP serving
-//! (framing, truncation to the client's buffer with the TC bit), this
-//! crate's answers, EDNS. It reads the newest [`ClusterSnapshot`] from a
-//! channel, so the Kubernetes watches and the tests feed it alike.
+//! The DNS server around a resolver: hickory's UDP and TCP serving
+//! (framing, truncation to the client's buffer with the TC bit), a
+//! [`Resolve`]r's answers, EDNS, the query log. Two resolvers serve
+//! through it: the cluster's, which reads the newest [`ClusterSnapshot`]
+//! from a channel (so the Kubernetes watches and the tests feed it alike),
+//! and the CoreDNS mode's [`HostsResolver`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_server::Server;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{
     Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
 };
+use hickory_server::proto::rr::{DNSClass, Name, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;
 
 use crate::error::ServerError;
+use crate::hosts::HostsResolver;
+use crate::resolver::Answer;
 use crate::snapshot::ClusterSnapshot;
 
 /// The newest snapshot; replaced whole on every change.
 pub type SnapshotReceiver = watch::Receiver<Arc<ClusterSnapshot>>;
+
+/// What the server asks for each question it lets through (one question,
+/// a standard query, EDNS version 0 at most).
+pub trait Resolve: Send + Sync + 'static {
+    /// The answer to `qname` (as the client wrote it) / `qtype` / `qclass`.
+    fn answer(&self, qname: &Name, qtype: RecordType, qclass: DNSClass) -> Answer;
+
+    /// Whether the query of `qname` is logged (CoreDNS's `log` plugin);
+    /// the cluster's resolver logs none.
+    fn logs(&self, _qname: &Name) -> bool {
+        false
+    }
+}
+
+/// The cluster's answers, from the newest snapshot.
+impl Resolve for SnapshotReceiver {
+    fn answer(&self, qname: &Name, qtype: RecordType, qclass: DNSClass) -> Answer {
+        // Clone the Arc out: the channel's read lock is not held while
+        // answering.
+        let snapshot = Arc::clone(&self.borrow());
+        snapshot.answer(qname, qtype, qclass)
+    }
+}
+
+/// The CoreDNS mode's answers.
+impl Resolve for HostsResolver {
+    fn answer(&self, qname: &Name, qtype: RecordType, qclass: DNSClass) -> Answer {
+        HostsResolver::answer(self, qname, qtype, qclass)
+    }
+
+    fn logs(&self, qname: &Name) -> bool {
+        HostsResolver::logs(self, qname)
+    }
+}
 
 /// The largest UDP payload offered to EDNS clients: the DNS Flag Day 2020
 /// size, which avoids IP fragmentation; larger answers go over TCP.
@@ -33,15 +72,66 @@ const TCP_RESPONSE_BUFFER: usize = 32;
 /// Attempts at one free port for both UDP and TCP when asked for port 0.
 const EPHEMERAL_PORT_ATTEMPTS: usize = 16;
 
-/// hickory's request handler: one question in, [`ClusterSnapshot::answer`] out.
-pub struct ClusterDnsHandler {
-    snapshots: SnapshotReceiver,
+/// hickory's request handler: one question in, [`Resolve::answer`] out.
+pub struct DnsHandler {
+    resolver: Box<dyn Resolve>,
 }
 
-impl ClusterDnsHandler {
-    pub fn new(snapshots: SnapshotReceiver) -> Self {
-        ClusterDnsHandler { snapshots }
+impl DnsHandler {
+    pub fn new(resolver: impl Resolve) -> Self {
+        DnsHandler {
+            resolver: Box::new(resolver),
+        }
     }
+}
+
+/// CoreDNS's name of a response code, for the query log.
+fn rcode_name(response_code: ResponseCode) -> String {
+    match response_code {
+        ResponseCode::NoError => "NOERROR".to_string(),
+        ResponseCode::FormErr => "FORMERR".to_string(),
+        ResponseCode::ServFail => "SERVFAIL".to_string(),
+        ResponseCode::NXDomain => "NXDOMAIN".to_string(),
+        ResponseCode::NotImp => "NOTIMP".to_string(),
+        ResponseCode::Refused => "REFUSED".to_string(),
+        other => u16::from(other).to_string(),
+    }
+}
+
+/// One line of the query log, in the shape of CoreDNS's `log` plugin:
+/// `{remote} - {id} "{type} {class} {name} {proto} {size} {do} {bufsize}"
+/// {rcode} {flags} {duration}` (no response size); `sent` is the header
+/// sent (with TC when truncated).
+fn log_query(
+    request: &Request,
+    (qname, qtype, qclass): (&Name, RecordType, DNSClass),
+    sent: &Metadata,
+    started: Instant,
+) {
+    let (dnssec_ok, bufsize) = match &request.edns {
+        Some(edns) => (edns.flags().dnssec_ok, edns.max_payload()),
+        None => (false, 512),
+    };
+    let flags: Vec<&str> = [
+        ("qr", sent.message_type == MessageType::Response),
+        ("aa", sent.authoritative),
+        ("tc", sent.truncation),
+        ("rd", sent.recursion_desired),
+        ("ra", sent.recursion_available),
+    ]
+    .into_iter()
+    .filter_map(|(flag, set)| set.then_some(flag))
+    .collect();
+    tracing::info!(
+        "{} - {} \"{qtype} {qclass} {qname} {} {} {dnssec_ok} {bufsize}\" {} {} {:.6}s",
+        request.src(),
+        request.metadata.id,
+        request.protocol(),
+        request.as_slice().len(),
+        rcode_name(sent.response_code),
+        flags.join(","),
+        started.elapsed().as_secs_f64(),
+    );
 }
 
 /// A response with no records and `response_code`.
@@ -93,7 +183,7 @@ async fn send<'a>(
 }
 
 #[async_trait::async_trait]
-impl RequestHandler for ClusterDnsHandler {
+impl RequestHandler for DnsHandler {
     async fn handle_request<R: ResponseHandler, T: Time>(
         &self,
         request: &Request,
@@ -147,15 +237,12 @@ impl RequestHandler for ClusterDnsHandler {
             )
             .await;
         };
+        let started = Instant::now();
         let query = info.query;
-        // Clone the Arc out: the channel's read lock is not held across
-        // the send.
-        let snapshot = Arc::clone(&self.snapshots.borrow());
-        let answer = snapshot.answer(
-            query.original().name(),
-            query.query_type(),
-            query.query_class(),
-        );
+        let qname = query.original().name();
+        let answer = self
+            .resolver
+            .answer(qname, query.query_type(), query.query_class());
         tracing::debug!(
             name = %query.name(),
             qtype = %query.query_type(),
@@ -175,26 +262,28 @@ impl RequestHandler for ClusterDnsHandler {
             std::iter::empty(),
             answer.additionals.iter(),
         );
-        send(request, response_handle, response).await
+        let info = send(request, response_handle, response).await;
+        if self.resolver.logs(qname) {
+            let question = (qname, query.query_type(), query.query_class());
+            log_query(request, question, &info, started);
+        }
+        info
     }
 }
 
 /// The DNS server, bound on UDP and TCP at one address.
 pub struct DnsServer {
-    server: Server<ClusterDnsHandler>,
+    server: Server<DnsHandler>,
     local_addr: SocketAddr,
 }
 
 impl DnsServer {
     /// Binds UDP and TCP at `listen`; with port 0, at one free port for
-    /// both. Serving starts at once.
-    pub async fn bind(
-        listen: SocketAddr,
-        snapshots: SnapshotReceiver,
-    ) -> Result<Self, ServerError> {
+    /// both. Serving `resolver`'s answers starts at once.
+    pub async fn bind(listen: SocketAddr, resolver: impl Resolve) -> Result<Self, ServerError> {
         let (udp, tcp) = bind_both(listen).await?;
         let local_addr = udp.local_addr().map_err(ServerError::LocalAddr)?;
-        let mut server = Server::new(ClusterDnsHandler::new(snapshots));
+        let mut server = Server::new(DnsHandler::new(resolver));
         server.register_socket(udp);
         server.register_listener(tcp, TCP_IDLE_TIMEOUT, TCP_RESPONSE_BUFFER);
         Ok(DnsServer { server, local_addr })

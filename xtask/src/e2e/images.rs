@@ -771,12 +771,17 @@ pub fn toolbox() -> anyhow::Result<Rootfs> {
 /// Kubernetes cache, laid out as upstream's Dockerfile does (`/agnhost`,
 /// the `/agnhost-2` link the entrypoint tests run, porter's TLS pair in
 /// `/`, netexec's `/uploads`). Upstream also has `/coredns` (CoreDNS
-/// 1.6.2), which no Debian package or vendored source provides: "DNS should
-/// support configurable pod resolv.conf" runs it as its server and fails.
-pub fn agnhost(kube: &Built) -> anyhow::Result<ImageSpec> {
+/// 1.6.2), which no Debian package or vendored source provides; in its
+/// place, the cluster DNS server at `cluster_dns` ([`cluster_dns_binary`])
+/// with its libraries: run as `/coredns -conf FILE` it serves the hosts
+/// entries of the Corefile that "DNS should support configurable pod
+/// resolv.conf" and the dns_configmap tests give it (tests/cluster-dns,
+/// its CoreDNS mode).
+pub fn agnhost(kube: &Built, cluster_dns: &Path) -> anyhow::Result<ImageSpec> {
     let mut rootfs = toolbox()?;
     rootfs.binary(&kube.bin("agnhost"), "/agnhost", &built_by_e2e_build())?;
     rootfs.symlink("/agnhost-2", "agnhost")?;
+    rootfs.binary(cluster_dns, "/coredns", &cluster_dns_origin())?;
     let porter = kube.source_dir.join("test/images/agnhost/porter");
     for name in ["localhost.crt", "localhost.key"] {
         rootfs.copy(
@@ -794,16 +799,22 @@ pub fn agnhost(kube: &Built) -> anyhow::Result<ImageSpec> {
 }
 
 /// regression-issue-74839: "KubeProxy should resolve connection reset issue
-/// #74839" sends an out-of-window TCP segment from it (upstream's image is
-/// the same static binary on distroless).
+/// #74839" sends an out-of-window TCP segment from it. The 1.20 tree's
+/// source finds its address in `POD_IP`, which the 1.20 spec never sets
+/// (upstream's 1.0 image predates that change), so the stand-in sets it
+/// from the pod's own /etc/hosts before it starts.
 pub fn regression_issue_74839(kube: &Built) -> anyhow::Result<ImageSpec> {
-    let mut rootfs = Rootfs::base();
+    let mut rootfs = toolbox()?;
     rootfs.binary(
         &kube.bin("regression-issue-74839"),
         "/regression-issue-74839",
         &built_by_e2e_build(),
     )?;
-    Ok(ImageSpec::new(&[REGRESSION_74839], rootfs).entrypoint(&["/regression-issue-74839"]))
+    Ok(ImageSpec::new(&[REGRESSION_74839], rootfs).entrypoint(&[
+        "/bin/sh",
+        "-c",
+        "POD_IP=\"${POD_IP:-$(hostname -i)}\" exec /regression-issue-74839",
+    ]))
 }
 
 /// busybox:1.29, as the suite's generic shell image: the toolbox, `sh`.
@@ -982,6 +993,14 @@ pub fn flatnet(binaries: &FlatnetBinaries) -> anyhow::Result<ImageSpec> {
     Ok(ImageSpec::new(&[FLATNET], rootfs).entrypoint(&["/usr/local/bin/flatnet-agent"]))
 }
 
+/// What to do when the cluster DNS server's binary is missing.
+fn cluster_dns_origin() -> Origin {
+    Origin::Built(
+        "build it with `cargo build --release -p flatnet-cluster-dns` (tests/cluster-dns)"
+            .to_string(),
+    )
+}
+
 /// The cluster DNS server's image (tests/cluster-dns): the binary at
 /// `binary` with its libraries, on the base (nsswitch.conf, /tmp).
 pub fn cluster_dns(binary: &Path) -> anyhow::Result<ImageSpec> {
@@ -989,20 +1008,18 @@ pub fn cluster_dns(binary: &Path) -> anyhow::Result<ImageSpec> {
     rootfs.binary(
         binary,
         "/usr/local/bin/flatnet-cluster-dns",
-        &Origin::Built(
-            "build it with `cargo build --release -p flatnet-cluster-dns` (tests/cluster-dns)"
-                .to_string(),
-        ),
+        &cluster_dns_origin(),
     )?;
     Ok(ImageSpec::new(&[CLUSTER_DNS], rootfs).entrypoint(&["/usr/local/bin/flatnet-cluster-dns"]))
 }
 
 /// Every image the e2e suite's pods and the nodes' sandboxes use (not
-/// flatnet's own two: their binaries come from the caller).
-pub fn test_images(kube: &Built) -> anyhow::Result<Vec<ImageSpec>> {
+/// flatnet's own two; agnhost carries the cluster DNS server at
+/// `cluster_dns`, the caller's build of it, as `/coredns`).
+pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<ImageSpec>> {
     Ok(vec![
         pause(kube)?,
-        agnhost(kube)?,
+        agnhost(kube, cluster_dns)?,
         busybox()?,
         jessie_dnsutils()?,
         nginx()?,
@@ -1022,11 +1039,12 @@ pub fn cluster_dns_binary(release: bool) -> PathBuf {
 /// Kubernetes cache's `images/` folder (rebuilt only when their inputs
 /// changed): the test images, flatnet's agent from the release (or the
 /// debug) build ([`FlatnetBinaries::of_build`]) and the cluster DNS server
-/// ([`cluster_dns_binary`]).
+/// ([`cluster_dns_binary`], the same build in its image and in agnhost's).
 pub fn for_cluster(kube: &Built, release: bool) -> anyhow::Result<Vec<PathBuf>> {
-    let mut specs = test_images(kube)?;
+    let cluster_dns_binary = cluster_dns_binary(release);
+    let mut specs = test_images(kube, &cluster_dns_binary)?;
     specs.push(flatnet(&FlatnetBinaries::of_build(release)?)?);
-    specs.push(cluster_dns(&cluster_dns_binary(release))?);
+    specs.push(cluster_dns(&cluster_dns_binary)?);
     cached_archives(&specs, &kube.root.join("images"))
 }
 
@@ -1844,12 +1862,13 @@ disabled_plugins = [
             runc: PathBuf::from("/usr/sbin/runc"),
             root,
         };
-        let mut specs = test_images(&kube).unwrap();
         // Built first by `cargo xtask build --release` and `cargo build
         // --release -p flatnet-cluster-dns`; missing ones fail the check.
+        let cluster_dns_binary = cluster_dns_binary(true);
+        let mut specs = test_images(&kube, &cluster_dns_binary).unwrap();
         let flatnet_binaries = FlatnetBinaries::of_build(true).unwrap();
         specs.push(flatnet(&flatnet_binaries).unwrap());
-        specs.push(cluster_dns(&cluster_dns_binary(true)).unwrap());
+        specs.push(cluster_dns(&cluster_dns_binary).unwrap());
         let archives =
             cached_archives(&specs, &crate::util::root().join("target/e2e-images-check")).unwrap();
 
@@ -1951,6 +1970,18 @@ disabled_plugins = [
                 "entered",
             ),
             (AGNHOST, false, vec!["/agnhost", "--help"], "netexec"),
+            // The CoreDNS stand-in ("DNS should support configurable pod
+            // resolv.conf"): runs, reads the Corefile it is given.
+            (
+                AGNHOST,
+                false,
+                vec![
+                    "sh",
+                    "-c",
+                    "/coredns -conf /nonexistent 2>&1; echo \"exit=$?\"",
+                ],
+                "cannot read the Corefile /nonexistent: No such file or directory (os error 2)\nexit=1",
+            ),
             (
                 AGNHOST,
                 false,

@@ -129,6 +129,25 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     }
     sysctls.done();
     suites::print_summary(&reports);
+    if args.full && args.focus.is_none() {
+        let header = format!(
+            "{} UTC; commit {}; Kubernetes v1.20.2 (e2e.test and ginkgo from the same source), 2 nodes, containerd 1.6; flatnet's {} build; `cargo xtask e2e --full`.",
+            util::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M"]))
+                .unwrap_or_default()
+                .trim(),
+            util::output(std::process::Command::new("git").args([
+                "-C",
+                &util::root().display().to_string(),
+                "describe",
+                "--always",
+                "--dirty"
+            ]))
+            .unwrap_or_default()
+            .trim(),
+            if args.debug_build { "debug" } else { "release" },
+        );
+        suites::write_results(&reports, &util::root().join("results"), &header)?;
+    }
     println!(
         "e2e: the uplink guard dropped 0 packets; global settings restored; {:.0} s in all",
         started.elapsed().as_secs_f64()

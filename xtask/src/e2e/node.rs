@@ -280,7 +280,8 @@ clientConnection:
   kubeconfig: /etc/kubernetes/kube-proxy.kubeconfig
 hostnameOverride: {name}
 bindAddress: {address}
-healthzBindAddress: {address}:10256
+# Each node has a network namespace of its own: kube-proxy's defaults.
+healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
 clusterCIDR: {cluster_cidr}
 mode: iptables

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::E2eArgs;
 use super::build::Built;
@@ -51,6 +51,10 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
     (
         r"\[Feature:(Ingress|NEG|kubemci|IngressScale)\]",
         "needs a cloud's L7 load balancer or an ingress controller",
+    ),
+    (
+        r"LoadBalancer service with ESIPP|load balancer cleanup finalizer",
+        "waits (15-20 min) for a cloud load balancer's address, which a cluster without a cloud provider never gets (the other LoadBalancer specs skip themselves: provider)",
     ),
 ];
 
@@ -110,7 +114,7 @@ pub const SUITES: &[Suite] = &[
     },
 ];
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Passed,
@@ -118,7 +122,7 @@ pub enum Outcome {
     Skipped,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpecResult {
     pub name: String,
     pub outcome: Outcome,
@@ -127,7 +131,7 @@ pub struct SpecResult {
     pub message: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SuiteReport {
     pub suite: String,
     pub seconds: f64,
@@ -153,15 +157,16 @@ impl SuiteReport {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModeReport {
     pub mode: String,
     pub suites: Vec<SuiteReport>,
     /// flatnet's first-packet check (first_packet.rs).
+    #[serde(default)]
     pub first_packet: Option<FirstPacketReport>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FirstPacketReport {
     pub tries: usize,
     pub through: usize,
@@ -367,6 +372,102 @@ pub fn print_summary(reports: &[ModeReport]) {
             }
         }
     }
+}
+
+/// `results/e2e.md` and `results/e2e-<mode>.json` after a `--full` run:
+/// per mode and suite what ran, passed, failed and skipped itself, every
+/// skip (by expression, and at run time with its message) with its
+/// reason, every failure with its first line.
+/// A mode run alone keeps the other mode's last full report.
+pub fn write_results(reports: &[ModeReport], dir: &Path, header: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for report in reports {
+        std::fs::write(
+            dir.join(format!("e2e-{}.json", report.mode)),
+            serde_json::to_string_pretty(report)?,
+        )?;
+    }
+    let mut reports = Vec::new();
+    for mode in [ServicesMode::KubeProxy, ServicesMode::Ebpf] {
+        let path = dir.join(format!("e2e-{}.json", mode.name()));
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let report: ModeReport = serde_json::from_str(&text)
+                .with_context(|| format!("reading {}", path.display()))?;
+            reports.push(report);
+        }
+    }
+    let reports = &reports;
+    let mut md = format!(
+        "# flatnet on real Kubernetes: upstream e2e results\n\n{header}\n\n\
+         | Services | suite | ran | passed | failed | skipped at run time | time |\n\
+         |---|---|---|---|---|---|---|\n"
+    );
+    for report in reports {
+        for suite in &report.suites {
+            md.push_str(&suite.row(&report.mode));
+            md.push('\n');
+        }
+    }
+    md.push_str("\n## flatnet's first-packet check\n\n");
+    for report in reports {
+        if let Some(probe) = &report.first_packet {
+            md.push_str(&format!(
+                "- {}: {} of {} tries (every 100 ms from the container's start) through a deny-all-egress policy; through {:.1} s after the policy was deleted\n",
+                report.mode, probe.through, probe.tries, probe.opened_after_seconds
+            ));
+        }
+    }
+    md.push_str("\n## Skipped before they run (ginkgo `--skip`), and why\n\n| specs matching | modes | why |\n|---|---|---|\n");
+    for (pattern, why) in COMMON_SKIPS {
+        md.push_str(&format!("| `{pattern}` | both | {why} |\n"));
+    }
+    for suite in SUITES.iter().filter(|s| !s.in_ci) {
+        for (pattern, why) in suite.skips {
+            let modes: Vec<&str> = suite.modes.iter().map(|m| m.name()).collect();
+            md.push_str(&format!("| `{pattern}` | {} | {why} |\n", modes.join(", ")));
+        }
+    }
+    md.push_str("\n## Skipped at run time by the suite itself\n\n| Services | spec | message |\n|---|---|---|\n");
+    for report in reports {
+        for suite in &report.suites {
+            for spec in suite.specs.iter().filter(|s| s.outcome == Outcome::Skipped) {
+                md.push_str(&format!(
+                    "| {} | {} | {} |\n",
+                    report.mode,
+                    spec.name,
+                    first_line(&spec.message)
+                ));
+            }
+        }
+    }
+    md.push_str("\n## Failed\n\n");
+    let mut any = false;
+    for report in reports {
+        for suite in &report.suites {
+            for spec in suite.specs.iter().filter(|s| s.outcome == Outcome::Failed) {
+                any = true;
+                md.push_str(&format!(
+                    "- {} ({}): {}\n",
+                    spec.name,
+                    report.mode,
+                    first_line(&spec.message)
+                ));
+            }
+        }
+    }
+    if !any {
+        md.push_str("None.\n");
+    }
+    std::fs::write(dir.join("e2e.md"), md)?;
+    Ok(())
+}
+
+fn first_line(text: &str) -> String {
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .trim()
+        .replace('|', "\\|")
 }
 
 /// An error when any spec failed or a suite ran nothing.
