@@ -56,6 +56,10 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
         r"LoadBalancer service with ESIPP|load balancer cleanup finalizer",
         "waits (15-20 min) for a cloud load balancer's address, which a cluster without a cloud provider never gets (the other LoadBalancer specs skip themselves: provider)",
     ),
+    (
+        r"\[Feature:Example\]",
+        "runs the example applications' images (python, redis), which are not built here",
+    ),
 ];
 
 /// Specs that need what only kube-proxy gives today (NodePort,
@@ -74,8 +78,8 @@ const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
         "dials a NodePort: NodePort is still kube-proxy's (flatnet's eBPF Services serve ClusterIPs); the NodePort specs that only ask the API server run",
     ),
     (
-        r"kube-proxy urls|\[sig-network\] KubeProxy ",
-        "asks kube-proxy itself (its ports, its conntrack settings)",
+        r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout",
+        "asks kube-proxy itself (its healthz and metrics ports, the conntrack timeouts it sets)",
     ),
 ];
 
