@@ -27,6 +27,8 @@ use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use flatnet_harness::containerd::{ContainerdConfig, Cri, StatePaths};
+
 use crate::cri::CriClient;
 use crate::{POLL_INTERVAL, poll_until, run_ok, unique};
 
@@ -185,70 +187,22 @@ impl Containerd {
     }
 
     fn config(&self, conf_dir: &Path, bin_dir: &Path) -> String {
-        let d = self.dir.display();
-        format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-# Snapshotters that cannot work here (or would probe the machine): off.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[grpc]
-  address = "{d}/containerd.sock"
-
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  # This machine refuses a negative oom_score_adj, which sandboxes ask for
-  # (-998): without this every sandbox fails in runc.
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  enable_selinux = false
-  # Loopback only (ExecSync does not use it; Exec and Attach would).
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  disable_tcp_service = true
-  enable_cdi = false
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{RUNC}"
-        Root = "{runc_root}"
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-    max_conf_num = 1
-"#,
-            runc_root = self.runc_root().display(),
-            bin = bin_dir.display(),
-            conf = conf_dir.display(),
-        )
+        ContainerdConfig {
+            paths: Some(StatePaths {
+                root: self.dir.join("root"),
+                state: self.state(),
+                socket: self.socket(),
+                opt: self.dir.join("opt"),
+            }),
+            cri: Some(Cri {
+                sandbox_image: PAUSE_IMAGE.to_string(),
+                cni_bin_dir: bin_dir.to_path_buf(),
+                cni_conf_dir: conf_dir.to_path_buf(),
+                runc: Some((PathBuf::from(RUNC), self.runc_root())),
+                registry_config_path: None,
+            }),
+        }
+        .to_toml()
     }
 
     /// The environment containerd gets from its next (re)start on.

@@ -13,6 +13,7 @@
 mod cni;
 mod command;
 mod conflist;
+pub mod containerd;
 mod netns;
 mod require;
 mod wait;

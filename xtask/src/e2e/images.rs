@@ -1729,31 +1729,16 @@ mod tests {
         fn start() -> Self {
             let made_run_dir = !Path::new("/run/containerd").exists();
             let dir = TempDir::new();
-            let d = dir.0.display();
-            let config = format!(
-                r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-"#
-            );
+            let config = flatnet_harness::containerd::ContainerdConfig {
+                paths: Some(flatnet_harness::containerd::StatePaths {
+                    root: dir.0.join("root"),
+                    state: dir.0.join("state"),
+                    socket: dir.0.join("containerd.sock"),
+                    opt: dir.0.join("opt"),
+                }),
+                cri: None,
+            }
+            .to_toml();
             fs::write(dir.0.join("config.toml"), config).unwrap();
             let log = File::create(dir.0.join("containerd.log")).unwrap();
             let process = Command::new("/usr/bin/containerd")

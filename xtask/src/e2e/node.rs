@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use flatnet_harness::containerd::{ContainerdConfig, Cri};
 
 use super::daemon::Daemon;
 use super::host::Host;
@@ -211,7 +212,7 @@ impl Node {
         self.write("/etc/kubernetes/resolv.conf", "options ndots:1\n")?;
         self.write("/etc/kubernetes/kubelet.yaml", &self.kubelet_config())?;
         self.write("/etc/kubernetes/kube-proxy.yaml", &self.kube_proxy_config())?;
-        self.write("/etc/containerd/config.toml", CONTAINERD_CONFIG)?;
+        self.write("/etc/containerd/config.toml", &containerd_config())?;
         for registry in REGISTRIES {
             self.write(
                 &format!("/etc/containerd/certs.d/{registry}/hosts.toml"),
@@ -407,49 +408,21 @@ impl Drop for Node {
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
 
 /// containerd 1.6 at its default paths (the node's own), CRI as kubelet
-/// 1.20 needs it.
-const CONTAINERD_CONFIG: &str = r#"version = 2
-# Snapshotters that cannot work here (or would probe the machine): off.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[plugins."io.containerd.grpc.v1.cri"]
-  # kubelet 1.20's default sandbox image, imported from pause.c.
-  sandbox_image = "k8s.gcr.io/pause:3.2"
-  # This machine refuses a negative oom_score_adj, which sandboxes ask for
-  # (-998): without this every sandbox fails in runc.
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  enable_selinux = false
-  # kubelet proxies exec/attach/port-forward to this, on the node's loopback.
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  disable_tcp_service = true
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    # Every registry points at a closed port (certs.d/<registry>/hosts.toml).
-    config_path = "/etc/containerd/certs.d"
-"#;
+/// 1.20 needs it, every registry pointed at a closed port (`certs.d`).
+fn containerd_config() -> String {
+    ContainerdConfig {
+        paths: None,
+        cri: Some(Cri {
+            // kubelet 1.20's default sandbox image, imported from pause.c.
+            sandbox_image: "k8s.gcr.io/pause:3.2".to_string(),
+            cni_bin_dir: "/opt/cni/bin".into(),
+            cni_conf_dir: "/etc/cni/net.d".into(),
+            runc: None,
+            registry_config_path: Some("/etc/containerd/certs.d".into()),
+        }),
+    }
+    .to_toml()
+}
 
 /// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers and
 /// the v2 `unified` one of a hybrid layout, or the v2 root alone).
