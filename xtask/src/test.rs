@@ -138,6 +138,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             nodes: 2,
             keep: false,
             debug_build: true,
+            clean_up: false,
         })?;
     }
     Ok(())

@@ -68,23 +68,52 @@ impl Cluster {
         // flatnet's objects go in before any node: an operator applies the
         // DaemonSet, and each node gets its agent as it joins.
         deploy_flatnet(&control_plane, mode)?;
+        // The nodes come up side by side (each imports ~600 MB of images).
+        let started_nodes: Vec<anyhow::Result<Node>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (1..=plan.nodes)
+                .map(|index| {
+                    let (plan, control_plane, pki) = (&plan, &control_plane, &pki);
+                    scope.spawn(move || {
+                        let mut node = Node::start(
+                            plan,
+                            index,
+                            &control_plane.host,
+                            pki,
+                            &built.bin_dir,
+                            images,
+                        )?;
+                        // kube-proxy comes with the node, before its CNI
+                        // (kubeadm's DaemonSet runs on the host network):
+                        // the agent reaches the API server through the
+                        // `kubernetes` Service it translates.
+                        if mode == ServicesMode::KubeProxy {
+                            node.start_kube_proxy(&built.bin_dir)?;
+                        }
+                        Ok(node)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| {
+                    handle
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a node's start panicked")))
+                })
+                .collect()
+        });
+        // Every node that started is kept (and so torn down on an error).
         let mut nodes = Vec::new();
-        for index in 1..=plan.nodes {
-            let mut node = Node::start(
-                &plan,
-                index,
-                &control_plane.host,
-                &pki,
-                &built.bin_dir,
-                images,
-            )?;
-            // kube-proxy comes with the node, before its CNI (kubeadm's
-            // DaemonSet runs on the host network): the agent reaches the
-            // API server through the `kubernetes` Service it translates.
-            if mode == ServicesMode::KubeProxy {
-                node.start_kube_proxy(&built.bin_dir)?;
+        let mut failed = None;
+        for node in started_nodes {
+            match node {
+                Ok(node) => nodes.push(node),
+                Err(e) => failed = failed.or(Some(e)),
             }
-            nodes.push(node);
+        }
+        if let Some(e) = failed {
+            drop(nodes);
+            return Err(e);
         }
         let mut cluster = Cluster {
             plan,

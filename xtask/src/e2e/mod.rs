@@ -51,6 +51,10 @@ pub struct E2eArgs {
     /// tested) instead of the release build users deploy.
     #[arg(long)]
     pub debug_build: bool,
+    /// Only take away what an interrupted run left on this machine (its
+    /// machines, the uplink guard, the global settings it changed), and exit.
+    #[arg(long)]
+    pub clean_up: bool,
 }
 
 /// Where a run's logs and reports go (kept), per Services mode.
@@ -66,12 +70,17 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         bail!("cargo xtask e2e runs a cluster of real kubelets: run it as root");
     }
     let started = Instant::now();
-    let built = build::prepare()?;
     // One cluster at a time on a machine: the names are fixed.
     std::fs::create_dir_all(STATE_DIR)?;
     let lock_file = std::fs::File::create(PathBuf::from(STATE_DIR).join(".lock"))?;
     let _lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock)
         .map_err(|_| anyhow::anyhow!("another `cargo xtask e2e` is running on this machine"))?;
+    if args.clean_up {
+        undo_interrupted_run();
+        println!("e2e: nothing of an earlier run is left on this machine");
+        return Ok(());
+    }
+    let built = build::prepare()?;
     clean_up_leftovers();
     tear_down_on_signal()?;
 
@@ -195,18 +204,25 @@ fn tear_down_on_signal() -> anyhow::Result<()> {
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
             eprintln!("\ne2e: signal {signal}: tearing the cluster down");
-            clean_up_leftovers();
-            let _ = std::process::Command::new("nft")
-                .args(["delete", "table", "inet", guard::TABLE])
-                .output();
-            let saved = PathBuf::from(STATE_DIR).join("sysctls.json");
-            if let Ok(sysctls) = sysctls::SavedSysctls::save(&saved) {
-                sysctls.done();
-            }
+            undo_interrupted_run();
             std::process::exit(128 + signal);
         }
     });
     Ok(())
+}
+
+/// Everything a run changes on the machine, taken back: its machines, the
+/// uplink guard, and the global sysctls (saved before the first cluster;
+/// loading the saved file puts them back).
+fn undo_interrupted_run() {
+    clean_up_leftovers();
+    let _ = std::process::Command::new("nft")
+        .args(["delete", "table", "inet", guard::TABLE])
+        .output();
+    let saved = PathBuf::from(STATE_DIR).join("sysctls.json");
+    if let Ok(sysctls) = sysctls::SavedSysctls::save(&saved) {
+        sysctls.done();
+    }
 }
 
 /// What a crashed or killed earlier run left: its machines' processes,

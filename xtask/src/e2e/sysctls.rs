@@ -72,7 +72,7 @@ impl SavedSysctls {
         for (path, saved) in &self.values {
             let now = std::fs::read_to_string(path).unwrap_or_default();
             if now.trim() != saved {
-                changed.push(format!("{path}: {saved} -> {}", now.trim()));
+                changed.push(format!("{path} {} -> {saved}", now.trim()));
                 let _ = std::fs::write(path, saved);
             }
         }
