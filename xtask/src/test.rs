@@ -115,7 +115,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         fuzz_smoke(args.fuzz_seconds)?;
     }
     if !args.no_bench && args.filter.is_none() && util::is_root() {
-        heading("bench smoke: one short round of `cargo xtask bench` (numbers not asserted)");
+        heading(
+            "bench smoke: one short round of `cargo xtask bench` on the debug build (numbers not asserted)",
+        );
         crate::bench::run(&crate::bench::BenchArgs {
             rounds: 1,
             seconds: 1,

@@ -135,6 +135,57 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
     if std::fs::read(path).is_ok_and(|old| old == bytes) {
         return Ok(false);
     }
+    replace_atomically(path, mode, |file| file.write_all(bytes))?;
+    Ok(true)
+}
+
+/// Copies `source` to `target` atomically with `mode`; false (and nothing
+/// written) when `target` already holds the same bytes. Both are streamed,
+/// never held in memory: a debug build's plugins are ~90 MB each, more than
+/// the DaemonSet's memory limit.
+pub fn copy_atomically(source: &Path, target: &Path, mode: u32) -> Result<bool> {
+    let reading = |e| AgentError::io(format!("reading {}", source.display()), e);
+    if same_contents(source, target).map_err(reading)? {
+        return Ok(false);
+    }
+    let mut from = std::fs::File::open(source).map_err(reading)?;
+    replace_atomically(target, mode, |file| {
+        std::io::copy(&mut from, file).map(|_| ())
+    })?;
+    Ok(true)
+}
+
+/// Whether `target` exists and holds exactly `source`'s bytes.
+fn same_contents(source: &Path, target: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut ours = std::io::BufReader::new(std::fs::File::open(source)?);
+    let Ok(theirs) = std::fs::File::open(target) else {
+        return Ok(false);
+    };
+    if theirs.metadata()?.len() != ours.get_ref().metadata()?.len() {
+        return Ok(false);
+    }
+    let mut theirs = std::io::BufReader::new(theirs);
+    let (mut a, mut b) = ([0u8; 64 * 1024], [0u8; 64 * 1024]);
+    loop {
+        let n = ours.read(&mut a)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        theirs.read_exact(&mut b[..n])?;
+        if a[..n] != b[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// Fills a hidden temporary file beside `path` and renames it over `path`,
+/// so a reader sees the old file or the new one, never a part.
+fn replace_atomically(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| AgentError::Config(format!("{} has no directory", path.display())))?;
@@ -149,7 +200,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let outcome = (|| -> std::io::Result<()> {
         let mut file = std::fs::File::create(&temp)?;
-        file.write_all(bytes)?;
+        fill(&mut file)?;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         file.sync_all()?;
         std::fs::rename(&temp, path)?;
@@ -160,7 +211,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
         let _ = std::fs::remove_file(&temp);
         return Err(AgentError::io(format!("writing {}", path.display()), e));
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Copies each of `names` from `from` into `to` (atomically, executable);
@@ -169,10 +220,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<bool> {
 pub fn install_binaries(from: &Path, to: &Path, names: &[&str]) -> Result<Vec<String>> {
     let mut installed = Vec::new();
     for name in names {
-        let source = from.join(name);
-        let bytes = std::fs::read(&source)
-            .map_err(|e| AgentError::io(format!("reading {}", source.display()), e))?;
-        if write_atomically(&to.join(name), &bytes, 0o755)? {
+        if copy_atomically(&from.join(name), &to.join(name), 0o755)? {
             installed.push((*name).to_string());
         }
     }
@@ -210,9 +258,7 @@ pub fn install_reference_plugins(from: &Path, to: &Path, names: &[&str]) -> Resu
                 _ => continue,
             }
         }
-        let bytes = std::fs::read(&source)
-            .map_err(|e| AgentError::io(format!("reading {}", source.display()), e))?;
-        if write_atomically(&target, &bytes, 0o755)? {
+        if copy_atomically(&source, &target, 0o755)? {
             installed.push((*name).to_string());
         }
     }
@@ -420,6 +466,23 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o755);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn copies_compare_every_chunk_not_only_the_length() {
+        let dir = std::env::temp_dir().join(format!("flatnet-copy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (source, target) = (dir.join("source"), dir.join("target"));
+        // Larger than one comparison chunk, differing only in the last byte.
+        let mut bytes = vec![7u8; 200 * 1024];
+        std::fs::write(&source, &bytes).unwrap();
+        assert!(copy_atomically(&source, &target, 0o755).unwrap());
+        assert!(!copy_atomically(&source, &target, 0o755).unwrap());
+        *bytes.last_mut().unwrap() = 8;
+        std::fs::write(&source, &bytes).unwrap();
+        assert!(copy_atomically(&source, &target, 0o755).unwrap());
+        assert_eq!(std::fs::read(&target).unwrap(), bytes);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

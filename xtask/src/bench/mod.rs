@@ -38,7 +38,8 @@ pub struct BenchArgs {
     /// Pods added (and deleted) all at once per round and plugin.
     #[arg(long, default_value_t = 32)]
     pub concurrent: usize,
-    /// One short round: a smoke test of the benchmark itself (used by `cargo xtask test`).
+    /// One short round on the debug build: a smoke test of the benchmark
+    /// itself (used by `cargo xtask test`).
     #[arg(long)]
     pub smoke: bool,
     /// Where the report goes (default: results/, or a temp dir with --smoke).
@@ -216,9 +217,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             args.concurrent.max(1),
         )
     };
-    util::build(true, crate::install::BINARIES)?;
+    // A smoke run proves the harness on the debug build the suite has just
+    // tested (its numbers mean nothing, and CI is spared a release build);
+    // a real run measures the release build users deploy.
+    let release = !args.smoke;
+    util::build(release, crate::install::BINARIES)?;
     let policy_fixture = policy::build_fixture()?;
-    let bin = util::binary(true, "flatnet")?
+    let bin = util::binary(release, "flatnet")?
         .parent()
         .map(PathBuf::from)
         .context("the built plugin has no parent directory")?;

@@ -42,8 +42,10 @@ pub const PACKAGES: &[&str] = &[
     "bind9-host",
     "iproute2",
     "iperf",
-    // The flatnet agent's image: nft, and the reference plugins it installs.
+    // The flatnet agent's image: nft, and the reference plugins it installs;
+    // objcopy, which strips a debug build's debug info from it.
     "nftables",
+    "binutils",
     "containernetworking-plugins",
     // The Kubernetes tree's own build: its Makefile, and rsync for placing
     // the binaries under _output/bin (Build-Depends of the source package).

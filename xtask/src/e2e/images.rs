@@ -1041,11 +1041,43 @@ pub fn cluster_dns_binary(release: bool) -> PathBuf {
 /// debug) build ([`FlatnetBinaries::of_build`]) and the cluster DNS server
 /// ([`cluster_dns_binary`], the same build in its image and in agnhost's).
 pub fn for_cluster(kube: &Built, release: bool) -> anyhow::Result<Vec<PathBuf>> {
-    let cluster_dns_binary = cluster_dns_binary(release);
+    let mut cluster_dns_binary = cluster_dns_binary(release);
+    let mut binaries = FlatnetBinaries::of_build(release)?;
+    if !release {
+        // A debug build's debug info is 80% of its size (the agent: 280 MB
+        // of 345): every node would import it, and the agent's pod would
+        // page it in under its memory limit. The code is the same without.
+        let dir = crate::util::root().join("target/e2e/debug-stripped");
+        cluster_dns_binary = without_debug_info(&cluster_dns_binary, &dir)?;
+        binaries = FlatnetBinaries {
+            agent: without_debug_info(&binaries.agent, &dir)?,
+            plugin: without_debug_info(&binaries.plugin, &dir)?,
+            ipam: without_debug_info(&binaries.ipam, &dir)?,
+        };
+    }
     let mut specs = test_images(kube, &cluster_dns_binary)?;
-    specs.push(flatnet(&FlatnetBinaries::of_build(release)?)?);
+    specs.push(flatnet(&binaries)?);
     specs.push(cluster_dns(&cluster_dns_binary)?);
     cached_archives(&specs, &kube.root.join("images"))
+}
+
+/// A copy of `binary` in `dir` without its DWARF sections (`objcopy
+/// --strip-debug`, binutils); symbols stay, so backtraces still name
+/// functions.
+fn without_debug_info(binary: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let name = binary
+        .file_name()
+        .with_context(|| format!("{} has no file name", binary.display()))?;
+    let stripped = dir.join(name);
+    crate::util::run_cmd(
+        std::process::Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(binary)
+            .arg(&stripped),
+    )
+    .with_context(|| format!("stripping {} (install binutils)", binary.display()))?;
+    Ok(stripped)
 }
 
 // --- The archive ----------------------------------------------------------------
