@@ -51,6 +51,7 @@ enum Task {
 }
 
 fn main() -> anyhow::Result<()> {
+    util::started();
     match Cli::parse().task {
         Task::Setup => setup::all(),
         Task::Build { release } => {

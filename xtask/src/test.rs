@@ -19,7 +19,7 @@ pub struct TestArgs {
     #[arg(long)]
     pub no_fuzz: bool,
     /// Seconds each fuzz target runs in the smoke stage.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 10)]
     pub fuzz_seconds: u32,
     /// Skip the real-cluster stage (`cargo xtask e2e`'s CI subset).
     #[arg(long)]

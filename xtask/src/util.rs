@@ -13,8 +13,21 @@ pub fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// A stage's heading, with the minutes since xtask started (where CI's
+/// time goes).
 pub fn heading(text: &str) {
-    println!("\n\x1b[1m== {text}\x1b[0m");
+    let seconds = started().elapsed().as_secs();
+    println!(
+        "\n\x1b[1m== {text}\x1b[0m [{}:{:02}]",
+        seconds / 60,
+        seconds % 60
+    );
+}
+
+/// When xtask started (its first call).
+pub fn started() -> std::time::Instant {
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::Instant::now)
 }
 
 /// Runs a command with inherited output; fails when it fails.

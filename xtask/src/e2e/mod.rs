@@ -140,7 +140,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     suites::print_summary(&reports);
     if args.full && args.focus.is_none() {
         let header = format!(
-            "{} UTC; commit {}; Kubernetes v1.20.2 (e2e.test and ginkgo from the same source), 2 nodes, containerd 1.6; flatnet's {} build; `cargo xtask e2e --full`.",
+            "{} UTC, commit {}, flatnet's {} build; Kubernetes v1.20.2 (e2e.test and ginkgo from the same source), {} nodes, containerd 1.6; `cargo xtask e2e --full`",
             util::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M"]))
                 .unwrap_or_default()
                 .trim(),
@@ -154,6 +154,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
             .trim(),
             if args.debug_build { "debug" } else { "release" },
+            args.nodes,
         );
         suites::write_results(&reports, &util::root().join("results"), &header)?;
     }

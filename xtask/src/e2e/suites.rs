@@ -24,6 +24,10 @@ pub struct Suite {
     pub in_ci: bool,
     /// Services modes it runs in.
     pub modes: &'static [ServicesMode],
+    /// ginkgo's parallel processes (`-nodes`): the specs mostly wait, so
+    /// the CI subset runs three at once on two cores, which ends it when
+    /// its longest spec (an egress policy, ~2 min) does.
+    pub parallel: u8,
 }
 
 const BOTH: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::Ebpf];
@@ -101,6 +105,7 @@ pub const SUITES: &[Suite] = &[
         skips: &[],
         in_ci: true,
         modes: BOTH,
+        parallel: 3,
     },
     Suite {
         name: "sig-network",
@@ -108,6 +113,7 @@ pub const SUITES: &[Suite] = &[
         skips: &[],
         in_ci: false,
         modes: &[ServicesMode::KubeProxy],
+        parallel: 2,
     },
     Suite {
         name: "sig-network",
@@ -115,6 +121,7 @@ pub const SUITES: &[Suite] = &[
         skips: NEEDS_KUBE_PROXY,
         in_ci: false,
         modes: &[ServicesMode::Ebpf],
+        parallel: 2,
     },
 ];
 
@@ -168,6 +175,10 @@ pub struct ModeReport {
     /// flatnet's first-packet check (first_packet.rs).
     #[serde(default)]
     pub first_packet: Option<FirstPacketReport>,
+    /// When, at which commit and with which build this mode ran (results/
+    /// keeps each mode's latest run, so the two may differ).
+    #[serde(default)]
+    pub run: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -182,6 +193,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         mode: cluster.mode.name().to_string(),
         suites: Vec::new(),
         first_packet: None,
+        run: String::new(),
     };
     let probe = super::first_packet::check(cluster)?;
     println!(
@@ -193,8 +205,8 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         through: probe.through,
         opened_after_seconds: probe.opened_after,
     });
-    let chosen: Vec<(String, String, String)> = match &args.focus {
-        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[]))],
+    let chosen: Vec<(String, String, String, u8)> = match &args.focus {
+        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[]), 2)],
         None => SUITES
             .iter()
             .filter(|s| {
@@ -205,15 +217,16 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
                     s.name.to_string(),
                     s.focus.to_string(),
                     skip_expression(s.skips),
+                    s.parallel,
                 )
             })
             .collect(),
     };
-    for (name, focus, skip) in chosen {
+    for (name, focus, skip, parallel) in chosen {
         let started = Instant::now();
         let dir = cluster.logs().join(format!("e2e-{name}"));
         std::fs::create_dir_all(&dir)?;
-        run_e2e(cluster, built, &focus, &skip, &dir)?;
+        run_e2e(cluster, built, &focus, &skip, parallel, &dir)?;
         cluster.check()?;
         let specs = read_junit(&dir)?;
         let suite = SuiteReport {
@@ -243,11 +256,13 @@ fn run_e2e(
     built: &Built,
     focus: &str,
     skip: &str,
+    parallel: u8,
     report_dir: &Path,
 ) -> anyhow::Result<()> {
     let host = &cluster.control_plane.host;
     let mut cmd = host.command(built.bin("ginkgo"));
-    cmd.args(["-nodes=2", "-noColor", "-succinct"])
+    cmd.arg(format!("-nodes={parallel}"))
+        .args(["-noColor", "-succinct"])
         .arg(built.bin("e2e.test"))
         .arg("--")
         .arg(format!(
@@ -383,12 +398,16 @@ pub fn print_summary(reports: &[ModeReport]) {
 /// skip (by expression, and at run time with its message) with its
 /// reason, every failure with its first line.
 /// A mode run alone keeps the other mode's last full report.
-pub fn write_results(reports: &[ModeReport], dir: &Path, header: &str) -> anyhow::Result<()> {
+pub fn write_results(reports: &[ModeReport], dir: &Path, run: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     for report in reports {
+        let report = ModeReport {
+            run: run.to_string(),
+            ..report.clone()
+        };
         std::fs::write(
             dir.join(format!("e2e-{}.json", report.mode)),
-            serde_json::to_string_pretty(report)?,
+            serde_json::to_string_pretty(&report)?,
         )?;
     }
     let mut reports = Vec::new();
@@ -401,10 +420,13 @@ pub fn write_results(reports: &[ModeReport], dir: &Path, header: &str) -> anyhow
         }
     }
     let reports = &reports;
-    let mut md = format!(
-        "# flatnet on real Kubernetes: upstream e2e results\n\n{header}\n\n\
-         | Services | suite | ran | passed | failed | skipped at run time | time |\n\
-         |---|---|---|---|---|---|---|\n"
+    let mut md = String::from("# flatnet on real Kubernetes: upstream e2e results\n\n");
+    for report in reports {
+        md.push_str(&format!("- {}: {}\n", report.mode, report.run));
+    }
+    md.push_str(
+        "\n| Services | suite | ran | passed | failed | skipped at run time | time |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for report in reports {
         for suite in &report.suites {
