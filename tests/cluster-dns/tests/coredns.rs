@@ -3,24 +3,23 @@
 //! binary's start-up errors. Loopback only: the binary is never run as a
 //! server here (it would listen on every address).
 
+mod common;
+
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use flatnet_cluster_dns::Corefile;
 use flatnet_cluster_dns::coredns::{self, Listen};
-use hickory_net::client::{Client, ClientHandle};
+use hickory_net::client::Client;
 use hickory_net::proto::op::{DnsResponse, ResponseCode};
-use hickory_net::proto::rr::{DNSClass, Name, RData, RecordType};
+use hickory_net::proto::rr::{RData, RecordType};
 use hickory_net::runtime::TokioRuntimeProvider;
-use hickory_net::tcp::TcpClientStream;
-use hickory_net::udp::UdpClientStream;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+use common::{query, tcp_client, udp_client};
+
 const BINARY: &str = env!("CARGO_BIN_EXE_flatnet-cluster-dns");
 
 /// "DNS should support configurable pod resolv.conf"'s Corefile as
@@ -46,35 +45,6 @@ async fn start(corefile: &str) -> Vec<(u16, SocketAddr)> {
             (listener.port, address)
         })
         .collect()
-}
-
-fn udp_client(server: SocketAddr) -> Client<TokioRuntimeProvider> {
-    let stream = UdpClientStream::builder(server, TokioRuntimeProvider::default())
-        .with_timeout(Some(TIMEOUT))
-        .build();
-    let (client, background) = Client::<TokioRuntimeProvider>::from_sender(stream);
-    tokio::spawn(background);
-    client
-}
-
-async fn tcp_client(server: SocketAddr) -> Client<TokioRuntimeProvider> {
-    let (connect, sender) =
-        TcpClientStream::new(server, None, Some(TIMEOUT), TokioRuntimeProvider::default());
-    let (client, background) =
-        Client::<TokioRuntimeProvider>::with_timeout(connect.await.unwrap(), sender, TIMEOUT);
-    tokio::spawn(background);
-    client
-}
-
-async fn query(
-    client: &mut Client<TokioRuntimeProvider>,
-    name: &str,
-    qtype: RecordType,
-) -> DnsResponse {
-    client
-        .query(Name::from_str(name).unwrap(), DNSClass::IN, qtype)
-        .await
-        .unwrap()
 }
 
 fn data(response: &DnsResponse) -> Vec<String> {

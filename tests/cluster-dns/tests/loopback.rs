@@ -2,29 +2,27 @@
 //! snapshots through its channel instead of an API server, queried with
 //! hickory's client. Loopback only.
 
+mod common;
+
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use flatnet_cluster_dns::{ClusterSnapshot, DnsServer, ZoneConfig, health};
-use hickory_net::client::{Client, ClientHandle};
-use hickory_net::proto::op::{
-    DnsResponse, Edns, Message, MessageType, OpCode, Query, ResponseCode,
-};
-use hickory_net::proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_net::client::Client;
+use hickory_net::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_net::proto::rr::{Name, RData, Record, RecordType};
 use hickory_net::runtime::TokioRuntimeProvider;
-use hickory_net::tcp::TcpClientStream;
-use hickory_net::udp::UdpClientStream;
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use serde_json::json;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-const TIMEOUT: Duration = Duration::from_secs(5);
+use common::{TIMEOUT, query, tcp_client, udp_client};
+
 /// Endpoints of the big headless service: more A records than fit 512
 /// bytes (or EDNS's 1232) over UDP.
 const MANY: usize = 100;
@@ -72,35 +70,6 @@ async fn start(snapshot: ClusterSnapshot) -> (DnsServer, Snapshots) {
     assert!(server.local_addr().ip().is_loopback());
     assert_ne!(server.local_addr().port(), 0);
     (server, sender)
-}
-
-fn udp_client(server: SocketAddr) -> Client<TokioRuntimeProvider> {
-    let stream = UdpClientStream::builder(server, TokioRuntimeProvider::default())
-        .with_timeout(Some(TIMEOUT))
-        .build();
-    let (client, background) = Client::<TokioRuntimeProvider>::from_sender(stream);
-    tokio::spawn(background);
-    client
-}
-
-async fn tcp_client(server: SocketAddr) -> Client<TokioRuntimeProvider> {
-    let (connect, sender) =
-        TcpClientStream::new(server, None, Some(TIMEOUT), TokioRuntimeProvider::default());
-    let (client, background) =
-        Client::<TokioRuntimeProvider>::with_timeout(connect.await.unwrap(), sender, TIMEOUT);
-    tokio::spawn(background);
-    client
-}
-
-async fn query(
-    client: &mut Client<TokioRuntimeProvider>,
-    name: &str,
-    qtype: RecordType,
-) -> DnsResponse {
-    client
-        .query(Name::from_str(name).unwrap(), DNSClass::IN, qtype)
-        .await
-        .unwrap()
 }
 
 fn addresses(records: &[Record]) -> Vec<IpAddr> {
