@@ -8,7 +8,7 @@ pub struct TestCgroup(pub PathBuf);
 
 impl TestCgroup {
     pub fn new(prefix: &str) -> std::io::Result<Self> {
-        let root = flatnet::util::cgroup2_root()?.ok_or_else(|| {
+        let root = flatnet_datapath::util::cgroup2_root()?.ok_or_else(|| {
             std::io::Error::other("no cgroup v2 mount (the socket programs need one)")
         })?;
         let dir = root.join(crate::unique(prefix));

@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use flatnet::datapath::Datapath;
+use flatnet_datapath::bpf::Datapath;
 use serde_json::Value;
 
 use crate::*;
@@ -90,7 +90,7 @@ impl SimNode {
     }
 
     pub fn ready_marker(&self) -> PathBuf {
-        flatnet::network::markers::ready_marker(&self.network)
+        flatnet_datapath::node::markers::ready_marker(&self.network)
     }
 
     /// flatnet-agent with this node's network, directories and pin root,
@@ -369,21 +369,21 @@ impl Drop for SimNode {
     fn drop(&mut self) {
         self.stop_agent();
         for path in [
-            flatnet::network::markers::ready_marker(&self.network),
-            flatnet::network::markers::managed_marker(&self.network),
+            flatnet_datapath::node::markers::ready_marker(&self.network),
+            flatnet_datapath::node::markers::managed_marker(&self.network),
             PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
             // An agent-managed network keeps these past its last DEL; the
             // node's namespace (and its nftables table) goes with the test.
             PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
             // The agent's record of which policies select which pod.
-            flatnet::network::markers::policy_names_file(&self.network),
+            flatnet_datapath::node::markers::policy_names_file(&self.network),
             // What the agent tells ADD of the namespaces' policies.
-            flatnet::network::first_packet::isolation_file(&self.network),
+            flatnet_datapath::node::first_packet::isolation_file(&self.network),
         ] {
             let _ = std::fs::remove_file(path);
         }
         // ADD's pod records (its pods' DELs took theirs).
-        flatnet::network::first_packet::PodRecord::remove_all(&self.network);
+        flatnet_datapath::node::first_packet::PodRecord::remove_all(&self.network);
         let _ = std::fs::remove_dir_all(format!("/run/flatnet/slots-{}", self.network));
     }
 }

@@ -3,9 +3,9 @@
 //! fail for the wrong reasons. [`check`] refuses one, once per process and
 //! binary.
 //!
-//! A binary's sources are every file under plugin/ (less plugin/agent/,
-//! for the binaries of the `flatnet` package), common/ and ebpf/, and
-//! Cargo.lock; `target` directories and hidden files are not sources. It
+//! A binary's sources are every file of the crates it is built from (the
+//! plugin/ crates it links, common/ and ebpf/ for those with the datapath),
+//! and Cargo.lock; `target` directories and hidden files are not sources. It
 //! counts as built when its file was written or, if later, when cargo last
 //! rewrote the dep-info file beside it (`<binary>.d`): cargo does that on
 //! every build that finds the binary up to date, so a binary cargo has
@@ -17,17 +17,26 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-/// The agent's binary: built from plugin/agent/ as well.
-const AGENT: &str = "flatnet-agent";
-
 /// What a binary is built from, relative to the workspace root, and the
 /// directories among them it is not built from.
 pub fn sources_of(binary: &str) -> (&'static [&'static str], &'static [&'static str]) {
-    const SOURCES: &[&str] = &["plugin", "common", "ebpf", "Cargo.lock"];
-    if binary == AGENT {
-        (SOURCES, &[])
-    } else {
-        (SOURCES, &["plugin/agent"])
+    /// flatnet-ipam speaks CNI and keeps files: no kernel layer.
+    const IPAM: &[&str] = &["plugin/cni", "plugin/ipam", "Cargo.lock"];
+    /// The plugin: CNI, the kernel layer and the eBPF object in it.
+    const PLUGIN: &[&str] = &[
+        "plugin/cni",
+        "plugin/datapath",
+        "plugin/flatnet",
+        "common",
+        "ebpf",
+        "Cargo.lock",
+    ];
+    /// The agent links every crate of plugin/.
+    const AGENT: &[&str] = &["plugin", "common", "ebpf", "Cargo.lock"];
+    match binary {
+        "flatnet-ipam" => (IPAM, &[]),
+        "flatnet-agent" => (AGENT, &[]),
+        _ => (PLUGIN, &[]),
     }
 }
 
@@ -108,7 +117,7 @@ pub fn compare(
     match newest {
         Some((source, modified)) if modified > built => Err(format!(
             "{} is older than its sources ({} changed after it was built): run `cargo xtask \
-             test` or `cargo build -p flatnet -p flatnet-agent --bins`",
+             test` or `cargo build -p flatnet -p flatnet-ipam -p flatnet-agent --bins`",
             binary.display(),
             source.strip_prefix(root).unwrap_or(&source).display()
         )),
@@ -169,7 +178,10 @@ mod tests {
     fn built(binaries: &[&str]) -> Tree {
         let tree = Tree::new();
         for source in [
-            "plugin/src/lib.rs",
+            "plugin/cni/src/lib.rs",
+            "plugin/ipam/src/lib.rs",
+            "plugin/datapath/src/lib.rs",
+            "plugin/flatnet/src/lib.rs",
             "plugin/agent/src/main.rs",
             "common/src/lib.rs",
             "ebpf/src/main.rs",
@@ -193,19 +205,20 @@ mod tests {
     #[test]
     fn a_source_changed_after_the_build_is_named() {
         for source in [
-            "plugin/src/cmd/add.rs",
-            "plugin/build.rs",
+            "plugin/flatnet/src/verbs/add.rs",
+            "plugin/datapath/build.rs",
+            "plugin/cni/src/result.rs",
             "common/src/lib.rs",
             "ebpf/src/pod.rs",
             "Cargo.lock",
         ] {
-            let tree = built(&["flatnet-ipam"]);
+            let tree = built(&["flatnet"]);
             tree.file(source, 11);
-            let error = tree.compare("flatnet-ipam").unwrap_err();
+            let error = tree.compare("flatnet").unwrap_err();
             assert!(
-                error.contains("flatnet-ipam is older than its sources")
+                error.contains("flatnet is older than its sources")
                     && error.contains(&format!("({source} changed after it was built)"))
-                    && error.contains("cargo build -p flatnet -p flatnet-agent --bins"),
+                    && error.contains("cargo build -p flatnet -p flatnet-ipam -p flatnet-agent --bins"),
                 "{error}"
             );
         }
@@ -220,11 +233,21 @@ mod tests {
     }
 
     #[test]
+    fn the_ipam_plugin_is_built_from_cni_and_ipam_alone() {
+        let tree = built(&["flatnet-ipam"]);
+        tree.file("plugin/datapath/src/bpf/mod.rs", 11);
+        tree.file("ebpf/src/pod.rs", 11);
+        assert_eq!(tree.compare("flatnet-ipam"), Ok(()));
+        tree.file("plugin/ipam/src/store.rs", 12);
+        assert!(tree.compare("flatnet-ipam").is_err());
+    }
+
+    #[test]
     fn build_output_and_hidden_files_are_not_sources() {
         let tree = built(&["flatnet"]);
         tree.file("ebpf/target/bpfel-unknown-none/release/flatnet", 20);
-        tree.file("plugin/target/x", 20);
-        tree.file("plugin/src/.lib.rs.swp", 20);
+        tree.file("plugin/flatnet/target/x", 20);
+        tree.file("plugin/flatnet/src/.lib.rs.swp", 20);
         assert_eq!(tree.compare("flatnet"), Ok(()));
     }
 

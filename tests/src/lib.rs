@@ -12,8 +12,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use flatnet::datapath::Datapath;
-use flatnet::net::AttachmentNames;
+use flatnet_datapath::bpf::Datapath;
+use flatnet_datapath::netlink::AttachmentNames;
 
 pub mod cgroup;
 pub mod cluster;
@@ -187,8 +187,8 @@ impl Drop for Network {
         // wait on is unsafe); a test network is the test's alone.
         let _ = std::fs::remove_file(format!(
             "{}/{}.lock",
-            flatnet::lock::LOCK_DIR,
-            flatnet::lock::network(&self.name)
+            flatnet_datapath::lock::LOCK_DIR,
+            flatnet_datapath::lock::network(&self.name)
         ));
     }
 }

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use aya::programs::tc::SchedClassifier;
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use aya_obj::programs::XdpAttachType;
-use flatnet::cni::config::DatapathMode;
-use flatnet::datapath::{Datapath, ensure_bpffs_at};
+use flatnet::config::DatapathMode;
+use flatnet_datapath::bpf::{Datapath, ensure_bpffs_at};
 
 /// tc verdicts (linux/pkt_cls.h). flatnet hands frames on with "next"
 /// (`TC_ACT_UNSPEC`, -1; `TCX_NEXT`), so later programs and the legacy

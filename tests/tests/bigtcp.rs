@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 
-use flatnet::net::{GsoLimits, Netlink};
+use flatnet_datapath::netlink::{GsoLimits, Netlink};
 use flatnet_tests::*;
 use serde_json::json;
 

@@ -234,7 +234,7 @@ fn what_the_fast_path_cannot_route_falls_back_to_the_host_stack() {
 /// The elements of `node`'s IPv4 no-masquerade set, as CIDRs; None when
 /// the set does not exist.
 fn no_masq_elements(node: &SimNode) -> Option<Vec<String>> {
-    let set = flatnet::masq::no_masq_set(&node.network, true);
+    let set = flatnet_datapath::masquerade::no_masq_set(&node.network, true);
     let out = Command::new("ip")
         .args([
             "netns",
@@ -406,7 +406,7 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
         no_masq_elements(n1).is_some_and(|e| !e.is_empty())
     });
     assert!(uplink_program_attached(n1));
-    let managed = flatnet::network::markers::managed_marker(&n1.network);
+    let managed = flatnet_datapath::node::markers::managed_marker(&n1.network);
     assert!(managed.exists());
 
     // As the uninstall DaemonSet does it: the agent gone first.
@@ -645,7 +645,7 @@ fn a_plugin_of_another_build_never_replaces_the_agents_datapath() {
     // The agent of "another build": its programs pinned under that id.
     n1.stop_agent();
     let pins = n1.datapath().pin_dir().to_path_buf();
-    let own = format!("-{}", flatnet::datapath::DATAPATH_ID);
+    let own = format!("-{}", flatnet_datapath::bpf::DATAPATH_ID);
     for entry in std::fs::read_dir(&pins).expect("pins").flatten() {
         let name = entry.file_name().into_string().expect("a pin name");
         if let Some(program) = name.strip_suffix(&own) {
@@ -657,7 +657,7 @@ fn a_plugin_of_another_build_never_replaces_the_agents_datapath() {
     let netns = Netns::new();
     let out = n1.cni("ADD", Some(("ctr-other-build", &netns.path())));
     out.assert_error(101, OTHER_BUILD);
-    out.assert_error(101, flatnet::datapath::DATAPATH_ID);
+    out.assert_error(101, flatnet_datapath::bpf::DATAPATH_ID);
     // Nothing of the failed ADD is left, and the other build stays pinned.
     let links_after = run_ok(Command::new("ip").args(["-n", &n1.netns.name, "-o", "link"]));
     assert_eq!(
@@ -811,10 +811,7 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
     drop(pod);
     // The node's last pod is gone, but the agent's datapath stays pinned
     // (the next ADD must not load it) and STATUS still answers ready.
-    assert!(
-        node.datapath()
-            .is_loaded(flatnet::cni::config::DatapathMode::Tc)
-    );
+    assert!(node.datapath().is_loaded(flatnet::config::DatapathMode::Tc));
     assert!(node.cni("STATUS", None).success());
     node.stop_agent();
     drop(served);

@@ -25,10 +25,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use flatnet::datapath::Datapath;
-use flatnet::net::AttachmentNames;
 use flatnet_agent::install::{ConflistSpec, render_conflist};
 use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS, action};
+use flatnet_datapath::bpf::Datapath;
+use flatnet_datapath::netlink::AttachmentNames;
 use flatnet_tests::containerd::{BUSYBOX_IMAGE, Containerd, TOOLS, TestImages};
 use flatnet_tests::cri::{CriClient, PodSpec, SandboxStatus};
 use flatnet_tests::*;
@@ -207,7 +207,7 @@ impl Node {
         let spec = ConflistSpec {
             network: node.network.clone(),
             bridge: node.bridge.clone(),
-            datapath: flatnet::cni::config::DatapathMode::Tc,
+            datapath: flatnet::config::DatapathMode::Tc,
             mtu: None,
             ip_masq: false,
             ipam_data_dir: Some(node.ipam_dir.clone()),
@@ -418,8 +418,8 @@ impl Drop for Node {
         let _ = std::fs::remove_dir_all(&self.pin_root);
         let _ = std::fs::remove_file(format!(
             "{}/{}.lock",
-            flatnet::lock::LOCK_DIR,
-            flatnet::lock::network(&self.network)
+            flatnet_datapath::lock::LOCK_DIR,
+            flatnet_datapath::lock::network(&self.network)
         ));
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -241,10 +241,7 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
     }
     let net = Network::host_local();
     let pod = net.pod();
-    assert!(
-        net.datapath()
-            .is_loaded(flatnet::cni::config::DatapathMode::Tc)
-    );
+    assert!(net.datapath().is_loaded(flatnet::config::DatapathMode::Tc));
     assert!(link_exists(&net.gateway_device));
     let gateway_index =
         std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", net.gateway_device)).unwrap();

@@ -4,12 +4,12 @@
 
 use std::process::Command;
 
-use flatnet::cni::config::DatapathMode;
-use flatnet::datapath::DATAPATH_ID;
+use flatnet::config::DatapathMode;
 use flatnet_common::{
     MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_EVENTS, MAP_POLICY_FLOWS,
     MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
 };
+use flatnet_datapath::bpf::DATAPATH_ID;
 use flatnet_tests::*;
 
 /// IDs of the programs at tc ingress of a host interface: tcx links and

@@ -14,7 +14,7 @@ struct MasqGuard(String);
 
 impl Drop for MasqGuard {
     fn drop(&mut self) {
-        let _ = flatnet::masq::remove(&self.0);
+        let _ = flatnet_datapath::masquerade::remove(&self.0);
     }
 }
 
@@ -96,5 +96,5 @@ fn without_ip_masq_nothing_is_installed() {
     let net = Network::host_local();
     let _pod = net.pod();
     assert_eq!(rules_of(&net.name), 0);
-    assert!(!flatnet::masq::installed(&net.name));
+    assert!(!flatnet_datapath::masquerade::installed(&net.name));
 }

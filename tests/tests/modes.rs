@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use flatnet::cni::config::DatapathMode;
+use flatnet::config::DatapathMode;
 use flatnet_common::action;
 use flatnet_tests::*;
 use serde_json::json;

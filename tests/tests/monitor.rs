@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use flatnet::datapath::{PolicyPortRange, PolicyPorts, PolicyRule};
-use flatnet::network::markers::policy_names_file;
 use flatnet_agent::metrics::{AgentMetrics, registry, render};
+use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::node::markers::policy_names_file;
 use flatnet_tests::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -1692,7 +1692,7 @@ fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
             json!({"podSelector": only("a"), "policyTypes": ["Ingress"]}),
         ),
     );
-    use flatnet::network::first_packet::{Directions, Isolation};
+    use flatnet_datapath::node::first_packet::{Directions, Isolation};
     wait_until(
         "the agent to write the namespaces' isolation",
         SETTLE,

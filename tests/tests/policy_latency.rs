@@ -188,7 +188,7 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
             .iter()
             .any(|(direction, rule)| {
                 *direction == flatnet_common::POLICY_DIR_INGRESS
-                    && matches!(&rule.ports, flatnet::datapath::PolicyPorts::Ranges(ranges)
+                    && matches!(&rule.ports, flatnet_datapath::bpf::PolicyPorts::Ranges(ranges)
                         if ranges.iter().any(|r| i32::from(r.first) <= port && port <= i32::from(r.last)))
             })
     };

@@ -19,15 +19,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use flatnet::cni::config::DatapathMode;
-use flatnet::datapath::Shaping;
-use flatnet::datapath::{PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet::config::DatapathMode;
 use flatnet_common::{
     Counter, Endpoint, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_EVENTS_BYTES, POLICY_F_EGRESS,
     POLICY_F_INGRESS, POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT,
     PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_TO_POD, PolicyEvent, SOURCES_F_MORE,
     action,
 };
+use flatnet_datapath::bpf::Shaping;
+use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule};
 use flatnet_tests::test_run::{
     Outcome, ScratchDatapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_NEXT, XDP_DROP, XDP_PASS,
     XDP_REDIRECT, XDP_TX, run_tc, run_xdp,
@@ -2526,7 +2526,7 @@ fn policy_to_pod_judges_what_the_stack_delivers_and_trusts_the_node() {
     // to_pod went onto B's host veth egress, on a pinned tcx link.
     assert!(
         datapath
-            .link_path(flatnet::datapath::LinkRole::ToPod, "host-b")
+            .link_path(flatnet_datapath::bpf::LinkRole::ToPod, "host-b")
             .exists()
     );
     for family in FAMILIES {

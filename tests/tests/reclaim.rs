@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flatnet::net::AttachmentNames;
+use flatnet_datapath::netlink::AttachmentNames;
 use flatnet_tests::cluster::{Cluster, SimNode};
 use flatnet_tests::containerd::{Containerd, TOOLS, TestImages};
 use flatnet_tests::cri::{CriClient, PodSpec};

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use flatnet::datapath::{service_backend, service_key};
+use flatnet_datapath::bpf::{service_backend, service_key};
 use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::*;
 use serde_json::Value;

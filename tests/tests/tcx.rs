@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use flatnet::datapath::{ATTACH_ENV, LinkRole};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS};
+use flatnet_datapath::bpf::{ATTACH_ENV, LinkRole};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 

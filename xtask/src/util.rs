@@ -139,14 +139,7 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
     if !static_bins.is_empty() {
         let triple = host_triple()?;
         let mut cmd = cargo();
-        cmd.args([
-            "build",
-            "--release",
-            "--package",
-            "flatnet",
-            "--target",
-            &triple,
-        ])
+        cmd.args(["build", "--release", "--target", &triple])
         .env(
             format!(
                 "CARGO_TARGET_{}_RUSTFLAGS",
@@ -155,7 +148,8 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
             "-C target-feature=+crt-static",
         );
         for bin in &static_bins {
-            cmd.args(["--bin", bin]);
+            // Each binary is its own package's (plugin/flatnet, plugin/ipam, plugin/agent).
+            cmd.args(["--package", bin, "--bin", bin]);
         }
         run_cmd(&mut cmd)?;
     }
@@ -165,16 +159,14 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
     let mut cmd = cargo();
     cmd.arg("build");
     if dynamic_bins.is_empty() {
-        // Every binary: the plugins' crate and the agent's.
-        cmd.args(["--package", "flatnet", "--package", AGENT_PACKAGE, "--bins"]);
+        // Every binary: the plugins' crates and the agent's.
+        for package in ["flatnet", "flatnet-ipam", AGENT_PACKAGE] {
+            cmd.args(["--package", package]);
+        }
+        cmd.arg("--bins");
     } else {
         for bin in &dynamic_bins {
-            let package = if *bin == AGENT_PACKAGE {
-                AGENT_PACKAGE
-            } else {
-                "flatnet"
-            };
-            cmd.args(["--package", package, "--bin", bin]);
+            cmd.args(["--package", bin, "--bin", bin]);
         }
     }
     if release {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 use flatnet_common::PIN_ROOT;
 
-use flatnet::cni::config::DatapathMode;
+use flatnet_datapath::DatapathMode;
 
 /// Where the agent learns the cluster's nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

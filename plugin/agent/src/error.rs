@@ -33,9 +33,14 @@ pub enum AgentError {
     #[error("kubeconfig: {0}")]
     KubeConfig(#[from] kube::config::InferConfigError),
 
-    /// Loading, pinning, attaching or a kernel operation (plugin code).
+    /// Loading, pinning, attaching or a kernel operation (the kernel layer,
+    /// flatnet-datapath: the same messages a CNI ADD would give).
     #[error(transparent)]
-    Node(#[from] flatnet::cni::error::Error),
+    Node(#[from] flatnet_datapath::Error),
+
+    /// The network configuration the agent writes did not validate.
+    #[error(transparent)]
+    NetConf(#[from] flatnet_cni::error::Error),
 
     /// A route request to the kernel failed.
     #[error("{context}: {reason}")]

@@ -12,8 +12,8 @@ use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
 use super::error::{AgentError, Result};
-use flatnet::cni::config::DatapathMode;
-use flatnet::network::markers::AGENT_MANAGED_KEY;
+use flatnet_datapath::DatapathMode;
+use flatnet_datapath::node::markers::AGENT_MANAGED_KEY;
 
 /// The binaries a node needs, installed side by side.
 pub const BINARIES: [&str; 2] = ["flatnet", "flatnet-ipam"];
@@ -287,7 +287,7 @@ fn parse_release(about: &str) -> Option<semver::Version> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flatnet::cni::config::NetConf;
+    use flatnet::config::NetConf;
 
     fn spec() -> ConflistSpec {
         ConflistSpec {

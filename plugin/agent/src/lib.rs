@@ -10,7 +10,7 @@
 //! Its own crate, on top of the plugin's library: the `flatnet` and
 //! `flatnet-ipam` binaries never build its Kubernetes client, HTTP server
 //! or metrics. What the plugin and the agent share about a network (its
-//! lifecycle, the ready markers) is in `flatnet::network`.
+//! lifecycle, the ready markers) is in `flatnet_datapath::node`.
 
 pub mod config;
 pub mod cri;

@@ -46,7 +46,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::error::{AgentError, Result};
-use flatnet::datapath::Datapath;
+use flatnet_datapath::bpf::Datapath;
 
 /// The agent's own metrics, updated as it works.
 #[derive(Debug, Default, Clone)]

@@ -106,7 +106,7 @@ pub fn plan(nodes: &[Node], me: &str) -> Plan {
             claimed.push((peer.name.clone(), *cidr));
             plan.routes.push(PeerRoute {
                 node: peer.name.clone(),
-                cidr: flatnet::util::normalized(*cidr),
+                cidr: flatnet_datapath::util::normalized(*cidr),
                 via,
             });
         }

@@ -16,9 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
-use flatnet::datapath::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
 
-use flatnet::network::markers::policy_names_file;
+use flatnet_datapath::node::markers::policy_names_file;
 
 use super::error::{AgentError, Result};
 use super::install::write_atomically;
@@ -295,7 +295,7 @@ impl<S: PolicySink> PolicySync<S> {
     }
 }
 
-/// The datapath's policy maps (`flatnet::datapath`'s policy API): a pod is
+/// The datapath's policy maps (`flatnet_datapath::bpf`'s policy API): a pod is
 /// found by its address (its counter slot), an isolated direction becomes
 /// its table, a pod isolated in neither direction is cleared.
 pub struct DatapathSink {

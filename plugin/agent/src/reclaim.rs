@@ -29,8 +29,8 @@ use super::config::Args;
 use super::cri::Runtime;
 use super::error::{AgentError, Result};
 use super::metrics::{AgentMetrics, RangeLabel};
-use flatnet::ipam::config::DEFAULT_DATA_DIR;
-use flatnet::ipam::store::{AllocationStore, DiskStore};
+use flatnet_ipam::config::DEFAULT_DATA_DIR;
+use flatnet_ipam::store::{AllocationStore, DiskStore};
 
 /// One attachment of the network: what CNI calls (container id, ifname).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -271,7 +271,7 @@ impl Reclaimer {
 
 /// The attachments flatnet-ipam's store holds (empty when there is no
 /// store yet). The store's lock is held only while reading.
-fn allocations(store_dir: &Path) -> Result<Vec<flatnet::ipam::store::Record>> {
+fn allocations(store_dir: &Path) -> Result<Vec<flatnet_ipam::store::Record>> {
     if !store_dir.exists() {
         return Ok(Vec::new());
     }

@@ -1,4 +1,4 @@
-//! ADD's pod records (`flatnet::network::first_packet`), watched: each one
+//! ADD's pod records (`flatnet_datapath::node::first_packet`), watched: each one
 //! written or removed wakes the policy computation, so a new pod's policy
 //! (and its address in its peers' tables) is written milliseconds after
 //! its ADD rather than after kubelet reports its IP.

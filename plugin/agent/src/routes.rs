@@ -16,7 +16,7 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::error::{AgentError, Result};
 use super::peers::PeerRoute;
-use flatnet::net::errno;
+use flatnet_datapath::netlink::errno;
 
 /// The route protocol flatnet's routes carry: `ip route show proto 102`.
 /// (Numbers up to 99 and the routing daemons' 186..=192 are taken in

@@ -30,15 +30,15 @@ use super::reclaim::Reclaimer;
 use super::records_watch;
 use super::routes::Routes;
 use super::service_sync::{self, ServiceSync};
-use flatnet::cni::config::NetConf;
-use flatnet::datapath::{
+use flatnet::config::NetConf;
+use flatnet_datapath::bpf::{
     self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
 };
-use flatnet::masq;
-use flatnet::net::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
-use flatnet::network::ensure_datapath;
-use flatnet::network::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
-use flatnet::network::markers as ready;
+use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
+use flatnet_datapath::node::ensure_datapath;
+use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use flatnet_datapath::node::markers as ready;
 
 /// tc filter priority and handle of `from_uplink` on the uplink: its own
 /// slot, so other tc users of the uplink keep theirs, and a restart or an
@@ -276,7 +276,7 @@ pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
         "name": args.network,
         "type": "flatnet",
         "bridge": args.bridge,
-        "datapath": flatnet::cni::config::DatapathMode::from(args.datapath).as_str(),
+        "datapath": flatnet_datapath::DatapathMode::from(args.datapath).as_str(),
         "pinRoot": args.pin_root.display().to_string(),
     });
     Ok(NetConf::parse(conf.to_string().as_bytes())?)
@@ -284,7 +284,7 @@ pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
 
 /// Removes `path`; true when it was there.
 pub(super) fn remove_if_present(path: &Path) -> Result<bool> {
-    flatnet::util::remove_file_if_present(path)
+    flatnet_datapath::util::remove_file_if_present(path)
         .map_err(|e| AgentError::io(format!("removing {}", path.display()), e))
 }
 
@@ -348,9 +348,9 @@ impl Agent {
             ipv6: read_sysctl(IPV6_FORWARD).is_some(),
         }
         .ensure()?;
-        datapath::ensure_bpffs_at(&args.pin_root)?;
+        bpf::ensure_bpffs_at(&args.pin_root)?;
         let host = Netlink::connect()?;
-        drop(ensure_datapath(&conf, &datapath, &host).await?);
+        drop(ensure_datapath(&conf.node_network(), &datapath, &host).await?);
         install::write_atomically(
             &ready::managed_marker(&args.network),
             format!("{node_name}\n").as_bytes(),
@@ -559,7 +559,7 @@ impl Agent {
     /// counted, kept out of the fast path, and the pass goes on.
     async fn sync(&mut self, plan: &Plan) -> Result<()> {
         // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
-        drop(ensure_datapath(&self.conf, &self.datapath, &self.host).await?);
+        drop(ensure_datapath(&self.conf.node_network(), &self.datapath, &self.host).await?);
         let outcome = self.routes.sync(&plan.routes).await?;
         for cidr in &outcome.written {
             tracing::info!(%cidr, "route to a peer written");
@@ -631,14 +631,14 @@ impl Agent {
     /// not: what matters is that the destination is a pod.
     async fn sync_no_masquerade(&self, plan: &Plan) -> Result<()> {
         let network = self.args.network.clone();
-        if !self.args.ip_masq && !masq::installed(&network) {
+        if !self.args.ip_masq && !masquerade::installed(&network) {
             return Ok(());
         }
         let cidrs: Vec<IpNetwork> = plan.routes.iter().map(|r| r.cidr).collect();
         let count = cidrs.len();
         // nft and the nftables lock block: off the async thread.
         let changed =
-            tokio::task::spawn_blocking(move || masq::set_unmasqueraded(&network, &cidrs))
+            tokio::task::spawn_blocking(move || masquerade::set_unmasqueraded(&network, &cidrs))
                 .await
                 .map_err(|e| AgentError::Config(format!("the nftables task failed: {e}")))??;
         if changed {
@@ -848,7 +848,7 @@ fn own_directory() -> Result<PathBuf> {
 
 /// Where cgroup v2 is mounted (its root holds every process of the node).
 fn cgroup2_root() -> Result<PathBuf> {
-    flatnet::util::cgroup2_root()
+    flatnet_datapath::util::cgroup2_root()
         .map_err(|e| AgentError::io("reading /proc/self/mounts", e))?
         .ok_or_else(|| {
             AgentError::Config(

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
-use flatnet::datapath::{Datapath, service_backend, service_key};
+use flatnet_datapath::bpf::{Datapath, service_backend, service_key};
 
 use crate::metrics::AgentMetrics;
 use crate::services::Frontend;
@@ -92,7 +92,7 @@ pub struct ServiceSync {
 
 impl ServiceSync {
     /// Adopts what the maps hold (a restarted agent's predecessor wrote it).
-    pub fn start(datapath: Datapath, metrics: AgentMetrics) -> flatnet::cni::error::Result<Self> {
+    pub fn start(datapath: Datapath, metrics: AgentMetrics) -> flatnet_datapath::Result<Self> {
         let mut written = BTreeMap::new();
         let mut next_id = 1;
         for (key, value) in datapath.service_frontends()? {
@@ -101,10 +101,10 @@ impl ServiceSync {
                 .service_backends(&key)?
                 .unwrap_or_default()
                 .iter()
-                .map(flatnet::datapath::backend_address)
+                .map(flatnet_datapath::bpf::backend_address)
                 .collect();
             written.insert(
-                flatnet::datapath::frontend_of(&key),
+                flatnet_datapath::bpf::frontend_of(&key),
                 Target {
                     backends,
                     affinity_secs: value.affinity_secs,

@@ -24,13 +24,13 @@ use super::config::Args;
 use super::error::{AgentError, Result};
 use super::routes::Routes;
 use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
-use flatnet::datapath::Datapath;
-use flatnet::masq;
-use flatnet::net::{Netlink, errno};
-use flatnet::network::first_packet;
-use flatnet::network::markers::{self as ready, AGENT_MANAGED_KEY};
-use flatnet::network::remove_unused;
 use flatnet_common::PROG_FROM_UPLINK;
+use flatnet_datapath::bpf::Datapath;
+use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::{Netlink, errno};
+use flatnet_datapath::node::first_packet;
+use flatnet_datapath::node::markers::{self as ready, AGENT_MANAGED_KEY};
+use flatnet_datapath::node::remove_unused;
 
 /// Runs every step; an error names the steps that failed.
 pub async fn uninstall(args: Args) -> Result<()> {
@@ -88,7 +88,7 @@ pub async fn uninstall(args: Args) -> Result<()> {
     }
     note(
         "no-masquerade sets",
-        masq::forget_unmasqueraded(&network).map_err(AgentError::from),
+        masquerade::forget_unmasqueraded(&network).map_err(AgentError::from),
     );
     note("peer routes", remove_routes().await);
     let (connection, handle, _) =
@@ -279,7 +279,7 @@ async fn release_if_unused(datapath: &Datapath, network: &str, gateway: &str) ->
 mod tests {
     use super::*;
     use crate::install::{ConflistSpec, render_conflist};
-    use flatnet::cni::config::DatapathMode;
+    use flatnet_datapath::DatapathMode;
 
     #[test]
     fn only_the_agents_own_conflist_counts_as_its_own() {

@@ -19,10 +19,10 @@
 use std::net::IpAddr;
 
 use anyhow::{Context, bail, ensure};
-use flatnet::datapath::Datapath;
 use flatnet_agent::metrics::AgentMetrics;
 use flatnet_agent::policy::{self, Allowed};
 use flatnet_agent::policy_sync::{DatapathSink, PolicySync};
+use flatnet_datapath::bpf::Datapath;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use flatnet::datapath::{service_backend, service_key};
+use flatnet_datapath::bpf::{service_backend, service_key};
 use flatnet_tests::Network;
 use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};

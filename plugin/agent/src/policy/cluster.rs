@@ -18,7 +18,7 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// The addresses of `node`'s pods as their ADD recorded them (by namespace
-/// and name; see `flatnet::network::first_packet`).
+/// and name; see `flatnet_datapath::node::first_packet`).
 #[derive(Debug, Clone, Default)]
 pub struct LocalIps {
     pub node: String,

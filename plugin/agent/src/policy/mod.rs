@@ -39,7 +39,7 @@ pub use table::{Entry, Table};
 
 pub use cluster::LocalIps;
 use cluster::{Cluster, PodView};
-use flatnet::network::first_packet::Isolation;
+use flatnet_datapath::node::first_packet::Isolation;
 use rules::Policy;
 
 /// A pod, by namespace and name.

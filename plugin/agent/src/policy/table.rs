@@ -140,7 +140,7 @@ fn supernets(cidr: IpNetwork) -> impl Iterator<Item = IpNetwork> {
 }
 
 fn normalized(cidr: IpNetwork) -> IpNetwork {
-    flatnet::util::normalized(cidr)
+    flatnet_datapath::util::normalized(cidr)
 }
 
 /// `0.0.0.0/0` and `::/0`: every address.

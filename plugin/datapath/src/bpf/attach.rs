@@ -1,0 +1,383 @@
+//! Which program goes where, and what holds it there.
+//!
+//! On a kernel with tcx (Linux 6.6+), every tc program is attached through
+//! a BPF link (`BPF_TCX_INGRESS`) and XDP through an XDP link, each pinned
+//! under the network's pin directory in `links/`, one per device and role.
+//! A link is what keeps a program on its device: it goes with the device,
+//! an upgrade swaps the program inside it atomically (`bpf_link_update`),
+//! and a pinned link of ours is updated or replaced, never added to, so a
+//! crashed ADD cannot leave a second flatnet program on a hook (a link not
+//! yet pinned dies with the process that made it). flatnet's programs sit
+//! last on their hook: programs others attach there (policy, monitoring)
+//! see the frame first.
+//!
+//! Without tcx, the fallback is what flatnet did before: a direct-action
+//! cls_bpf filter at a fixed priority and handle on a clsact qdisc,
+//! replaced in place by netlink. The choice is probed once per process
+//! (`attach_mode`) and reported by STATUS and `flatnet inspect`.
+
+use std::fs::File;
+use std::sync::OnceLock;
+
+use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions, TcAttachType};
+use aya::programs::xdp::{XdpLink, XdpMode};
+use aya::programs::{SchedClassifier, Xdp};
+
+use super::*;
+use crate::netlink::{Netlink, set_tx_checksum};
+use crate::netns;
+
+/// How tc programs are attached on this kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// BPF links (tcx), pinned.
+    Tcx,
+    /// Netlink cls_bpf filters on a clsact qdisc: the kernel has no tcx.
+    Netlink,
+}
+
+impl AttachMode {
+    pub fn describe(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx (BPF links, pinned under links/)",
+            AttachMode::Netlink => {
+                "netlink cls_bpf filters (no tcx in this kernel, or FLATNET_ATTACH=netlink)"
+            }
+        }
+    }
+}
+
+/// Set to `netlink` to attach with cls_bpf filters even where tcx exists: how
+/// a node ran before tcx, kept so the migration from it can be tested.
+pub const ATTACH_ENV: &str = "FLATNET_ATTACH";
+
+/// Whether this kernel has tcx: asking which programs sit at tcx ingress of
+/// the loopback device succeeds where it exists. Asked once per process.
+pub fn attach_mode() -> AttachMode {
+    static MODE: OnceLock<AttachMode> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        if std::env::var(ATTACH_ENV).is_ok_and(|v| v == "netlink") {
+            return AttachMode::Netlink;
+        }
+        match SchedClassifier::query_tcx("lo", TcAttachType::Ingress) {
+            Ok(_) => AttachMode::Tcx,
+            Err(_) => AttachMode::Netlink,
+        }
+    })
+}
+
+/// The role a link plays, in its pin's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkRole {
+    /// The host-side program on a pod's host veth (named by that veth).
+    HostVeth,
+    /// `pod_xdp_pass` on the pod's own interface (named by the host veth).
+    PodSide,
+    /// `from_uplink` on the node's uplink (named by the uplink).
+    Uplink,
+    /// `to_pod` at tcx egress of a pod's host veth (named by that veth):
+    /// attached when the pod first becomes isolated for ingress.
+    ToPod,
+}
+
+impl LinkRole {
+    fn prefix(self) -> &'static str {
+        match self {
+            LinkRole::HostVeth => "veth",
+            LinkRole::PodSide => "pod",
+            LinkRole::Uplink => "uplink",
+            LinkRole::ToPod => "egress",
+        }
+    }
+
+    /// The tcx hook of the role's program.
+    fn tc_attach_type(self) -> TcAttachType {
+        match self {
+            LinkRole::ToPod => TcAttachType::Egress,
+            _ => TcAttachType::Ingress,
+        }
+    }
+}
+
+fn link_err(context: String, err: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::bpf(&context, err)
+}
+
+impl Datapath {
+    /// Where the network's links are pinned.
+    pub fn links_dir(&self) -> PathBuf {
+        self.dir.join("links")
+    }
+
+    /// Where the link of `role` for device `name` is pinned.
+    pub fn link_path(&self, role: LinkRole, name: &str) -> PathBuf {
+        self.links_dir().join(format!("{}-{name}", role.prefix()))
+    }
+
+    /// Puts this build's tc `program` at tcx ingress (egress for
+    /// `LinkRole::ToPod`) of `ifname` through
+    /// the pinned link of `role`: the link gets the new program in place
+    /// while it still holds its device, else a new link replaces the pin.
+    pub fn attach_tc_link(&self, program: &str, role: LinkRole, ifname: &str) -> Result<()> {
+        let pin = self.link_path(role, ifname);
+        let mut prog = SchedClassifier::from_pin(self.program_path(program))
+            .map_err(|e| link_err(format!("opening {program}"), e))?;
+        if let Ok(pinned) = PinnedLink::from_pin(&pin) {
+            let updated = SchedClassifierLink::try_from(FdLink::from(pinned))
+                .map_err(|e| link_err(format!("reading {}", pin.display()), e))
+                .and_then(|link| {
+                    prog.attach_to_link(link)
+                        .map_err(|e| link_err(format!("updating {}", pin.display()), e))
+                });
+            if let Ok(id) = updated {
+                // Dropping our handle closes an fd: the pin holds the link.
+                drop(prog.take_link(id));
+                return Ok(());
+            }
+            // The link's device is gone (a veth of the same name was made
+            // anew): the pin only names a dead link.
+        }
+        remove_if_there(&pin)?;
+        let id = prog
+            .attach_with_options(
+                ifname,
+                role.tc_attach_type(),
+                TcAttachOptions::TcxOrder(LinkOrder::last()),
+            )
+            .map_err(|e| link_err(format!("attaching {program} to {ifname} (tcx)"), e))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| link_err(format!("taking the link of {program}"), e))?;
+        crate::trace::mark("tcx link made, not pinned yet");
+        pin_link(
+            FdLink::try_from(link).map_err(|e| link_err("a tcx link".into(), e))?,
+            &pin,
+        )
+    }
+
+    /// Puts this build's XDP `program` on `ifname` (in the calling thread's
+    /// namespace) through the pinned XDP link of `role` named `name`: updated
+    /// in place, or replacing a dead pin, or a program attached the old way
+    /// (netlink) on that device.
+    pub fn attach_xdp_link(
+        &self,
+        program: &str,
+        role: LinkRole,
+        name: &str,
+        ifname: &str,
+    ) -> Result<()> {
+        let pin = self.link_path(role, name);
+        let mut prog = Xdp::from_pin(
+            self.program_path(program),
+            aya_obj::programs::XdpAttachType::Interface,
+        )
+        .map_err(|e| link_err(format!("opening {program}"), e))?;
+        if let Ok(pinned) = PinnedLink::from_pin(&pin) {
+            let updated = XdpLink::try_from(FdLink::from(pinned))
+                .map_err(|e| link_err(format!("reading {}", pin.display()), e))
+                .and_then(|link| {
+                    prog.attach_to_link(link)
+                        .map_err(|e| link_err(format!("updating {}", pin.display()), e))
+                });
+            if let Ok(id) = updated {
+                drop(prog.take_link(id));
+                return Ok(());
+            }
+        }
+        remove_if_there(&pin)?;
+        let attached = match prog.attach(ifname, XdpMode::Driver) {
+            Ok(id) => id,
+            // A program attached through netlink (an older flatnet) holds
+            // the device: take it off, then link.
+            Err(_) => {
+                detach_netlink_xdp(ifname)?;
+                prog.attach(ifname, XdpMode::Driver).map_err(|e| {
+                    link_err(format!("attaching {program} to {ifname} (XDP link)"), e)
+                })?
+            }
+        };
+        let link = prog
+            .take_link(attached)
+            .map_err(|e| link_err(format!("taking the link of {program}"), e))?;
+        pin_link(
+            FdLink::try_from(link).map_err(|e| link_err("an XDP link".into(), e))?,
+            &pin,
+        )
+    }
+
+    /// Puts this build's `to_pod` on host veth `ifname`'s egress when the
+    /// veth has one (a pod isolated for ingress): the upgrade's atomic swap
+    /// inside the pinned link, or a new link for a veth made anew.
+    pub fn update_to_pod_link(&self, ifname: &str) -> Result<()> {
+        if self.link_path(LinkRole::ToPod, ifname).exists() {
+            self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, ifname)?;
+        }
+        Ok(())
+    }
+
+    /// Unpins the links of the pod behind host veth `host_veth` (DEL).
+    pub fn unpin_pod_links(&self, host_veth: &str) -> Result<()> {
+        for role in [LinkRole::HostVeth, LinkRole::PodSide, LinkRole::ToPod] {
+            remove_if_there(&self.link_path(role, host_veth))?;
+        }
+        Ok(())
+    }
+
+    /// Unpins every host-veth link whose device is gone (GC, a DEL whose
+    /// veth someone else removed): its pin only holds a dead link.
+    pub fn prune_links(&self) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(self.links_dir()) else {
+            return Ok(());
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let device = ["veth-", "pod-", "egress-"]
+                .iter()
+                .find_map(|prefix| name.strip_prefix(prefix));
+            // Asked of this network namespace (an ioctl on a socket), not
+            // of /sys/class/net: a runtime's mount namespace may hold a
+            // sysfs of another network namespace, which would make every
+            // live device look gone.
+            if let Some(device) = device
+                && nix::net::if_::if_nametoindex(device) == Err(nix::errno::Errno::ENODEV)
+            {
+                remove_if_there(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pins `link` at `path` (its directory made first).
+pub(super) fn pin_link(link: FdLink, path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    }
+    link.pin(path)
+        .map(drop)
+        .map_err(|e| link_err(format!("pinning {}", path.display()), e))
+}
+
+pub(super) fn remove_if_there(path: &Path) -> Result<()> {
+    crate::util::remove_file_if_present(path)
+        .map(drop)
+        .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))
+}
+
+/// Takes a netlink-attached XDP program off `ifname`.
+fn detach_netlink_xdp(ifname: &str) -> Result<()> {
+    let status = std::process::Command::new("ip")
+        .args(["link", "set", "dev", ifname, "xdp", "off"])
+        .status()
+        .map_err(|e| Error::io("running ip link set xdp off", e))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::kernel(
+            format!("taking the old XDP program off {ifname}"),
+            "ip link set xdp off failed",
+        ))
+    }
+}
+
+/// The programs at ingress of device `ifname` (index `index`), by ID and
+/// name: its tcx programs and its cls_bpf filters (either way of attaching,
+/// or both while a node is being moved to tcx).
+pub async fn ingress_programs(
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<Vec<(u32, String)>> {
+    let mut found = Vec::new();
+    if attach_mode() == AttachMode::Tcx
+        && let Ok((_, programs)) = SchedClassifier::query_tcx(ifname, TcAttachType::Ingress)
+    {
+        for info in programs {
+            let name = info.name_as_str().unwrap_or_default().to_string();
+            found.push((info.id(), name));
+        }
+    }
+    found.extend(host.tc_ingress_programs(index).await?);
+    Ok(found)
+}
+
+/// Puts this build's host-side program on a pod's host veth `ifname`
+/// (index `index`), replacing an older one atomically: a tcx link (a node
+/// attached the old way moved over, see `move_to_tcx`), a cls_bpf filter
+/// where tcx is missing, or an XDP link.
+pub async fn attach_host_veth(
+    datapath: &Datapath,
+    mode: DatapathMode,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    match (mode, attach_mode()) {
+        (DatapathMode::Tc, AttachMode::Tcx) => move_to_tcx(datapath, host, index, ifname).await,
+        (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
+        (DatapathMode::Xdp, _) => {
+            datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
+            datapath.update_to_pod_link(ifname)
+        }
+    }
+}
+
+/// `from_pod` as a direct-action cls_bpf filter at its fixed priority and
+/// handle on host veth `index` (clsact added first), created or replaced
+/// in place: the way without tcx, and ADD's quick way onto a new veth
+/// (creating a tcx link waits for an RCU grace period in the kernel, ~10
+/// ms on the test VM, three times the rest of an ADD; the move to tcx
+/// happens after the answer, see `reaper`).
+pub async fn attach_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
+    host.add_clsact(index).await?;
+    let program = datapath.program(PROG_FROM_POD)?;
+    host.set_tc_ingress_bpf(
+        index,
+        program.raw_fd()?,
+        PROG_FROM_POD,
+        TC_PRIORITY,
+        TC_HANDLE,
+    )
+    .await
+}
+
+/// Moves host veth `ifname` (`index`) onto a pinned tcx link of this
+/// build's `from_pod`: the link first (a frame meanwhile meets the link's
+/// program, whose "next" would run the filter's copy after it: the same
+/// verdict), then the cls_bpf filter off, then the clsact qdisc if nothing
+/// else uses it. Idempotent: a veth already on its link gets the program
+/// updated in place.
+pub async fn move_to_tcx(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
+    crate::trace::mark("tcx link pinned");
+    datapath.update_to_pod_link(ifname)?;
+    host.remove_tc_ingress_bpf(index, TC_PRIORITY, TC_HANDLE)
+        .await?;
+    host.remove_clsact_if_unused(index).await
+}
+
+/// XDP mode only, for a new pod: its interface `ifname` (in namespace
+/// `netns`) runs `pod_xdp_pass` through a pinned XDP link, as a veth
+/// accepts XDP-redirected frames only with its NAPI on, which an attached
+/// program turns on; and transmit checksum offload goes off on both ends,
+/// because a frame entering XDP must have its checksums complete (see
+/// `set_tx_checksum`).
+pub fn prepare_pod_for_xdp(
+    datapath: &Datapath,
+    netns: &File,
+    ifname: &str,
+    host_veth: &str,
+) -> Result<()> {
+    netns::within(netns, || {
+        datapath.attach_xdp_link(PROG_POD_XDP_PASS, LinkRole::PodSide, host_veth, ifname)
+    })??;
+    set_tx_checksum(host_veth, false)?;
+    netns::within(netns, || set_tx_checksum(ifname, false))?
+}

@@ -1,0 +1,534 @@
+//! NetworkPolicy in the datapath: what the node agent writes for each local
+//! pod (its isolation, its allowed peers per direction), the node's own
+//! addresses, and what policy dropped. The eBPF side is `ebpf/src/policy.rs`.
+//!
+//! Types here do not depend on the agent: it converts its computed tables
+//! (`Entry { cidr, ports }`) into [`PolicyRule`]s.
+
+use std::collections::HashSet;
+
+use flatnet_common::{
+    LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6,
+    POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
+    POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, PolicyCidrV4, PolicyCidrV6, PolicyDrops, PolicyPod,
+    PolicyRange,
+};
+// The map value; `PolicyPorts` here is the library's own enum.
+use flatnet_common::PolicyPorts as PortsValue;
+
+use super::*;
+
+/// Ports `first..=last` of IP protocol `protocol` (6 TCP, 17 UDP, 132 SCTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyPortRange {
+    pub protocol: u8,
+    pub first: u16,
+    pub last: u16,
+}
+
+/// What a rule allows to or from its prefix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyPorts {
+    /// Every protocol and port (ICMP included).
+    Any,
+    /// Only these (at most `POLICY_MAX_RANGES`); empty: nothing, an
+    /// explicit deny that shadows a shorter prefix (an ipBlock's except).
+    Ranges(Vec<PolicyPortRange>),
+}
+
+/// One entry of a pod's table for one direction: the peers in `cidr` (the
+/// longest prefix holding a peer decides) may use `ports`. A peer in no
+/// rule's prefix is denied.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyRule {
+    pub cidr: IpNetwork,
+    pub ports: PolicyPorts,
+}
+
+/// What policy dropped of one pod's traffic (packets; summed over CPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyDropCounts {
+    pub ingress_packets: u64,
+    pub ingress_bytes: u64,
+    pub egress_packets: u64,
+    pub egress_bytes: u64,
+}
+
+/// The map value of `ports`; an error when it holds too many ranges.
+pub fn ports_value(cidr: &IpNetwork, ports: &PolicyPorts) -> Result<PortsValue> {
+    let mut value = PortsValue::default();
+    match ports {
+        PolicyPorts::Any => value.any = 1,
+        PolicyPorts::Ranges(ranges) => {
+            if ranges.len() > POLICY_MAX_RANGES {
+                return Err(Error::Datapath(format!(
+                    "the policy entry for {cidr} has {} port ranges; an entry holds at most {POLICY_MAX_RANGES}",
+                    ranges.len()
+                )));
+            }
+            for (slot, range) in value.ranges.iter_mut().zip(ranges) {
+                if range.first > range.last {
+                    return Err(Error::Datapath(format!(
+                        "the policy entry for {cidr} has the empty port range {}-{}",
+                        range.first, range.last
+                    )));
+                }
+                *slot = PolicyRange {
+                    protocol: range.protocol,
+                    _pad: 0,
+                    first: range.first,
+                    last: range.last,
+                };
+            }
+            value.count = ranges.len() as u8;
+        }
+    }
+    Ok(value)
+}
+
+fn key_v4(slot: u32, direction: u32, net: &ipnetwork::Ipv4Network) -> LpmKey<PolicyCidrV4> {
+    LpmKey::new(
+        POLICY_KEY_FIXED_BITS + u32::from(net.prefix()),
+        PolicyCidrV4 {
+            slot,
+            direction,
+            address: net.network().octets(),
+        },
+    )
+}
+
+fn key_v6(slot: u32, direction: u32, net: &ipnetwork::Ipv6Network) -> LpmKey<PolicyCidrV6> {
+    LpmKey::new(
+        POLICY_KEY_FIXED_BITS + u32::from(net.prefix()),
+        PolicyCidrV6 {
+            slot,
+            direction,
+            address: net.network().octets(),
+        },
+    )
+}
+
+/// A node address as `LOCAL_ADDRS` keys it (IPv4 mapped into IPv6).
+pub fn local_addr_key(address: IpAddr) -> LocalAddrKey {
+    match address {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+impl Datapath {
+    fn policy_pods(&self) -> Result<Array<MapData, PolicyPod>> {
+        Array::try_from(Map::Array(self.open_map(MAP_POLICY_PODS)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_PODS}"), e))
+    }
+
+    fn policy_v4(&self) -> Result<LpmTrie<MapData, PolicyCidrV4, PortsValue>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_POLICY_V4)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_V4}"), e))
+    }
+
+    fn policy_v6(&self) -> Result<LpmTrie<MapData, PolicyCidrV6, PortsValue>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_POLICY_V6)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_V6}"), e))
+    }
+
+    fn policy_drops_map(&self) -> Result<PerCpuArray<MapData, PolicyDrops>> {
+        PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_POLICY_DROPS)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_DROPS}"), e))
+    }
+
+    /// The counter slot of the local pod with `address` (the index the
+    /// policy API takes); None when no local pod has it.
+    pub fn slot_of(&self, address: IpAddr) -> Result<Option<u32>> {
+        Ok(self
+            .endpoint(address)?
+            .map(|endpoint| endpoint.counter_slot)
+            .filter(|slot| *slot != NO_COUNTER_SLOT))
+    }
+
+    /// The policy state of counter slot `slot`: isolation flags and
+    /// generation.
+    pub fn pod_policy(&self, slot: u32) -> Result<PolicyPod> {
+        self.policy_pods()?
+            .get(&slot, 0)
+            .map_err(|e| Error::bpf("reading a pod's policy", e))
+    }
+
+    /// Makes the pod in counter slot `slot` isolated for ingress and/or
+    /// egress with these tables (None: that direction is not isolated).
+    /// The new entries are written first, then the pod's flags and a new
+    /// generation (from then on its packets meet the new tables, and its
+    /// recorded flows are judged again), then the entries no longer wanted
+    /// are deleted: an isolated pod's table is never seen empty.
+    pub fn set_pod_policy(
+        &self,
+        slot: u32,
+        ingress: Option<&[PolicyRule]>,
+        egress: Option<&[PolicyRule]>,
+    ) -> Result<()> {
+        check_slot(slot)?;
+        // Every value built before anything is written.
+        let mut wanted_v4 = Vec::new();
+        let mut wanted_v6 = Vec::new();
+        for (direction, rules) in [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)] {
+            for rule in rules.unwrap_or_default() {
+                let cidr = crate::util::normalized(rule.cidr);
+                let value = ports_value(&cidr, &rule.ports)?;
+                match cidr {
+                    IpNetwork::V4(net) => wanted_v4.push((key_v4(slot, direction, &net), value)),
+                    IpNetwork::V6(net) => wanted_v6.push((key_v6(slot, direction, &net), value)),
+                }
+            }
+        }
+        let mut v4 = self.policy_v4()?;
+        let mut v6 = self.policy_v6()?;
+        for (key, value) in &wanted_v4 {
+            v4.insert(key, *value, 0)
+                .map_err(|e| Error::bpf("writing a policy entry", e))?;
+        }
+        for (key, value) in &wanted_v6 {
+            v6.insert(key, *value, 0)
+                .map_err(|e| Error::bpf("writing a policy entry", e))?;
+        }
+        let mut flags = 0;
+        if ingress.is_some() {
+            flags |= POLICY_F_INGRESS;
+            // What the host stack delivers into the pod is judged by
+            // `to_pod`, at its host veth's egress: on before the flags.
+            self.ensure_to_pod(slot)?;
+        }
+        if egress.is_some() {
+            flags |= POLICY_F_EGRESS;
+        }
+        self.write_pod_policy(slot, flags)?;
+        let keep_v4: HashSet<(u32, u32, [u8; 4])> = wanted_v4
+            .iter()
+            .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
+            .collect();
+        let keep_v6: HashSet<(u32, u32, [u8; 16])> = wanted_v6
+            .iter()
+            .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
+            .collect();
+        let removed =
+            self.remove_policy_entries(slot, |prefix, direction, address| match address {
+                Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
+                Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
+            })?;
+        // A packet judged between the new generation and these deletions
+        // met the stale entries as well, and its flow was recorded with the
+        // new generation: allowed for good by an entry that is gone. One
+        // more generation has such flows judged again by the final table.
+        if removed > 0 {
+            self.write_pod_policy(slot, flags)?;
+        }
+        Ok(())
+    }
+
+    /// A new pod's policy before the agent has written its own (see
+    /// `network::first_packet`): isolated in `flags`' directions with empty
+    /// tables, so nothing passes there from its first packet on; `to_pod`
+    /// on its host veth `host_veth` first when ingress is isolated (what
+    /// the host stack delivers is judged there). A datapath pinned without
+    /// the policy maps has no policy to start.
+    pub fn start_pod_policy(&self, slot: u32, host_veth: &str, flags: u32) -> Result<()> {
+        if flags == 0 || !self.map_path(MAP_POLICY_PODS).exists() {
+            return Ok(());
+        }
+        check_slot(slot)?;
+        if flags & POLICY_F_INGRESS != 0
+            && attach_mode() == AttachMode::Tcx
+            && !self.link_path(LinkRole::ToPod, host_veth).exists()
+        {
+            self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, host_veth)?;
+        }
+        self.write_pod_policy(slot, flags)
+    }
+
+    /// Attaches `to_pod` to the host veth of the pod in `slot` (a pinned tcx
+    /// link, `links/egress-<veth>`), unless it is there. Only pods isolated
+    /// for ingress get it: the others never pay for it. Creating a tcx link
+    /// waits for an RCU grace period (~10 ms here), paid once per pod.
+    /// Without tcx (an older kernel) it is not attached: ingress policy then
+    /// holds only for what the datapath redirects into the pod.
+    fn ensure_to_pod(&self, slot: u32) -> Result<()> {
+        if attach_mode() != AttachMode::Tcx {
+            return Ok(());
+        }
+        let ifindex = self.sources(slot)?.host_ifindex;
+        let Some(name) = crate::netlink::ifname_of(ifindex) else {
+            return Err(Error::Datapath(format!(
+                "the pod in counter slot {slot} has no host veth (ifindex {ifindex})"
+            )));
+        };
+        if self.link_path(LinkRole::ToPod, &name).exists() {
+            return Ok(());
+        }
+        self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, &name)
+    }
+
+    /// Makes the pod in counter slot `slot` selected by no policy: flags
+    /// first (its packets stop meeting the tables), then its entries. DEL
+    /// and GC call it for a pod's slot, which a later pod may reuse. A
+    /// datapath pinned without the policy maps has nothing to clear.
+    pub fn clear_pod_policy(&self, slot: u32) -> Result<()> {
+        if slot == NO_COUNTER_SLOT || !self.map_path(MAP_POLICY_PODS).exists() {
+            return Ok(());
+        }
+        check_slot(slot)?;
+        let current = self.pod_policy(slot)?;
+        if current.flags != 0 {
+            self.write_pod_policy(slot, 0)?;
+        }
+        self.remove_policy_entries(slot, |_, _, _| true)?;
+        Ok(())
+    }
+
+    /// Writes `flags` for `slot` with the next generation: the generation
+    /// is never reset (a reused slot's new pod never inherits a flow its
+    /// predecessor recorded).
+    fn write_pod_policy(&self, slot: u32, flags: u32) -> Result<()> {
+        let mut pods = self.policy_pods()?;
+        let current = pods
+            .get(&slot, 0)
+            .map_err(|e| Error::bpf("reading a pod's policy", e))?;
+        let value = PolicyPod {
+            flags,
+            generation: current.generation.wrapping_add(1),
+        };
+        pods.set(slot, value, 0)
+            .map_err(|e| Error::bpf("writing a pod's policy", e))
+    }
+
+    /// Removes the policy entries of `slot` that `doomed` selects (prefix
+    /// length as keyed, direction, address); how many there were.
+    fn remove_policy_entries(
+        &self,
+        slot: u32,
+        doomed: impl Fn(u32, u32, Address) -> bool,
+    ) -> Result<usize> {
+        let mut v4 = self.policy_v4()?;
+        let keys: Vec<LpmKey<PolicyCidrV4>> = v4
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| {
+                let data = k.data();
+                data.slot == slot
+                    && doomed(k.prefix_len(), data.direction, Address::V4(data.address))
+            })
+            .collect();
+        let removed = keys.len();
+        for key in keys {
+            ignore_missing(v4.remove(&key))?;
+        }
+        let mut v6 = self.policy_v6()?;
+        let keys: Vec<LpmKey<PolicyCidrV6>> = v6
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| {
+                let data = k.data();
+                data.slot == slot
+                    && doomed(k.prefix_len(), data.direction, Address::V6(data.address))
+            })
+            .collect();
+        let removed = removed + keys.len();
+        for key in keys {
+            ignore_missing(v6.remove(&key))?;
+        }
+        Ok(removed)
+    }
+
+    /// The policy entries of `slot`, as (direction, rule), read back.
+    pub fn pod_policy_rules(&self, slot: u32) -> Result<Vec<(u32, PolicyRule)>> {
+        let mut rules = Vec::new();
+        for entry in self.policy_v4()?.iter() {
+            let (key, value) = entry.map_err(|e| Error::bpf("listing policy entries", e))?;
+            let data = key.data();
+            if data.slot == slot {
+                let cidr = policy_network(IpAddr::from(data.address), key.prefix_len())?;
+                rules.push((data.direction, rule_of(cidr, &value)));
+            }
+        }
+        for entry in self.policy_v6()?.iter() {
+            let (key, value) = entry.map_err(|e| Error::bpf("listing policy entries", e))?;
+            let data = key.data();
+            if data.slot == slot {
+                let cidr = policy_network(IpAddr::from(data.address), key.prefix_len())?;
+                rules.push((data.direction, rule_of(cidr, &value)));
+            }
+        }
+        rules.sort();
+        Ok(rules)
+    }
+
+    /// Makes `LOCAL_ADDRS` hold exactly the node's own `addresses`: traffic
+    /// from them into a pod (kubelet's probes) passes any ingress policy.
+    pub fn set_local_addresses(&self, addresses: &[IpAddr]) -> Result<()> {
+        if addresses.len() > flatnet_common::MAX_LOCAL_ADDRS as usize {
+            return Err(Error::Datapath(format!(
+                "{} node addresses; {MAP_LOCAL_ADDRS} holds at most {}",
+                addresses.len(),
+                flatnet_common::MAX_LOCAL_ADDRS
+            )));
+        }
+        let mut map = self.hash_map::<LocalAddrKey, u32>(MAP_LOCAL_ADDRS)?;
+        let wanted: HashSet<LocalAddrKey> = addresses.iter().map(|a| local_addr_key(*a)).collect();
+        for key in &wanted {
+            map.insert(key, 0, 0)
+                .map_err(|e| Error::bpf("writing a node address", e))?;
+        }
+        let stale: Vec<LocalAddrKey> = map
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !wanted.contains(k))
+            .collect();
+        for key in stale {
+            ignore_missing(map.remove(&key))?;
+        }
+        Ok(())
+    }
+
+    /// What policy dropped of the pod in counter slot `slot`, summed over
+    /// CPUs: (ingress, egress) packets.
+    pub fn policy_drops(&self, slot: u32) -> Result<(u64, u64)> {
+        let counts = self.policy_drop_counts(slot)?;
+        Ok((counts.ingress_packets, counts.egress_packets))
+    }
+
+    /// `policy_drops` with bytes.
+    pub fn policy_drop_counts(&self, slot: u32) -> Result<PolicyDropCounts> {
+        if slot == NO_COUNTER_SLOT {
+            return Ok(PolicyDropCounts::default());
+        }
+        let per_cpu = self
+            .policy_drops_map()?
+            .get(&slot, 0)
+            .map_err(|e| Error::bpf("reading policy drops", e))?;
+        Ok(per_cpu
+            .iter()
+            .fold(PolicyDropCounts::default(), |sum, c| PolicyDropCounts {
+                ingress_packets: sum.ingress_packets + c.ingress_packets,
+                ingress_bytes: sum.ingress_bytes + c.ingress_bytes,
+                egress_packets: sum.egress_packets + c.egress_packets,
+                egress_bytes: sum.egress_bytes + c.egress_bytes,
+            }))
+    }
+
+    /// Zeroes a slot's policy drops (a slot claimed anew).
+    pub(super) fn zero_policy_drops(&self, slot: u32) -> Result<()> {
+        if !self.map_path(MAP_POLICY_DROPS).exists() {
+            return Ok(());
+        }
+        let cpus = nr_cpus().map_err(|(_, e)| Error::bpf("counting CPUs", e))?;
+        let zeros = PerCpuValues::try_from(vec![PolicyDrops::default(); cpus])
+            .map_err(|e| Error::bpf("building per-CPU counters", e))?;
+        self.policy_drops_map()?
+            .set(slot, zeros, 0)
+            .map_err(|e| Error::bpf("zeroing a pod's policy drops", e))
+    }
+}
+
+/// An address of either family, as keyed.
+#[derive(Clone, Copy)]
+enum Address {
+    V4([u8; 4]),
+    V6([u8; 16]),
+}
+
+fn check_slot(slot: u32) -> Result<()> {
+    if slot == NO_COUNTER_SLOT || slot >= MAX_ENDPOINTS {
+        return Err(Error::Datapath(format!(
+            "{slot} is no pod's counter slot (1..{MAX_ENDPOINTS})"
+        )));
+    }
+    Ok(())
+}
+
+fn policy_network(address: IpAddr, prefix_len: u32) -> Result<IpNetwork> {
+    let prefix = prefix_len
+        .checked_sub(POLICY_KEY_FIXED_BITS)
+        .and_then(|p| u8::try_from(p).ok())
+        .unwrap_or(u8::MAX);
+    IpNetwork::new(address, prefix)
+        .map_err(|e| Error::Datapath(format!("a policy key is malformed: {e}")))
+}
+
+fn rule_of(cidr: IpNetwork, value: &PortsValue) -> PolicyRule {
+    let ports = if value.any != 0 {
+        PolicyPorts::Any
+    } else {
+        PolicyPorts::Ranges(
+            value
+                .ranges
+                .iter()
+                .take(usize::from(value.count).min(POLICY_MAX_RANGES))
+                .map(|r| PolicyPortRange {
+                    protocol: r.protocol,
+                    first: r.first,
+                    last: r.last,
+                })
+                .collect(),
+        )
+    };
+    PolicyRule { cidr, ports }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_sets_become_map_values() {
+        let cidr: IpNetwork = "10.0.0.0/8".parse().unwrap();
+        let any = ports_value(&cidr, &PolicyPorts::Any).unwrap();
+        assert_eq!((any.any, any.count), (1, 0));
+        let deny = ports_value(&cidr, &PolicyPorts::Ranges(vec![])).unwrap();
+        assert_eq!((deny.any, deny.count), (0, 0));
+        let ranges = vec![
+            PolicyPortRange {
+                protocol: 6,
+                first: 80,
+                last: 80,
+            },
+            PolicyPortRange {
+                protocol: 17,
+                first: 53,
+                last: 54,
+            },
+        ];
+        let value = ports_value(&cidr, &PolicyPorts::Ranges(ranges.clone())).unwrap();
+        assert_eq!(value.count, 2);
+        assert_eq!(
+            (
+                value.ranges[1].protocol,
+                value.ranges[1].first,
+                value.ranges[1].last
+            ),
+            (17, 53, 54)
+        );
+        assert_eq!(rule_of(cidr, &value).ports, PolicyPorts::Ranges(ranges));
+        let too_many = vec![
+            PolicyPortRange {
+                protocol: 6,
+                first: 1,
+                last: 1,
+            };
+            POLICY_MAX_RANGES + 1
+        ];
+        assert!(ports_value(&cidr, &PolicyPorts::Ranges(too_many)).is_err());
+    }
+
+    #[test]
+    fn local_addresses_are_keyed_in_one_family() {
+        assert_eq!(
+            local_addr_key("192.168.1.2".parse().unwrap()),
+            "::ffff:192.168.1.2"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+        assert_eq!(
+            policy_network(IpAddr::from([10, 0, 0, 0]), 64 + 8).unwrap(),
+            "10.0.0.0/8".parse::<IpNetwork>().unwrap()
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Other nodes' pod CIDRs (the LPM tries the agent keeps).
+
+use super::*;
+
+/// `AF_INET`/`AF_INET6` as `RemoteNode::family` holds them.
+pub(super) const FAMILY_INET: u32 = libc::AF_INET as u32;
+
+pub(super) const FAMILY_INET6: u32 = libc::AF_INET6 as u32;
+
+impl Datapath {
+    pub(super) fn remote_v4(&self) -> Result<LpmTrie<MapData, RemoteCidrV4, RemoteNode>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V4)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_REMOTE_CIDRS_V4}"), e))
+    }
+
+    pub(super) fn remote_v6(&self) -> Result<LpmTrie<MapData, RemoteCidrV6, RemoteNode>> {
+        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V6)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_REMOTE_CIDRS_V6}"), e))
+    }
+
+    /// Other nodes' pod CIDRs the fast path knows, with the node's address.
+    pub fn remote_cidrs(&self) -> Result<Vec<(IpNetwork, IpAddr)>> {
+        let mut found = Vec::new();
+        for entry in self.remote_v4()?.iter() {
+            let (key, node) = entry.map_err(|e| Error::bpf("listing remote CIDRs", e))?;
+            found.push((
+                remote_network(key.prefix_len(), &key.data())?,
+                node_address(&node),
+            ));
+        }
+        for entry in self.remote_v6()?.iter() {
+            let (key, node) = entry.map_err(|e| Error::bpf("listing remote CIDRs", e))?;
+            found.push((
+                remote_network(key.prefix_len(), &key.data())?,
+                node_address(&node),
+            ));
+        }
+        Ok(found)
+    }
+
+    /// Makes the remote-CIDR tries hold exactly `wanted` (CIDR -> node
+    /// address): new and changed entries first, then the ones no longer
+    /// wanted, so a CIDR that stays never misses a packet. Entries already
+    /// right are not written again (the agent calls this at every pass).
+    pub fn set_remote_cidrs(&self, wanted: &[(IpNetwork, IpAddr)]) -> Result<()> {
+        let current: std::collections::HashMap<IpNetwork, IpAddr> =
+            self.remote_cidrs()?.into_iter().collect();
+        let wanted: std::collections::HashMap<IpNetwork, IpAddr> = wanted
+            .iter()
+            .map(|(cidr, node)| (crate::util::normalized(*cidr), *node))
+            .collect();
+        let mut v4 = self.remote_v4()?;
+        let mut v6 = self.remote_v6()?;
+        for (cidr, node) in &wanted {
+            if current.get(cidr) == Some(node) {
+                continue;
+            }
+            let value = remote_node(*node);
+            match cidr {
+                IpNetwork::V4(net) => v4.insert(&remote_key_v4(net), value, 0),
+                IpNetwork::V6(net) => v6.insert(&remote_key_v6(net), value, 0),
+            }
+            .map_err(|e| Error::bpf(format!("inserting remote CIDR {cidr}"), e))?;
+        }
+        for cidr in current.keys().filter(|cidr| !wanted.contains_key(cidr)) {
+            ignore_missing(match cidr {
+                IpNetwork::V4(net) => v4.remove(&remote_key_v4(net)),
+                IpNetwork::V6(net) => v6.remove(&remote_key_v6(net)),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The CIDR an LPM key stands for.
+pub(super) fn remote_network(prefix_len: u32, data: &[u8]) -> Result<IpNetwork> {
+    let ip = match data.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(data).unwrap_or_default()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(data).unwrap_or_default()),
+    };
+    let prefix = u8::try_from(prefix_len).unwrap_or(u8::MAX);
+    IpNetwork::new(ip, prefix)
+        .map_err(|e| Error::Datapath(format!("a remote CIDR key is malformed: {e}")))
+}
+
+pub(super) fn remote_key_v4(net: &ipnetwork::Ipv4Network) -> LpmKey<RemoteCidrV4> {
+    LpmKey::new(u32::from(net.prefix()), net.network().octets())
+}
+
+pub(super) fn remote_key_v6(net: &ipnetwork::Ipv6Network) -> LpmKey<RemoteCidrV6> {
+    LpmKey::new(u32::from(net.prefix()), net.network().octets())
+}
+
+pub(super) fn remote_node(address: IpAddr) -> RemoteNode {
+    let mut value = RemoteNode::default();
+    match address {
+        IpAddr::V4(v4) => {
+            value.node_address[..4].copy_from_slice(&v4.octets());
+            value.family = FAMILY_INET;
+        }
+        IpAddr::V6(v6) => {
+            value.node_address = v6.octets();
+            value.family = FAMILY_INET6;
+        }
+    }
+    value
+}
+
+pub(super) fn node_address(node: &RemoteNode) -> IpAddr {
+    if node.family == FAMILY_INET6 {
+        IpAddr::from(node.node_address)
+    } else {
+        let mut v4 = [0u8; 4];
+        v4.copy_from_slice(&node.node_address[..4]);
+        IpAddr::from(v4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_keys_and_values_round_trip() {
+        let net: IpNetwork = "10.244.3.0/24".parse().unwrap();
+        assert_eq!(remote_network(24, &[10, 244, 3, 0]).unwrap(), net);
+        let v6: IpNetwork = "fd00:10::/64".parse().unwrap();
+        let IpNetwork::V6(inner) = v6 else {
+            unreachable!()
+        };
+        assert_eq!(remote_network(64, &inner.network().octets()).unwrap(), v6);
+        assert!(remote_network(33, &[10, 0, 0, 0]).is_err());
+        for address in ["172.31.0.2", "fd00::2"] {
+            let ip: IpAddr = address.parse().unwrap();
+            assert_eq!(node_address(&remote_node(ip)), ip);
+        }
+        assert_eq!(
+            crate::util::normalized("10.1.2.3/16".parse().unwrap()),
+            "10.1.0.0/16".parse::<IpNetwork>().unwrap()
+        );
+    }
+}

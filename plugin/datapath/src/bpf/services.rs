@@ -1,0 +1,261 @@
+//! Services at the socket: the frontend and backend maps, and the cgroup v2
+//! programs (connect, sendmsg, recvmsg, getpeername; both families) that
+//! use them, attached to a cgroup through pinned links.
+//!
+//! A frontend's backends are replaced without a moment with none: the new
+//! set goes in under a fresh set id first, then the frontend is switched to
+//! it in one map update, then the old set is deleted.
+
+use std::net::{IpAddr, SocketAddr};
+
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use flatnet_common::{
+    BackendKey, MAP_SERVICE_BACKENDS, MAP_SERVICES, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6,
+    PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4,
+    PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6, ServiceBackend,
+    ServiceKey, ServiceValue,
+};
+
+use super::attach::{pin_link, remove_if_there};
+use super::*;
+
+/// The socket programs, in the order they are attached.
+pub const SERVICE_PROGRAMS: [&str; 8] = [
+    PROG_SERVICE_CONNECT4,
+    PROG_SERVICE_CONNECT6,
+    PROG_SERVICE_SENDMSG4,
+    PROG_SERVICE_SENDMSG6,
+    PROG_SERVICE_RECVMSG4,
+    PROG_SERVICE_RECVMSG6,
+    PROG_SERVICE_GETPEERNAME4,
+    PROG_SERVICE_GETPEERNAME6,
+];
+
+/// IPv4 in the first 4 bytes, as the maps hold addresses; and the family.
+fn address_bytes(address: IpAddr) -> ([u8; 16], u8) {
+    match address {
+        IpAddr::V4(v4) => {
+            let mut bytes = [0; 16];
+            bytes[..4].copy_from_slice(&v4.octets());
+            (bytes, 4)
+        }
+        IpAddr::V6(v6) => (v6.octets(), 6),
+    }
+}
+
+/// The frontend key of `cluster_ip`:`port` over IP protocol `protocol`.
+pub fn service_key(cluster_ip: IpAddr, port: u16, protocol: u8) -> ServiceKey {
+    let (address, family) = address_bytes(cluster_ip);
+    ServiceKey {
+        address,
+        port: port.to_be_bytes(),
+        protocol,
+        family,
+    }
+}
+
+/// The map value of a backend.
+pub fn service_backend(backend: SocketAddr) -> ServiceBackend {
+    let (address, family) = address_bytes(backend.ip());
+    ServiceBackend {
+        address,
+        port: backend.port().to_be_bytes(),
+        family,
+        _pad: 0,
+    }
+}
+
+fn address_of(bytes: &[u8; 16], family: u8) -> IpAddr {
+    if family == 4 {
+        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
+    } else {
+        IpAddr::from(*bytes)
+    }
+}
+
+/// (ClusterIP, port, protocol) of a frontend key.
+pub fn frontend_of(key: &ServiceKey) -> (IpAddr, u16, u8) {
+    (
+        address_of(&key.address, key.family),
+        u16::from_be_bytes(key.port),
+        key.protocol,
+    )
+}
+
+/// The address of a backend entry.
+pub fn backend_address(backend: &ServiceBackend) -> SocketAddr {
+    SocketAddr::new(
+        address_of(&backend.address, backend.family),
+        u16::from_be_bytes(backend.port),
+    )
+}
+
+impl Datapath {
+    /// Every frontend in `SERVICES` (none when the maps are not pinned).
+    pub fn service_frontends(&self) -> Result<Vec<(ServiceKey, ServiceValue)>> {
+        if !self.map_path(MAP_SERVICES).exists() {
+            return Ok(Vec::new());
+        }
+        let map = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        map.iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::bpf("reading SERVICES", e))
+    }
+
+    /// The backends of `key`'s frontend, in index order; None without one.
+    pub fn service_backends(&self, key: &ServiceKey) -> Result<Option<Vec<ServiceBackend>>> {
+        let frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let Ok(value) = frontends.get(key, 0) else {
+            return Ok(None);
+        };
+        let backends = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        (0..value.count)
+            .map(|index| {
+                backends
+                    .get(
+                        &BackendKey {
+                            id: value.id,
+                            index,
+                        },
+                        0,
+                    )
+                    .map_err(|e| Error::bpf("reading SERVICE_BACKENDS", e))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Points `key`'s frontend at `backends`, written first under set `id`
+    /// (one no other frontend uses, and not the frontend's current one);
+    /// then the set the frontend had is deleted. No backends: connect() to
+    /// it is refused.
+    pub fn put_service(
+        &self,
+        key: &ServiceKey,
+        id: u32,
+        backends: &[ServiceBackend],
+        affinity_secs: u32,
+    ) -> Result<()> {
+        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        for (index, backend) in backends.iter().enumerate() {
+            let index =
+                u32::try_from(index).map_err(|_| Error::Datapath("too many backends".into()))?;
+            sets.insert(BackendKey { id, index }, backend, 0)
+                .map_err(|e| Error::bpf("writing SERVICE_BACKENDS", e))?;
+        }
+        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let previous = frontends.get(key, 0).ok();
+        let count = u32::try_from(backends.len())
+            .map_err(|_| Error::Datapath("too many backends".into()))?;
+        let value = ServiceValue {
+            id,
+            count,
+            affinity_secs,
+            _pad: 0,
+        };
+        frontends
+            .insert(key, value, 0)
+            .map_err(|e| Error::bpf("writing SERVICES", e))?;
+        if let Some(previous) = previous.filter(|p| p.id != id) {
+            delete_set(&mut sets, previous)?;
+        }
+        Ok(())
+    }
+
+    /// Removes `key`'s frontend, then its backends.
+    pub fn delete_service(&self, key: &ServiceKey) -> Result<()> {
+        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let Ok(previous) = frontends.get(key, 0) else {
+            return Ok(());
+        };
+        ignore_missing(frontends.remove(key))?;
+        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        delete_set(&mut sets, previous)
+    }
+
+    /// Where the link of socket program `program` is pinned.
+    pub fn service_link_path(&self, program: &str) -> PathBuf {
+        self.links_dir().join(format!("cgroup-{program}"))
+    }
+
+    /// Attaches the socket programs of this build to the cgroup v2
+    /// directory `cgroup` (the node's root cgroup in production) through
+    /// pinned links. Links already pinned (an earlier start, an older build)
+    /// are replaced after the new ones are attached: both run for a moment,
+    /// and the second finds no frontend at the address the first rewrote.
+    pub fn attach_services(&self, cgroup: &Path) -> Result<()> {
+        let cgroup_dir = std::fs::File::open(cgroup)
+            .map_err(|e| Error::io(format!("opening the cgroup {}", cgroup.display()), e))?;
+        let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &map_pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let object = super::kfunc::resolve(OBJECT)?;
+        let mut ebpf = loader
+            .load(object.bytes())
+            .map_err(|e| Error::bpf("loading the eBPF object", e))?;
+        for name in SERVICE_PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or_else(|| Error::Datapath(format!("the eBPF object has no program {name}")))?
+                .try_into()
+                .map_err(|e| Error::bpf(format!("{name} is no cgroup sock_addr program"), e))?;
+            super::load::verify(|| program.load())
+                .map_err(|e| Error::bpf(format!("verifying {name}"), e))?;
+            // A BPF link on a cgroup takes no flags (Single is 0) and runs
+            // alongside other programs there anyway, as with ALLOW_MULTI.
+            let id = program
+                .attach(&cgroup_dir, CgroupAttachMode::Single)
+                .map_err(|e| Error::bpf(format!("attaching {name} to {}", cgroup.display()), e))?;
+            let link = program
+                .take_link(id)
+                .map_err(|e| Error::bpf(format!("taking the link of {name}"), e))?;
+            let link =
+                FdLink::try_from(link).map_err(|e| Error::bpf(format!("the link of {name}"), e))?;
+            let pin = self.service_link_path(name);
+            // bpffs takes no dots in names.
+            let temp = self
+                .links_dir()
+                .join(format!("cgroup-{name}-new{}", std::process::id()));
+            pin_link(link, &temp)?;
+            // The old link (if any) detaches when its pin goes: the new one
+            // is in place already.
+            remove_if_there(&pin)?;
+            std::fs::rename(&temp, &pin)
+                .map_err(|e| Error::io(format!("renaming {}", temp.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the socket programs are attached through pinned links.
+    pub fn services_attached(&self) -> bool {
+        SERVICE_PROGRAMS
+            .iter()
+            .all(|name| PinnedLink::from_pin(self.service_link_path(name)).is_ok())
+    }
+
+    /// Detaches the socket programs (their pins were the links' last
+    /// references).
+    pub fn detach_services(&self) -> Result<()> {
+        for name in SERVICE_PROGRAMS {
+            remove_if_there(&self.service_link_path(name))?;
+        }
+        Ok(())
+    }
+}
+
+/// Deletes the entries of the backend set `value` points at.
+fn delete_set(
+    sets: &mut HashMap<MapData, BackendKey, ServiceBackend>,
+    value: ServiceValue,
+) -> Result<()> {
+    for index in 0..value.count {
+        ignore_missing(sets.remove(&BackendKey {
+            id: value.id,
+            index,
+        }))?;
+    }
+    Ok(())
+}

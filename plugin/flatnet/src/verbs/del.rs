@@ -1,0 +1,94 @@
+//! DEL: the pod out of the datapath, veth down and on its way out, address
+//! released. Succeeds when any of it, or the whole netns, is already gone.
+
+use std::net::IpAddr;
+
+use flatnet_common::MAP_HOST_VETHS;
+
+use crate::after_answer::AfterAnswer;
+use crate::config::NetConf;
+use crate::delegate::Delegate;
+use crate::error::{Error, Result};
+use flatnet_cni::env::{CniEnv, Command};
+use flatnet_datapath::lock::{self, Lock};
+use flatnet_datapath::netlink::{AttachmentNames, Netlink, ifindex_is_gone};
+use flatnet_datapath::node::first_packet::PodRecord;
+use flatnet_datapath::node::release_if_empty;
+use flatnet_datapath::trace::mark;
+
+pub async fn del(
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+    after: &mut AfterAnswer,
+) -> Result<()> {
+    let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
+    let host = Netlink::connect()?;
+    let host_link = host.link_by_name(&names.host_veth).await?;
+    let datapath = conf.pinned_datapath()?;
+    mark("parse, connect, find veth");
+
+    // Checked again under the lock: a concurrent DEL of the network's last
+    // pod may have unpinned everything while this one waited for it.
+    // (The lock is dropped at the end of this block: the release below may
+    // take it exclusively.)
+    if let Some(lock) = datapath
+        .map_path(MAP_HOST_VETHS)
+        .exists()
+        .then(|| Lock::shared(&lock::network(&conf.name)))
+        .transpose()?
+        && datapath.map_path(MAP_HOST_VETHS).exists()
+    {
+        lock.note_activity();
+        match &host_link {
+            Some(link) => {
+                let addresses: Option<Vec<IpAddr>> = conf
+                    .prev_result
+                    .as_ref()
+                    .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect());
+                datapath.remove_pod(link.index, addresses.as_deref())?;
+            }
+            // The netns was deleted first and the veth went with it: the
+            // entries point at a vanished ifindex. Any such stale pod (ours or
+            // a crashed neighbour's) is swept.
+            None => datapath.remove_pods(ifindex_is_gone)?,
+        }
+    }
+    // The agent's record of who the pod was (ADD wrote it when an agent
+    // enforces NetworkPolicy).
+    PodRecord::remove(&conf.name, &names.host_veth);
+    mark("pod removed from the datapath");
+    if let Some(link) = &host_link {
+        // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
+        // waiting in the kernel) is left for after the answer, checked by index and name.
+        host.set_down(link.index).await?;
+        after.delete_link(link.index, &link.name);
+    }
+    // Its links go with the device; their pins are ours to take away (a
+    // DEL whose veth is already gone may still find them). While the veth
+    // exists, dropping a pin would detach its tcx link now, which waits an
+    // RCU grace period holding rtnl: it is unpinned after the delete.
+    if datapath.pin_dir().exists() {
+        match &host_link {
+            Some(_) => after.unpin(&datapath, &names.host_veth),
+            None => datapath.unpin_pod_links(&names.host_veth)?,
+        }
+    }
+    mark("veth down, unregister deferred");
+    let ipam_released = match &conf.ipam_type {
+        Some(kind) => Delegate::find(kind, &env.path)
+            .and_then(|ipam| ipam.run(Command::Del, stdin))
+            .map(drop)
+            .map_err(Error::from),
+        None => Ok(()),
+    };
+    mark("IPAM DEL");
+    // The rest of the teardown does not need the address back: it goes on
+    // when IPAM failed (the error is still reported, so the runtime retries
+    // DEL and the retry releases the address).
+    let network_released = release_if_empty(&conf.node_network(), &host).await;
+    if let Ok(Some((index, gateway))) = &network_released {
+        after.delete_link(*index, gateway);
+    }
+    ipam_released.and(network_released.map(drop).map_err(Error::from))
+}

@@ -1,4 +1,0 @@
-//! The flatnet-ipam IPAM plugin, run by a CNI plugin (or a runtime) with CNI_COMMAND set.
-fn main() -> std::process::ExitCode {
-    flatnet::runner::run(&flatnet::ipam::PLUGIN)
-}
