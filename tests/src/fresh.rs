@@ -218,7 +218,8 @@ mod tests {
             assert!(
                 error.contains("flatnet is older than its sources")
                     && error.contains(&format!("({source} changed after it was built)"))
-                    && error.contains("cargo build -p flatnet -p flatnet-ipam -p flatnet-agent --bins"),
+                    && error
+                        .contains("cargo build -p flatnet -p flatnet-ipam -p flatnet-agent --bins"),
                 "{error}"
             );
         }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use flatnet_agent::kube_source::KubeSource;
+use flatnet_agent::peers::kube_source::KubeSource;
 use flatnet_agent::peers::{Node, PeerSource};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_UPLINK, action};
 use flatnet_tests::cluster::*;

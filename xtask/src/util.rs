@@ -139,8 +139,7 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
     if !static_bins.is_empty() {
         let triple = host_triple()?;
         let mut cmd = cargo();
-        cmd.args(["build", "--release", "--target", &triple])
-        .env(
+        cmd.args(["build", "--release", "--target", &triple]).env(
             format!(
                 "CARGO_TARGET_{}_RUSTFLAGS",
                 triple.to_uppercase().replace('-', "_")

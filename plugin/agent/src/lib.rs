@@ -7,32 +7,28 @@
 //! installs the plugin binaries, reports readiness to CNI STATUS, and
 //! serves Prometheus metrics. [`uninstall`] takes all of it away again.
 //!
+//! Its files by job: `peers/` (the peer sources, Kubernetes or a file, and
+//! the routes and remote-CIDR map they plan), `policy/` (NetworkPolicy:
+//! the model, the watches, the sync into the datapath), `services/`
+//! (Services in eBPF: the model and its sync), `install/` (conflist and
+//! plugin binaries, uninstall, the manifests' checks), `reclaim/`
+//! (addresses of pods the runtime no longer has, found over CRI), and
+//! `run` (the loop that ties them together).
+//!
 //! Its own crate, on top of the plugin's library: the `flatnet` and
 //! `flatnet-ipam` binaries never build its Kubernetes client, HTTP server
 //! or metrics. What the plugin and the agent share about a network (its
 //! lifecycle, the ready markers) is in `flatnet_datapath::node`.
 
 pub mod config;
-pub mod cri;
 pub mod error;
-pub mod file_source;
 pub mod install;
-pub mod kube_source;
 pub mod metrics;
 pub mod peers;
 pub mod policy;
-pub mod policy_sync;
-pub mod policy_watch;
 pub mod reclaim;
-pub mod records_watch;
-pub mod routes;
 pub mod run;
-pub mod service_sync;
 pub mod services;
-pub mod uninstall;
 
-#[cfg(test)]
-mod manifests;
-
+pub use install::uninstall::uninstall;
 pub use run::run;
-pub use uninstall::uninstall;

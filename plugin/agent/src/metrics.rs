@@ -45,7 +45,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::error::{AgentError, Result};
+use crate::error::{AgentError, Result};
 use flatnet_datapath::bpf::Datapath;
 
 /// The agent's own metrics, updated as it works.

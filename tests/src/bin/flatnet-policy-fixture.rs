@@ -20,8 +20,8 @@ use std::net::IpAddr;
 
 use anyhow::{Context, bail, ensure};
 use flatnet_agent::metrics::AgentMetrics;
+use flatnet_agent::policy::sync::{DatapathSink, PolicySync};
 use flatnet_agent::policy::{self, Allowed};
-use flatnet_agent::policy_sync::{DatapathSink, PolicySync};
 use flatnet_datapath::bpf::Datapath;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -142,7 +142,7 @@ fn main() -> anyhow::Result<()> {
             let Allowed::Only(_) = allowed else {
                 bail!("{pod} is not isolated both ways: {policy:?}");
             };
-            rules += flatnet_agent::policy_sync::rules(allowed)
+            rules += flatnet_agent::policy::sync::rules(allowed)
                 .context("rules of an isolated direction")?
                 .len();
         }

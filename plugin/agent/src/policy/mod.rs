@@ -16,6 +16,10 @@
 //! pods are peers (their IPs are the node's) but never have policy
 //! computed for them, as their traffic is the node's.
 
+pub mod records_watch;
+pub mod sync;
+pub mod watch;
+
 mod cluster;
 mod ports;
 mod rules;

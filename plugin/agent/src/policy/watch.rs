@@ -22,7 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::metrics::AgentMetrics;
+use crate::metrics::AgentMetrics;
 
 /// The kinds, for log lines.
 const KINDS: [&str; 5] = [

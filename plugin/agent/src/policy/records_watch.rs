@@ -8,7 +8,7 @@ use std::path::Path;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::sync::watch;
 
-use super::error::{AgentError, Result};
+use crate::error::{AgentError, Result};
 
 /// Watches `dir` (created when missing) from a thread of its own; the
 /// receiver's value changes after every record written or removed.

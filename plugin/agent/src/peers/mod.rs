@@ -2,12 +2,16 @@
 //! from one of several sources behind [`PeerSource`], and what follows for
 //! this node ([`plan`]): its own pod CIDRs and one route per peer CIDR.
 
+pub mod file_source;
+pub mod kube_source;
+pub mod routes;
+
 use std::future::Future;
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
-use super::error::Result;
+use crate::error::Result;
 
 /// One node of the cluster, as far as pod networking cares.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

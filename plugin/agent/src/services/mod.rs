@@ -11,6 +11,8 @@
 //! `targetPort` is resolved per endpoint, as the slice controller did), each
 //! endpoint address on that slice port.
 
+pub mod sync;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;

@@ -20,10 +20,10 @@ use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
 
 use flatnet_datapath::node::markers::policy_names_file;
 
-use super::error::{AgentError, Result};
-use super::install::write_atomically;
-use super::metrics::{AgentMetrics, DirectionLabel};
-use super::policy::{Allowed, Direction, Plan, PodKey, PodPolicy, PolicyError, PortSet, Table};
+use crate::error::{AgentError, Result};
+use crate::install::write_atomically;
+use crate::metrics::{AgentMetrics, DirectionLabel};
+use crate::policy::{Allowed, Direction, Plan, PodKey, PodPolicy, PolicyError, PortSet, Table};
 
 /// What enforces pods' policies.
 pub trait PolicySink {
@@ -429,10 +429,10 @@ fn table_rules(table: &Table) -> Vec<PolicyRule> {
 mod tests {
     use std::collections::HashSet;
 
-    use super::super::error::AgentError;
-    use super::super::metrics;
-    use super::super::policy::{Entry, PortRange, Protocol};
     use super::*;
+    use crate::error::AgentError;
+    use crate::metrics;
+    use crate::policy::{Entry, PortRange, Protocol};
 
     /// Records what it is asked; pods with an address in `attached` are
     /// in the datapath, those in `failing` fail.

@@ -13,7 +13,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Endpoint, Uri};
 
-use super::error::{AgentError, Result};
+use crate::error::{AgentError, Result};
 
 /// How long one question to the runtime may take; a runtime that does not
 /// answer is treated as "unknown" (nothing is reclaimed), never as empty.

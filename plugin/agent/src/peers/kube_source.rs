@@ -14,8 +14,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 
-use super::error::Result;
-use super::peers::{Node, PeerSource};
+use crate::error::Result;
+use crate::peers::{Node, PeerSource};
 
 type NodeEvents =
     Pin<Box<dyn Stream<Item = std::result::Result<Event<KubeNode>, watcher::Error>> + Send>>;
@@ -71,7 +71,7 @@ pub async fn client(api_server: Option<&str>) -> Result<Client> {
 fn client_for(url: &str) -> Result<Client> {
     let uri = url
         .parse()
-        .map_err(|e| super::error::AgentError::Config(format!("--kube-api-server {url}: {e}")))?;
+        .map_err(|e| crate::error::AgentError::Config(format!("--kube-api-server {url}: {e}")))?;
     Ok(Client::try_from(kube::Config::new(uri))?)
 }
 
@@ -117,7 +117,7 @@ impl PeerSource for KubeSource {
     async fn changed(&mut self) -> Result<Vec<Node>> {
         loop {
             let Some(event) = self.events.next().await else {
-                return Err(super::error::AgentError::SourceEnded(
+                return Err(crate::error::AgentError::SourceEnded(
                     "the Node watch stream closed".into(),
                 ));
             };

@@ -3,6 +3,10 @@
 //! written to a temporary file in the same directory, flushed, and renamed
 //! over the old one, so a runtime only ever sees a complete file.
 
+#[cfg(test)]
+mod manifests;
+pub mod uninstall;
+
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -11,7 +15,7 @@ use std::path::{Path, PathBuf};
 use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
-use super::error::{AgentError, Result};
+use crate::error::{AgentError, Result};
 use flatnet_datapath::DatapathMode;
 use flatnet_datapath::node::markers::AGENT_MANAGED_KEY;
 

@@ -20,8 +20,8 @@ use std::time::Duration;
 use ipnetwork::IpNetwork;
 use serde::Deserialize;
 
-use super::error::{AgentError, Result};
-use super::peers::{Node, PeerSource};
+use crate::error::{AgentError, Result};
+use crate::peers::{Node, PeerSource};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -20,10 +20,10 @@ use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
 use serde_json::Value;
 
-use super::config::Args;
-use super::error::{AgentError, Result};
-use super::routes::Routes;
-use super::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
+use crate::config::Args;
+use crate::error::{AgentError, Result};
+use crate::peers::routes::Routes;
+use crate::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
 use flatnet_common::PROG_FROM_UPLINK;
 use flatnet_datapath::bpf::Datapath;
 use flatnet_datapath::masquerade;

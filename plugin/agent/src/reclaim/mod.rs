@@ -16,6 +16,8 @@
 //! listed long before that, so it is never taken. A runtime that does not
 //! answer releases nothing.
 
+pub mod cri;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,10 +27,10 @@ use tokio::io::AsyncWriteExt;
 
 use ipnetwork::IpNetwork;
 
-use super::config::Args;
-use super::cri::Runtime;
-use super::error::{AgentError, Result};
-use super::metrics::{AgentMetrics, RangeLabel};
+use crate::config::Args;
+use crate::error::{AgentError, Result};
+use crate::metrics::{AgentMetrics, RangeLabel};
+use crate::reclaim::cri::Runtime;
 use flatnet_ipam::config::DEFAULT_DATA_DIR;
 use flatnet_ipam::store::{AllocationStore, DiskStore};
 

@@ -13,13 +13,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::de::DeserializeOwned;
 
-use super::config::Args;
+use crate::config::Args;
 
-const SERVICE_ACCOUNT: &str = include_str!("../../../xtask/deploy/kubernetes/serviceaccount.yaml");
-const RBAC: &str = include_str!("../../../xtask/deploy/kubernetes/rbac.yaml");
-const CONFIG_MAP: &str = include_str!("../../../xtask/deploy/kubernetes/configmap.yaml");
-const DAEMON_SET: &str = include_str!("../../../xtask/deploy/kubernetes/daemonset.yaml");
-const UNINSTALL: &str = include_str!("../../../xtask/deploy/kubernetes/uninstall/daemonset.yaml");
+const SERVICE_ACCOUNT: &str =
+    include_str!("../../../../xtask/deploy/kubernetes/serviceaccount.yaml");
+const RBAC: &str = include_str!("../../../../xtask/deploy/kubernetes/rbac.yaml");
+const CONFIG_MAP: &str = include_str!("../../../../xtask/deploy/kubernetes/configmap.yaml");
+const DAEMON_SET: &str = include_str!("../../../../xtask/deploy/kubernetes/daemonset.yaml");
+const UNINSTALL: &str =
+    include_str!("../../../../xtask/deploy/kubernetes/uninstall/daemonset.yaml");
 
 /// Each YAML document as `T` (through JSON values, as kubectl does).
 fn documents<T: DeserializeOwned>(text: &str) -> Vec<T> {

@@ -14,8 +14,8 @@ use rtnetlink::packet_route::route::{
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
-use super::error::{AgentError, Result};
-use super::peers::PeerRoute;
+use crate::error::{AgentError, Result};
+use crate::peers::PeerRoute;
 use flatnet_datapath::netlink::errno;
 
 /// The route protocol flatnet's routes carry: `ip route show proto 102`.
@@ -162,7 +162,7 @@ impl Routes {
     /// changed ones first, then removes the ones no longer wanted. A CIDR
     /// that some other route (not flatnet's) already covers exactly is left
     /// alone: the node's administrator put it there. `wanted` comes from
-    /// [`super::peers::plan`], CIDRs normalized, as the kernel lists them.
+    /// [`crate::peers::plan`], CIDRs normalized, as the kernel lists them.
     pub async fn sync(&self, wanted: &[PeerRoute]) -> Result<SyncOutcome> {
         let table = self.main_table().await?;
         let mut outcome = SyncOutcome::default();

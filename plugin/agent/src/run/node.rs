@@ -1,0 +1,258 @@
+//! Setting the node up once, and making it match each node list: routes,
+//! the remote-CIDR map, no-masquerade sets, the uplink program, the conflist.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flatnet_common::PROG_FROM_UPLINK;
+use ipnetwork::IpNetwork;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Args, ServicesMode, SourceKind};
+use crate::error::{AgentError, Result};
+use crate::install::{self, BINARIES, ConflistSpec};
+use crate::metrics::{self, AgentMetrics};
+use crate::peers::file_source::FileSource;
+use crate::peers::kube_source::{self, KubeSource};
+use crate::peers::routes::Routes;
+use crate::peers::{self, Node, PeerSource, Plan};
+use crate::policy;
+use crate::policy::records_watch;
+use crate::policy::sync::{DatapathSink, PolicySync};
+use crate::policy::watch::{self as policy_watch, PolicyObjects};
+use crate::reclaim::Reclaimer;
+use crate::services::sync::{self as service_sync, ServiceSync};
+use flatnet::config::NetConf;
+use flatnet_datapath::bpf::{
+    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
+};
+use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
+use flatnet_datapath::node::ensure_datapath;
+use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use flatnet_datapath::node::markers as ready;
+
+use super::Agent;
+
+impl Agent {
+    /// Everything that does not depend on the node list: forwarding on,
+    /// bpffs, the datapath loaded and pinned (so no CNI ADD loads it on a
+    /// live node), the network marked as the agent's, binaries installed.
+    async fn start(
+        args: Args,
+        node_name: String,
+        conf: NetConf,
+        datapath: Datapath,
+        metrics: AgentMetrics,
+    ) -> Result<Self> {
+        tracing::info!(
+            node = %node_name,
+            network = %args.network,
+            pin_dir = %datapath.pin_dir().display(),
+            datapath_id = DATAPATH_ID,
+            "starting"
+        );
+        // host-gw forwards pod traffic; the fast path's FIB lookup also
+        // refuses to route when forwarding is off.
+        Forwarding {
+            ipv4: true,
+            ipv6: read_sysctl(IPV6_FORWARD).is_some(),
+        }
+        .ensure()?;
+        bpf::ensure_bpffs_at(&args.pin_root)?;
+        let host = Netlink::connect()?;
+        drop(ensure_datapath(&conf.node_network(), &datapath, &host).await?);
+        install::write_atomically(
+            &ready::managed_marker(&args.network),
+            format!("{node_name}\n").as_bytes(),
+            0o644,
+        )?;
+        if args.install_binaries {
+            let from = match &args.install_from {
+                Some(dir) => dir.clone(),
+                None => own_directory()?,
+            };
+            let installed = install::install_binaries(&from, &args.cni_bin_dir, &BINARIES)?;
+            tracing::info!(
+                from = %from.display(),
+                to = %args.cni_bin_dir.display(),
+                changed = ?installed,
+                "plugin binaries installed"
+            );
+        }
+        let installed = install::install_reference_plugins(
+            &args.reference_plugins_from,
+            &args.cni_bin_dir,
+            &install::node_plugins(args.chain_portmap, args.chain_bandwidth),
+        )?;
+        if !installed.is_empty() {
+            tracing::info!(
+                from = %args.reference_plugins_from.display(),
+                to = %args.cni_bin_dir.display(),
+                plugins = ?installed,
+                "reference plugins installed"
+            );
+        }
+        let reclaimer = args
+            .cri_socket
+            .as_ref()
+            .map(|socket| Reclaimer::for_node(&args, socket));
+        Ok(Agent {
+            routes: Routes::connect()?,
+            args,
+            node_name,
+            conf,
+            datapath,
+            host,
+            metrics,
+            last_skipped: Vec::new(),
+            last_missing: Vec::new(),
+            ready: false,
+            setup_ok: false,
+            plugin_problem: None,
+            reclaimer,
+            objects: None,
+            policy: None,
+            services: None,
+        })
+    }
+
+    /// Makes the node match `nodes`, then reports readiness as the node's
+    /// own setup turned out. Failures are logged and retried at the next
+    /// resync; `fresh` marks a new list (logged in more detail).
+    async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
+        let plan = peers::plan(nodes, &self.node_name);
+        if plan.skipped != self.last_skipped {
+            for reason in &plan.skipped {
+                tracing::warn!(%reason, "peer left out");
+            }
+            self.last_skipped = plan.skipped.clone();
+        }
+        self.metrics
+            .peer_nodes
+            .set(nodes.iter().filter(|n| n.name != self.node_name).count() as i64);
+        self.metrics.peer_routes.set(plan.routes.len() as i64);
+        if fresh {
+            tracing::info!(
+                nodes = nodes.len(),
+                routes = plan.routes.len(),
+                "node list received"
+            );
+        }
+        let outcome = self.sync(&plan).await;
+        if let Err(e) = &outcome {
+            tracing::warn!(error = %e, "node not (fully) set up; retrying at the next resync");
+        }
+        self.setup_ok = outcome.is_ok();
+        self.plugin_problem = if self.args.install_binaries {
+            None
+        } else {
+            plugin_build_problem(&self.args.cni_bin_dir)
+        };
+        self.refresh_ready();
+        // A leaked address is not the node's setup: readiness stays as is.
+        if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
+            reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
+        }
+        // Policy: the node's addresses, and pods whose ADD was in flight.
+        if let (Some(enforcer), Some(me)) = (self.policy.as_mut(), plan.me.as_ref()) {
+            enforcer.sync.resync(&local_addresses(me));
+        }
+    }
+
+    /// One pass. An error is this node's own (no datapath, no pod CIDR, no
+    /// uplink, conflist or nftables not writable): the node is not ready.
+    /// A peer route that is not in place is the peer's problem: logged,
+    /// counted, kept out of the fast path, and the pass goes on.
+    async fn sync(&mut self, plan: &Plan) -> Result<()> {
+        // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
+        drop(ensure_datapath(&self.conf.node_network(), &self.datapath, &self.host).await?);
+        let outcome = self.routes.sync(&plan.routes).await?;
+        for cidr in &outcome.written {
+            tracing::info!(%cidr, "route to a peer written");
+        }
+        for cidr in &outcome.removed {
+            tracing::info!(%cidr, "stale route removed");
+        }
+        self.metrics
+            .route_failures
+            .inc_by(outcome.failures.len() as u64);
+        self.metrics
+            .peer_routes_missing
+            .set(outcome.missing.len() as i64);
+        if outcome.missing != self.last_missing {
+            for reason in &outcome.missing {
+                tracing::warn!(%reason, "route to a peer not in place; retrying at each resync");
+            }
+            self.last_missing = outcome.missing.clone();
+        }
+        // Only CIDRs whose route is in place: the fast path forwards by the
+        // FIB, which would otherwise send them by whatever route is there.
+        let remote: Vec<(IpNetwork, std::net::IpAddr)> =
+            outcome.in_place.iter().map(|r| (r.cidr, r.via)).collect();
+        self.datapath.set_remote_cidrs(&remote)?;
+        self.sync_no_masquerade(plan).await?;
+
+        let Some(me) = &plan.me else {
+            return Err(AgentError::Config(format!(
+                "node {} is not in the node list",
+                self.node_name
+            )));
+        };
+        if me.pod_cidrs.is_empty() {
+            return Err(AgentError::Config(format!(
+                "node {} has no pod CIDR (kube-controller-manager --allocate-node-cidrs assigns one)",
+                me.name
+            )));
+        }
+        let uplink = self.uplink(me).await?;
+        self.attach_uplink(uplink).await?;
+        let mtu = match self.args.mtu {
+            Some(mtu) => Some(mtu),
+            None => self.host.link_by_index(uplink).await?.and_then(|l| l.mtu),
+        };
+        let spec = ConflistSpec {
+            network: self.args.network.clone(),
+            bridge: self.args.bridge.clone(),
+            datapath: self.conf.datapath,
+            mtu,
+            ip_masq: self.args.ip_masq,
+            ipam_data_dir: self.args.ipam_data_dir.clone(),
+            pin_root: self.args.pin_root.clone(),
+            portmap: self.args.chain_portmap,
+            bandwidth: self.args.chain_bandwidth,
+        };
+        let list = install::render_conflist(&spec, &me.pod_cidrs)?;
+        let text = serde_json::to_string_pretty(&list)
+            .map_err(|e| AgentError::Config(format!("rendering the conflist: {e}")))?;
+        let path = self.args.cni_conf_dir.join(&self.args.conflist_name);
+        if install::write_atomically(&path, format!("{text}\n").as_bytes(), 0o644)? {
+            tracing::info!(path = %path.display(), cidrs = ?me.pod_cidrs, "conflist written");
+        }
+        Ok(())
+    }
+
+    /// With ipMasq (or rules a pod made under an earlier setting): the
+    /// other nodes' pod CIDRs are never masqueraded, whether a packet takes
+    /// the fast path or the host stack. All planned peer CIDRs, routed or
+    /// not: what matters is that the destination is a pod.
+    async fn sync_no_masquerade(&self, plan: &Plan) -> Result<()> {
+        let network = self.args.network.clone();
+        if !self.args.ip_masq && !masquerade::installed(&network) {
+            return Ok(());
+        }
+        let cidrs: Vec<IpNetwork> = plan.routes.iter().map(|r| r.cidr).collect();
+        let count = cidrs.len();
+        // nft and the nftables lock block: off the async thread.
+        let changed =
+            tokio::task::spawn_blocking(move || masquerade::set_unmasqueraded(&network, &cidrs))
+                .await
+                .map_err(|e| AgentError::Config(format!("the nftables task failed: {e}")))??;
+        if changed {
+            tracing::info!(cidrs = count, "no-masquerade sets updated");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! NetworkPolicy and eBPF Services on this node, kept in step with the
+//! watched cluster objects.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flatnet_common::PROG_FROM_UPLINK;
+use ipnetwork::IpNetwork;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Args, ServicesMode, SourceKind};
+use crate::error::{AgentError, Result};
+use crate::install::{self, BINARIES, ConflistSpec};
+use crate::metrics::{self, AgentMetrics};
+use crate::peers::file_source::FileSource;
+use crate::peers::kube_source::{self, KubeSource};
+use crate::peers::routes::Routes;
+use crate::peers::{self, Node, PeerSource, Plan};
+use crate::policy;
+use crate::policy::records_watch;
+use crate::policy::sync::{DatapathSink, PolicySync};
+use crate::policy::watch::{self as policy_watch, PolicyObjects};
+use crate::reclaim::Reclaimer;
+use crate::services::sync::{self as service_sync, ServiceSync};
+use flatnet::config::NetConf;
+use flatnet_datapath::bpf::{
+    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
+};
+use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
+use flatnet_datapath::node::ensure_datapath;
+use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use flatnet_datapath::node::markers as ready;
+
+use super::Agent;
+
+/// `isolation-<network>.json` for ADD, written atomically when it changed.
+fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
+    let path = isolation_file(network);
+    let bytes = serde_json::to_vec_pretty(isolation)
+        .map_err(|e| AgentError::io(format!("encoding {}", path.display()), e.into()))?;
+    install::write_atomically(&path, &bytes, 0o644).map(drop)
+}
+
+impl Agent {
+    /// Recomputes this node's NetworkPolicy plan from the watched objects
+    /// and writes what changed.
+    fn enforce_policy(&mut self) {
+        if self.policy.is_none() {
+            return;
+        }
+        let local = self.recorded_local_ips();
+        let (Some(enforcer), Some(objects)) = (self.policy.as_mut(), self.objects.as_ref()) else {
+            return;
+        };
+        let snapshot = objects.snapshot();
+        let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
+        let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
+        let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
+        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
+        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
+        let start = Instant::now();
+        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        let plan = policy::plan_of(
+            &self.node_name,
+            &policies,
+            &pods,
+            &namespaces,
+            &frontends,
+            &local,
+        );
+        self.metrics
+            .policy_compute
+            .0
+            .observe(start.elapsed().as_secs_f64());
+        enforcer.sync.update(plan);
+        // Listed (or listed again): readiness may follow at once.
+        self.refresh_ready();
+        // What ADD starts a new pod with (after the plan: a pod already
+        // here is written before its namespace's new policy reaches ADDs).
+        let isolation = policy::isolation(&policies);
+        if let Err(e) = write_isolation(&self.args.network, &isolation) {
+            self.metrics.policy_errors.inc();
+            tracing::warn!(error = %e, "cannot write the namespaces' isolation for ADD");
+        }
+    }
+
+    /// NetworkPolicy from a pod's first packet (`first_packet`): until the
+    /// watches have listed, a new pod starts isolated both ways (an earlier
+    /// run's file, still in /run, stays in force meanwhile); ADD's pod
+    /// records wake the computation.
+    fn start_first_packet_policy(&self) -> Result<watch::Receiver<u64>> {
+        let network = &self.args.network;
+        if !isolation_file(network).exists() {
+            write_isolation(network, &Isolation::default())?;
+        }
+        records_watch::spawn(&records_dir(network))
+    }
+
+    /// The addresses ADD recorded for this node's pods, each still in the
+    /// datapath (a record a crash left behind names none).
+    fn recorded_local_ips(&self) -> policy::LocalIps {
+        let mut local = policy::LocalIps {
+            node: self.node_name.clone(),
+            ..Default::default()
+        };
+        for (_, record) in PodRecord::read_all(&self.args.network) {
+            let attached = record
+                .ips
+                .iter()
+                .any(|ip| self.datapath.slot_of(*ip).is_ok_and(|slot| slot.is_some()));
+            if attached {
+                local
+                    .ips
+                    .insert((record.namespace, record.name), record.ips);
+            }
+        }
+        local
+    }
+
+    /// `--services ebpf`: the socket programs attached to the cgroup (this
+    /// build's replacing any earlier ones without a gap) and the Service
+    /// maps as they are adopted.
+    fn start_services(&self) -> Result<ServiceSync> {
+        let cgroup = match &self.args.services_cgroup {
+            Some(dir) => dir.clone(),
+            None => cgroup2_root()?,
+        };
+        self.datapath.attach_services(&cgroup)?;
+        tracing::info!(cgroup = %cgroup.display(), "Service socket programs attached");
+        Ok(ServiceSync::start(
+            self.datapath.clone(),
+            self.metrics.clone(),
+        )?)
+    }
+
+    /// Brings the Service maps up to date with the watched Services and
+    /// EndpointSlices.
+    fn sync_services(&mut self) {
+        let (Some(sync), Some(objects)) = (self.services.as_mut(), self.objects.as_ref()) else {
+            return;
+        };
+        let snapshot = objects.snapshot();
+        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
+        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
+        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        sync.update(&service_sync::desired(&frontends));
+    }
+}

@@ -1,0 +1,129 @@
+//! `from_uplink` on the node's uplink.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flatnet_common::PROG_FROM_UPLINK;
+use ipnetwork::IpNetwork;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Args, ServicesMode, SourceKind};
+use crate::error::{AgentError, Result};
+use crate::install::{self, BINARIES, ConflistSpec};
+use crate::metrics::{self, AgentMetrics};
+use crate::peers::file_source::FileSource;
+use crate::peers::kube_source::{self, KubeSource};
+use crate::peers::routes::Routes;
+use crate::peers::{self, Node, PeerSource, Plan};
+use crate::policy;
+use crate::policy::records_watch;
+use crate::policy::sync::{DatapathSink, PolicySync};
+use crate::policy::watch::{self as policy_watch, PolicyObjects};
+use crate::reclaim::Reclaimer;
+use crate::services::sync::{self as service_sync, ServiceSync};
+use flatnet::config::NetConf;
+use flatnet_datapath::bpf::{
+    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
+};
+use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
+use flatnet_datapath::node::ensure_datapath;
+use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use flatnet_datapath::node::markers as ready;
+
+use super::Agent;
+
+/// tc filter priority and handle of `from_uplink` on the uplink: its own
+/// slot, so other tc users of the uplink keep theirs, and a restart or an
+/// upgrade replaces it in one request.
+pub const UPLINK_TC_PRIORITY: u16 = 0xf1a7;
+pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
+
+impl Agent {
+    /// The uplink's ifindex: `--uplink`, else the interface holding the
+    /// node's first address.
+    async fn uplink(&self, me: &Node) -> Result<u32> {
+        if let Some(name) = &self.args.uplink {
+            return self
+                .host
+                .link_by_name(name)
+                .await?
+                .map(|link| link.index)
+                .ok_or_else(|| AgentError::Config(format!("--uplink {name}: no such interface")));
+        }
+        for address in &me.addresses {
+            if let Some(index) = self.routes.interface_with(*address).await? {
+                return Ok(index);
+            }
+        }
+        Err(AgentError::Config(format!(
+            "no interface holds any of node {}'s addresses {:?}: pass --uplink",
+            me.name, me.addresses
+        )))
+    }
+
+    /// Puts this build's `from_uplink` at tc ingress of the uplink unless it
+    /// is there already: a pinned tcx link (a filter of an older agent taken
+    /// off once the link is there), or, without tcx, a cls_bpf filter of its
+    /// own priority/handle (create-or-replace: no packet misses a program).
+    async fn attach_uplink(&self, index: u32) -> Result<()> {
+        let program = self.datapath.program(PROG_FROM_UPLINK)?;
+        let id = program.id()?;
+        let name = self
+            .host
+            .link_by_index(index)
+            .await?
+            .map(|link| link.name)
+            .ok_or_else(|| AgentError::Config(format!("the uplink #{index} is gone")))?;
+        // In place when this build's program is on the hook the way this
+        // kernel attaches (tcx: through the pinned link, no filter of an
+        // older agent left).
+        let filters = self.host.tc_ingress_programs(index).await?;
+        let in_place = match attach_mode() {
+            AttachMode::Tcx => {
+                filters.iter().all(|(_, n)| n != PROG_FROM_UPLINK)
+                    && self.datapath.link_path(LinkRole::Uplink, &name).exists()
+                    && ingress_programs(&self.host, index, &name)
+                        .await?
+                        .iter()
+                        .any(|(prog, _)| *prog == id)
+            }
+            AttachMode::Netlink => filters
+                .iter()
+                .any(|(prog, n)| *prog == id && n == PROG_FROM_UPLINK),
+        };
+        if in_place {
+            return Ok(());
+        }
+        match attach_mode() {
+            AttachMode::Tcx => {
+                self.datapath
+                    .attach_tc_link(PROG_FROM_UPLINK, LinkRole::Uplink, &name)?;
+                self.host
+                    .remove_tc_ingress_bpf(index, UPLINK_TC_PRIORITY, UPLINK_TC_HANDLE)
+                    .await?;
+            }
+            AttachMode::Netlink => {
+                self.host.add_clsact(index).await?;
+                self.host
+                    .set_tc_ingress_bpf(
+                        index,
+                        program.raw_fd()?,
+                        PROG_FROM_UPLINK,
+                        UPLINK_TC_PRIORITY,
+                        UPLINK_TC_HANDLE,
+                    )
+                    .await?;
+            }
+        }
+        tracing::info!(
+            ifindex = index,
+            program_id = id,
+            attachment = attach_mode().describe(),
+            "from_uplink attached to the uplink"
+        );
+        Ok(())
+    }
+}
