@@ -8,46 +8,38 @@
 //! the agent restarts (`--uninstall` is the way to take it all away).
 //!
 //! `node` sets the node up and makes it match each node list, `uplink`
-//! puts `from_uplink` on the node's uplink, `policy` keeps NetworkPolicy
-//! and eBPF Services in step with the watched objects, `ready` decides
+//! puts `from_uplink` on the node's uplink, `enforce` keeps NetworkPolicy
+//! and eBPF Services in step with the watched objects, `readiness` decides
 //! and reports readiness.
 
+mod enforce;
 mod node;
-mod policy;
-mod ready;
+mod readiness;
 mod uplink;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flatnet_common::PROG_FROM_UPLINK;
-use ipnetwork::IpNetwork;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::config::{Args, ServicesMode, SourceKind};
 use crate::error::{AgentError, Result};
-use crate::install::{self, BINARIES, ConflistSpec};
+use crate::install::{self};
 use crate::metrics::{self, AgentMetrics};
 use crate::peers::file_source::FileSource;
 use crate::peers::kube_source::{self, KubeSource};
 use crate::peers::routes::Routes;
-use crate::peers::{self, Node, PeerSource, Plan};
-use crate::policy;
-use crate::policy::records_watch;
+use crate::peers::{Node, PeerSource};
 use crate::policy::sync::{DatapathSink, PolicySync};
 use crate::policy::watch::{self as policy_watch, PolicyObjects};
 use crate::reclaim::Reclaimer;
-use crate::services::sync::{self as service_sync, ServiceSync};
+use crate::services::sync::ServiceSync;
 use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{
-    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
-};
-use flatnet_datapath::masquerade;
-use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
-use flatnet_datapath::node::ensure_datapath;
-use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use flatnet_datapath::bpf::Datapath;
+use flatnet_datapath::netlink::Netlink;
+use flatnet_datapath::node::first_packet::isolation_file;
 use flatnet_datapath::node::markers as ready;
 
 pub use uplink::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY};

@@ -1,46 +1,30 @@
 //! Setting the node up once, and making it match each node list: routes,
 //! the remote-CIDR map, no-masquerade sets, the uplink program, the conflist.
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use flatnet_common::PROG_FROM_UPLINK;
 use ipnetwork::IpNetwork;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 
-use crate::config::{Args, ServicesMode, SourceKind};
+use crate::config::Args;
 use crate::error::{AgentError, Result};
 use crate::install::{self, BINARIES, ConflistSpec};
-use crate::metrics::{self, AgentMetrics};
-use crate::peers::file_source::FileSource;
-use crate::peers::kube_source::{self, KubeSource};
+use crate::metrics::AgentMetrics;
 use crate::peers::routes::Routes;
-use crate::peers::{self, Node, PeerSource, Plan};
-use crate::policy;
-use crate::policy::records_watch;
-use crate::policy::sync::{DatapathSink, PolicySync};
-use crate::policy::watch::{self as policy_watch, PolicyObjects};
+use crate::peers::{self, Node, Plan};
 use crate::reclaim::Reclaimer;
-use crate::services::sync::{self as service_sync, ServiceSync};
 use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{
-    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
-};
+use flatnet_datapath::bpf::{self, DATAPATH_ID, Datapath};
 use flatnet_datapath::masquerade;
 use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
 use flatnet_datapath::node::ensure_datapath;
-use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
 use flatnet_datapath::node::markers as ready;
 
-use super::Agent;
+use super::readiness::plugin_build_problem;
+use super::{Agent, local_addresses, own_directory};
 
 impl Agent {
     /// Everything that does not depend on the node list: forwarding on,
     /// bpffs, the datapath loaded and pinned (so no CNI ADD loads it on a
     /// live node), the network marked as the agent's, binaries installed.
-    async fn start(
+    pub(super) async fn start(
         args: Args,
         node_name: String,
         conf: NetConf,
@@ -122,7 +106,7 @@ impl Agent {
     /// Makes the node match `nodes`, then reports readiness as the node's
     /// own setup turned out. Failures are logged and retried at the next
     /// resync; `fresh` marks a new list (logged in more detail).
-    async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
+    pub(super) async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
         let plan = peers::plan(nodes, &self.node_name);
         if plan.skipped != self.last_skipped {
             for reason in &plan.skipped {
@@ -166,7 +150,7 @@ impl Agent {
     /// uplink, conflist or nftables not writable): the node is not ready.
     /// A peer route that is not in place is the peer's problem: logged,
     /// counted, kept out of the fast path, and the pass goes on.
-    async fn sync(&mut self, plan: &Plan) -> Result<()> {
+    pub(super) async fn sync(&mut self, plan: &Plan) -> Result<()> {
         // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
         drop(ensure_datapath(&self.conf.node_network(), &self.datapath, &self.host).await?);
         let outcome = self.routes.sync(&plan.routes).await?;
@@ -238,7 +222,7 @@ impl Agent {
     /// other nodes' pod CIDRs are never masqueraded, whether a packet takes
     /// the fast path or the host stack. All planned peer CIDRs, routed or
     /// not: what matters is that the destination is a pod.
-    async fn sync_no_masquerade(&self, plan: &Plan) -> Result<()> {
+    pub(super) async fn sync_no_masquerade(&self, plan: &Plan) -> Result<()> {
         let network = self.args.network.clone();
         if !self.args.ip_masq && !masquerade::installed(&network) {
             return Ok(());

@@ -1,37 +1,10 @@
 //! `from_uplink` on the node's uplink.
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
 use flatnet_common::PROG_FROM_UPLINK;
-use ipnetwork::IpNetwork;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 
-use crate::config::{Args, ServicesMode, SourceKind};
 use crate::error::{AgentError, Result};
-use crate::install::{self, BINARIES, ConflistSpec};
-use crate::metrics::{self, AgentMetrics};
-use crate::peers::file_source::FileSource;
-use crate::peers::kube_source::{self, KubeSource};
-use crate::peers::routes::Routes;
-use crate::peers::{self, Node, PeerSource, Plan};
-use crate::policy;
-use crate::policy::records_watch;
-use crate::policy::sync::{DatapathSink, PolicySync};
-use crate::policy::watch::{self as policy_watch, PolicyObjects};
-use crate::reclaim::Reclaimer;
-use crate::services::sync::{self as service_sync, ServiceSync};
-use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{
-    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
-};
-use flatnet_datapath::masquerade;
-use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
-use flatnet_datapath::node::ensure_datapath;
-use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
-use flatnet_datapath::node::markers as ready;
+use crate::peers::Node;
+use flatnet_datapath::bpf::{AttachMode, LinkRole, attach_mode, ingress_programs};
 
 use super::Agent;
 
@@ -44,7 +17,7 @@ pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
 impl Agent {
     /// The uplink's ifindex: `--uplink`, else the interface holding the
     /// node's first address.
-    async fn uplink(&self, me: &Node) -> Result<u32> {
+    pub(super) async fn uplink(&self, me: &Node) -> Result<u32> {
         if let Some(name) = &self.args.uplink {
             return self
                 .host
@@ -68,7 +41,7 @@ impl Agent {
     /// is there already: a pinned tcx link (a filter of an older agent taken
     /// off once the link is there), or, without tcx, a cls_bpf filter of its
     /// own priority/handle (create-or-replace: no packet misses a program).
-    async fn attach_uplink(&self, index: u32) -> Result<()> {
+    pub(super) async fn attach_uplink(&self, index: u32) -> Result<()> {
         let program = self.datapath.program(PROG_FROM_UPLINK)?;
         let id = program.id()?;
         let name = self

@@ -2,45 +2,21 @@
 //! the features the agent runs, and reported to CNI STATUS (the marker),
 //! the `flatnet_agent_ready` gauge and /readyz.
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use flatnet_common::PROG_FROM_UPLINK;
-use ipnetwork::IpNetwork;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
-
-use crate::config::{Args, ServicesMode, SourceKind};
-use crate::error::{AgentError, Result};
-use crate::install::{self, BINARIES, ConflistSpec};
-use crate::metrics::{self, AgentMetrics};
-use crate::peers::file_source::FileSource;
-use crate::peers::kube_source::{self, KubeSource};
-use crate::peers::routes::Routes;
-use crate::peers::{self, Node, PeerSource, Plan};
-use crate::policy;
-use crate::policy::records_watch;
-use crate::policy::sync::{DatapathSink, PolicySync};
-use crate::policy::watch::{self as policy_watch, PolicyObjects};
-use crate::reclaim::Reclaimer;
-use crate::services::sync::{self as service_sync, ServiceSync};
-use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{
-    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
-};
-use flatnet_datapath::masquerade;
-use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
-use flatnet_datapath::node::ensure_datapath;
-use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
+use crate::config::ServicesMode;
+use crate::install::{self};
+use crate::metrics::{self};
+use crate::policy::watch::PolicyObjects;
+use flatnet_datapath::bpf::DATAPATH_ID;
 use flatnet_datapath::node::markers as ready;
 
-use super::Agent;
+use super::{Agent, remove_if_present};
 
 /// Why the `flatnet` plugin in `bin_dir` cannot serve this agent's network:
 /// it is another datapath build (its `--version` says which), so its ADDs
 /// are refused there; None when it is this build.
-fn plugin_build_problem(bin_dir: &Path) -> Option<String> {
+pub(super) fn plugin_build_problem(bin_dir: &Path) -> Option<String> {
     let plugin = bin_dir.join("flatnet");
     let said = std::process::Command::new(&plugin)
         .arg("--version")
@@ -74,7 +50,7 @@ impl Agent {
     /// started with: NetworkPolicy or eBPF Services whose watches have not
     /// listed every kind are down (never silently open: new pods start
     /// isolated meanwhile), and the node is not ready, saying why.
-    fn refresh_ready(&mut self) {
+    pub(super) fn refresh_ready(&mut self) {
         let problem = self.objects.as_ref().and_then(PolicyObjects::problem);
         let mut down = Vec::new();
         for (enabled, feature, what) in [
@@ -115,7 +91,7 @@ impl Agent {
     /// The ready marker and gauge: ready when `setup_ok` and nothing is
     /// `down`; with features down the marker stays, naming them, so CNI
     /// STATUS says which and why.
-    fn report_ready(&mut self, setup_ok: bool, down: &[String]) {
+    pub(super) fn report_ready(&mut self, setup_ok: bool, down: &[String]) {
         let marker = ready::ready_marker(&self.args.network);
         let ready = setup_ok && down.is_empty();
         if setup_ok {
@@ -167,7 +143,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     /// A `flatnet` in a folder of its own that prints `version`.
-    fn plugin_saying(version: &str) -> tempfile::TempDir {
+    pub(super) fn plugin_saying(version: &str) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("flatnet");
         std::fs::write(&path, format!("#!/bin/sh\necho '{version}'\n")).unwrap();
@@ -176,7 +152,7 @@ mod tests {
     }
 
     #[test]
-    fn an_installed_plugin_of_another_build_is_named() {
+    pub(super) fn an_installed_plugin_of_another_build_is_named() {
         let same = plugin_saying(&format!("flatnet 0.1.0 datapath {DATAPATH_ID}"));
         assert_eq!(plugin_build_problem(same.path()), None);
         let other = plugin_saying("flatnet 0.1.0 datapath 0123456789ab");

@@ -1,40 +1,18 @@
 //! NetworkPolicy and eBPF Services on this node, kept in step with the
 //! watched cluster objects.
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use flatnet_common::PROG_FROM_UPLINK;
-use ipnetwork::IpNetwork;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::config::{Args, ServicesMode, SourceKind};
 use crate::error::{AgentError, Result};
-use crate::install::{self, BINARIES, ConflistSpec};
-use crate::metrics::{self, AgentMetrics};
-use crate::peers::file_source::FileSource;
-use crate::peers::kube_source::{self, KubeSource};
-use crate::peers::routes::Routes;
-use crate::peers::{self, Node, PeerSource, Plan};
+use crate::install::{self};
 use crate::policy;
 use crate::policy::records_watch;
-use crate::policy::sync::{DatapathSink, PolicySync};
-use crate::policy::watch::{self as policy_watch, PolicyObjects};
-use crate::reclaim::Reclaimer;
 use crate::services::sync::{self as service_sync, ServiceSync};
-use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{
-    self, AttachMode, DATAPATH_ID, Datapath, LinkRole, attach_mode, ingress_programs,
-};
-use flatnet_datapath::masquerade;
-use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
-use flatnet_datapath::node::ensure_datapath;
 use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
-use flatnet_datapath::node::markers as ready;
 
-use super::Agent;
+use super::{Agent, cgroup2_root};
 
 /// `isolation-<network>.json` for ADD, written atomically when it changed.
 fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
@@ -47,7 +25,7 @@ fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
 impl Agent {
     /// Recomputes this node's NetworkPolicy plan from the watched objects
     /// and writes what changed.
-    fn enforce_policy(&mut self) {
+    pub(super) fn enforce_policy(&mut self) {
         if self.policy.is_none() {
             return;
         }
@@ -91,7 +69,7 @@ impl Agent {
     /// watches have listed, a new pod starts isolated both ways (an earlier
     /// run's file, still in /run, stays in force meanwhile); ADD's pod
     /// records wake the computation.
-    fn start_first_packet_policy(&self) -> Result<watch::Receiver<u64>> {
+    pub(super) fn start_first_packet_policy(&self) -> Result<watch::Receiver<u64>> {
         let network = &self.args.network;
         if !isolation_file(network).exists() {
             write_isolation(network, &Isolation::default())?;
@@ -101,7 +79,7 @@ impl Agent {
 
     /// The addresses ADD recorded for this node's pods, each still in the
     /// datapath (a record a crash left behind names none).
-    fn recorded_local_ips(&self) -> policy::LocalIps {
+    pub(super) fn recorded_local_ips(&self) -> policy::LocalIps {
         let mut local = policy::LocalIps {
             node: self.node_name.clone(),
             ..Default::default()
@@ -123,7 +101,7 @@ impl Agent {
     /// `--services ebpf`: the socket programs attached to the cgroup (this
     /// build's replacing any earlier ones without a gap) and the Service
     /// maps as they are adopted.
-    fn start_services(&self) -> Result<ServiceSync> {
+    pub(super) fn start_services(&self) -> Result<ServiceSync> {
         let cgroup = match &self.args.services_cgroup {
             Some(dir) => dir.clone(),
             None => cgroup2_root()?,
@@ -138,7 +116,7 @@ impl Agent {
 
     /// Brings the Service maps up to date with the watched Services and
     /// EndpointSlices.
-    fn sync_services(&mut self) {
+    pub(super) fn sync_services(&mut self) {
         let (Some(sync), Some(objects)) = (self.services.as_mut(), self.objects.as_ref()) else {
             return;
         };
