@@ -13,17 +13,16 @@
 //! - The node's own addresses go to the sink at each resync: traffic from
 //!   the node (kubelet's probes) passes any ingress policy.
 
+mod datapath;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
-use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
-
-use flatnet_datapath::node::markers::policy_names_file;
-
-use crate::error::{AgentError, Result};
-use crate::install::write_atomically;
+use crate::error::Result;
 use crate::metrics::{AgentMetrics, DirectionLabel};
-use crate::policy::{Allowed, Direction, Plan, PodKey, PodPolicy, PolicyError, PortSet, Table};
+use crate::policy::{Allowed, Direction, Plan, PodKey, PodPolicy, PolicyError};
+
+pub use datapath::{DatapathSink, rules};
 
 /// What enforces pods' policies.
 pub trait PolicySink {
@@ -295,136 +294,6 @@ impl<S: PolicySink> PolicySync<S> {
     }
 }
 
-/// The datapath's policy maps (`flatnet_datapath::bpf`'s policy API): a pod is
-/// found by its address (its counter slot), an isolated direction becomes
-/// its table, a pod isolated in neither direction is cleared.
-pub struct DatapathSink {
-    datapath: Datapath,
-    /// What `policy_names` wrote last.
-    names: Option<BTreeMap<IpAddr, Vec<String>>>,
-}
-
-impl DatapathSink {
-    pub fn new(datapath: Datapath) -> Self {
-        DatapathSink {
-            datapath,
-            names: None,
-        }
-    }
-
-    /// The counter slot of the first of `ips` the datapath has.
-    fn slot(&self, ips: &[IpAddr]) -> Result<Option<u32>> {
-        for ip in ips {
-            if let Some(slot) = self.datapath.slot_of(*ip)? {
-                return Ok(Some(slot));
-            }
-        }
-        Ok(None)
-    }
-}
-
-impl PolicySink for DatapathSink {
-    fn apply(
-        &mut self,
-        _pod: &PodKey,
-        ips: &[IpAddr],
-        policy: Option<&PodPolicy>,
-    ) -> Result<Applied> {
-        let Some(policy) = policy else {
-            let mut slots = BTreeSet::new();
-            for ip in ips {
-                slots.extend(self.datapath.slot_of(*ip)?);
-            }
-            for slot in &slots {
-                self.datapath.clear_pod_policy(*slot)?;
-            }
-            return Ok(if slots.is_empty() {
-                Applied::Unchanged
-            } else {
-                Applied::Written
-            });
-        };
-        let Some(slot) = self.slot(&policy.ips)? else {
-            return Ok(Applied::NotAttached);
-        };
-        let ingress = rules(&policy.ingress);
-        let egress = rules(&policy.egress);
-        if ingress.is_none() && egress.is_none() {
-            // Most pods: never isolated, nothing to clear.
-            if self.datapath.pod_policy(slot)?.flags == 0 {
-                return Ok(Applied::Unchanged);
-            }
-            self.datapath.clear_pod_policy(slot)?;
-            return Ok(Applied::Written);
-        }
-        self.datapath
-            .set_pod_policy(slot, ingress.as_deref(), egress.as_deref())?;
-        Ok(Applied::Written)
-    }
-
-    fn local_addresses(&mut self, addresses: &[IpAddr]) -> Result<()> {
-        Ok(self.datapath.set_local_addresses(addresses)?)
-    }
-
-    fn in_place(&mut self, policy: &PodPolicy) -> bool {
-        let isolated =
-            matches!(policy.ingress, Allowed::Only(_)) || matches!(policy.egress, Allowed::Only(_));
-        match self.slot(&policy.ips) {
-            Ok(Some(slot)) => self
-                .datapath
-                .pod_policy(slot)
-                .is_ok_and(|state| (state.flags != 0) == isolated),
-            // Not attached (yet, or any more): nothing to rewrite here.
-            _ => true,
-        }
-    }
-
-    /// `/run/flatnet/policy-<network>.json`, written atomically when it changed.
-    fn policy_names(&mut self, names: &BTreeMap<IpAddr, Vec<String>>) -> Result<()> {
-        if self.names.as_ref() == Some(names) {
-            return Ok(());
-        }
-        let path = policy_names_file(&self.datapath.network_name());
-        let bytes = serde_json::to_vec_pretty(names)
-            .map_err(|e| AgentError::io(format!("encoding {}", path.display()), e.into()))?;
-        write_atomically(&path, &bytes, 0o644)?;
-        self.names = Some(names.clone());
-        Ok(())
-    }
-}
-
-/// An isolated direction's table as the datapath takes it; None: not
-/// isolated.
-pub fn rules(allowed: &Allowed) -> Option<Vec<PolicyRule>> {
-    match allowed {
-        Allowed::All => None,
-        Allowed::Only(table) => Some(table_rules(table)),
-    }
-}
-
-fn table_rules(table: &Table) -> Vec<PolicyRule> {
-    table
-        .entries
-        .iter()
-        .map(|entry| PolicyRule {
-            cidr: entry.cidr,
-            ports: match &entry.ports {
-                PortSet::Any => PolicyPorts::Any,
-                PortSet::Ranges(ranges) => PolicyPorts::Ranges(
-                    ranges
-                        .iter()
-                        .map(|r| PolicyPortRange {
-                            protocol: r.protocol.number(),
-                            first: r.first,
-                            last: r.last,
-                        })
-                        .collect(),
-                ),
-            },
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -432,7 +301,8 @@ mod tests {
     use super::*;
     use crate::error::AgentError;
     use crate::metrics;
-    use crate::policy::{Entry, PortRange, Protocol};
+    use crate::policy::{Entry, PortRange, PortSet, Protocol, Table};
+    use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts};
 
     /// Records what it is asked; pods with an address in `attached` are
     /// in the datapath, those in `failing` fail.

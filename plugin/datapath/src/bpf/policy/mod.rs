@@ -9,14 +9,17 @@ use std::collections::HashSet;
 
 use flatnet_common::{
     LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6,
-    POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS,
-    POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, PolicyCidrV4, PolicyCidrV6, PolicyDrops, PolicyPod,
-    PolicyRange,
+    POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, PolicyCidrV4,
+    PolicyCidrV6, PolicyDrops, PolicyPod,
 };
 // The map value; `PolicyPorts` here is the library's own enum.
 use flatnet_common::PolicyPorts as PortsValue;
 
+mod keys;
+
 use super::*;
+use keys::{Address, check_slot, key_v4, key_v6, policy_network, rule_of};
+pub use keys::{local_addr_key, ports_value};
 
 /// Ports `first..=last` of IP protocol `protocol` (6 TCP, 17 UDP, 132 SCTP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -52,68 +55,6 @@ pub struct PolicyDropCounts {
     pub ingress_bytes: u64,
     pub egress_packets: u64,
     pub egress_bytes: u64,
-}
-
-/// The map value of `ports`; an error when it holds too many ranges.
-pub fn ports_value(cidr: &IpNetwork, ports: &PolicyPorts) -> Result<PortsValue> {
-    let mut value = PortsValue::default();
-    match ports {
-        PolicyPorts::Any => value.any = 1,
-        PolicyPorts::Ranges(ranges) => {
-            if ranges.len() > POLICY_MAX_RANGES {
-                return Err(Error::Datapath(format!(
-                    "the policy entry for {cidr} has {} port ranges; an entry holds at most {POLICY_MAX_RANGES}",
-                    ranges.len()
-                )));
-            }
-            for (slot, range) in value.ranges.iter_mut().zip(ranges) {
-                if range.first > range.last {
-                    return Err(Error::Datapath(format!(
-                        "the policy entry for {cidr} has the empty port range {}-{}",
-                        range.first, range.last
-                    )));
-                }
-                *slot = PolicyRange {
-                    protocol: range.protocol,
-                    _pad: 0,
-                    first: range.first,
-                    last: range.last,
-                };
-            }
-            value.count = ranges.len() as u8;
-        }
-    }
-    Ok(value)
-}
-
-fn key_v4(slot: u32, direction: u32, net: &ipnetwork::Ipv4Network) -> LpmKey<PolicyCidrV4> {
-    LpmKey::new(
-        POLICY_KEY_FIXED_BITS + u32::from(net.prefix()),
-        PolicyCidrV4 {
-            slot,
-            direction,
-            address: net.network().octets(),
-        },
-    )
-}
-
-fn key_v6(slot: u32, direction: u32, net: &ipnetwork::Ipv6Network) -> LpmKey<PolicyCidrV6> {
-    LpmKey::new(
-        POLICY_KEY_FIXED_BITS + u32::from(net.prefix()),
-        PolicyCidrV6 {
-            slot,
-            direction,
-            address: net.network().octets(),
-        },
-    )
-}
-
-/// A node address as `LOCAL_ADDRS` keys it (IPv4 mapped into IPv6).
-pub fn local_addr_key(address: IpAddr) -> LocalAddrKey {
-    match address {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 impl Datapath {
@@ -424,111 +365,5 @@ impl Datapath {
         self.policy_drops_map()?
             .set(slot, zeros, 0)
             .map_err(|e| Error::bpf("zeroing a pod's policy drops", e))
-    }
-}
-
-/// An address of either family, as keyed.
-#[derive(Clone, Copy)]
-enum Address {
-    V4([u8; 4]),
-    V6([u8; 16]),
-}
-
-fn check_slot(slot: u32) -> Result<()> {
-    if slot == NO_COUNTER_SLOT || slot >= MAX_ENDPOINTS {
-        return Err(Error::Datapath(format!(
-            "{slot} is no pod's counter slot (1..{MAX_ENDPOINTS})"
-        )));
-    }
-    Ok(())
-}
-
-fn policy_network(address: IpAddr, prefix_len: u32) -> Result<IpNetwork> {
-    let prefix = prefix_len
-        .checked_sub(POLICY_KEY_FIXED_BITS)
-        .and_then(|p| u8::try_from(p).ok())
-        .unwrap_or(u8::MAX);
-    IpNetwork::new(address, prefix)
-        .map_err(|e| Error::Datapath(format!("a policy key is malformed: {e}")))
-}
-
-fn rule_of(cidr: IpNetwork, value: &PortsValue) -> PolicyRule {
-    let ports = if value.any != 0 {
-        PolicyPorts::Any
-    } else {
-        PolicyPorts::Ranges(
-            value
-                .ranges
-                .iter()
-                .take(usize::from(value.count).min(POLICY_MAX_RANGES))
-                .map(|r| PolicyPortRange {
-                    protocol: r.protocol,
-                    first: r.first,
-                    last: r.last,
-                })
-                .collect(),
-        )
-    };
-    PolicyRule { cidr, ports }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn port_sets_become_map_values() {
-        let cidr: IpNetwork = "10.0.0.0/8".parse().unwrap();
-        let any = ports_value(&cidr, &PolicyPorts::Any).unwrap();
-        assert_eq!((any.any, any.count), (1, 0));
-        let deny = ports_value(&cidr, &PolicyPorts::Ranges(vec![])).unwrap();
-        assert_eq!((deny.any, deny.count), (0, 0));
-        let ranges = vec![
-            PolicyPortRange {
-                protocol: 6,
-                first: 80,
-                last: 80,
-            },
-            PolicyPortRange {
-                protocol: 17,
-                first: 53,
-                last: 54,
-            },
-        ];
-        let value = ports_value(&cidr, &PolicyPorts::Ranges(ranges.clone())).unwrap();
-        assert_eq!(value.count, 2);
-        assert_eq!(
-            (
-                value.ranges[1].protocol,
-                value.ranges[1].first,
-                value.ranges[1].last
-            ),
-            (17, 53, 54)
-        );
-        assert_eq!(rule_of(cidr, &value).ports, PolicyPorts::Ranges(ranges));
-        let too_many = vec![
-            PolicyPortRange {
-                protocol: 6,
-                first: 1,
-                last: 1,
-            };
-            POLICY_MAX_RANGES + 1
-        ];
-        assert!(ports_value(&cidr, &PolicyPorts::Ranges(too_many)).is_err());
-    }
-
-    #[test]
-    fn local_addresses_are_keyed_in_one_family() {
-        assert_eq!(
-            local_addr_key("192.168.1.2".parse().unwrap()),
-            "::ffff:192.168.1.2"
-                .parse::<std::net::Ipv6Addr>()
-                .unwrap()
-                .octets()
-        );
-        assert_eq!(
-            policy_network(IpAddr::from([10, 0, 0, 0]), 64 + 8).unwrap(),
-            "10.0.0.0/8".parse::<IpNetwork>().unwrap()
-        );
     }
 }
