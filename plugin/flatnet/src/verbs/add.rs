@@ -4,13 +4,12 @@
 //! undone on failure.
 
 use std::fs::File;
-use std::path::Path;
 
 use flatnet_common::{ENDPOINT_F_NONE, Endpoint};
 
-use super::plan::{AttachmentPlan, InterfacePlan};
+use super::plan::{AttachmentPlan, HostAttach, InterfacePlan, PodIdentity};
 use crate::after_answer::AfterAnswer;
-use crate::config::{DatapathMode, NetConf};
+use crate::config::NetConf;
 use crate::delegate::Delegate;
 use crate::error::{Error, Result};
 use flatnet_cni::env::{CniEnv, Command};
@@ -21,7 +20,7 @@ use flatnet_datapath::bpf::{
 use flatnet_datapath::masquerade;
 use flatnet_datapath::netlink::{Netlink, VethPair, set_sysctl};
 use flatnet_datapath::node::first_packet::{Isolation, PodRecord};
-use flatnet_datapath::node::{ensure_datapath, release_if_empty};
+use flatnet_datapath::node::{NodeNetwork, ensure_datapath, release_if_empty};
 use flatnet_datapath::trace::mark;
 
 /// What an ADD has done so far, so a failure can take it back.
@@ -39,10 +38,22 @@ struct Done {
 }
 
 /// The pod's namespace and name, when the runtime is kubelet's (CNI_ARGS).
-fn pod_identity(env: &CniEnv) -> Option<(&str, &str)> {
+fn pod_identity(env: &CniEnv) -> Option<PodIdentity> {
     let namespace = env.arg("K8S_POD_NAMESPACE").filter(|n| !n.is_empty())?;
     let name = env.arg("K8S_POD_NAME").filter(|n| !n.is_empty())?;
-    Some((namespace, name))
+    Some(PodIdentity {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+/// What an ADD works with: the container's namespace, the host's netlink,
+/// the IPAM plugin, and what has been done so far (for the rollback).
+struct AddContext {
+    netns: File,
+    host: Netlink,
+    ipam: Delegate,
+    done: Done,
 }
 
 pub async fn add(
@@ -55,138 +66,132 @@ pub async fn add(
         .netns
         .as_deref()
         .ok_or_else(|| Error::invalid_env("CNI_NETNS", "is missing"))?;
-    let netns = super::open_cni_netns(netns_path)?;
-    let ipam = Delegate::find(conf.require_ipam()?, &env.path)?;
-    let host = Netlink::connect()?;
-    let mut done = Done::default();
-    match add_steps(
-        env, conf, stdin, netns_path, &netns, &ipam, &host, &mut done, after,
-    )
-    .await
-    {
-        Ok(result) => Ok(result),
+    let mut ctx = AddContext {
+        netns: super::open_cni_netns(netns_path)?,
+        ipam: Delegate::find(conf.require_ipam()?, &env.path)?,
+        host: Netlink::connect()?,
+        done: Done::default(),
+    };
+    let interface = InterfacePlan::new(conf, &env.container_id, &env.ifname, netns_path);
+    mark("parse, open netns, connect");
+    let outcome = match plan(&mut ctx, env, conf, stdin, interface).await {
+        Ok(plan) => apply(&plan, &mut ctx, after).await.map(|()| plan),
+        Err(err) => Err(err),
+    };
+    match outcome {
+        Ok(plan) => Ok(plan.result(conf.version, conf.prev_result.as_ref())),
         Err(err) => {
-            rollback(conf, stdin, &ipam, &host, &mut done, after).await;
+            rollback(conf, stdin, &mut ctx, after).await;
             Err(err)
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn add_steps(
+/// The attachment's plan. The IPAM plugin runs while the veth pair (the
+/// part of the plan known without it) is made: neither needs the other,
+/// and its process start-up is most of an ADD's time.
+async fn plan(
+    ctx: &mut AddContext,
     env: &CniEnv,
     conf: &NetConf,
     stdin: &[u8],
-    netns_path: &Path,
-    netns: &File,
-    ipam: &Delegate,
-    host: &Netlink,
-    done: &mut Done,
-    after: &mut AfterAnswer,
-) -> Result<CniResult> {
-    let interface = InterfacePlan::new(conf, &env.container_id, &env.ifname, netns_path);
-    mark("parse, open netns, connect");
-
-    // The IPAM plugin runs while the veth pair is made: neither needs the
-    // other, and its process start-up is most of an ADD's time.
-    let running = ipam.start(Command::Add, stdin)?;
+    interface: InterfacePlan,
+) -> Result<AttachmentPlan> {
+    let running = ctx.ipam.start(Command::Add, stdin)?;
     // From here a failure gives the address back (DEL is idempotent).
-    done.ipam = true;
-    let veth = create_veth_pair(&interface, netns, host).await;
+    ctx.done.ipam = true;
+    let veth = create_veth_pair(&interface, &ctx.netns, &ctx.host).await;
     // Waited for before anything else, so a rollback's IPAM DEL never
     // overtakes this ADD.
     let answer = running.wait();
     let host_link = veth?;
-    done.host_veth = Some((host_link.index, host_link.name.clone()));
+    ctx.done.host_veth = Some((host_link.index, host_link.name.clone()));
     let answer = answer?.ok_or_else(|| {
-        flatnet_cni::error::Error::Delegate(format!("IPAM plugin {} returned no result", ipam.name))
+        flatnet_cni::error::Error::Delegate(format!(
+            "IPAM plugin {} returned no result",
+            ctx.ipam.name
+        ))
     })?;
     let ipam_result = CniResult::from_value(&answer, "the IPAM result")?;
-    let plan = AttachmentPlan::for_add(conf, interface, &ipam_result, &ipam.name)?;
+    let tcx = bpf::attach_mode() == AttachMode::Tcx;
+    let plan = AttachmentPlan::for_add(conf, interface, &ipam_result, &ctx.ipam.name, tcx)?
+        .for_pod(pod_identity(env));
     mark("IPAM ADD, with the veth pair made meanwhile");
+    Ok(plan)
+}
 
-    let pod = Netlink::connect_in(netns)?;
-    apply_pod_side(&plan, &pod).await?;
+/// Everything after IPAM, from the plan alone: the pod side, then under the
+/// network lock the datapath, gateway, routes, and the pod in the maps.
+async fn apply(plan: &AttachmentPlan, ctx: &mut AddContext, after: &mut AfterAnswer) -> Result<()> {
+    let Some((host_index, _)) = ctx.done.host_veth.clone() else {
+        return Err(Error::kernel(
+            format!("attaching {}", plan.interface.host_veth),
+            "the veth pair was not made",
+        ));
+    };
+    let pod = Netlink::connect_in(&ctx.netns)?;
+    apply_pod_side(plan, &pod).await?;
     mark("pod side configured");
 
-    // Host side, under the network lock: datapath, gateway, routes, the pod.
-    let datapath = conf.pinned_datapath()?;
+    let network = &plan.network;
+    let datapath = Datapath::for_network(network)?;
     bpf::ensure_bpffs_at(datapath.root())?;
-    refuse_other_agent_build(conf, &datapath)?;
-    let lock = ensure_datapath(&conf.node_network(), &datapath, host).await?;
+    refuse_other_agent_build(network, &datapath)?;
+    let lock = ensure_datapath(network, &datapath, &ctx.host).await?;
     lock.note_activity();
     mark("bpffs, lock, datapath loaded");
-    apply_host_side(conf, &plan, host, host_link.index).await?;
+    apply_host_side(plan, &ctx.host, host_index).await?;
     mark("gateway, host routes, neighbours");
-    let counter_slot = datapath.claim_counter_slot(host_link.index)?;
-    done.counter_slot = Some(counter_slot);
-    if plan.datapath == DatapathMode::Tc
-        && bpf::attach_mode() == AttachMode::Tcx
-        && !conf.shaping.egress
-    {
-        // The quick way now, the tcx link after the answer (see `after_answer`).
-        // Not for a pod whose egress the bandwidth plugin, next in the
-        // list, shapes: its `ingress` qdisc cannot sit beside clsact.
-        attach_filter(&datapath, host, host_link.index).await?;
-        after.move_to_tcx(
-            &conf.name,
-            &datapath,
-            host_link.index,
-            &plan.interface.host_veth,
-        );
-    } else {
-        attach_host_veth(
-            &datapath,
-            plan.datapath,
-            host,
-            host_link.index,
-            &plan.interface.host_veth,
-        )
-        .await?;
+    let counter_slot = datapath.claim_counter_slot(host_index)?;
+    ctx.done.counter_slot = Some(counter_slot);
+    let host_veth = &plan.interface.host_veth;
+    match plan.host_attach {
+        HostAttach::FilterThenTcx => {
+            // The quick way now, the tcx link after the answer (see `after_answer`).
+            attach_filter(&datapath, &ctx.host, host_index).await?;
+            after.move_to_tcx(&network.name, &datapath, host_index, host_veth);
+        }
+        HostAttach::Now | HostAttach::Xdp => {
+            attach_host_veth(&datapath, network.mode, &ctx.host, host_index, host_veth).await?;
+        }
     }
-    if plan.datapath == DatapathMode::Xdp {
-        prepare_pod_for_xdp(
-            &datapath,
-            netns,
-            &plan.interface.ifname,
-            &plan.interface.host_veth,
-        )?;
+    if plan.host_attach == HostAttach::Xdp {
+        prepare_pod_for_xdp(&datapath, &ctx.netns, &plan.interface.ifname, host_veth)?;
     }
     mark("datapath attached");
     let endpoint = Endpoint {
-        host_ifindex: host_link.index,
+        host_ifindex: host_index,
         flags: ENDPOINT_F_NONE,
         pod_mac: plan.interface.pod_mac,
         host_mac: plan.interface.host_mac,
         counter_slot,
     };
-    done.in_datapath = true;
+    ctx.done.in_datapath = true;
     // NetworkPolicy from the first packet: a pod of a namespace with
     // policies starts isolated, before it is reachable at all.
-    let identity = pod_identity(env);
-    let isolation = Isolation::read(&conf.name);
-    if let (Some((namespace, _)), Some(isolation)) = (identity, &isolation) {
-        let flags = isolation.start_flags(namespace);
-        done.policy_slot = Some(counter_slot);
-        datapath.start_pod_policy(counter_slot, &plan.interface.host_veth, flags)?;
+    let isolation = Isolation::read(&network.name);
+    if let (Some(pod), Some(isolation)) = (&plan.pod, &isolation) {
+        let flags = isolation.start_flags(&pod.namespace);
+        ctx.done.policy_slot = Some(counter_slot);
+        datapath.start_pod_policy(counter_slot, host_veth, flags)?;
     }
-    datapath.insert_pod(endpoint, &plan.endpoint_addresses, conf.shaping)?;
-    if let (Some((namespace, name)), Some(_)) = (identity, &isolation) {
+    datapath.insert_pod(endpoint, &plan.endpoint_addresses, plan.shaping)?;
+    if let (Some(pod), Some(_)) = (&plan.pod, &isolation) {
         // For the agent, who learns the address from the API only later.
-        done.record = true;
+        ctx.done.record = true;
         PodRecord {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
             ips: plan.endpoint_addresses.clone(),
         }
-        .write(&conf.name, &plan.interface.host_veth)?;
+        .write(&network.name, host_veth)?;
     }
     mark("pod inserted");
     // Last, so a failed ADD leaves the switches as it found them; as the
     // reference bridge plugin does, since the host forwards whatever the
-    // datapath does not redirect (see README, "A fresh node").
+    // datapath does not redirect (see docs/datapath.md, "A fresh node").
     plan.forwarding.ensure()?;
-    Ok(plan.result(conf.version, conf.prev_result.as_ref()))
+    Ok(())
 }
 
 /// One datapath build per node, the agent's: on a network flatnet-agent
@@ -194,17 +199,17 @@ async fn add_steps(
 /// agent's (the agent's policy and Service writes would then fail, and the
 /// two would take turns). It fails instead, saying which builds meet; a
 /// rolling upgrade's new agent installs its own plugin binaries.
-fn refuse_other_agent_build(conf: &NetConf, datapath: &Datapath) -> Result<()> {
+fn refuse_other_agent_build(network: &NodeNetwork, datapath: &Datapath) -> Result<()> {
     // This build pinned (every ADD but an upgrade's): one stat, no listing.
-    if datapath.is_loaded(conf.datapath)
-        || !flatnet_datapath::node::markers::is_agent_managed(&conf.name)
+    if datapath.is_loaded(network.mode)
+        || !flatnet_datapath::node::markers::is_agent_managed(&network.name)
     {
         return Ok(());
     }
     match datapath.other_pinned_build() {
         Some(agents) => Err(Error::datapath(format!(
             "network {} is managed by flatnet-agent, whose datapath build {agents} is pinned under {}; this plugin is build {} and will not replace it: install the agent's plugin binaries (flatnet-agent --install-binaries does) or run an agent of this build",
-            conf.name,
+            network.name,
             datapath.pin_dir().display(),
             bpf::DATAPATH_ID
         ))),
@@ -268,24 +273,20 @@ async fn apply_pod_side(plan: &AttachmentPlan, pod: &Netlink) -> Result<()> {
 /// On the host: the gateway device with the plan's gateway addresses, a
 /// route and a permanent neighbour per pod address on the host veth
 /// (`host_veth`), and masquerading when asked for.
-async fn apply_host_side(
-    conf: &NetConf,
-    plan: &AttachmentPlan,
-    host: &Netlink,
-    host_veth: u32,
-) -> Result<()> {
+async fn apply_host_side(plan: &AttachmentPlan, host: &Netlink, host_veth: u32) -> Result<()> {
+    let network = &plan.network;
     let gateway_index = host
-        .ensure_gateway_device(&conf.gateway_device, &conf.name)
+        .ensure_gateway_device(&network.gateway_device, &network.name)
         .await?;
     if plan.gateway_ipv6 {
         // The gateway device was created without IPv6 (no autoconf chatter):
         // turn it on for the IPv6 gateway, still without a link-local address.
         set_sysctl(
-            &format!("net/ipv6/conf/{}/addr_gen_mode", conf.gateway_device),
+            &format!("net/ipv6/conf/{}/addr_gen_mode", network.gateway_device),
             "1",
         )?;
         set_sysctl(
-            &format!("net/ipv6/conf/{}/disable_ipv6", conf.gateway_device),
+            &format!("net/ipv6/conf/{}/disable_ipv6", network.gateway_device),
             "0",
         )?;
     }
@@ -300,20 +301,16 @@ async fn apply_host_side(
         host.add_permanent_neighbour(host_veth, *ip, *mac).await?;
     }
     if !plan.masquerade.is_empty() {
-        masquerade::ensure(&conf.name, &plan.masquerade)?;
+        masquerade::ensure(&network.name, &plan.masquerade)?;
     }
     Ok(())
 }
 
 /// Takes back a failed ADD; every step is best effort and logged.
-async fn rollback(
-    conf: &NetConf,
-    stdin: &[u8],
-    ipam: &Delegate,
-    host: &Netlink,
-    done: &mut Done,
-    after: &mut AfterAnswer,
-) {
+async fn rollback(conf: &NetConf, stdin: &[u8], ctx: &mut AddContext, after: &mut AfterAnswer) {
+    let AddContext {
+        host, ipam, done, ..
+    } = ctx;
     // The ADD got as far as the datapath only with a usable pin root.
     let datapath = conf.pinned_datapath().ok();
     if let Some(datapath) = &datapath

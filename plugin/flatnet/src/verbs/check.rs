@@ -1,7 +1,9 @@
 //! CHECK: the kernel still holds what ADD planned. The plan is rebuilt from
 //! `prevResult` (`plan.rs`) and each part compared with what is there: the
 //! host veth and its program, the pod's interface, MAC, addresses and
-//! routes, the host routes and neighbours, and the datapath's endpoints.
+//! routes, the host routes and neighbours, the datapath's endpoints and
+//! what it leaves to the bandwidth plugin, the gateway device's addresses,
+//! the masquerade rules with `ipMasq`, and the node's forwarding.
 
 use rtnetlink::packet_route::AddressFamily;
 
@@ -14,7 +16,8 @@ use crate::error::{Error, Result};
 use flatnet_cni::env::{CniEnv, Command};
 use flatnet_cni::error::Error as CniError;
 use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS};
-use flatnet_datapath::bpf::{Datapath, Shaping, ingress_programs};
+use flatnet_datapath::bpf::{self, AttachMode, Datapath, Shaping, ingress_programs};
+use flatnet_datapath::masquerade;
 use flatnet_datapath::netlink::{LinkState, Netlink, RouteState, format_mac};
 
 fn mismatch(msg: impl Into<String>) -> Error {
@@ -31,7 +34,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         .ok_or_else(|| Error::invalid_env("CNI_NETNS", "is missing"))?;
     let netns = super::open_cni_netns(netns_path)?;
     let interface = InterfacePlan::new(conf, &env.container_id, &env.ifname, netns_path);
-    let plan = AttachmentPlan::for_check(conf, interface, prev)?;
+    let tcx = bpf::attach_mode() == AttachMode::Tcx;
+    let plan = AttachmentPlan::for_check(conf, interface, prev, tcx)?;
     let host = Netlink::connect()?;
 
     let host_link = host
@@ -43,8 +47,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
                 plan.interface.host_veth, env.container_id, env.ifname
             ))
         })?;
-    let datapath = conf.pinned_datapath()?;
-    check_program(conf, &plan, &datapath, &host, &host_link).await?;
+    let datapath = Datapath::for_network(&plan.network)?;
+    check_program(&plan, &datapath, &host, &host_link).await?;
     let pod = Netlink::connect_in(&netns)?;
     let pod_link = check_pod_side(&plan, &pod).await?;
     check_host_side(&plan, &host, &host_link).await?;
@@ -52,12 +56,14 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         check_big_tcp(&plan, link)?;
     }
     check_endpoints(&plan, &datapath, &host_link, &pod_link)?;
-    check_shaping(conf, &plan, &datapath)?;
+    check_shaping(&plan, &datapath)?;
+    check_gateway(&plan, &host).await?;
+    check_masquerade(&plan)?;
     let forwarding = plan.forwarding.problems();
     if !forwarding.is_empty() {
         return Err(mismatch(format!(
             "network {}: {}",
-            conf.name,
+            plan.network.name,
             forwarding.join("; ")
         )));
     }
@@ -69,22 +75,22 @@ pub async fn check(env: &CniEnv, conf: &NetConf, stdin: &[u8]) -> Result<()> {
 
 /// This build's program for the network's mode runs on the host veth.
 async fn check_program(
-    conf: &NetConf,
     plan: &AttachmentPlan,
     datapath: &Datapath,
     host: &Netlink,
     host_link: &LinkState,
 ) -> Result<()> {
-    if !datapath.is_loaded(plan.datapath) {
+    let mode = plan.network.mode;
+    if !datapath.is_loaded(mode) {
         return Err(mismatch(format!(
             "the {} datapath of network {} is not pinned under {}",
-            plan.datapath.as_str(),
-            conf.name,
+            mode.as_str(),
+            plan.network.name,
             datapath.pin_dir().display()
         )));
     }
     let veth = &plan.interface.host_veth;
-    match plan.datapath {
+    match mode {
         DatapathMode::Tc => {
             let program_id = datapath.program(PROG_FROM_POD)?.id()?;
             let attached = ingress_programs(host, host_link.index, veth).await?;
@@ -225,7 +231,7 @@ async fn all_routes(netlink: &Netlink) -> Result<Vec<RouteState>> {
 
 /// The fast path leaves to the stack what the runtime asked the bandwidth
 /// plugin to shape (`runtimeConfig.bandwidth`), and only that.
-fn check_shaping(conf: &NetConf, plan: &AttachmentPlan, datapath: &Datapath) -> Result<()> {
+fn check_shaping(plan: &AttachmentPlan, datapath: &Datapath) -> Result<()> {
     let Some(address) = plan.endpoint_addresses.first() else {
         return Ok(());
     };
@@ -237,10 +243,41 @@ fn check_shaping(conf: &NetConf, plan: &AttachmentPlan, datapath: &Datapath) -> 
         ingress: endpoint.flags & ENDPOINT_F_SHAPED_INGRESS != 0,
         egress: sources.flags & SOURCES_F_SHAPED_EGRESS != 0,
     };
-    if recorded != conf.shaping {
+    if recorded != plan.shaping {
         return Err(mismatch(format!(
             "the datapath shapes {recorded:?} for this pod, runtimeConfig.bandwidth asks for {:?}",
-            conf.shaping
+            plan.shaping
+        )));
+    }
+    Ok(())
+}
+
+/// The gateway device exists and holds each range's gateway address.
+async fn check_gateway(plan: &AttachmentPlan, host: &Netlink) -> Result<()> {
+    let device = &plan.network.gateway_device;
+    let Some(link) = host.link_by_name(device).await? else {
+        return Err(mismatch(format!(
+            "gateway device {device} of network {} is missing",
+            plan.network.name
+        )));
+    };
+    let held = host.addresses(link.index).await?;
+    for gateway in &plan.gateway_addresses {
+        if !held.contains(gateway) {
+            return Err(mismatch(format!(
+                "gateway device {device} does not hold {gateway}; it holds {held:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// With `ipMasq`, the network's masquerade rules are in place.
+fn check_masquerade(plan: &AttachmentPlan) -> Result<()> {
+    if !plan.masquerade.is_empty() && !masquerade::installed(&plan.network.name) {
+        return Err(mismatch(format!(
+            "network {} asks for ipMasq but its masquerade rules are missing",
+            plan.network.name
         )));
     }
     Ok(())

@@ -19,7 +19,9 @@ use crate::error::{Error, Result};
 use flatnet_cni::error::Error as CniError;
 use flatnet_cni::result::{CniResult, Interface, IpConfig, Route};
 use flatnet_cni::version::SpecVersion;
+use flatnet_datapath::bpf::Shaping;
 use flatnet_datapath::netlink::{AttachmentNames, Forwarding, Mac, format_mac, parse_mac};
+use flatnet_datapath::node::NodeNetwork;
 
 /// The pod's veth pair: what ADD creates before IPAM has answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,11 +66,51 @@ pub struct HostRoute {
     pub src: IpAddr,
 }
 
-/// Everything of one attachment, host and pod side.
+/// How the pod's program goes on its host veth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostAttach {
+    /// tc on a kernel with tcx: a cls_bpf filter now (one netlink request),
+    /// moved onto a tcx link after the answer (see `after_answer`).
+    FilterThenTcx,
+    /// tc, attached now in the kind it keeps: no tcx on this kernel, or a
+    /// pod whose egress the bandwidth plugin shapes (its `ingress` qdisc
+    /// cannot sit beside clsact, so no tcx move either).
+    Now,
+    /// XDP on the host veth, and the pod's end prepared for it.
+    Xdp,
+}
+
+impl HostAttach {
+    /// The way for a network's `mode`, whether the kernel has tcx, and
+    /// what the bandwidth plugin shapes.
+    pub fn choose(mode: DatapathMode, tcx: bool, shaping: Shaping) -> Self {
+        match mode {
+            DatapathMode::Xdp => HostAttach::Xdp,
+            DatapathMode::Tc if tcx && !shaping.egress => HostAttach::FilterThenTcx,
+            DatapathMode::Tc => HostAttach::Now,
+        }
+    }
+}
+
+/// Who the pod is, when the runtime says (kubelet's CNI_ARGS): its policy
+/// starts from its namespace's, and the agent gets a record of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Everything of one attachment, host and pod side: what ADD applies with
+/// nothing else at hand, and what CHECK compares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttachmentPlan {
     pub interface: InterfacePlan,
-    pub datapath: DatapathMode,
+    /// The network on the node: name, gateway device, datapath mode, pin root.
+    pub network: NodeNetwork,
+    /// What the bandwidth plugin chained after flatnet shapes (left to the stack).
+    pub shaping: Shaping,
+    pub host_attach: HostAttach,
+    pub pod: Option<PodIdentity>,
     /// Addresses of the pod's interface, each with its range's gateway.
     pub ips: Vec<IpConfig>,
     /// Routes inside the pod, each with its gateway (a route IPAM gave
@@ -94,12 +136,14 @@ pub struct AttachmentPlan {
 }
 
 impl AttachmentPlan {
-    /// ADD's plan, from the IPAM plugin `ipam`'s result.
+    /// ADD's plan, from the IPAM plugin `ipam`'s result; `tcx`: the kernel
+    /// has tcx links.
     pub fn for_add(
         conf: &NetConf,
         interface: InterfacePlan,
         ipam_result: &CniResult,
         ipam: &str,
+        tcx: bool,
     ) -> Result<Self> {
         if ipam_result.ips.is_empty() {
             return Err(
@@ -113,7 +157,7 @@ impl AttachmentPlan {
         } else {
             conf.dns.clone()
         };
-        Self::build(conf, interface, ips, routes, dns)
+        Self::build(conf, interface, ips, routes, dns, tcx)
     }
 
     /// CHECK's plan, from the ADD's result (`prevResult`): the addresses
@@ -123,6 +167,7 @@ impl AttachmentPlan {
         conf: &NetConf,
         mut interface: InterfacePlan,
         prev: &CniResult,
+        tcx: bool,
     ) -> Result<Self> {
         let ours = prev
             .interfaces
@@ -142,7 +187,19 @@ impl AttachmentPlan {
             .filter(|ip| ip.interface == ours)
             .cloned()
             .collect();
-        Self::build(conf, interface, ips, prev.routes.clone(), prev.dns.clone())
+        Self::build(
+            conf,
+            interface,
+            ips,
+            prev.routes.clone(),
+            prev.dns.clone(),
+            tcx,
+        )
+    }
+
+    /// The plan of pod `pod` (None: the runtime did not say).
+    pub fn for_pod(self, pod: Option<PodIdentity>) -> Self {
+        AttachmentPlan { pod, ..self }
     }
 
     fn build(
@@ -151,6 +208,7 @@ impl AttachmentPlan {
         ips: Vec<IpConfig>,
         pod_routes: Vec<Route>,
         dns: flatnet_cni::result::Dns,
+        tcx: bool,
     ) -> Result<Self> {
         // The plan's addresses are the pod interface's: which interface a
         // result numbers it is the result's business.
@@ -177,7 +235,10 @@ impl AttachmentPlan {
         }
         let endpoint_addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.address.ip()).collect();
         Ok(AttachmentPlan {
-            datapath: conf.datapath,
+            network: conf.node_network(),
+            shaping: conf.shaping,
+            host_attach: HostAttach::choose(conf.datapath, tcx, conf.shaping),
+            pod: None,
             neighbours: endpoint_addresses
                 .iter()
                 .map(|ip| (*ip, interface.pod_mac))
@@ -321,7 +382,8 @@ mod tests {
     #[test]
     fn add_plans_addresses_routes_gateways_and_the_datapath_for_each_family() {
         let conf = conf(json!({"mtu": 1400, "ipMasq": true}));
-        let plan = AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x").unwrap();
+        let plan =
+            AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x", true).unwrap();
         let routes: Vec<String> = plan
             .pod_routes
             .iter()
@@ -358,7 +420,7 @@ mod tests {
             "ips": [{"address": "10.1.0.2/24", "gateway": "10.1.0.1"}],
             "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.254"}, {"dst": "192.168.0.0/16"}]
         }));
-        let plan = AttachmentPlan::for_add(&conf, interface(&conf), &ipam, "x").unwrap();
+        let plan = AttachmentPlan::for_add(&conf, interface(&conf), &ipam, "x", true).unwrap();
         let routes: Vec<String> = plan
             .pod_routes
             .iter()
@@ -379,18 +441,21 @@ mod tests {
     fn an_address_without_gateway_or_no_address_is_refused() {
         let conf = conf(json!({}));
         let no_gateway = result(json!({"ips": [{"address": "10.1.0.2/24"}]}));
-        let err = AttachmentPlan::for_add(&conf, interface(&conf), &no_gateway, "x").unwrap_err();
+        let err =
+            AttachmentPlan::for_add(&conf, interface(&conf), &no_gateway, "x", true).unwrap_err();
         assert_eq!(err.code(), 7);
         assert!(err.to_string().contains("10.1.0.2/24"));
         let nothing = result(json!({"ips": []}));
-        let err = AttachmentPlan::for_add(&conf, interface(&conf), &nothing, "x").unwrap_err();
+        let err =
+            AttachmentPlan::for_add(&conf, interface(&conf), &nothing, "x", true).unwrap_err();
         assert_eq!(err.code(), 103);
     }
 
     #[test]
     fn the_result_reports_both_interfaces_the_addresses_and_mtu_from_1_1_0() {
         let conf = conf(json!({"mtu": 1400, "dns": {"nameservers": ["10.96.0.10"]}}));
-        let plan = AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x").unwrap();
+        let plan =
+            AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x", true).unwrap();
         let result = plan.result(SpecVersion::V1_1_0, None);
         assert_eq!(result.interfaces.len(), 2);
         assert_eq!(result.interfaces[1].name, "eth0");
@@ -408,9 +473,10 @@ mod tests {
     #[test]
     fn check_plans_what_add_planned_from_its_result() {
         let conf = conf(json!({"mtu": 1400}));
-        let added = AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x").unwrap();
+        let added =
+            AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x", true).unwrap();
         let prev = added.result(SpecVersion::V1_1_0, None);
-        let checked = AttachmentPlan::for_check(&conf, interface(&conf), &prev).unwrap();
+        let checked = AttachmentPlan::for_check(&conf, interface(&conf), &prev, true).unwrap();
         assert_eq!(checked, added);
     }
 
@@ -429,7 +495,7 @@ mod tests {
                 {"address": "10.1.0.2/24", "gateway": "10.1.0.1", "interface": 2}
             ]
         }));
-        let plan = AttachmentPlan::for_check(&conf, interface(&conf), &prev).unwrap();
+        let plan = AttachmentPlan::for_check(&conf, interface(&conf), &prev, true).unwrap();
         assert_eq!(
             plan.endpoint_addresses,
             ["10.1.0.2".parse::<IpAddr>().unwrap()]
@@ -438,5 +504,43 @@ mod tests {
             plan.interface.pod_mac,
             parse_mac("02:aa:bb:cc:dd:ee").unwrap()
         );
+    }
+
+    #[test]
+    fn the_plan_says_how_the_program_goes_on_the_host_veth() {
+        let shaped_egress = Shaping {
+            ingress: false,
+            egress: true,
+        };
+        let plain = Shaping::default();
+        use HostAttach::*;
+        assert_eq!(
+            HostAttach::choose(DatapathMode::Tc, true, plain),
+            FilterThenTcx
+        );
+        assert_eq!(HostAttach::choose(DatapathMode::Tc, false, plain), Now);
+        assert_eq!(
+            HostAttach::choose(DatapathMode::Tc, true, shaped_egress),
+            Now
+        );
+        assert_eq!(HostAttach::choose(DatapathMode::Xdp, true, plain), Xdp);
+    }
+
+    #[test]
+    fn the_plan_carries_what_apply_needs_of_the_configuration() {
+        let conf = conf(json!({"bridge": "flgw7", "ipMasq": true, "datapath": "xdp",
+            "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": 100}}}));
+        let plan = AttachmentPlan::for_add(&conf, interface(&conf), &dual_stack(), "x", true)
+            .unwrap()
+            .for_pod(Some(PodIdentity {
+                namespace: "ns".into(),
+                name: "p".into(),
+            }));
+        assert_eq!(plan.network, conf.node_network());
+        assert_eq!(plan.network.gateway_device, "flgw7");
+        assert_eq!(plan.host_attach, HostAttach::Xdp);
+        assert!(plan.shaping.ingress && !plan.shaping.egress);
+        assert_eq!(plan.masquerade.len(), 2);
+        assert_eq!(plan.pod.as_ref().map(|p| p.namespace.as_str()), Some("ns"));
     }
 }
