@@ -1,5 +1,6 @@
 //! DEL: the pod out of the datapath, veth down and on its way out, address
 //! released. Succeeds when any of it, or the whole netns, is already gone.
+//! Planned from the configuration first ([`TeardownPlan`]), then done.
 
 use std::net::IpAddr;
 
@@ -10,11 +11,39 @@ use crate::config::NetConf;
 use crate::delegate::Delegate;
 use crate::error::{Error, Result};
 use flatnet_cni::env::{CniEnv, Command};
+use flatnet_datapath::bpf::Datapath;
 use flatnet_datapath::lock::{self, Lock};
 use flatnet_datapath::netlink::{AttachmentNames, Netlink, ifindex_is_gone};
 use flatnet_datapath::node::first_packet::PodRecord;
-use flatnet_datapath::node::release_if_empty;
+use flatnet_datapath::node::{NodeNetwork, release_if_empty};
 use flatnet_datapath::trace::mark;
+
+/// What DEL takes away, worked out from the configuration and the
+/// attachment alone (nothing read from the kernel yet): the same names ADD
+/// gave, the addresses `prevResult` lists, the network on the node, and the
+/// IPAM plugin to release the address with.
+#[derive(Debug, Clone, PartialEq)]
+struct TeardownPlan {
+    names: AttachmentNames,
+    /// None without `prevResult`: every stale entry of the veth is swept.
+    addresses: Option<Vec<IpAddr>>,
+    network: NodeNetwork,
+    ipam_type: Option<String>,
+}
+
+impl TeardownPlan {
+    fn new(env: &CniEnv, conf: &NetConf) -> Self {
+        TeardownPlan {
+            names: AttachmentNames::new(&conf.name, &env.container_id, &env.ifname),
+            addresses: conf
+                .prev_result
+                .as_ref()
+                .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect()),
+            network: conf.node_network(),
+            ipam_type: conf.ipam_type.clone(),
+        }
+    }
+}
 
 pub async fn del(
     env: &CniEnv,
@@ -22,10 +51,21 @@ pub async fn del(
     stdin: &[u8],
     after: &mut AfterAnswer,
 ) -> Result<()> {
-    let names = AttachmentNames::new(&conf.name, &env.container_id, &env.ifname);
+    teardown(&TeardownPlan::new(env, conf), env, stdin, after).await
+}
+
+/// DEL from its plan (`env` for the IPAM plugin's search path, `stdin`
+/// passed on to it).
+async fn teardown(
+    plan: &TeardownPlan,
+    env: &CniEnv,
+    stdin: &[u8],
+    after: &mut AfterAnswer,
+) -> Result<()> {
+    let names = &plan.names;
     let host = Netlink::connect()?;
     let host_link = host.link_by_name(&names.host_veth).await?;
-    let datapath = conf.pinned_datapath()?;
+    let datapath = Datapath::for_network(&plan.network)?;
     mark("parse, connect, find veth");
 
     // Checked again under the lock: a concurrent DEL of the network's last
@@ -35,19 +75,13 @@ pub async fn del(
     if let Some(lock) = datapath
         .map_path(MAP_HOST_VETHS)
         .exists()
-        .then(|| Lock::shared(&lock::network(&conf.name)))
+        .then(|| Lock::shared(&lock::network(&plan.network.name)))
         .transpose()?
         && datapath.map_path(MAP_HOST_VETHS).exists()
     {
         lock.note_activity();
         match &host_link {
-            Some(link) => {
-                let addresses: Option<Vec<IpAddr>> = conf
-                    .prev_result
-                    .as_ref()
-                    .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect());
-                datapath.remove_pod(link.index, addresses.as_deref())?;
-            }
+            Some(link) => datapath.remove_pod(link.index, plan.addresses.as_deref())?,
             // The netns was deleted first and the veth went with it: the
             // entries point at a vanished ifindex. Any such stale pod (ours or
             // a crashed neighbour's) is swept.
@@ -56,7 +90,7 @@ pub async fn del(
     }
     // The agent's record of who the pod was (ADD wrote it when an agent
     // enforces NetworkPolicy).
-    PodRecord::remove(&conf.name, &names.host_veth);
+    PodRecord::remove(&plan.network.name, &names.host_veth);
     mark("pod removed from the datapath");
     if let Some(link) = &host_link {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
@@ -75,7 +109,7 @@ pub async fn del(
         }
     }
     mark("veth down, unregister deferred");
-    let ipam_released = match &conf.ipam_type {
+    let ipam_released = match &plan.ipam_type {
         Some(kind) => Delegate::find(kind, &env.path)
             .and_then(|ipam| ipam.run(Command::Del, stdin))
             .map(drop)
@@ -86,7 +120,7 @@ pub async fn del(
     // The rest of the teardown does not need the address back: it goes on
     // when IPAM failed (the error is still reported, so the runtime retries
     // DEL and the retry releases the address).
-    let network_released = release_if_empty(&conf.node_network(), &host).await;
+    let network_released = release_if_empty(&plan.network, &host).await;
     if let Ok(Some((index, gateway))) = &network_released {
         after.delete_link(*index, gateway);
     }
