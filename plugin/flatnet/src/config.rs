@@ -91,7 +91,7 @@ pub struct NetConf {
     pub shaping: Shaping,
     /// `pinRoot`: where the network's datapath is pinned, when not the
     /// default. flatnet-agent writes it into its conflist, so a plugin that a
-    /// runtime runs pins where the agent does (see `datapath::pin_root_for`).
+    /// runtime runs pins where the agent does (see `flatnet_datapath::bpf::pin_root_for`).
     pub pin_root: Option<PathBuf>,
     /// `bigTcp`: the GSO/GRO size set on both ends of each pod's veth pair
     /// (tc datapath), or None: the kernel's 64 KiB default.

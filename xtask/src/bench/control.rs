@@ -36,7 +36,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Links in the host namespace: used to wait until deferred unregisters
-/// (flatnet's reaper) are done, so one phase does not pay for the last.
+/// (flatnet's work after the answer) are done, so one phase does not pay for the last.
 fn link_count() -> usize {
     Command::new("ip")
         .args(["-o", "link"])
@@ -46,7 +46,7 @@ fn link_count() -> usize {
 }
 
 fn settle(baseline: usize) {
-    // Measured either way: a slow reaper shows in the next phase's numbers.
+    // Measured either way: slow work after the answer shows in the next phase's numbers.
     let _ = poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
         link_count() <= baseline
     });

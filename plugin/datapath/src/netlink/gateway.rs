@@ -82,7 +82,7 @@ impl Netlink {
 
     /// Takes the gateway device flatnet created for `network` out of use:
     /// down, and renamed so no later ADD can find it; returns (index, new
-    /// name) for the reaper, or None when there is nothing of ours to remove.
+    /// name) for the caller to delete after its answer, or None when there is nothing of ours to remove.
     pub async fn retire_gateway_device(
         &self,
         name: &str,

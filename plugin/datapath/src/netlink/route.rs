@@ -41,7 +41,7 @@ impl Netlink {
                 .map_err(|e| Error::kernel(context(), e))?;
         }
         // Replace: a route to this address left on a downed veth (an IPv6
-        // route outlives "down" until the reaper deletes the link) must give
+        // route outlives "down" until the link is deleted after the answer) must give
         // way to the new pod's.
         match self
             .handle

@@ -32,7 +32,7 @@ impl Netlink {
     /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
     /// as a direct-action filter with a fixed priority and handle: created
     /// when absent, replaced in one atomic request when present (an upgrade).
-    /// The way without tcx (see `datapath::attach`).
+    /// The way without tcx (see `bpf::attach`).
     pub async fn set_tc_ingress_bpf(
         &self,
         index: u32,

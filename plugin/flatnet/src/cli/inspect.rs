@@ -122,7 +122,7 @@ pub fn pinned_networks() -> Vec<String> {
     };
     let mut names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        // Undo `datapath::pin_name`: '~' stands for '.'.
+        // Undo `bpf::pin_name`: '~' stands for '.'.
         .map(|name| name.replace('~', "."))
         .collect();
     names.sort();
