@@ -12,6 +12,7 @@ pub mod bpf;
 pub mod error;
 pub mod lock;
 pub mod masquerade;
+mod mode;
 pub mod netlink;
 pub mod netns;
 pub mod node;
@@ -19,25 +20,4 @@ pub mod trace;
 pub mod util;
 
 pub use error::{Error, Result};
-
-use serde::Deserialize;
-
-/// How packets between local pods are switched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum DatapathMode {
-    /// tc ingress on the host veth, `bpf_redirect_peer` into the destination pod.
-    #[default]
-    Tc,
-    /// XDP on the host veth, `bpf_redirect` into the destination's host veth.
-    Xdp,
-}
-
-impl DatapathMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DatapathMode::Tc => "tc",
-            DatapathMode::Xdp => "xdp",
-        }
-    }
-}
+pub use mode::{DatapathMode, Shaping};

@@ -1,16 +1,16 @@
-//! flatnet's network configuration (stdin), parsed and validated before anything is touched.
+//! flatnet's network configuration (stdin), parsed and validated before
+//! anything is touched. Pure parsing: it names only flatnet-cni and the two
+//! plain datapath types (the fuzz build compiles it on its own).
 
 use std::path::PathBuf;
 
+pub use crate::{DatapathMode, Shaping};
 use flatnet_cni::config::{MTU_RANGE, check_stdin, validate_network_name};
 use flatnet_cni::env::{is_spec_name, validate_ifname};
 use flatnet_cni::error::{Error, Result};
 use flatnet_cni::result::{CniResult, Dns};
 use flatnet_cni::runtime::{Mac, RuntimeOptions};
 use flatnet_cni::version::SpecVersion;
-pub use flatnet_datapath::DatapathMode;
-use flatnet_datapath::bpf::{Datapath, Shaping};
-use flatnet_datapath::node::NodeNetwork;
 use serde::Deserialize;
 
 /// `bigTcp`: absent or `true` is the largest size the kernel takes, `false`
@@ -184,22 +184,6 @@ impl NetConf {
             pin_root: raw.pin_root,
             big_tcp,
         })
-    }
-
-    /// What the node layer needs of this network.
-    pub fn node_network(&self) -> NodeNetwork {
-        NodeNetwork {
-            name: self.name.clone(),
-            gateway_device: self.gateway_device.clone(),
-            mode: self.datapath,
-            ip_masq: self.ip_masq,
-            pin_root: self.pin_root.clone(),
-        }
-    }
-
-    /// The network's datapath, pinned where the configuration says.
-    pub fn pinned_datapath(&self) -> flatnet_datapath::Result<Datapath> {
-        Datapath::for_network(&self.node_network())
     }
 
     /// The IPAM plugin name, or a config error for verbs that need one.

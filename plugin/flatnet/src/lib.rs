@@ -14,6 +14,8 @@ pub mod config;
 pub mod delegate;
 pub mod dispatch;
 pub mod error;
+mod network;
 pub mod verbs;
 
 pub use error::{Error, Result};
+pub use flatnet_datapath::{DatapathMode, Shaping};

@@ -2,7 +2,7 @@
 //! error, never a panic (ranges, gateways, exclusions, requested IPs).
 #![no_main]
 
-use flatnet_fuzz::ipam::config::IpamConf;
+use flatnet_ipam::config::IpamConf;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,8 +2,8 @@
 //! written in every version and reads back with the same addresses.
 #![no_main]
 
-use flatnet_fuzz::cni::result::CniResult;
-use flatnet_fuzz::cni::version::{SUPPORTED, SpecVersion};
+use flatnet_cni::result::CniResult;
+use flatnet_cni::version::{SUPPORTED, SpecVersion};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,11 +1,16 @@
 //! flatnet's parsers of untrusted input, built on their own for fuzzing:
-//! the plugin's own source files (plugin/src/cni, plugin/src/ipam/config.rs
-//! and allocator.rs), not copies, without the kernel-facing rest of the
-//! crate (aya, rtnetlink, tokio, the node agent), so the sanitizer build
-//! stays small. Those files must only reach into each other: a fuzz build
-//! that fails on a new `crate::` path says one of them grew a dependency.
+//! flatnet-cni and flatnet-ipam as they are (crates without the kernel
+//! layer), and the plugin's own configuration parser, compiled from its
+//! source file (plugin/flatnet/src/config.rs) with the two plain datapath
+//! types it names (plugin/datapath/src/mode.rs), not copies: the rest of
+//! those crates (aya, rtnetlink, tokio, the eBPF object) stays out of the
+//! sanitizer build. A fuzz build that fails on a new `crate::` path says
+//! the parser grew a dependency.
 #![allow(dead_code, unused_imports)]
 
-#[path = "../../../plugin/src/cni/mod.rs"]
-pub mod cni;
-pub mod ipam;
+#[path = "../../../plugin/datapath/src/mode.rs"]
+mod mode;
+pub use mode::{DatapathMode, Shaping};
+
+#[path = "../../../plugin/flatnet/src/config.rs"]
+pub mod config;

@@ -29,17 +29,7 @@ use ipnetwork::IpNetwork;
 use crate::DatapathMode;
 use crate::error::{Error, Result};
 
-/// The directions of a pod's traffic that qdiscs on its host veth shape
-/// (the bandwidth plugin chained after flatnet). The fast path leaves such
-/// traffic to the stack, which runs the qdiscs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Shaping {
-    /// Into the pod (a tbf on the host veth's egress).
-    pub ingress: bool,
-    /// Out of the pod (an `ingress` qdisc on the host veth, redirecting to
-    /// an ifb device with a tbf).
-    pub egress: bool,
-}
+pub use crate::Shaping;
 use crate::lock::{LOCK_DIR, Lock};
 
 mod attach;
