@@ -126,3 +126,52 @@ async fn teardown(
     }
     ipam_released.and(network_released.map(drop).map_err(Error::from))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn env() -> CniEnv {
+        CniEnv {
+            container_id: "c1".into(),
+            netns: None,
+            ifname: "eth0".into(),
+            args: Vec::new(),
+            path: Vec::new(),
+        }
+    }
+
+    fn conf(extra: serde_json::Value) -> NetConf {
+        let mut value = json!({"cniVersion": "1.0.0", "name": "pods", "type": "flatnet",
+            "bridge": "flgw3", "ipam": {"type": "host-local"}});
+        for (key, item) in extra.as_object().unwrap() {
+            value[key] = item.clone();
+        }
+        NetConf::parse(value.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn the_teardown_names_what_add_made_and_the_addresses_prev_result_lists() {
+        let conf = conf(json!({"prevResult": {"cniVersion": "1.0.0",
+            "ips": [{"address": "10.1.0.5/24"}, {"address": "fd00::5/64"}]}}));
+        let plan = TeardownPlan::new(&env(), &conf);
+        assert_eq!(plan.names, AttachmentNames::new("pods", "c1", "eth0"));
+        assert_eq!(
+            plan.addresses,
+            Some(vec![
+                "10.1.0.5".parse().unwrap(),
+                "fd00::5".parse().unwrap()
+            ])
+        );
+        assert_eq!(plan.network, conf.node_network());
+        assert_eq!(plan.network.gateway_device, "flgw3");
+        assert_eq!(plan.ipam_type.as_deref(), Some("host-local"));
+    }
+
+    #[test]
+    fn without_prev_result_every_stale_entry_of_the_veth_is_swept() {
+        let plan = TeardownPlan::new(&env(), &conf(json!({})));
+        assert_eq!(plan.addresses, None);
+    }
+}
