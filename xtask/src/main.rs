@@ -5,6 +5,8 @@ mod bench;
 mod cni;
 mod demo;
 mod e2e;
+#[cfg(test)]
+mod flag_tables;
 mod install;
 mod setup;
 mod test;
