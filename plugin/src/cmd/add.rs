@@ -178,7 +178,7 @@ async fn add_steps(
     mark("pod inserted");
     // Last, so a failed ADD leaves the switches as it found them; as the
     // reference bridge plugin does, since the host forwards whatever the
-    // datapath does not redirect (see README, "A fresh node").
+    // datapath does not redirect (see docs/datapath.md, "A fresh node").
     plan.forwarding.ensure()?;
     Ok(plan.result(conf.version, conf.prev_result.as_ref()))
 }
