@@ -5,6 +5,8 @@ mod bench;
 mod cni;
 mod demo;
 mod e2e;
+#[cfg(test)]
+mod flag_tables;
 mod install;
 mod setup;
 mod test;
@@ -42,6 +44,8 @@ enum Task {
     },
     /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
     Bench(bench::BenchArgs),
+    /// Write docs/benchmarks.md and the README's benchmark table from results/ (no measuring).
+    Docs,
     /// Build Kubernetes 1.20.2, e2e.test, agnhost and pause for real-cluster tests, in $FLATNET_CACHE.
     E2eBuild,
     /// A cluster of real kubelets, kube-proxy, API server and containerd
@@ -79,6 +83,7 @@ fn main() -> anyhow::Result<()> {
             setup::all()?;
             bench::run(&args)
         }
+        Task::Docs => bench::docs::write(&util::root()),
         Task::E2e(args) => {
             setup::all()?;
             e2e::run(&args)

@@ -4,6 +4,7 @@
 
 mod control;
 mod cri;
+pub mod docs;
 mod gso;
 mod paths;
 mod pingpong;
@@ -514,5 +515,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         concurrent,
         flatnet_ipam: flatnet_ipam.to_string(),
     };
-    report::write(&results, &config, &out_dir)
+    report::write(&results, &config, &out_dir)?;
+    // The committed docs follow a full run into results/, never a smoke run
+    // or a report written elsewhere.
+    if !args.smoke && args.out.is_none() {
+        docs::write(&util::root())?;
+    }
+    Ok(())
 }

@@ -45,7 +45,7 @@ impl Bound {
 }
 
 /// One line of the report.
-struct Row {
+pub(super) struct Row {
     metric: &'static str,
     /// The bar's label in the chart: two short lines.
     chart_label: [&'static str; 2],
@@ -111,7 +111,7 @@ fn value_median(
     median(&mut values)
 }
 
-fn rows(results: &[Round], config: &Config) -> Vec<Row> {
+pub(super) fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     type DataPick = fn(&DataSample) -> f64;
     type CniPick = fn(&CniTimes) -> f64;
     // Targets against bridge, the default veth pair, the BIG TCP one.
@@ -271,7 +271,7 @@ fn rows(results: &[Round], config: &Config) -> Vec<Row> {
 /// A data-plane metric: its name, how it is read and its bound.
 type DataMetric = (&'static str, fn(&DataSample) -> f64, Option<Bound>);
 
-fn policy_table(results: &[Round]) -> String {
+pub(super) fn policy_table(results: &[Round]) -> String {
     let metrics: [DataMetric; 5] = [
         (
             "TCP throughput (Gbit/s)",
@@ -359,7 +359,7 @@ fn commit() -> String {
     )
 }
 
-fn number(v: f64) -> String {
+pub(super) fn number(v: f64) -> String {
     if v.is_nan() {
         "-".into()
     } else if v >= 100.0 {
@@ -369,7 +369,7 @@ fn number(v: f64) -> String {
     }
 }
 
-fn table(rows: &[Row]) -> String {
+pub(super) fn table(rows: &[Row]) -> String {
     let mut out = String::from(
         "| metric | bridge | flatnet (tc) | flatnet-xdp | veth | veth, BIG TCP | flatnet/bridge | flatnet/veth | flatnet/veth BIG TCP | xdp/bridge | target (flatnet tc) | |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n",
@@ -502,20 +502,16 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    let commit = commit();
+    let machine = machine();
     let mut md = format!(
-        "# flatnet benchmark\n\n{when}; commit {}; {}.\n\n{} interleaved round(s) (bridge, flatnet, flatnet-xdp, veth, veth BIG TCP), {} s per data-plane measurement; \
+        "# flatnet benchmark\n\n{when}; commit {commit}; {machine}.\n\n{} interleaved round(s) (bridge, flatnet, flatnet-xdp, veth, veth BIG TCP), {} s per data-plane measurement; \
          control plane: {} pods one after another and {} at once per round, with one pod already attached. \
          bridge = reference `bridge` plugin (isGateway) + `host-local`; flatnet = tc datapath + `{}` (release builds, linked statically); flatnet-xdp = the XDP datapath (data plane only); veth = a bare veth pair between the two namespaces; veth, BIG TCP = the same with flatnet's `bigTcp` GSO/GRO limits (524280) on both ends. \
          TCP round trips: 64-byte ping-pong, blocking sockets, client and server on one CPU, in 0.3 s slices taken in turn per path (this VM flips between a fast and a slow state every few seconds). \
          Throughput and UDP: iperf3, client on CPU 0, server on CPU 1. \
          Values are medians over rounds; ratios are medians of the per-round ratios.\n\n",
-        commit(),
-        machine(),
-        config.rounds,
-        config.seconds,
-        config.sequential,
-        config.concurrent,
-        config.flatnet_ipam,
+        config.rounds, config.seconds, config.sequential, config.concurrent, config.flatnet_ipam,
     );
     md.push_str(&table);
     md.push_str("\n![ratios](bench.png)\n");
@@ -543,7 +539,25 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
             })
         })
         .collect();
-    std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(&raw)?)?;
+    // The run's description beside its rounds: `cargo xtask docs` writes
+    // docs/benchmarks.md and the README's table from this file alone.
+    let bench = serde_json::json!({
+        "run": {
+            "date": when,
+            "commit": commit,
+            "machine": machine,
+            "rounds": config.rounds,
+            "seconds": config.seconds,
+            "sequential": config.sequential,
+            "concurrent": config.concurrent,
+            "flatnet_ipam": config.flatnet_ipam,
+        },
+        "rounds": raw,
+    });
+    std::fs::write(
+        dir.join("bench.json"),
+        serde_json::to_string_pretty(&bench)?,
+    )?;
     chart(&rows, &dir.join("bench.png"))?;
     println!("report: {}", dir.join("bench.md").display());
     Ok(())

@@ -18,7 +18,7 @@ use super::plan;
 pub struct Suite {
     pub name: &'static str,
     pub focus: &'static str,
-    /// Specs of the focus this cluster cannot run, and why (README).
+    /// Specs of the focus this cluster cannot run, and why (docs/kubernetes.md).
     pub skips: &'static [(&'static str, &'static str)],
     /// Run in CI (`cargo xtask test`) as well as with `--full`.
     pub in_ci: bool,
