@@ -362,3 +362,29 @@ impl Drop for ServedStub {
         }
     }
 }
+
+/// A Running pod of `node` at `ip` as the API serves it: `labels` on it,
+/// `containers` (their ports, named or not) in its spec.
+pub fn api_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    ip: std::net::IpAddr,
+    labels: Value,
+    containers: Value,
+) -> Value {
+    json!({
+        "metadata": {"namespace": namespace, "name": name,
+                     "uid": format!("uid-{namespace}-{name}"), "labels": labels},
+        "spec": {"nodeName": node, "containers": containers},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}
+    })
+}
+
+/// The value of the sample `series` (name and labels, as rendered) on an
+/// agent's /metrics page; None when it is not there.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}

@@ -23,14 +23,20 @@ pub mod containerd;
 pub mod cri;
 /// The node's forwarding switches, off as on a fresh machine.
 pub mod forwarding;
+/// Ethernet frames built byte by byte for the programs (BPF_PROG_TEST_RUN),
+/// as Cilium's bpf/tests build theirs (pktgen.h).
+pub mod frames;
 /// Plugin binaries older than their sources are refused.
 pub mod fresh;
+/// One test binary, one file's tests at a time.
+pub mod gate;
 /// A stub of the Kubernetes API server: list and watch of the objects the
 /// agent follows.
 pub mod kube_stub;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
 pub mod test_run;
 pub use flatnet_harness::*;
+pub use flatnet_test_macros::flatnet_test;
 /// kube-proxy's Service rules (its own crate: the benchmark uses it too).
 pub use kube_proxy_fixture as kube_proxy;
 use serde_json::{Value, json};
@@ -49,6 +55,85 @@ pub fn bin(name: &str) -> PathBuf {
         panic!("{stale}");
     }
     path
+}
+
+/// A tool a test needs: an absolute path or a program on PATH, with the
+/// Debian package that brings it when the message should name one.
+pub trait Needed {
+    fn tool(&self) -> &str;
+    fn package(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Needed for &str {
+    fn tool(&self) -> &str {
+        self
+    }
+}
+
+impl Needed for (&str, &str) {
+    fn tool(&self) -> &str {
+        self.0
+    }
+    fn package(&self) -> Option<&str> {
+        Some(self.1)
+    }
+}
+
+impl Needed for (String, &str) {
+    fn tool(&self) -> &str {
+        &self.0
+    }
+    fn package(&self) -> Option<&str> {
+        Some(self.1)
+    }
+}
+
+/// The reference plugins `names` in REFERENCE_PLUGINS, as a test's tools.
+pub fn reference_plugins(names: &[&str]) -> Vec<(String, &'static str)> {
+    names
+        .iter()
+        .map(|name| {
+            (
+                format!("{REFERENCE_PLUGINS}/{name}"),
+                "containernetworking-plugins",
+            )
+        })
+        .collect()
+}
+
+/// What `#[flatnet_test]` checks before a test runs: root when `root`,
+/// and each of `tools` (an absolute path, or a program on PATH). False
+/// after a loud SKIPPED line, or, under `cargo xtask test` and in CI, a
+/// panic naming what is missing and the package to install.
+#[track_caller]
+pub fn requirements<T: Needed>(test: &str, root: bool, tools: &[T]) -> bool {
+    if root && !root_or_skip(test) {
+        return false;
+    }
+    let missing = tools.iter().find(|needed| !tool_exists(needed.tool()));
+    let why = match missing {
+        None => String::new(),
+        Some(needed) => match needed.package() {
+            Some(package) => format!(
+                "{} is missing (apt-get install {package}, or `cargo xtask setup`)",
+                needed.tool()
+            ),
+            None => format!("{} is missing (not found on PATH)", needed.tool()),
+        },
+    };
+    require(test, missing.is_none(), &why)
+}
+
+/// An absolute path that exists, or a program found on PATH.
+pub fn tool_exists(tool: &str) -> bool {
+    let path = Path::new(tool);
+    if path.is_absolute() {
+        return path.exists();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(tool).is_file()))
 }
 
 /// True when root; otherwise false after a loud SKIPPED line (the test

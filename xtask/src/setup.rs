@@ -21,7 +21,7 @@ pub const PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
-    // tests/tests/cri.rs: containerd's CRI plugin runs pod sandboxes on
+    // tests/tests/integration/cri.rs: containerd's CRI plugin runs pod sandboxes on
     // flatnet as kubelet has it do; k8s-cri compiles its protos with protoc.
     "containerd",
     "protobuf-compiler",

@@ -1,6 +1,6 @@
 //! RunPodSandbox under a real containerd (CRI), flatnet against the
 //! reference bridge + host-local: the benchmark lives in the CRI test suite
-//! (tests/tests/cri.rs, `--ignored`), which has the containerd harness and
+//! (tests/tests/integration/cri.rs, `--ignored`), which has the containerd harness and
 //! the CRI client; xtask runs it on the release plugins just built and keeps
 //! its one JSON line. Not in `--smoke`: 40 sandboxes take about 8 s.
 
@@ -16,8 +16,13 @@ const TEST: &str = "run_pod_sandbox_latency_flatnet_vs_bridge";
 /// {"flatnet_median_ms", "bridge_median_ms", "runs", "runtime", ...}.
 pub fn run_pod_sandbox(plugin_dir: &Path) -> anyhow::Result<Value> {
     let output = util::cargo()
-        .args(["test", "-p", "flatnet-tests", "--test", "cri", "--"])
-        .args(["--ignored", "--exact", TEST, "--nocapture"])
+        .args(["test", "-p", "flatnet-tests", "--test", "integration", "--"])
+        .args([
+            "--ignored",
+            "--exact",
+            &format!("cri::{TEST}"),
+            "--nocapture",
+        ])
         .env("FLATNET_BIN_DIR", plugin_dir)
         .env("FLATNET_REQUIRE_ROOT", "1")
         .output()

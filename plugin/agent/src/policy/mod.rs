@@ -17,6 +17,8 @@
 //! computed for them, as their traffic is the node's.
 
 pub mod records_watch;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod scale_fixture;
 pub mod sync;
 pub mod watch;
 

@@ -47,62 +47,15 @@ fn cluster_namespaces() -> Vec<Namespace> {
         .collect()
 }
 
-/// Policy `i`: a default deny for each namespace, the others allowing
-/// traffic to an app from pods of a tier, from monitoring namespaces,
-/// and to and from address blocks.
+/// Policy `i` (see `policy::scale_fixture`).
 fn cluster_policy(i: usize, port: i32) -> NetworkPolicy {
-    let ns = format!("ns-{}", i % NAMESPACES);
-    let name = format!("policy-{i}");
-    if i < NAMESPACES {
-        return policy(
-            &ns,
-            &name,
-            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
-        );
-    }
-    let app = format!("app-{}", i % APPS);
-    let spec = match i % 4 {
-        0 => json!({
-            "podSelector": {"matchLabels": {"app": app}},
-            "ingress": [{
-                "from": [{"podSelector": {"matchLabels": {"tier": "web"}}}],
-                "ports": [{"port": port}, {"port": "http"}]
-            }]
-        }),
-        1 => json!({
-            "podSelector": {"matchLabels": {"app": app}},
-            "ingress": [{
-                "from": [{
-                    "namespaceSelector": {"matchLabels": {"env": "prod"}},
-                    "podSelector": {"matchExpressions": [
-                        {"key": "tier", "operator": "In", "values": ["api", "web"]}
-                    ]}
-                }],
-                "ports": [{"port": "metrics"}]
-            }]
-        }),
-        2 => json!({
-            "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": [app]}]},
-            "policyTypes": ["Egress"],
-            "egress": [
-                {"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": [format!("10.{}.0.0/16", 64 + i % NODES)]}}],
-                 "ports": [{"port": port, "endPort": port + 10}]},
-                {"to": [{"namespaceSelector": {"matchLabels": {"team": format!("team-{}", i % 5)}}}],
-                 "ports": [{"port": "http"}, {"port": 53, "protocol": "UDP"}]}
-            ]
-        }),
-        _ => json!({
-            "podSelector": {"matchLabels": {"tier": "db"}},
-            "ingress": [{
-                "from": [
-                    {"ipBlock": {"cidr": format!("192.168.{}.0/24", i % 200)}},
-                    {"podSelector": {"matchLabels": {"app": app, "tier": "api"}}}
-                ],
-                "ports": [{"port": 5432}]
-            }]
-        }),
-    };
-    policy(&ns, &name, spec)
+    let except = format!("10.{}.0.0/16", 64 + i % NODES);
+    let spec = crate::policy::scale_fixture::policy_spec(i, NAMESPACES, APPS, &except, port);
+    policy(
+        &format!("ns-{}", i % NAMESPACES),
+        &format!("policy-{i}"),
+        spec,
+    )
 }
 
 /// The median of `runs` timed calls of `f`.

@@ -29,11 +29,8 @@ fn pod_link_attr(ns: &Netns, ifname: &str, attr: &str) -> String {
         .to_string()
 }
 
-#[test]
+#[flatnet_test(root)]
 fn add_check_del_answer_in_every_version() {
-    if !root_or_skip("add_check_del_answer_in_every_version") {
-        return;
-    }
     for version in VERSIONS {
         let mut net = flatnet_ipam_net(version);
         net.conf["mtu"] = json!(1400);
@@ -89,7 +86,7 @@ fn add_check_del_answer_in_every_version() {
     }
 }
 
-#[test]
+#[flatnet_test]
 fn version_answers_in_the_asked_version_and_unknown_versions_get_code_1() {
     for version in VERSIONS {
         let call = CniCall {
@@ -119,11 +116,8 @@ fn version_answers_in_the_asked_version_and_unknown_versions_get_code_1() {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn flatnet_later_in_a_chain_keeps_the_earlier_result_and_appends_its_own() {
-    if !root_or_skip("flatnet_later_in_a_chain_keeps_the_earlier_result_and_appends_its_own") {
-        return;
-    }
     for version in ["0.4.0", "1.0.0"] {
         let net = flatnet_ipam_net(version);
         let netns = Netns::new();
@@ -206,11 +200,8 @@ fn flatnet_later_in_a_chain_keeps_the_earlier_result_and_appends_its_own() {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn runtime_config_mtu_mac_and_ips_reach_the_pod() {
-    if !root_or_skip("runtime_config_mtu_mac_and_ips_reach_the_pod") {
-        return;
-    }
     let mut net = flatnet_ipam_net("1.0.0");
     net.conf["mtu"] = json!(1500);
     net.conf["capabilities"] = json!({"mtu": true, "mac": true, "ips": true});
@@ -266,11 +257,8 @@ fn runtime_config_mtu_mac_and_ips_reach_the_pod() {
     assert!(net.ipam_allocations().is_empty());
 }
 
-#[test]
+#[flatnet_test(root)]
 fn cni_args_ip_mac_and_ignore_unknown() {
-    if !root_or_skip("cni_args_ip_mac_and_ignore_unknown") {
-        return;
-    }
     let net = flatnet_ipam_net("1.0.0");
     let netns = Netns::new();
     let id = unique("ctr-");
@@ -305,11 +293,8 @@ fn cni_args_ip_mac_and_ignore_unknown() {
     assert!(net.ipam_allocations().is_empty());
 }
 
-#[test]
+#[flatnet_test(root)]
 fn dns_from_the_config_is_returned_in_every_version() {
-    if !root_or_skip("dns_from_the_config_is_returned_in_every_version") {
-        return;
-    }
     let dns = json!({"nameservers": ["10.96.0.10", "fd00::10"], "domain": "cluster.local", "search": ["svc.cluster.local"], "options": ["ndots:5"]});
     for version in ["0.3.1", "1.0.0", "1.1.0"] {
         let mut net = flatnet_ipam_net(version);
@@ -327,11 +312,8 @@ fn status_call() -> CniCall {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn status_is_ready_only_when_the_datapath_and_the_ipam_are() {
-    if !root_or_skip("status_is_ready_only_when_the_datapath_and_the_ipam_are") {
-        return;
-    }
     let mut net = flatnet_ipam_net("1.1.0");
     let out = flatnet(&status_call(), &net.conf);
     assert!(out.success(), "{out:?}");
@@ -393,11 +375,8 @@ fn endpoint_count(net: &Network) -> usize {
         .unwrap_or(0)
 }
 
-#[test]
+#[flatnet_test(root)]
 fn gc_removes_what_no_valid_attachment_owns() {
-    if !root_or_skip("gc_removes_what_no_valid_attachment_owns") {
-        return;
-    }
     let net = flatnet_ipam_net("1.1.0");
     let a = net.pod();
     let b = net.pod();
@@ -459,11 +438,8 @@ fn gc_removes_what_no_valid_attachment_owns() {
     flatnet(&call, &conf).assert_error(7, "cni.dev/valid-attachments");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_list_with_cni_versions_runs_at_the_newest_known_one() {
-    if !root_or_skip("a_list_with_cni_versions_runs_at_the_newest_known_one") {
-        return;
-    }
     let net = flatnet_ipam_net("1.0.0");
     let mut list = net.conflist("1.0.0", Vec::new());
     // 1.1.0 lists may offer several versions; the runtime picks the newest

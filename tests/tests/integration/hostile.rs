@@ -730,11 +730,8 @@ fn first_difference(before: &str, after: &str) -> String {
     "line order changed".into()
 }
 
-#[test]
+#[flatnet_test(root)]
 fn hostile_input_is_refused_precisely_and_changes_nothing() {
-    if !root_or_skip("hostile_input_is_refused_precisely_and_changes_nothing") {
-        return;
-    }
     let node = PrivateNode::new();
     let net = Network::flatnet_ipam();
     // A live pod on the node, so there is state to disturb.

@@ -36,11 +36,8 @@ fn ip_of(result: &serde_json::Value) -> std::net::Ipv4Addr {
         .expect("an IPv4 address")
 }
 
-#[test]
+#[flatnet_test(root)]
 fn sixty_four_pods_added_and_deleted_at_once() {
-    if !root_or_skip("sixty_four_pods_added_and_deleted_at_once") {
-        return;
-    }
     let net = Network::flatnet_ipam();
     let flatnet = bin("flatnet");
     let mut pods = Pods {

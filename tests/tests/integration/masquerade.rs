@@ -48,11 +48,8 @@ fn rules_of(network: &str) -> usize {
     ruleset.matches(&format!("\"flatnet:{network}\"")).count()
 }
 
-#[test]
+#[flatnet_test(root)]
 fn masquerade_hides_pods_behind_the_node_but_not_from_each_other() {
-    if !root_or_skip("masquerade_hides_pods_behind_the_node_but_not_from_each_other") {
-        return;
-    }
     let mut net = Network::host_local();
     net.conf["ipMasq"] = json!(true);
     let _rules = MasqGuard(net.name.clone());
@@ -88,11 +85,8 @@ fn masquerade_hides_pods_behind_the_node_but_not_from_each_other() {
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn without_ip_masq_nothing_is_installed() {
-    if !root_or_skip("without_ip_masq_nothing_is_installed") {
-        return;
-    }
     let net = Network::host_local();
     let _pod = net.pod();
     assert_eq!(rules_of(&net.name), 0);

@@ -40,32 +40,13 @@ use serde_json::{Value, json};
 /// ones, and the baseline network of the benchmark.
 const REFERENCE: &[&str] = &["loopback", "portmap", "bandwidth", "host-local", "bridge"];
 
-/// Root, containerd, runc, busybox and the reference plugins, or a skip (a
-/// failure under xtask and CI).
-fn tools_or_skip(test: &str) -> bool {
-    if !root_or_skip(test) {
-        return false;
-    }
-    let reference: Vec<(String, &str)> = REFERENCE
-        .iter()
-        .map(|p| {
-            (
-                format!("{REFERENCE_PLUGINS}/{p}"),
-                "containernetworking-plugins",
-            )
-        })
-        .collect();
-    let missing = TOOLS
+/// containerd, runc, busybox and the reference plugins.
+fn cri_tools() -> Vec<(String, &'static str)> {
+    TOOLS
         .iter()
         .map(|(tool, package)| (tool.to_string(), *package))
-        .chain(reference)
-        .find(|(tool, _)| !Path::new(tool).exists());
-    let (tool, package) = missing.clone().unwrap_or_default();
-    require(
-        test,
-        missing.is_none(),
-        &format!("{tool} is missing (apt-get install {package}, or `cargo xtask setup`)"),
-    )
+        .chain(reference_plugins(REFERENCE))
+        .collect()
 }
 
 fn next_subnet() -> u32 {
@@ -527,11 +508,8 @@ fn stop_and_remove(client: &CriClient, sandbox: &Sandbox) {
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn sandbox_ip_in_cri_status_is_flatnets() {
-    if !tools_or_skip("sandbox_ip_in_cri_status_is_flatnets") {
-        return;
-    }
     let node = Node::new(false);
     let client = node.client();
     let sandbox = node.run_sandbox(&client, "v4");
@@ -568,11 +546,8 @@ fn sandbox_ip_in_cri_status_is_flatnets() {
     node.assert_cleaned_up(&[sandbox], true);
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn dual_stack_sandbox_reports_both_families_ipv4_first() {
-    if !tools_or_skip("dual_stack_sandbox_reports_both_families_ipv4_first") {
-        return;
-    }
     let node = Node::new(true);
     let client = node.client();
     let sandbox = node.run_sandbox(&client, "dual");
@@ -598,11 +573,8 @@ fn dual_stack_sandbox_reports_both_families_ipv4_first() {
     node.assert_cleaned_up(&[sandbox], true);
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn containers_in_two_sandboxes_talk_tcp_both_ways_through_the_redirect() {
-    if !tools_or_skip("containers_in_two_sandboxes_talk_tcp_both_ways_through_the_redirect") {
-        return;
-    }
     let node = Node::new(false);
     let client = node.client();
     let a = node.run_sandbox(&client, "a");
@@ -630,11 +602,8 @@ fn containers_in_two_sandboxes_talk_tcp_both_ways_through_the_redirect() {
     node.assert_cleaned_up(&[a, b], true);
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn stop_and_remove_leave_nothing_behind() {
-    if !tools_or_skip("stop_and_remove_leave_nothing_behind") {
-        return;
-    }
     let node = Node::new(true);
     let client = node.client();
     let sandboxes: Vec<Sandbox> = (0..3)
@@ -668,11 +637,8 @@ fn stop_and_remove_leave_nothing_behind() {
     node.assert_cleaned_up(&sandboxes, true);
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn sandboxes_survive_a_containerd_sigkill_and_restart() {
-    if !tools_or_skip("sandboxes_survive_a_containerd_sigkill_and_restart") {
-        return;
-    }
     let mut node = Node::new(false);
     let (a, b, httpd_a, httpd_b) = {
         let client = node.client();
@@ -711,11 +677,8 @@ fn sandboxes_survive_a_containerd_sigkill_and_restart() {
     node.assert_cleaned_up(&[a, b], true);
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn thirty_two_sandboxes_at_once_get_distinct_addresses_and_reach_each_other() {
-    if !tools_or_skip("thirty_two_sandboxes_at_once_get_distinct_addresses_and_reach_each_other") {
-        return;
-    }
     const PODS: usize = 32;
     let node = Node::new(false);
     let client = node.client();
@@ -871,11 +834,8 @@ fn body(response: &[u8]) -> String {
         .unwrap_or_else(|| format!("<no body in {text:?}>"))
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn host_port_reaches_the_pod_from_the_node_other_pods_and_outside() {
-    if !tools_or_skip("host_port_reaches_the_pod_from_the_node_other_pods_and_outside") {
-        return;
-    }
     let node = Node::simulated();
     let ns = node.node_ns();
     let client = node.client();
@@ -1157,11 +1117,8 @@ fn stream_rate(server: &Path, to: SocketAddr, from: &Path) -> Stream {
         .unwrap_or_else(|e| panic!("receiving at {to}: {e}"))
 }
 
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 fn bandwidth_annotations_shape_pod_traffic_to_the_rate() {
-    if !tools_or_skip("bandwidth_annotations_shape_pod_traffic_to_the_rate") {
-        return;
-    }
     const RATE_MBIT: f64 = 4.0;
     let node = Node::simulated();
     let client = node.client();
@@ -1371,12 +1328,9 @@ fn median_run_latency(node: &Node, client: &CriClient, runs: usize, label: &str)
 /// host-local, under one containerd: one JSON line on stdout. Not part of
 /// the normal run (`cargo test -p flatnet-tests --test cri -- --ignored
 /// run_pod_sandbox_latency --nocapture`).
-#[test]
+#[flatnet_test(root, tools = cri_tools())]
 #[ignore = "a benchmark: run it with --ignored"]
 fn run_pod_sandbox_latency_flatnet_vs_bridge() {
-    if !tools_or_skip("run_pod_sandbox_latency_flatnet_vs_bridge") {
-        return;
-    }
     const RUNS: usize = 20;
     let mut node = Node::new(false);
     let client = node.client();

@@ -41,11 +41,8 @@ fn lines(stream: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> 
     rx
 }
 
-#[test]
+#[flatnet_test(root)]
 fn monitor_streams_a_denied_syn_and_inspect_shows_the_policy() {
-    if !root_or_skip("monitor_streams_a_denied_syn_and_inspect_shows_the_policy") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -166,11 +163,8 @@ fn monitor_streams_a_denied_syn_and_inspect_shows_the_policy() {
     assert!(metrics.contains(&series), "{series} not in\n{metrics}");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn monitor_names_a_network_without_a_datapath() {
-    if !root_or_skip("monitor_names_a_network_without_a_datapath") {
-        return;
-    }
     let name = unique("ft-nodp-");
     let out = Command::new(bin("flatnet"))
         .args(["monitor", "--network", &name])

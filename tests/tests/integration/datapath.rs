@@ -22,11 +22,8 @@ fn down_or_gone(link: &str) -> bool {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn two_pods_exchange_tcp_both_ways_through_the_redirect() {
-    if !root_or_skip("two_pods_exchange_tcp_both_ways_through_the_redirect") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -55,11 +52,8 @@ fn two_pods_exchange_tcp_both_ways_through_the_redirect() {
     assert!(passed < 10, "{passed} packets went to the host stack");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn pods_learn_every_neighbour_from_the_datapath_arp_answer() {
-    if !root_or_skip("pods_learn_every_neighbour_from_the_datapath_arp_answer") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -76,11 +70,8 @@ fn pods_learn_every_neighbour_from_the_datapath_arp_answer() {
     assert!(net.action_packets(action::ARP_ANSWERED) > answered_before);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn pod_to_host_and_host_to_pod() {
-    if !root_or_skip("pod_to_host_and_host_to_pod") {
-        return;
-    }
     let net = Network::host_local();
     let pod = net.pod();
     let passed_before = net.action_packets(action::PASSED);
@@ -100,11 +91,8 @@ fn pod_to_host_and_host_to_pod() {
     assert!(routes.contains(&pod.host_veth()), "{routes}");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn del_twice_succeeds_and_releases_everything() {
-    if !root_or_skip("del_twice_succeeds_and_releases_everything") {
-        return;
-    }
     let net = Network::host_local();
     let keep = net.pod();
     let pod = net.pod();
@@ -125,11 +113,8 @@ fn del_twice_succeeds_and_releases_everything() {
     tcp_echo(Some(&keep.netns), keep.ip(), None, 1000).expect("host -> remaining pod");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn del_after_the_netns_is_gone_succeeds() {
-    if !root_or_skip("del_after_the_netns_is_gone_succeeds") {
-        return;
-    }
     let net = Network::host_local();
     let _keep = net.pod();
     let pod = net.pod();
@@ -151,11 +136,8 @@ fn del_after_the_netns_is_gone_succeeds() {
     assert_eq!(net.ipam_allocations().len(), 1, "address not released");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn check_passes_on_a_healthy_pod_and_names_what_broke() {
-    if !root_or_skip("check_passes_on_a_healthy_pod_and_names_what_broke") {
-        return;
-    }
     let net = Network::host_local();
     let check = |pod: &Pod| {
         CniCall::new("CHECK", &pod.container_id, &pod.netns.path(), &pod.ifname)
@@ -186,11 +168,8 @@ fn check_passes_on_a_healthy_pod_and_names_what_broke() {
     out.assert_error(7, "prevResult");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn add_whose_ipam_fails_leaves_nothing_behind() {
-    if !root_or_skip("add_whose_ipam_fails_leaves_nothing_behind") {
-        return;
-    }
     // A /30 has one address besides the gateway: the second ADD must fail in IPAM.
     let net = Network::with_ipam(|subnet, gateway, dir| {
         let subnet = subnet.replace(".0/24", ".0/30");
@@ -215,11 +194,8 @@ fn add_whose_ipam_fails_leaves_nothing_behind() {
     assert_eq!(net.ipam_allocations(), vec![first.ip().to_string()]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn add_that_fails_after_ipam_gives_the_address_back() {
-    if !root_or_skip("add_that_fails_after_ipam_gives_the_address_back") {
-        return;
-    }
     let net = Network::host_local();
     let first = net.pod();
     // Same netns, same ifname, another container: the veth cannot be named eth0 there.
@@ -234,11 +210,8 @@ fn add_that_fails_after_ipam_gives_the_address_back() {
     assert_eq!(net.datapath().all_endpoints().unwrap().len(), 1);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn the_last_del_removes_the_networks_datapath_and_gateway() {
-    if !root_or_skip("the_last_del_removes_the_networks_datapath_and_gateway") {
-        return;
-    }
     let net = Network::host_local();
     let pod = net.pod();
     assert!(net.datapath().is_loaded(flatnet::config::DatapathMode::Tc));
@@ -271,11 +244,8 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
     assert!(wait_gone(&veth), "{veth} was never removed");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried() {
-    if !root_or_skip("a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried") {
-        return;
-    }
     let net = Network::host_local();
     let pod = net.pod();
     let veth = pod.host_veth();
@@ -299,11 +269,8 @@ fn a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried() {
     assert!(net.ipam_allocations().is_empty());
 }
 
-#[test]
+#[flatnet_test(root)]
 fn maps_dump_with_field_names_in_bpftool() {
-    if !root_or_skip("maps_dump_with_field_names_in_bpftool") {
-        return;
-    }
     let net = Network::host_local();
     let pod = net.pod();
     let dump = bpftool_ok(
@@ -333,11 +300,8 @@ fn maps_dump_with_field_names_in_bpftool() {
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_second_add_reuses_the_pinned_program() {
-    if !root_or_skip("a_second_add_reuses_the_pinned_program") {
-        return;
-    }
     let net = Network::host_local();
     let _a = net.pod();
     let first_id = net

@@ -99,7 +99,7 @@ fn assert_consistent(net: &IpamNet, known: &HashSet<String>) -> HashMap<(String,
     held
 }
 
-#[test]
+#[flatnet_test]
 fn sixty_four_concurrent_adds_get_distinct_addresses_and_dels_empty_the_store() {
     let net = IpamNet::new("1.0.0", json!({"subnet": subnet(1)}));
     let plugin = bin("flatnet-ipam");
@@ -150,7 +150,7 @@ fn sixty_four_concurrent_adds_get_distinct_addresses_and_dels_empty_the_store() 
     assert!(left.is_empty(), "left in the store: {left:?}");
 }
 
-#[test]
+#[flatnet_test]
 fn sigkill_in_the_middle_of_allocations_never_corrupts_the_store() {
     // Dual stack: a kill can also fall between the two addresses of one ADD.
     let net = IpamNet::new(
@@ -202,6 +202,7 @@ fn sigkill_in_the_middle_of_allocations_never_corrupts_the_store() {
         kills.sort();
         for (at, index) in kills {
             if let Some(wait) = at.checked_sub(round_start.elapsed()) {
+                // Kills at chosen moments of the round: the timing is the test.
                 std::thread::sleep(wait);
             }
             let _ = children[index].kill();
@@ -293,7 +294,7 @@ fn sigkill_in_the_middle_of_allocations_never_corrupts_the_store() {
     );
 }
 
-#[test]
+#[flatnet_test]
 fn a_repeated_add_returns_the_same_address_and_del_is_idempotent() {
     let net = IpamNet::new(
         "1.0.0",
@@ -337,7 +338,7 @@ fn a_repeated_add_returns_the_same_address_and_del_is_idempotent() {
     assert_eq!(address_of(&next.json(), 0).to_string(), "10.251.2.4");
 }
 
-#[test]
+#[flatnet_test]
 fn requested_addresses_are_honoured_when_free_and_refused_when_taken() {
     let net = IpamNet::new(
         "1.0.0",
@@ -384,7 +385,7 @@ fn requested_addresses_are_honoured_when_free_and_refused_when_taken() {
     assert_eq!(net.allocations(), vec!["10.251.3.77", "10.251.3.78"]);
 }
 
-#[test]
+#[flatnet_test]
 fn a_full_pool_names_the_range_and_how_many_addresses_it_has() {
     let net = IpamNet::new(
         "1.0.0",
@@ -401,7 +402,7 @@ fn a_full_pool_names_the_range_and_how_many_addresses_it_has() {
     assert_eq!(net.allocations().len(), 3);
 }
 
-#[test]
+#[flatnet_test]
 fn invalid_configs_get_code_7_naming_the_field_and_touch_nothing() {
     let cases: Vec<(Value, u64, &str)> = vec![
         (json!({"subnet": "10.251.5.0/33"}), 7, "ipam.subnet"),
@@ -460,7 +461,7 @@ fn invalid_configs_get_code_7_naming_the_field_and_touch_nothing() {
     }
 }
 
-#[test]
+#[flatnet_test]
 fn dual_stack_gives_one_address_per_family_in_every_version() {
     let net = IpamNet::new(
         "0.4.0",
@@ -477,7 +478,7 @@ fn dual_stack_gives_one_address_per_family_in_every_version() {
     assert_eq!(net.allocations(), vec!["10.251.6.2", "fd00:251:6::1"]);
 }
 
-#[test]
+#[flatnet_test]
 fn check_verifies_the_attachment_holds_its_addresses() {
     let net = IpamNet::new("1.0.0", json!({"subnet": subnet(7)}));
     let result = net.call("ADD", "a", "eth0").json();
@@ -497,7 +498,7 @@ fn check_verifies_the_attachment_holds_its_addresses() {
         .assert_error(102, "prevResult has 10.251.7.99");
 }
 
-#[test]
+#[flatnet_test]
 fn gc_and_status_with_cni_1_1_0() {
     let net = IpamNet::new("1.1.0", json!({"subnet": "10.251.9.0/29"}));
     let plugin = bin("flatnet-ipam");
@@ -541,7 +542,7 @@ fn gc_and_status_with_cni_1_1_0() {
         .assert_error(1, "STATUS only from cniVersion 1.1.0 on (1.1.0)");
 }
 
-#[test]
+#[flatnet_test]
 fn corrupted_and_foreign_files_are_reported_and_left_untouched() {
     let net = IpamNet::new("1.1.0", json!({"subnet": subnet(10)}));
     assert!(net.call("ADD", "a", "eth0").success());
@@ -596,7 +597,7 @@ fn corrupted_and_foreign_files_are_reported_and_left_untouched() {
     assert_eq!(out.json()["ips"][0]["address"], "10.251.10.5/24");
 }
 
-#[test]
+#[flatnet_test]
 fn version_answers_like_flatnet() {
     let call = CniCall {
         command: "VERSION".into(),
@@ -650,12 +651,8 @@ impl Drop for BridgePod<'_> {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn the_reference_bridge_plugin_delegating_to_flatnet_ipam_gives_pods_that_talk() {
-    if !root_or_skip("the_reference_bridge_plugin_delegating_to_flatnet_ipam_gives_pods_that_talk")
-    {
-        return;
-    }
     let mut net = Network::with_ipam(
         |subnet, gateway, dir| json!({"type": "flatnet-ipam", "subnet": subnet, "gateway": gateway, "dataDir": dir}),
     );
@@ -684,11 +681,8 @@ fn the_reference_bridge_plugin_delegating_to_flatnet_ipam_gives_pods_that_talk()
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn flatnet_with_flatnet_ipam_gives_pods_that_talk() {
-    if !root_or_skip("flatnet_with_flatnet_ipam_gives_pods_that_talk") {
-        return;
-    }
     let net = Network::with_ipam(
         |subnet, gateway, dir| json!({"type": "flatnet-ipam", "subnet": subnet, "gateway": gateway, "dataDir": dir}),
     );

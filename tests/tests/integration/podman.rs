@@ -28,25 +28,12 @@ const MACHINE_PATHS: &[&str] = &[
     "/run/libpod",
 ];
 
-/// Root and podman, runc and busybox, or a skip (a failure under xtask and CI).
-fn tools_or_skip(test: &str) -> bool {
-    if !root_or_skip(test) {
-        return false;
-    }
-    let missing = [
-        ("/usr/bin/podman", "podman"),
-        ("/usr/sbin/runc", "runc"),
-        ("/bin/busybox", "busybox-static"),
-    ]
-    .into_iter()
-    .find(|(tool, _)| !Path::new(tool).exists());
-    let (tool, package) = missing.unwrap_or_default();
-    require(
-        test,
-        missing.is_none(),
-        &format!("{tool} is missing (apt-get install {package}, or `cargo xtask setup`)"),
-    )
-}
+/// podman, runc and busybox, with the packages that bring them.
+const PODMAN_TOOLS: &[(&str, &str)] = &[
+    ("/usr/bin/podman", "podman"),
+    ("/usr/sbin/runc", "runc"),
+    ("/bin/busybox", "busybox-static"),
+];
 
 /// A podman that only this test uses.
 struct Podman {
@@ -185,11 +172,8 @@ fn sha256(text: &str) -> String {
         .to_string()
 }
 
-#[test]
+#[flatnet_test(root, tools = PODMAN_TOOLS)]
 fn two_podman_containers_talk_through_the_redirect_and_rm_cleans_up() {
-    if !tools_or_skip("two_podman_containers_talk_through_the_redirect_and_rm_cleans_up") {
-        return;
-    }
     let net = Network::flatnet_ipam();
     let conflist = net.conflist("1.0.0", Vec::new()).list;
     let podman = Podman::new(&net.name, &conflist);

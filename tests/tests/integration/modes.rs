@@ -53,11 +53,8 @@ fn udp_echo(server: &Netns, ip: IpAddr, client: &Netns, count: usize) -> usize {
     back
 }
 
-#[test]
+#[flatnet_test(root)]
 fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
-    if !root_or_skip("dual_stack_pods_talk_over_both_families_through_the_redirect") {
-        return;
-    }
     let net = Network::dual_stack("tc");
     let a = net.pod();
     let b = net.pod();
@@ -109,11 +106,8 @@ fn dual_stack_pods_talk_over_both_families_through_the_redirect() {
     assert!(out.success(), "{out:?}");
 }
 
-#[test]
+#[flatnet_test(root)]
 fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
-    if !root_or_skip("xdp_mode_pods_talk_tcp_and_udp_over_both_families") {
-        return;
-    }
     let net = Network::dual_stack("xdp");
     let a = net.pod();
     let b = net.pod();
@@ -148,11 +142,8 @@ fn xdp_mode_pods_talk_tcp_and_udp_over_both_families() {
     tcp_echo_host(a.address(false), &a.netns);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn switching_a_network_with_pods_to_another_mode_is_refused() {
-    if !root_or_skip("switching_a_network_with_pods_to_another_mode_is_refused") {
-        return;
-    }
     let net = Network::dual_stack("tc");
     let _a = net.pod();
     let mut conf = net.conf.clone();
@@ -172,11 +163,8 @@ fn tcp_echo_host(ip: IpAddr, pod: &Netns) {
     tcp_echo(Some(pod), ip, None, 64 << 10).unwrap_or_else(|e| panic!("host -> {ip}: {e}"));
 }
 
-#[test]
+#[flatnet_test(root)]
 fn short_icmpv6_messages_keep_the_fast_path() {
-    if !root_or_skip("short_icmpv6_messages_keep_the_fast_path") {
-        return;
-    }
     let net = Network::dual_stack("tc");
     let a = net.pod();
     let b = net.pod();

@@ -60,6 +60,7 @@ impl Backend {
                             let _ = conn.read_to_end(&mut request);
                             let _ = conn.write_all(name.as_bytes());
                         }
+                        // Non-blocking accept: poll until told to stop.
                         Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
                 }
@@ -147,11 +148,8 @@ fn blackhole_services(netns: &Netns) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
-    if !root_or_skip("cluster_ips_are_rewritten_to_backends_at_the_socket") {
-        return;
-    }
     let net = Network::dual_stack("tc");
     let client_pod = net.pod();
     blackhole_services(&client_pod.netns);
@@ -324,15 +322,12 @@ fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
 /// test's cgroup. A client pod on cp-1 reaches a Service whose backends are
 /// a pod on each node (named target port), follows an endpoint change, and
 /// is refused once the Service has no endpoint.
-#[test]
+#[flatnet_test(root)]
 fn the_agent_keeps_the_service_maps_from_the_api() {
     use flatnet_tests::cluster::*;
     use flatnet_tests::kube_stub::{ApiStub, Kind};
     use std::time::Instant;
 
-    if !root_or_skip("the_agent_keeps_the_service_maps_from_the_api") {
-        return;
-    }
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let mut cluster = Cluster::new(&specs(&[
         ("cp-1", 1, Some("10.244.0.0/24")),
@@ -422,6 +417,8 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         frontend,
         "a-live-connection-across-the-restart",
     );
+    // Fixed on purpose: the connection carries data for a while before the
+    // restart, so a reset at the restart is not mistaken for a slow start.
     std::thread::sleep(Duration::from_millis(300));
     cp.stop_agent();
     cp.start_agent(&Peers::Api(served[0].url.clone()));
@@ -456,6 +453,7 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         frontend,
         "a-live-connection-to-remote",
     );
+    // Fixed on purpose, as above: data flows before the change under test.
     std::thread::sleep(Duration::from_millis(300));
     stub.modify(Kind::EndpointSlice, "default/web-1", |slice| {
         *slice = api_slice("web", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_pod, metric};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -28,40 +28,30 @@ const CHANGED: usize = 40;
 const PORTS: [i32; 2] = [80, 8443];
 const RUNS: usize = 10;
 
-/// The value of the sample `series` on an agent's /metrics page.
-fn metric(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
-
 /// Pod `i` of the cluster, Running on `node` at `ip`.
-fn api_pod(i: usize, node: &str, ip: IpAddr) -> Value {
+fn cluster_pod(i: usize, node: &str, ip: IpAddr) -> Value {
     let name = format!("pod-{i}");
     let tier = ["web", "api", "db"][i % 3];
-    json!({
-        "metadata": {
-            "namespace": format!("ns-{}", i % NAMESPACES),
-            "name": name,
-            "uid": format!("uid-{name}"),
-            "labels": {"app": format!("app-{}", i % APPS), "tier": tier, "pod": name},
-        },
-        "spec": {"nodeName": node, "containers": [{
-            "name": "c", "image": "busybox",
-            "ports": [
-                {"name": "http", "containerPort": 8080, "protocol": "TCP"},
-                {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
-            ]
-        }]},
-        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}
-    })
+    let labels = json!({"app": format!("app-{}", i % APPS), "tier": tier, "pod": name});
+    let containers = json!([{"name": "c", "image": "busybox", "ports": [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
+    ]}]);
+    api_pod(
+        &format!("ns-{}", i % NAMESPACES),
+        &name,
+        node,
+        ip,
+        labels,
+        containers,
+    )
 }
 
 /// A synthetic pod `i` (>= REAL) of another node, in that node's CIDR.
 fn synthetic_pod(i: usize) -> Value {
     let n = 1 + i % OTHER_NODES;
     let ip = IpAddr::V4(Ipv4Addr::new(10, 244, n as u8, (2 + i / OTHER_NODES) as u8));
-    api_pod(i, &format!("worker-{n}"), ip)
+    cluster_pod(i, &format!("worker-{n}"), ip)
 }
 
 fn api_namespace(i: usize) -> Value {
@@ -72,68 +62,17 @@ fn api_namespace(i: usize) -> Value {
     }}})
 }
 
-/// Policy `i`: a default deny for each namespace, the others allowing
-/// traffic to an app from pods of a tier, from monitoring namespaces, and
-/// to and from address blocks (as `policy::tests::scale`).
+/// Policy `i` (`flatnet_agent::policy::scale_fixture`, as the agent's
+/// scale test builds it).
 fn api_policy(i: usize, port: i32) -> Value {
-    let namespace = format!("ns-{}", i % NAMESPACES);
-    let name = format!("policy-{i}");
-    let app = format!("app-{}", i % APPS);
-    let spec = if i < NAMESPACES {
-        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
-    } else {
-        match i % 4 {
-            0 => json!({
-                "podSelector": {"matchLabels": {"app": app}},
-                "ingress": [{
-                    "from": [{"podSelector": {"matchLabels": {"tier": "web"}}}],
-                    "ports": [{"port": port}, {"port": "http"}]
-                }]
-            }),
-            1 => json!({
-                "podSelector": {"matchLabels": {"app": app}},
-                "ingress": [{
-                    "from": [{
-                        "namespaceSelector": {"matchLabels": {"env": "prod"}},
-                        "podSelector": {"matchExpressions": [
-                            {"key": "tier", "operator": "In", "values": ["api", "web"]}
-                        ]}
-                    }],
-                    "ports": [{"port": "metrics"}]
-                }]
-            }),
-            2 => json!({
-                "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": [app]}]},
-                "policyTypes": ["Egress"],
-                "egress": [
-                    {"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": [format!("10.244.{}.0/24", 1 + i % OTHER_NODES)]}}],
-                     "ports": [{"port": port, "endPort": port + 10}]},
-                    {"to": [{"namespaceSelector": {"matchLabels": {"team": format!("team-{}", i % 5)}}}],
-                     "ports": [{"port": "http"}, {"port": 53, "protocol": "UDP"}]}
-                ]
-            }),
-            _ => json!({
-                "podSelector": {"matchLabels": {"tier": "db"}},
-                "ingress": [{
-                    "from": [
-                        {"ipBlock": {"cidr": format!("192.168.{}.0/24", i % 200)}},
-                        {"podSelector": {"matchLabels": {"app": app, "tier": "api"}}}
-                    ],
-                    "ports": [{"port": 5432}]
-                }]
-            }),
-        }
-    };
-    json!({"metadata": {"namespace": namespace, "name": name}, "spec": spec})
+    let except = format!("10.244.{}.0/24", 1 + i % OTHER_NODES);
+    let spec =
+        flatnet_agent::policy::scale_fixture::policy_spec(i, NAMESPACES, APPS, &except, port);
+    json!({"metadata": {"namespace": format!("ns-{}", i % NAMESPACES), "name": format!("policy-{i}")}, "spec": spec})
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policies() {
-    if !root_or_skip(
-        "a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policies",
-    ) {
-        return;
-    }
     let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
     let node = cluster.node(NODE);
     let listener = node
@@ -157,7 +96,7 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
     // The real pods, listed once kubelet reported their IPs.
     let real: Vec<_> = (0..REAL).map(|_| node.pod()).collect();
     for (i, pod) in real.iter().enumerate() {
-        stub.add(Kind::Pod, api_pod(i, NODE, IpAddr::V4(pod.ip)));
+        stub.add(Kind::Pod, cluster_pod(i, NODE, IpAddr::V4(pod.ip)));
     }
     assert_eq!(stub.list(Kind::Pod).len(), PODS);
     assert_eq!(stub.list(Kind::NetworkPolicy).len(), POLICIES);
@@ -197,6 +136,7 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
     });
     // Quiet: no computation for a while (the real pods' events are done).
     let mut last = computed();
+    // Idle: no computation within a 500 ms window.
     wait_until("the agent idle", SETTLE, || {
         std::thread::sleep(Duration::from_millis(500));
         let now = computed();
@@ -221,6 +161,7 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
             if start.elapsed() > SETTLE {
                 break None;
             }
+            // Polling the map: 1 ms is the measurement's resolution.
             std::thread::sleep(Duration::from_millis(1));
         };
         let elapsed = landed

@@ -320,32 +320,24 @@ fn clusterip_to_a_backend_on_the_same_node(mode: Mode, flags: &[&str]) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_to_a_backend_on_the_same_node_iptables() {
-    if root_or_skip("clusterip_to_a_backend_on_the_same_node_iptables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &[]);
-    }
+    clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &[]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_to_a_backend_on_the_same_node_nftables() {
-    if root_or_skip("clusterip_to_a_backend_on_the_same_node_nftables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &[]);
-    }
+    clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &[]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_to_a_backend_on_the_same_node_xdp_iptables() {
-    if root_or_skip("clusterip_to_a_backend_on_the_same_node_xdp_iptables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &["--datapath", "xdp"]);
-    }
+    clusterip_to_a_backend_on_the_same_node(Mode::Iptables, &["--datapath", "xdp"]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_to_a_backend_on_the_same_node_xdp_nftables() {
-    if root_or_skip("clusterip_to_a_backend_on_the_same_node_xdp_nftables") {
-        clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &["--datapath", "xdp"]);
-    }
+    clusterip_to_a_backend_on_the_same_node(Mode::Nftables, &["--datapath", "xdp"]);
 }
 
 /// True when a datagram from `client` to `to` (on a connected socket) is
@@ -414,18 +406,14 @@ fn icmp_errors_reach_the_client(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn icmp_errors_reach_the_client_iptables() {
-    if root_or_skip("icmp_errors_reach_the_client_iptables") {
-        icmp_errors_reach_the_client(Mode::Iptables);
-    }
+    icmp_errors_reach_the_client(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn icmp_errors_reach_the_client_nftables() {
-    if root_or_skip("icmp_errors_reach_the_client_nftables") {
-        icmp_errors_reach_the_client(Mode::Nftables);
-    }
+    icmp_errors_reach_the_client(Mode::Nftables);
 }
 
 /// Three backends, two on the client's node and one on the other: every
@@ -483,18 +471,14 @@ fn clusterip_spreads_over_local_and_remote_backends(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_spreads_over_local_and_remote_backends_iptables() {
-    if root_or_skip("clusterip_spreads_over_local_and_remote_backends_iptables") {
-        clusterip_spreads_over_local_and_remote_backends(Mode::Iptables);
-    }
+    clusterip_spreads_over_local_and_remote_backends(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn clusterip_spreads_over_local_and_remote_backends_nftables() {
-    if root_or_skip("clusterip_spreads_over_local_and_remote_backends_nftables") {
-        clusterip_spreads_over_local_and_remote_backends(Mode::Nftables);
-    }
+    clusterip_spreads_over_local_and_remote_backends(Mode::Nftables);
 }
 
 /// A pod reaching itself through its own Service (kube-proxy masquerades
@@ -538,18 +522,14 @@ fn hairpin(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn hairpin_iptables() {
-    if root_or_skip("hairpin_iptables") {
-        hairpin(Mode::Iptables);
-    }
+    hairpin(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn hairpin_nftables() {
-    if root_or_skip("hairpin_nftables") {
-        hairpin(Mode::Nftables);
-    }
+    hairpin(Mode::Nftables);
 }
 
 const NODE_PORT: u16 = 30080;
@@ -591,18 +571,14 @@ fn nodeport(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn nodeport_iptables() {
-    if root_or_skip("nodeport_iptables") {
-        nodeport(Mode::Iptables);
-    }
+    nodeport(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn nodeport_nftables() {
-    if root_or_skip("nodeport_nftables") {
-        nodeport(Mode::Nftables);
-    }
+    nodeport(Mode::Nftables);
 }
 
 const HOST_PORT: u16 = 8081;
@@ -697,18 +673,14 @@ fn hostport(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn hostport_iptables() {
-    if root_or_skip("hostport_iptables") {
-        hostport(Mode::Iptables);
-    }
+    hostport(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn hostport_nftables() {
-    if root_or_skip("hostport_nftables") {
-        hostport(Mode::Nftables);
-    }
+    hostport(Mode::Nftables);
 }
 
 /// Streams paced data to `to` for `duration` while reading the echo back
@@ -766,6 +738,7 @@ fn echo_stream_during(
                     panic!("sending: {e} after {sent} bytes");
                 }
                 sent += chunk.len() as u64;
+                // Paced: a stream that lasts the whole window.
                 std::thread::sleep(Duration::from_millis(1));
             }
             writer.shutdown(std::net::Shutdown::Write).unwrap();
@@ -773,6 +746,8 @@ fn echo_stream_during(
         })
     };
     let started = Instant::now();
+    // The change lands a third into the stream, which then runs its course:
+    // fixed windows are what the test is about.
     std::thread::sleep(duration / 3);
     during();
     if let Some(left) = duration.checked_sub(started.elapsed()) {
@@ -882,18 +857,14 @@ fn streams_through_clusterips_survive_an_upgrade(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn streams_through_clusterips_survive_an_upgrade_iptables() {
-    if root_or_skip("streams_through_clusterips_survive_an_upgrade_iptables") {
-        streams_through_clusterips_survive_an_upgrade(Mode::Iptables);
-    }
+    streams_through_clusterips_survive_an_upgrade(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn streams_through_clusterips_survive_an_upgrade_nftables() {
-    if root_or_skip("streams_through_clusterips_survive_an_upgrade_nftables") {
-        streams_through_clusterips_survive_an_upgrade(Mode::Nftables);
-    }
+    streams_through_clusterips_survive_an_upgrade(Mode::Nftables);
 }
 
 const DNS_CLIENTS: usize = 20;
@@ -949,18 +920,14 @@ fn dns_like_clients_at_once(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn dns_like_clients_at_once_iptables() {
-    if root_or_skip("dns_like_clients_at_once_iptables") {
-        dns_like_clients_at_once(Mode::Iptables);
-    }
+    dns_like_clients_at_once(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn dns_like_clients_at_once_nftables() {
-    if root_or_skip("dns_like_clients_at_once_nftables") {
-        dns_like_clients_at_once(Mode::Nftables);
-    }
+    dns_like_clients_at_once(Mode::Nftables);
 }
 
 /// With Services in place and in use, direct pod-to-pod traffic still
@@ -1030,18 +997,14 @@ fn pod_to_pod_keeps_the_fast_path_next_to_services(mode: Mode) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn pod_to_pod_keeps_the_fast_path_next_to_services_iptables() {
-    if root_or_skip("pod_to_pod_keeps_the_fast_path_next_to_services_iptables") {
-        pod_to_pod_keeps_the_fast_path_next_to_services(Mode::Iptables);
-    }
+    pod_to_pod_keeps_the_fast_path_next_to_services(Mode::Iptables);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn pod_to_pod_keeps_the_fast_path_next_to_services_nftables() {
-    if root_or_skip("pod_to_pod_keeps_the_fast_path_next_to_services_nftables") {
-        pod_to_pod_keeps_the_fast_path_next_to_services(Mode::Nftables);
-    }
+    pod_to_pod_keeps_the_fast_path_next_to_services(Mode::Nftables);
 }
 
 /// Connects from `source` (an address the calling thread's namespace has)
@@ -1134,23 +1097,17 @@ fn spoofed_sources_reach_no_pod(mode: Mode, flags: &[&str]) {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn spoofed_sources_reach_no_pod_iptables() {
-    if root_or_skip("spoofed_sources_reach_no_pod_iptables") {
-        spoofed_sources_reach_no_pod(Mode::Iptables, &[]);
-    }
+    spoofed_sources_reach_no_pod(Mode::Iptables, &[]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn spoofed_sources_reach_no_pod_nftables() {
-    if root_or_skip("spoofed_sources_reach_no_pod_nftables") {
-        spoofed_sources_reach_no_pod(Mode::Nftables, &[]);
-    }
+    spoofed_sources_reach_no_pod(Mode::Nftables, &[]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn spoofed_sources_reach_no_pod_xdp() {
-    if root_or_skip("spoofed_sources_reach_no_pod_xdp") {
-        spoofed_sources_reach_no_pod(Mode::Iptables, &["--datapath", "xdp"]);
-    }
+    spoofed_sources_reach_no_pod(Mode::Iptables, &["--datapath", "xdp"]);
 }

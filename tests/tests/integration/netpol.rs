@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub};
+use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub, api_pod, metric};
 use flatnet_tests::*;
 use ipnetwork::Ipv4Network;
 use serde_json::{Value, json};
@@ -108,6 +108,7 @@ impl Servers {
                         let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
                         let _ = conn.write_all(answer.as_bytes());
                     }
+                    // Non-blocking accept: poll until told to stop.
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
@@ -497,7 +498,7 @@ fn api_namespace(name: &str) -> Value {
 
 /// Upstream's pod: one container per port and protocol, ports named
 /// `serve-<port>-<tcp|udp>`.
-fn api_pod(pod: &ModelPod) -> Value {
+fn model_pod(pod: &ModelPod) -> Value {
     let containers: Vec<Value> = PORTS
         .iter()
         .flat_map(|port| {
@@ -511,19 +512,15 @@ fn api_pod(pod: &ModelPod) -> Value {
             })
         })
         .collect();
-    let ip = pod.ip.to_string();
-    json!({
-        "metadata": {"namespace": pod.namespace, "name": pod.name, "uid": format!("uid-{}-{}", pod.namespace, pod.name),
-                     "labels": {"pod": pod.name}},
-        "spec": {"nodeName": pod.node, "containers": containers},
-        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
-    })
-}
-
-fn metric(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
+    let labels = json!({"pod": pod.name});
+    api_pod(
+        pod.namespace,
+        pod.name,
+        pod.node,
+        IpAddr::V4(pod.ip),
+        labels,
+        json!(containers),
+    )
 }
 
 /// The model world: the stub (served on each node's loopback), nine pods
@@ -590,7 +587,7 @@ impl<'c> World<'c> {
         };
         world.apply(|stub| {
             for pod in &world.pods {
-                stub.add(Kind::Pod, api_pod(pod));
+                stub.add(Kind::Pod, model_pod(pod));
             }
         });
         world
@@ -625,6 +622,8 @@ impl<'c> World<'c> {
             computes().iter().zip(&before).all(|(now, was)| now > was)
         });
         let mut last = computes();
+        // Settled: no further computation within a 300 ms window (the
+        // agent coalesces events for 10 ms), the window being the point.
         loop {
             std::thread::sleep(Duration::from_millis(300));
             let now = computes();
@@ -792,11 +791,8 @@ fn only(pod: &str) -> Value {
     json!({"matchLabels": {"pod": pod}})
 }
 
-#[test]
+#[flatnet_test(root)]
 fn the_upstream_e2e_policy_cases_match_the_model() {
-    if !root_or_skip("the_upstream_e2e_policy_cases_match_the_model") {
-        return;
-    }
     let cluster = cluster();
     let world = World::new(&cluster);
     // Sanity: the pods are where they should be, spread over both nodes,
@@ -973,6 +969,7 @@ impl ProbeLoop {
                         let began = Instant::now();
                         let outcome = probe_once(&netns, ip, 80, Proto::Tcp, &expect);
                         results.lock().unwrap().push((began, pair.clone(), outcome));
+                        // The probe interval: the timeline's resolution.
                         std::thread::sleep(Duration::from_millis(20));
                     }
                 })
@@ -1063,6 +1060,7 @@ impl Stream {
                             if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                         Err(_) => return,
                     }
+                    // Paced: a steady trickle, not a flood of the test's CPU.
                     std::thread::sleep(Duration::from_millis(2));
                 }
             })
@@ -1095,11 +1093,8 @@ impl Drop for Stream {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn policy_changes_under_traffic_follow_the_model() {
-    if !root_or_skip("policy_changes_under_traffic_follow_the_model") {
-        return;
-    }
     let cluster = cluster();
     let world = World::new(&cluster);
 
@@ -1118,6 +1113,8 @@ fn policy_changes_under_traffic_follow_the_model() {
     let (from_y, from_z) = ("y/b->x/a", "z/b->x/a");
     let looping = Instant::now();
     let probes = ProbeLoop::start(&world, &[("y/b", "x/a"), ("z/b", "x/a")]);
+    // Fixed phases of a timeline (before, after the add, after the delete):
+    // each must hold long enough for the probes to show its state.
     std::thread::sleep(Duration::from_millis(700));
     let changed = Instant::now();
     world.apply(|stub| stub.add(Kind::NetworkPolicy, from_ns("z")));
@@ -1349,11 +1346,8 @@ fn kube_proxy_port(
 /// to z/c and y/a, reaches a DNS-like Service backed by z/c on UDP and TCP
 /// 53, not a Service with a backend it may not reach (y/b) beside one it
 /// may (y/a), until that backend leaves the Service's endpoints.
-#[test]
+#[flatnet_test(root)]
 fn egress_through_a_cluster_ip_is_judged_by_the_services_backends() {
-    if !root_or_skip("egress_through_a_cluster_ip_is_judged_by_the_services_backends") {
-        return;
-    }
     let cluster = cluster();
     let world = World::new(&cluster);
     let (dns_ip, web_ip) = (Ipv4Addr::new(10, 96, 0, 10), Ipv4Addr::new(10, 96, 0, 20));
@@ -1591,7 +1585,8 @@ impl FirstPacketProber {
                     };
                     let _ = socket.set_read_timeout(Some(Duration::from_millis(20)));
                     if socket.send_to(b"probe", (to, port)).is_err() {
-                        // No interface or route yet: ADD has not run.
+                        // No interface or route yet: ADD has not run; try
+                        // again at once (the first packet is the point).
                         std::thread::sleep(Duration::from_millis(1));
                         continue;
                     }
@@ -1663,11 +1658,8 @@ fn kubelet_args(namespace: &str, name: &str) -> String {
 /// opens it) at once. Also: a namespace without policies starts open, a
 /// pod its namespace's policies do not select is opened within moments,
 /// and with the agent down a new pod stays isolated until it is back.
-#[test]
+#[flatnet_test(root)]
 fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
-    if !root_or_skip("a_new_pod_is_held_to_its_policies_from_its_first_packet") {
-        return;
-    }
     let cluster = cluster();
     let stub = ApiStub::from_fixture();
     for namespace in NAMESPACES {
@@ -1727,6 +1719,7 @@ fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
     // kubelet reports the address once the containers run: seconds later.
     std::thread::sleep(Duration::from_secs(2));
     report_ip(&stub, "x", "c", c.ip);
+    // And probes go on for a second after it: none may get through then either.
     std::thread::sleep(Duration::from_secs(1));
     let (sent, answered) = prober.counts();
     drop(prober);
@@ -1793,11 +1786,8 @@ fn a_new_pod_is_held_to_its_policies_from_its_first_packet() {
 /// without them at all leaves NetworkPolicy down, and the agent says so
 /// (`/readyz`, the feature gauge, CNI STATUS), while new pods start
 /// isolated both ways: never silently open.
-#[test]
+#[flatnet_test(root)]
 fn endpoint_slices_of_kubernetes_1_20_or_none_at_all() {
-    if !root_or_skip("endpoint_slices_of_kubernetes_1_20_or_none_at_all") {
-        return;
-    }
     let (policy_ready, policy_down) = (
         "flatnet_agent_feature_ready{feature=\"network_policy\"} 1",
         "flatnet_agent_feature_ready{feature=\"network_policy\"} 0",

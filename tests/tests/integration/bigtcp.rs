@@ -67,11 +67,8 @@ fn send_one_way(server: &Netns, ip: IpAddr, client: &Netns, bytes: usize) {
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn big_tcp_raises_both_ends_and_segments_above_64k_cross_the_datapath() {
-    if !root_or_skip("big_tcp_raises_both_ends_and_segments_above_64k_cross_the_datapath") {
-        return;
-    }
     for (setting, size) in [(None, BIG), (Some(false), DEFAULT)] {
         let mut net = Network::dual_stack("tc");
         if let Some(on) = setting {
@@ -129,11 +126,8 @@ fn big_tcp_raises_both_ends_and_segments_above_64k_cross_the_datapath() {
 
 /// CHECK holds the limits to the configuration, and a size of one's own
 /// is applied as given.
-#[test]
+#[flatnet_test(root)]
 fn check_verifies_the_big_tcp_limits() {
-    if !root_or_skip("check_verifies_the_big_tcp_limits") {
-        return;
-    }
     let mut net = Network::dual_stack("tc");
     net.conf["bigTcp"] = json!(196_608);
     let a = net.pod();

@@ -7,7 +7,7 @@ fn flatnet(call: &CniCall, stdin: &[u8]) -> CniOutput {
     call.run(&bin("flatnet"), stdin)
 }
 
-#[test]
+#[flatnet_test]
 fn version_lists_every_supported_version() {
     let call = CniCall {
         command: "VERSION".into(),
@@ -23,7 +23,7 @@ fn version_lists_every_supported_version() {
     );
 }
 
-#[test]
+#[flatnet_test]
 fn bad_input_gets_an_error_object_on_stdout_and_a_line_on_stderr() {
     let netns = std::path::Path::new("/proc/self/ns/net");
     let good = json!({"cniVersion": "1.0.0", "name": "n", "type": "flatnet", "ipam": {"type": "host-local"}});

@@ -22,19 +22,6 @@ fn off() -> (String, String) {
     (OFF.into(), OFF.into())
 }
 
-/// Root and the reference plugins (bandwidth), or a skip (a failure under
-/// xtask and CI).
-fn can_run(test: &str) -> bool {
-    root_or_skip(test)
-        && require(
-            test,
-            std::path::Path::new(REFERENCE_PLUGINS)
-                .join("bandwidth")
-                .exists(),
-            "the reference bandwidth plugin is missing (apt-get install containernetworking-plugins)",
-        )
-}
-
 /// CHECK of `pod` against its ADD result.
 fn check(pod: &Pod) -> CniOutput {
     CniCall::new("CHECK", &pod.container_id, &pod.netns.path(), "eth0")
@@ -44,11 +31,8 @@ fn check(pod: &Pod) -> CniOutput {
 /// On the host: ADD turns on its family's forwarding only; a shaped pod is
 /// reached through the stack; CHECK and STATUS report forwarding turned off
 /// under live pods, and the next ADD turns it on again.
-#[test]
+#[flatnet_test(root, tools = reference_plugins(&["bandwidth"]))]
 fn add_turns_forwarding_on_and_check_and_status_report_it_off() {
-    if !can_run("add_turns_forwarding_on_and_check_and_status_report_it_off") {
-        return;
-    }
     let net = Network::flatnet_ipam();
     // Both off, as on a fresh machine (this binary's host tests start so;
     // set again here so the test does not depend on its neighbours).
@@ -129,11 +113,8 @@ fn add_turns_forwarding_on_and_check_and_status_report_it_off() {
 /// flatnet's ADD alone makes every stack path work: a ClusterIP through
 /// kube-proxy's rules, a pod to an outside host without ipMasq, and a pod
 /// to another node's pod on the stack path.
-#[test]
+#[flatnet_test(root)]
 fn every_stack_path_works_on_a_node_whose_forwarding_the_plugin_turned_on() {
-    if !root_or_skip("every_stack_path_works_on_a_node_whose_forwarding_the_plugin_turned_on") {
-        return;
-    }
     let cluster = Cluster::started(&Cluster::numbered(2, true), &[]);
     let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
     for node in [n1, n2] {

@@ -4,31 +4,12 @@
 //! the list's result, DEL in reverse order.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flatnet_common::action;
 use flatnet_tests::*;
 use serde_json::{Value, json};
-
-/// Root and the reference plugins, or a skip (a failure under xtask and CI).
-fn reference_plugins_or_skip(test: &str) -> bool {
-    if !root_or_skip(test) {
-        return false;
-    }
-    let missing = ["portmap", "bandwidth", "tuning", "host-local"]
-        .into_iter()
-        .find(|plugin| !Path::new(REFERENCE_PLUGINS).join(plugin).exists());
-    require(
-        test,
-        missing.is_none(),
-        &format!(
-            "{REFERENCE_PLUGINS}/{} is missing (apt-get install containernetworking-plugins)",
-            missing.unwrap_or_default()
-        ),
-    )
-}
 
 fn sh(cmd: &str) -> String {
     let out = Command::new("sh").args(["-c", cmd]).output().expect("sh");
@@ -167,11 +148,8 @@ fn qdiscs(dev: &str) -> String {
     sh(&format!("tc qdisc show dev {dev}"))
 }
 
-#[test]
+#[flatnet_test(root, tools = reference_plugins(&["portmap", "bandwidth", "tuning", "host-local"]))]
 fn flatnet_portmap_bandwidth_tuning_add_check_del() {
-    if !reference_plugins_or_skip("flatnet_portmap_bandwidth_tuning_add_check_del") {
-        return;
-    }
     let _nat = NatTableGuard::new();
     let net = Network::flatnet_ipam();
     let list = shaping_list(
@@ -283,11 +261,8 @@ fn shaping_list(net: &Network, more: Vec<Value>) -> Conflist {
 /// program needs no qdisc of its own, so the plugin's ADD succeeds, and
 /// hands the shaped pod's frames on ("next") for that qdisc to run: what
 /// the pod sends, to another pod or to the host, is held to the rate.
-#[test]
+#[flatnet_test(root, tools = reference_plugins(&["portmap", "bandwidth", "tuning", "host-local"]))]
 fn bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends() {
-    if !reference_plugins_or_skip("bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends") {
-        return;
-    }
     let net = Network::flatnet_ipam();
     let list = shaping_list(
         &net,
@@ -351,11 +326,8 @@ fn bandwidth_egress_shaping_chains_and_limits_what_the_pod_sends() {
     );
 }
 
-#[test]
+#[flatnet_test(root, tools = reference_plugins(&["portmap", "bandwidth", "tuning", "host-local"]))]
 fn flatnet_first_with_host_local_through_a_list() {
-    if !reference_plugins_or_skip("flatnet_first_with_host_local_through_a_list") {
-        return;
-    }
     let net = Network::host_local();
     for version in ["0.3.1", "0.4.0", "1.0.0"] {
         let list = net.conflist(

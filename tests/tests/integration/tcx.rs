@@ -76,11 +76,8 @@ fn assert_one_tcx_link(net: &Network, dev: &str) {
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
-    if !root_or_skip("every_pod_program_is_on_a_pinned_tcx_link_that_del_removes") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -116,11 +113,8 @@ fn every_pod_program_is_on_a_pinned_tcx_link_that_del_removes() {
 /// - the move to tcx after the answer killed before its link is pinned
 ///   (the link dies with the process; the filter stays, and works) or
 ///   after (link and filter both): `flatnet repair`.
-#[test]
+#[flatnet_test(root)]
 fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
-    if !root_or_skip("crashes_around_the_attachment_leave_one_program_on_the_hook") {
-        return;
-    }
     let net = Network::flatnet_ipam();
     let peer = net.pod();
     let conflist = std::env::temp_dir().join(format!("{}.conf", unique("tcx-")));
@@ -216,11 +210,8 @@ fn processes_marked(marker: &str) -> usize {
 /// as flatnet did before tcx) is moved to tcx by `flatnet repair` (what an
 /// upgrade's first ADD does too) while a TCP stream runs between two pods:
 /// not a byte lost, no reset, and every pod on one tcx link afterwards.
-#[test]
+#[flatnet_test(root)]
 fn a_node_attached_with_filters_moves_to_tcx_under_a_live_stream() {
-    if !root_or_skip("a_node_attached_with_filters_moves_to_tcx_under_a_live_stream") {
-        return;
-    }
     let net = Network::host_local();
     let pods: Vec<Pod> = (0..2)
         .map(|_| {
@@ -296,11 +287,8 @@ fn retransmitted_segments(netns: &Netns) -> u64 {
 
 /// XDP mode: the host veth's program and the pod side's `pod_xdp_pass`
 /// on XDP links, pinned; DEL takes both pins.
-#[test]
+#[flatnet_test(root)]
 fn xdp_mode_attaches_through_pinned_xdp_links() {
-    if !root_or_skip("xdp_mode_attaches_through_pinned_xdp_links") {
-        return;
-    }
     let mut net = Network::host_local();
     net.conf["datapath"] = json!("xdp");
     let a = net.pod();

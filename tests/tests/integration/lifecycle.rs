@@ -22,11 +22,8 @@ fn attached_ids(link: &str) -> Vec<u32> {
         .collect()
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
-    if !root_or_skip("a_tcp_stream_survives_an_upgrade_of_the_datapath") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -99,11 +96,8 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
     drop(third);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
-    if !root_or_skip("a_wiped_pin_directory_is_rebuilt_by_the_next_add") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -147,11 +141,8 @@ fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
     assert_eq!(attached_ids(&a.host_veth()), vec![new_id]);
 }
 
-#[test]
+#[flatnet_test(root)]
 fn flatnet_repair_rebuilds_a_wiped_network() {
-    if !root_or_skip("flatnet_repair_rebuilds_a_wiped_network") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -181,11 +172,8 @@ fn flatnet_repair_rebuilds_a_wiped_network() {
     }
 }
 
-#[test]
+#[flatnet_test(root)]
 fn inspect_shows_pods_counters_and_programs() {
-    if !root_or_skip("inspect_shows_pods_counters_and_programs") {
-        return;
-    }
     let net = Network::host_local();
     let a = net.pod();
     let b = net.pod();
@@ -227,11 +215,8 @@ fn inspect_shows_pods_counters_and_programs() {
     );
 }
 
-#[test]
+#[flatnet_test(root)]
 fn per_pod_counters_are_removed_with_the_pod() {
-    if !root_or_skip("per_pod_counters_are_removed_with_the_pod") {
-        return;
-    }
     let net = Network::host_local();
     let keep = net.pod();
     let pod = net.pod();

@@ -28,31 +28,21 @@ use flatnet_datapath::netlink::AttachmentNames;
 use flatnet_tests::cluster::{Cluster, SimNode};
 use flatnet_tests::containerd::{Containerd, TOOLS, TestImages};
 use flatnet_tests::cri::{CriClient, PodSpec};
+use flatnet_tests::kube_stub::metric;
 use flatnet_tests::*;
+
+/// containerd, runc, busybox and the loopback plugin.
+fn reclaim_tools() -> Vec<(String, &'static str)> {
+    TOOLS
+        .iter()
+        .map(|(tool, package)| (tool.to_string(), *package))
+        .chain(reference_plugins(&["loopback"]))
+        .collect()
+}
 
 /// The agent's grace period and resync interval in these tests.
 const GRACE_SECS: f64 = 2.0;
 const RESYNC_SECS: f64 = 0.05;
-
-fn tools_or_skip(test: &str) -> bool {
-    if !root_or_skip(test) {
-        return false;
-    }
-    let missing = TOOLS
-        .iter()
-        .map(|(tool, package)| (tool.to_string(), *package))
-        .chain(std::iter::once((
-            format!("{REFERENCE_PLUGINS}/loopback"),
-            "containernetworking-plugins",
-        )))
-        .find(|(tool, _)| !Path::new(tool).exists());
-    let (tool, package) = missing.clone().unwrap_or_default();
-    require(
-        test,
-        missing.is_none(),
-        &format!("{tool} is missing (apt-get install {package}, or `cargo xtask setup`)"),
-    )
-}
 
 /// One node with its agent (reclaim on) and containerd. containerd goes
 /// first on drop: its sandboxes get their DELs while the node still exists.
@@ -143,14 +133,7 @@ impl CriNode {
     }
 
     fn metric(&self, name: &str) -> u64 {
-        self.node()
-            .metrics()
-            .lines()
-            .find_map(|line| {
-                let (key, value) = line.split_once(' ')?;
-                (key == name).then(|| value.parse::<f64>().ok())?
-            })
-            .map_or(0, |v| v as u64)
+        metric(&self.node().metrics(), name).map_or(0, |v| v as u64)
     }
 
     fn passes(&self) -> u64 {
@@ -241,11 +224,8 @@ fn talk(from: &Path, to: &Path, address: Ipv4Addr) {
 /// its netns then deleted: the DEL never comes. The address is still held
 /// at half the grace period and gone a few resyncs after it, with the
 /// datapath entry; the live sandboxes keep theirs.
-#[test]
+#[flatnet_test(root, tools = reclaim_tools())]
 fn an_attachment_whose_del_never_comes_is_reclaimed_after_the_grace_period() {
-    if !tools_or_skip("an_attachment_whose_del_never_comes_is_reclaimed_after_the_grace_period") {
-        return;
-    }
     let cri = CriNode::start(GRACE_SECS);
     let client = cri.client();
     let live: Vec<String> = (0..2)
@@ -369,11 +349,8 @@ fn kill_the_runtime_mid_add(cri: &mut CriNode) -> (String, IpAddr) {
 /// it. If the runtime then loses its record of such a sandbox (its
 /// metadata removed behind its back, and restarted), the reclaim loop takes
 /// the address, veth and datapath entry back after the grace period.
-#[test]
+#[flatnet_test(root, tools = reclaim_tools())]
 fn the_runtime_killed_mid_add_leaks_nothing() {
-    if !tools_or_skip("the_runtime_killed_mid_add_leaks_nothing") {
-        return;
-    }
     let mut cri = CriNode::start(GRACE_SECS);
     let (sandbox, address) = kill_the_runtime_mid_add(&mut cri);
     let client = cri.client();
@@ -477,11 +454,8 @@ fn stopped_plugin() -> Option<(u32, PathBuf, String)> {
 /// 32 sandboxes live through 500 reclaim passes while others are started
 /// and removed around them: nothing is reclaimed, every live sandbox keeps
 /// its address, veth and endpoint, and pods still talk at the end.
-#[test]
+#[flatnet_test(root, tools = reclaim_tools())]
 fn live_sandboxes_keep_their_addresses_through_churn_and_500_passes() {
-    if !tools_or_skip("live_sandboxes_keep_their_addresses_through_churn_and_500_passes") {
-        return;
-    }
     // A grace period well above a RunPodSandbox on a loaded machine.
     let cri = CriNode::start(5.0);
     let client = cri.client();
