@@ -106,9 +106,9 @@ pub const STATIC_BINARIES: &[&str] = crate::install::BINARIES;
 /// The agent's crate, whose binary has the same name.
 pub const AGENT_PACKAGE: &str = "flatnet-agent";
 
-/// Builds the plugin crate's binaries (debug or release): `only` names
-/// some of them (install and bench need the two plugins, not the agent and
-/// its Kubernetes stack), empty means all.
+/// Builds the plugin crates' binaries: in release, `only` names some of
+/// them (install and bench need the two plugins, not the agent and its
+/// Kubernetes stack), empty means all; in debug, everything ([`build_debug`]).
 ///
 /// In release builds the two plugins are linked statically against glibc
 /// (`+crt-static`, for the host triple so build scripts stay dynamic): the
@@ -134,7 +134,7 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
         all.into_iter()
             .partition(|bin| STATIC_BINARIES.contains(bin))
     } else {
-        (Vec::new(), only.to_vec())
+        return build_debug();
     };
     if !static_bins.is_empty() {
         let triple = host_triple()?;
@@ -152,11 +152,11 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
         }
         run_cmd(&mut cmd)?;
     }
-    if release && dynamic_bins.is_empty() {
+    if dynamic_bins.is_empty() {
         return Ok(());
     }
     let mut cmd = cargo();
-    cmd.arg("build");
+    cmd.args(["build", "--release"]);
     if dynamic_bins.is_empty() {
         // Every binary: the plugins' crates and the agent's.
         for package in ["flatnet", "flatnet-ipam", AGENT_PACKAGE] {
@@ -168,10 +168,23 @@ pub fn build(release: bool, only: &[&str]) -> anyhow::Result<()> {
             cmd.args(["--package", bin, "--bin", bin]);
         }
     }
-    if release {
-        cmd.arg("--release");
-    }
     run_cmd(&mut cmd)
+}
+
+/// The debug build, always the same one: every crate of the workspace
+/// with all its targets (tests included), as `cargo test --workspace`
+/// builds it. Cargo unifies features over the packages and targets a
+/// command selects, so a build of a subset (`-p flatnet --bin flatnet`)
+/// would compile the whole dependency graph again with other features,
+/// and the datapath's eBPF object with it; one selection builds it once.
+pub fn build_debug() -> anyhow::Result<()> {
+    run_cmd(cargo().args([
+        "build",
+        "--workspace",
+        "--exclude",
+        "flatnet-ebpf",
+        "--all-targets",
+    ]))
 }
 
 /// The triple rustc builds for by default, e.g. `x86_64-unknown-linux-gnu`.

@@ -20,7 +20,7 @@ const FIXTURE: &str = "flatnet-policy-fixture";
 
 /// Builds the fixture (debug: it only writes maps).
 pub fn build_fixture() -> anyhow::Result<PathBuf> {
-    util::run_cmd(util::cargo().args(["build", "-p", "flatnet-tests", "--bin", FIXTURE]))?;
+    util::build_debug()?;
     Ok(util::target_dir(false).join(FIXTURE))
 }
 

@@ -19,7 +19,7 @@ const BIN: &str = "flatnet-services-bench";
 
 /// Runs the measurement with the plugins of `plugin_dir`.
 pub fn run(plugin_dir: &Path, seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
-    util::run_cmd(util::cargo().args(["build", "-p", "flatnet-tests", "--bin", BIN]))?;
+    util::build_debug()?;
     let out = Command::new(util::target_dir(false).join(BIN))
         .arg(seconds.to_string())
         .args(counts.iter().map(ToString::to_string))

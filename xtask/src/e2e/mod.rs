@@ -88,12 +88,15 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     // (or the debug ones, with --debug-build).
     let release = !args.debug_build;
     util::build(release, &[])?;
-    let mut dns = util::cargo();
-    dns.args(["build", "--package", "flatnet-cluster-dns"]);
+    // The debug build has the cluster DNS already (a workspace crate).
     if release {
-        dns.arg("--release");
+        util::run_cmd(util::cargo().args([
+            "build",
+            "--release",
+            "--package",
+            "flatnet-cluster-dns",
+        ]))?;
     }
-    util::run_cmd(&mut dns)?;
     heading("e2e: images");
     let images = images::for_cluster(&built, release)?;
 
