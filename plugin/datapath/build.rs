@@ -1,7 +1,8 @@
 //! Builds the eBPF datapath (crate `flatnet-ebpf`) for bpfel-unknown-none with
 //! nightly, `-Z build-std=core` and BTF, and leaves the object in OUT_DIR, where
 //! `src/bpf/mod.rs` embeds it. `cargo xtask setup` installs what this needs.
-use std::{env, path::PathBuf};
+use std::env;
+use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
@@ -31,21 +32,104 @@ fn main() -> anyhow::Result<()> {
     unsafe { env::set_var("PATH", env::join_paths(dirs)?) };
 
     let ebpf_dir = workspace.join("ebpf");
-    let ebpf = aya_build::Package {
-        name: "flatnet-ebpf",
-        root_dir: ebpf_dir
-            .to_str()
-            .ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", ebpf_dir.display()))?,
-        ..Default::default()
-    };
-    aya_build::build_ebpf([ebpf], aya_build::Toolchain::default())?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    let object = out_dir.join("flatnet-ebpf");
+    // Each variant of this crate (other features, clippy's) runs this script
+    // with an OUT_DIR of its own, where aya-build would build the object
+    // again, `core` included (~1.5 min). The object depends only on the
+    // eBPF crate's and common's sources, Cargo.lock and the nightly
+    // toolchain: kept once per profile under that key.
+    let cached = out_dir
+        .ancestors()
+        .nth(3)
+        .map(|profile| profile.join("ebpf-object").join(object_key(&workspace)));
+    match &cached {
+        Some(cached) if cached.exists() => {
+            println!("cargo:rerun-if-changed={}", ebpf_dir.display());
+            std::fs::copy(cached, &object)?;
+        }
+        _ => {
+            let ebpf = aya_build::Package {
+                name: "flatnet-ebpf",
+                root_dir: ebpf_dir
+                    .to_str()
+                    .ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", ebpf_dir.display()))?,
+                ..Default::default()
+            };
+            aya_build::build_ebpf([ebpf], aya_build::Toolchain::default())?;
+            if let Some(cached) = &cached {
+                keep(&object, cached)?;
+            }
+        }
+    }
 
     // The datapath's identity: pinned programs are named after it, so an ADD
     // can tell whether the pinned program is this build's without loading it.
-    let object = PathBuf::from(env::var("OUT_DIR")?).join("flatnet-ebpf");
     let digest = sha2::Sha256::digest(std::fs::read(&object)?);
     let id: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
     println!("cargo:rustc-env=FLATNET_DATAPATH_ID={id}");
+    Ok(())
+}
+
+/// What the object is built from: every file of ebpf/ and common/ (build
+/// output and hidden files aside), Cargo.lock, and the nightly toolchain
+/// aya-build uses (`rustc -vV`, its commit and LLVM included).
+fn object_key(workspace: &Path) -> String {
+    let mut hasher = sha2::Sha256::new();
+    for dir in ["ebpf", "common"] {
+        let mut files = Vec::new();
+        collect_files(&workspace.join(dir), &mut files);
+        files.sort();
+        for file in files {
+            hasher.update(
+                file.strip_prefix(workspace)
+                    .unwrap_or(&file)
+                    .as_os_str()
+                    .as_encoded_bytes(),
+            );
+            hasher.update(std::fs::read(&file).unwrap_or_default());
+        }
+    }
+    hasher.update(std::fs::read(workspace.join("Cargo.lock")).unwrap_or_default());
+    let toolchain = std::process::Command::new("rustup")
+        .args(["run", "nightly", "rustc", "-vV"])
+        .output()
+        .map(|out| out.stdout)
+        .unwrap_or_default();
+    hasher.update(toolchain);
+    hasher.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            collect_files(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
+}
+
+/// Copies the object to the cache, atomically (variants build side by side).
+fn keep(object: &Path, cached: &Path) -> anyhow::Result<()> {
+    let dir = cached
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", cached.display()))?;
+    std::fs::create_dir_all(dir)?;
+    let temp = dir.join(format!(".{}.tmp", std::process::id()));
+    std::fs::copy(object, &temp)?;
+    std::fs::rename(&temp, cached)?;
     Ok(())
 }
 
