@@ -174,7 +174,10 @@ impl Network {
     pub fn with_ipam(ipam: impl FnOnce(&str, &str, &str) -> Value) -> Self {
         forwarding::pristine_host();
         let n = unique_number();
-        let prefix = format!("10.{}.{}", 100 + (std::process::id() % 100), n % 250);
+        // One /24 per network of this process: the second octet moves on
+        // every 250 (the one test binary makes more than that in a run).
+        let second = 100 + (std::process::id() + n / 250) % 100;
+        let prefix = format!("10.{second}.{}", n % 250);
         let name = unique("ft-net-");
         let ipam_dir = std::env::temp_dir().join(format!("flatnet-test-ipam-{name}"));
         let subnet = format!("{prefix}.0/24");
