@@ -104,8 +104,9 @@ pub enum Error {
     Store(String),
 
     /// An error of a lower layer (the kernel's, the eBPF datapath's), kept
-    /// with its sources, reported with the code the plugin chose for it.
-    #[error("{}", chain(source.as_ref()))]
+    /// with its sources, reported with the code the plugin chose for it;
+    /// its own message already names what failed underneath.
+    #[error("{source}")]
     Layer {
         code: u32,
         #[source]
@@ -115,21 +116,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An error and all its sources, "outer: inner: innermost", since library
-/// errors (aya's especially) keep the OS error in the source chain.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        let inner_text = inner.to_string();
-        if !text.contains(&inner_text) {
-            text.push_str(": ");
-            text.push_str(&inner_text);
-        }
-        source = inner.source();
-    }
-    text
-}
 
 impl Error {
     pub fn code(&self) -> u32 {
