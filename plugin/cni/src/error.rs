@@ -116,7 +116,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-
 impl Error {
     pub fn code(&self) -> u32 {
         match self {
