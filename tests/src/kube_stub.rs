@@ -363,6 +363,14 @@ impl Drop for ServedStub {
     }
 }
 
+/// A Namespace as the API serves it: `labels` and the
+/// `kubernetes.io/metadata.name` label the API server adds to every one.
+pub fn api_namespace(name: &str, labels: Value) -> Value {
+    let mut labels = labels;
+    labels["kubernetes.io/metadata.name"] = json!(name);
+    json!({"metadata": {"name": name, "labels": labels}})
+}
+
 /// A Running pod of `node` at `ip` as the API serves it: `labels` on it,
 /// `containers` (their ports, named or not) in its spec.
 pub fn api_pod(

@@ -13,18 +13,30 @@
 //! tool (an absolute path, or a program on PATH). What is missing skips the
 //! test loudly for a developer's `cargo test` and fails it under `cargo
 //! xtask test` and CI (`flatnet_harness::require`).
+//!
+//! A case run in several settings names them once:
+//!
+//! ```ignore
+//! #[flatnet_test(root, cases(iptables(Mode::Iptables), nftables(Mode::Nftables)))]
+//! fn hairpin(mode: Mode) { ... }
+//! ```
+//!
+//! keeps `hairpin` a plain function and adds the tests `hairpin_iptables`
+//! and `hairpin_nftables`, each calling it with its arguments.
 
 use proc_macro::TokenStream;
-use quote::quote;
+use quote::{format_ident, quote};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{Expr, ItemFn, Meta, Token, parse_macro_input};
+use syn::{Expr, ExprCall, ItemFn, Meta, Token, parse_macro_input};
 
 /// What a test asked for in its attribute.
 #[derive(Default)]
 struct Needs {
     root: bool,
     tools: Option<Expr>,
+    /// `name(arguments)`: one test a case, the function called with them.
+    cases: Vec<ExprCall>,
 }
 
 fn parse_needs(args: proc_macro2::TokenStream) -> syn::Result<Needs> {
@@ -36,10 +48,23 @@ fn parse_needs(args: proc_macro2::TokenStream) -> syn::Result<Needs> {
             Meta::NameValue(pair) if pair.path.is_ident("tools") => {
                 needs.tools = Some(pair.value.clone());
             }
+            Meta::List(list) if list.path.is_ident("cases") => {
+                let cases = Punctuated::<ExprCall, Token![,]>::parse_terminated
+                    .parse2(list.tokens.clone())?;
+                for case in cases {
+                    if !matches!(&*case.func, Expr::Path(path) if path.path.get_ident().is_some()) {
+                        return Err(syn::Error::new_spanned(
+                            &case.func,
+                            "a case is `name(arguments)`, its name one identifier",
+                        ));
+                    }
+                    needs.cases.push(case);
+                }
+            }
             other => {
                 return Err(syn::Error::new_spanned(
                     other,
-                    "flatnet_test takes `root` and `tools = [\"tool\", ...]`",
+                    "flatnet_test takes `root`, `tools = [\"tool\", ...]` and `cases(name(arguments), ...)`",
                 ));
             }
         }
@@ -66,16 +91,47 @@ pub fn flatnet_test(args: TokenStream, item: TokenStream) -> TokenStream {
         Some(tools) => quote!(#tools),
         None => quote!([] as [&str; 0]),
     };
-    quote! {
-        #[test]
-        #(#attrs)*
-        #vis #sig {
+    // A test enters its file's gate, then checks its needs under its own name.
+    let preamble = |name: &str| {
+        quote! {
             let _gate = ::flatnet_tests::gate::enter(module_path!());
             if !::flatnet_tests::requirements(#name, #root, &(#tools)) {
                 return;
             }
-            #block
         }
+    };
+    if needs.cases.is_empty() {
+        let preamble = preamble(&name);
+        return quote! {
+            #[test]
+            #(#attrs)*
+            #vis #sig {
+                #preamble
+                #block
+            }
+        }
+        .into();
+    }
+    let function = &sig.ident;
+    let tests = needs.cases.iter().map(|case| {
+        let Expr::Path(case_name) = &*case.func else {
+            unreachable!("checked in parse_needs")
+        };
+        let test = format_ident!("{}_{}", function, case_name.path.segments[0].ident);
+        let preamble = preamble(&test.to_string());
+        let arguments = &case.args;
+        quote! {
+            #[test]
+            fn #test() {
+                #preamble
+                #function(#arguments);
+            }
+        }
+    });
+    quote! {
+        #(#attrs)*
+        #vis #sig #block
+        #(#tests)*
     }
     .into()
 }
@@ -97,5 +153,21 @@ mod tests {
     fn anything_else_is_refused_with_what_it_takes() {
         let err = parse_needs(quote!(root, network)).err().unwrap();
         assert!(err.to_string().contains("takes `root`"), "{err}");
+    }
+
+    #[test]
+    fn cases_are_calls_with_a_plain_name() {
+        let needs = parse_needs(quote!(
+            root,
+            cases(
+                iptables(Mode::Iptables),
+                xdp(Mode::Nftables, &["--datapath", "xdp"])
+            )
+        ))
+        .unwrap();
+        assert_eq!(needs.cases.len(), 2);
+        assert_eq!(needs.cases[1].args.len(), 2);
+        let err = parse_needs(quote!(cases(a::b(1)))).err().unwrap();
+        assert!(err.to_string().contains("one identifier"), "{err}");
     }
 }

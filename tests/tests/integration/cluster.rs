@@ -11,7 +11,7 @@ use flatnet_agent::peers::kube_source::KubeSource;
 use flatnet_agent::peers::{Node, PeerSource};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_UPLINK, action};
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub, api_pod, metric};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -831,12 +831,6 @@ fn http_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, labels: Value) 
     let containers = json!([{"name": "c", "image": "busybox",
         "ports": [{"name": "http", "containerPort": 80, "protocol": "TCP"}]}]);
     api_pod(namespace, name, node, ip, labels, containers)
-}
-
-fn api_namespace(name: &str, labels: Value) -> Value {
-    let mut labels = labels;
-    labels["kubernetes.io/metadata.name"] = json!(name);
-    json!({"metadata": {"name": name, "labels": labels}})
 }
 
 #[flatnet_test(root)]

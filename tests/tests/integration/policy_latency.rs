@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub, api_pod, metric};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -54,12 +54,12 @@ fn synthetic_pod(i: usize) -> Value {
     cluster_pod(i, &format!("worker-{n}"), ip)
 }
 
-fn api_namespace(i: usize) -> Value {
-    let name = format!("ns-{i}");
+fn namespace(i: usize) -> Value {
     let env = if i.is_multiple_of(2) { "prod" } else { "dev" };
-    json!({"metadata": {"name": name, "labels": {
-        "kubernetes.io/metadata.name": name, "env": env, "team": format!("team-{}", i % 5)
-    }}})
+    api_namespace(
+        &format!("ns-{i}"),
+        json!({"env": env, "team": format!("team-{}", i % 5)}),
+    )
 }
 
 /// Policy `i` (`flatnet_agent::policy::scale_fixture`, as the agent's
@@ -82,7 +82,7 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
     let served = ServedStub::start(listener);
     let stub = &served.stub;
     for i in 0..NAMESPACES {
-        stub.add(Kind::Namespace, api_namespace(i));
+        stub.add(Kind::Namespace, namespace(i));
     }
     for i in REAL..PODS {
         stub.add(Kind::Pod, synthetic_pod(i));

@@ -20,7 +20,7 @@ pub fn run_pod_sandbox(plugin_dir: &Path) -> anyhow::Result<Value> {
         .args([
             "--ignored",
             "--exact",
-            &format!("cri::{TEST}"),
+            &format!("cri::bench::{TEST}"),
             "--nocapture",
         ])
         .env("FLATNET_BIN_DIR", plugin_dir)

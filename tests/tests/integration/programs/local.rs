@@ -1,4 +1,5 @@
-//! Between local pods: redirects, source addresses, malformed and unknown frames.
+//! Between local pods: redirects, source addresses, malformed and unknown
+//! frames.
 
 use super::*;
 
