@@ -1,0 +1,113 @@
+//! The installed plugin run on a node as a runtime runs it, and
+//! [`SimPod`], a pod it attached.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::SimNode;
+use crate::{CniCall, CniOutput, Conflist, Netns, result_ips, unique};
+
+impl SimNode {
+    /// The flatnet plugin's stdin as a runtime builds it from the conflist.
+    pub fn plugin_stdin(&self) -> Vec<u8> {
+        let mut cached = self.plugin_stdin.lock().unwrap();
+        if self.conflist_path().exists() || cached.is_none() {
+            let stdin = Conflist::new(self.conflist()).first_plugin_conf();
+            *cached = Some(stdin.to_string().into_bytes());
+        }
+        cached.clone().expect("plugin stdin")
+    }
+
+    /// Runs the installed plugin on this node as a runtime would: with the
+    /// CNI variables only (the pin root comes from the conflist).
+    pub fn cni(&self, command: &str, container: Option<(&str, &Path)>) -> CniOutput {
+        self.cni_with_env(command, container, &[])
+    }
+
+    /// `cni`, with more environment for the plugin.
+    pub fn cni_with_env(
+        &self,
+        command: &str,
+        container: Option<(&str, &Path)>,
+        env: &[(&str, &Path)],
+    ) -> CniOutput {
+        let mut call = match container {
+            Some((id, netns)) => CniCall::new(command, id, netns, "eth0"),
+            None => CniCall {
+                command: command.into(),
+                ..CniCall::default()
+            },
+        };
+        call.path = self.bin_dir().display().to_string();
+        call.node = Some(self.netns.path());
+        call.env = env
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.as_os_str().to_owned()))
+            .collect();
+        call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin())
+    }
+
+    pub fn pod(&self) -> SimPod<'_> {
+        let netns = Netns::new();
+        self.pod_in(netns, "")
+    }
+
+    /// A pod in `netns` (made by the caller, who may already run things in
+    /// it), added with `cni_args` as CNI_ARGS (kubelet's
+    /// `K8S_POD_NAMESPACE=..;K8S_POD_NAME=..`).
+    pub fn pod_in(&self, netns: Netns, cni_args: &str) -> SimPod<'_> {
+        let container = unique("cpod-");
+        let mut call = CniCall::new("ADD", &container, &netns.path(), "eth0");
+        call.path = self.bin_dir().display().to_string();
+        call.node = Some(self.netns.path());
+        call.args = cni_args.to_string();
+        let out = call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin());
+        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        let result = out.json();
+        let addresses = result_ips(&result);
+        let ip = addresses
+            .iter()
+            .find_map(|a| match a {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
+            .expect("IPv4 address");
+        let ip6 = addresses.iter().find_map(|a| match a {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        });
+        SimPod {
+            node: self,
+            netns,
+            container,
+            ip,
+            ip6,
+            result,
+        }
+    }
+}
+
+/// A pod on a simulated node; DEL on drop.
+pub struct SimPod<'a> {
+    pub node: &'a SimNode,
+    pub netns: Netns,
+    pub container: String,
+    pub ip: Ipv4Addr,
+    /// The pod's IPv6 address on a dual-stack node.
+    pub ip6: Option<Ipv6Addr>,
+    /// What ADD answered: a chained plugin's prevResult.
+    pub result: Value,
+}
+
+impl Drop for SimPod<'_> {
+    fn drop(&mut self) {
+        let out = self
+            .node
+            .cni("DEL", Some((&self.container, &self.netns.path())));
+        if !out.success() {
+            eprintln!("cleanup DEL of {} failed: {out:?}", self.container);
+        }
+    }
+}
