@@ -58,7 +58,7 @@
 //! ```
 //!
 //! flatnet's agnhost image ships this binary as `/coredns` in its stead
-//! (xtask/src/e2e/images.rs). Called `coredns`, or with `-conf FILE` /
+//! (xtask/src/e2e/images/). Called `coredns`, or with `-conf FILE` /
 //! `--conf FILE` / `-conf=FILE` (Go's flag syntax, as CoreDNS reads it),
 //! it does no Kubernetes work: it reads the Corefile and serves it
 //! ([`coredns`]; the parser is [`corefile`], the answers [`hosts`], the

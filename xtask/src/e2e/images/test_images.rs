@@ -1,0 +1,179 @@
+//! The images the e2e suite's pods and the nodes' sandboxes run (pause,
+//! agnhost, busybox, nginx, httpd, ...), most on the shared toolbox.
+
+use std::path::Path;
+
+use super::flatnet_images::cluster_dns_origin;
+use super::rootfs::{Origin, Rootfs};
+use super::spec::ImageSpec;
+use super::toolbox::{iptables, toolbox};
+use super::{
+    AGNHOST, BUSYBOX, DEBIAN_IPTABLES, HTTPD, JESSIE_DNSUTILS, NGINX, PAUSE, REGRESSION_74839,
+};
+use crate::e2e::build::Built;
+
+/// The sandbox image: the static pause program of the Kubernetes cache
+/// (`bin/pause`, built by `cargo xtask e2e-build`) and nothing else.
+pub fn pause(kube: &Built) -> anyhow::Result<ImageSpec> {
+    let mut rootfs = Rootfs::new();
+    rootfs.copy(&kube.bin("pause"), "/pause", &built_by_e2e_build())?;
+    Ok(ImageSpec::new(&[PAUSE], rootfs).entrypoint(&["/pause"]))
+}
+
+fn built_by_e2e_build() -> Origin {
+    Origin::Built("build it with `cargo xtask e2e-build`".to_string())
+}
+
+/// The e2e suite's utility image: the toolbox plus agnhost from the
+/// Kubernetes cache, laid out as upstream's Dockerfile does (`/agnhost`,
+/// the `/agnhost-2` link the entrypoint tests run, porter's TLS pair in
+/// `/`, netexec's `/uploads`). Upstream also has `/coredns` (CoreDNS
+/// 1.6.2), which no Debian package or vendored source provides; in its
+/// place, the cluster DNS server at `cluster_dns` ([`cluster_dns_binary`])
+/// with its libraries: run as `/coredns -conf FILE` it serves the hosts
+/// entries of the Corefile that "DNS should support configurable pod
+/// resolv.conf" and the dns_configmap tests give it (tests/cluster-dns,
+/// its CoreDNS mode).
+///
+/// [`cluster_dns_binary`]: super::flatnet_images::cluster_dns_binary
+pub fn agnhost(kube: &Built, cluster_dns: &Path) -> anyhow::Result<ImageSpec> {
+    let mut rootfs = toolbox()?;
+    rootfs.binary(&kube.bin("agnhost"), "/agnhost", &built_by_e2e_build())?;
+    rootfs.symlink("/agnhost-2", "agnhost")?;
+    rootfs.binary(cluster_dns, "/coredns", &cluster_dns_origin())?;
+    let porter = kube.source_dir.join("test/images/agnhost/porter");
+    for name in ["localhost.crt", "localhost.key"] {
+        rootfs.copy(
+            &porter.join(name),
+            &format!("/{name}"),
+            &Origin::Built(
+                "it is in the Kubernetes source tree: run `cargo xtask e2e-build`".to_string(),
+            ),
+        )?;
+    }
+    rootfs.dir("/uploads", 0o755)?;
+    Ok(ImageSpec::new(&[AGNHOST], rootfs)
+        .entrypoint(&["/agnhost"])
+        .cmd(&["pause"]))
+}
+
+/// regression-issue-74839: "KubeProxy should resolve connection reset issue
+/// #74839" sends an out-of-window TCP segment from it. The 1.20 tree's
+/// source finds its address in `POD_IP`, which the 1.20 spec never sets
+/// (upstream's 1.0 image predates that change), so the stand-in sets it
+/// from the pod's own /etc/hosts before it starts.
+pub fn regression_issue_74839(kube: &Built) -> anyhow::Result<ImageSpec> {
+    let mut rootfs = toolbox()?;
+    rootfs.binary(
+        &kube.bin("regression-issue-74839"),
+        "/regression-issue-74839",
+        &built_by_e2e_build(),
+    )?;
+    Ok(ImageSpec::new(&[REGRESSION_74839], rootfs).entrypoint(&[
+        "/bin/sh",
+        "-c",
+        "POD_IP=\"${POD_IP:-$(hostname -i)}\" exec /regression-issue-74839",
+    ]))
+}
+
+/// busybox:1.29, as the suite's generic shell image: the toolbox, `sh`.
+pub fn busybox() -> anyhow::Result<ImageSpec> {
+    Ok(ImageSpec::new(&[BUSYBOX], toolbox()?).cmd(&["sh"]))
+}
+
+/// jessie-dnsutils (Debian jessie with dnsutils upstream): the toolbox
+/// has its dig, nslookup, host and getent.
+pub fn jessie_dnsutils() -> anyhow::Result<ImageSpec> {
+    Ok(ImageSpec::new(&[JESSIE_DNSUTILS], toolbox()?).cmd(&["sh"]))
+}
+
+/// Stands in for nginx 1.14/1.15-alpine: the toolbox, and busybox's httpd
+/// serving nginx's document root `/usr/share/nginx/html` (an index.html) on
+/// port 80, started by an `nginx` script that ignores its arguments so the
+/// upstream `nginx -g 'daemon off;'` command works. What differs: it is no
+/// nginx (no nginx.conf, no reverse proxy, no `nginx -s`), the tools are
+/// the toolbox's rather than alpine's, and it exits on SIGTERM at once.
+pub fn nginx() -> anyhow::Result<ImageSpec> {
+    let mut rootfs = toolbox()?;
+    rootfs.bytes(
+        "/usr/share/nginx/html/index.html",
+        b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head>\n\
+          <body><h1>Welcome to nginx!</h1></body></html>\n",
+        0o644,
+    )?;
+    rootfs.bytes(
+        "/usr/sbin/nginx",
+        static_server_script("nginx", "/usr/share/nginx/html").as_bytes(),
+        0o755,
+    )?;
+    Ok(ImageSpec::new(NGINX, rootfs).cmd(&["nginx", "-g", "daemon off;"]))
+}
+
+/// Stands in for httpd 2.4.38/2.4.39-alpine: the toolbox, and busybox's
+/// httpd serving Apache's document root `/usr/local/apache2/htdocs` on port
+/// 80 through the upstream command `httpd-foreground`. A real file server
+/// on the real path matters: the StatefulSet tests break and restore the
+/// readiness probe by moving `htdocs/index.html` away and back, which a
+/// server answering every path (agnhost netexec) would not notice. What
+/// differs: no Apache (no modules, no httpd.conf, no CGI), the tools are
+/// the toolbox's rather than alpine's, and it exits on SIGTERM at once.
+pub fn httpd() -> anyhow::Result<ImageSpec> {
+    let mut rootfs = toolbox()?;
+    rootfs.bytes(
+        "/usr/local/apache2/htdocs/index.html",
+        b"<html><body><h1>It works!</h1></body></html>\n",
+        0o644,
+    )?;
+    rootfs.bytes(
+        "/usr/local/bin/httpd-foreground",
+        static_server_script("httpd", "/usr/local/apache2/htdocs").as_bytes(),
+        0o755,
+    )?;
+    let mut spec = ImageSpec::new(HTTPD, rootfs).cmd(&["httpd-foreground"]);
+    spec.working_dir = "/usr/local/apache2".to_string();
+    Ok(spec)
+}
+
+/// A start script serving `root` on port 80 with busybox's httpd in the
+/// foreground. The shell stays PID 1 with a TERM trap: as PID 1, busybox's
+/// httpd would ignore SIGTERM and every pod deletion would wait out its
+/// grace period.
+fn static_server_script(stands_in_for: &str, root: &str) -> String {
+    format!(
+        "#!/bin/sh\n\
+         # Stands in for {stands_in_for} (flatnet's e2e images): busybox's httpd\n\
+         # serves {root} on port 80; arguments are ignored.\n\
+         trap 'exit 0' TERM INT\n\
+         /usr/bin/busybox httpd -f -v -p 80 -h {root} &\n\
+         wait $!\n"
+    )
+}
+
+/// debian-iptables (upstream: Debian buster with iptables and conntrack):
+/// the toolbox with iptables (nft backend) and conntrack.
+pub fn debian_iptables() -> anyhow::Result<ImageSpec> {
+    let mut rootfs = toolbox()?;
+    iptables(&mut rootfs)?;
+    rootfs.binary(
+        Path::new("/usr/sbin/conntrack"),
+        "/usr/sbin/conntrack",
+        &Origin::Debian("conntrack"),
+    )?;
+    Ok(ImageSpec::new(&[DEBIAN_IPTABLES], rootfs).cmd(&["/bin/sh"]))
+}
+
+/// Every image the e2e suite's pods and the nodes' sandboxes use (not
+/// flatnet's own two; agnhost carries the cluster DNS server at
+/// `cluster_dns`, the caller's build of it, as `/coredns`).
+pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<ImageSpec>> {
+    Ok(vec![
+        pause(kube)?,
+        agnhost(kube, cluster_dns)?,
+        busybox()?,
+        jessie_dnsutils()?,
+        nginx()?,
+        httpd()?,
+        debian_iptables()?,
+        regression_issue_74839(kube)?,
+    ])
+}
