@@ -29,7 +29,11 @@ pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
 /// Each pod's own addresses, by counter slot: the source check.
 pub const MAP_POD_SOURCES: &str = "POD_SOURCES";
 /// What conntrack said of each TCP flow the fast path saw (an LRU cache).
-pub const MAP_TCP_FLOWS: &str = "TCP_FLOWS";
+pub const MAP_FLOWS: &str = "FLOWS";
+/// Maps older builds pinned that this one no longer has (`TCP_FLOWS`:
+/// `FLOWS` before it held UDP too), unpinned at load: the programs still
+/// using them hold them open until their veths move over.
+pub const RETIRED_MAPS: [&str; 1] = ["TCP_FLOWS"];
 /// NetworkPolicy: each pod's isolation by counter slot, its allowed
 /// prefixes (LPM tries), the flows already judged, its drops, and the
 /// node's own addresses (always allowed in).
@@ -71,11 +75,23 @@ pub const PROG_FROM_POD_XDP: &str = "from_pod_xdp";
 /// only with its NAPI on, which an attached XDP program turns on.
 pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";
 /// tc classifier at the egress of host veths: what the host stack delivers
-/// into a pod, judged against the pod's ingress policy.
+/// into a pod, judged against the pod's ingress policy; the flow it belongs
+/// to loses a "clear" verdict in `FLOWS`.
 pub const PROG_TO_POD: &str = "to_pod";
 /// tc classifier on the node's uplink: traffic from other nodes for local
 /// pods goes straight into them.
 pub const PROG_FROM_UPLINK: &str = "from_uplink";
+/// tc classifier at the egress of the node's uplink: what the host stack
+/// sends to other nodes makes its flow lose a "clear" verdict in `FLOWS`
+/// (the fast path's own packets, marked, pass untouched).
+pub const PROG_TO_UPLINK: &str = "to_uplink";
+
+/// `skb->mark` of a packet `from_pod` redirects to another node, from the
+/// redirect to `to_uplink`, which clears it: no netfilter hook lies between
+/// them (a redirect skips the stack), and a pod's packets arrive unmarked
+/// (a veth clears the mark between namespaces). A whole value, not a bit:
+/// the stack's own packets keep whatever marks others gave them.
+pub const FAST_PATH_MARK: u32 = 0x666c_6e74;
 
 /// cgroup v2 socket programs of Services in eBPF: connect() and sendmsg()
 /// to a ClusterIP choose a backend and rewrite the destination; recvmsg()
@@ -92,6 +108,10 @@ pub const PROG_SERVICE_GETPEERNAME6: &str = "service_getpeername6";
 /// The datapath's load-time setting: whether `from_uplink` hands packets
 /// from other nodes' pods straight to local pods (a u32, 1 or 0).
 pub const GLOBAL_UPLINK_TO_PODS: &str = "UPLINK_TO_PODS";
+/// The datapath's load-time setting: whether UDP flows' conntrack answers
+/// are kept in `FLOWS` (a u32, 1 where tcx puts `to_pod` and `to_uplink`
+/// on every way out of the host stack, else 0).
+pub const GLOBAL_UDP_FLOWS: &str = "UDP_FLOWS";
 
 /// Maximum number of other nodes' pod CIDRs per family.
 pub const MAX_REMOTE_CIDRS: u32 = 16384;
@@ -211,12 +231,12 @@ pub const SOURCES_F_MORE: u32 = 2;
 /// to it (`TC_ACT_UNSPEC`) instead of redirecting them past it.
 pub const SOURCES_F_SHAPED_EGRESS: u32 = 4;
 
-/// Entries of `TCP_FLOWS`: an LRU, so a busy node forgets old flows (a
+/// Entries of `FLOWS`: an LRU, so a busy node forgets old flows (a
 /// forgotten flow's next packet asks conntrack again: slower, never wrong).
-pub const MAX_TCP_FLOWS: u32 = 65536;
+pub const MAX_FLOWS: u32 = 65536;
 
-/// One direction of a TCP flow: the packet's own addresses and ports
-/// (IPv4 in the first 4 bytes of each address), network byte order.
+/// One direction of a TCP or UDP flow: the packet's own addresses and
+/// ports (IPv4 in the first 4 bytes of each address), network byte order.
 /// Aligned to 8 so that building one takes word stores, not a `memset`.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -226,12 +246,17 @@ pub struct FlowKey {
     pub sport: [u8; 2],
     pub dport: [u8; 2],
     /// 4 or 6.
-    pub family: u32,
+    pub family: u8,
+    /// IPPROTO_TCP or IPPROTO_UDP.
+    pub proto: u8,
+    pub _pad: [u8; 2],
 }
 const _: () = assert!(size_of::<FlowKey>() == 40);
 
-/// What the kernel's conntrack said of a flow when its last SYN (or its
-/// first packet the fast path saw) passed: `verdict::*`.
+/// What the kernel's conntrack said of a flow direction when the fast path
+/// last asked (a TCP flow's SYNs; a flow's first packet the fast path saw,
+/// or its first since the host stack carried one of its packets):
+/// `verdict::*`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowVerdict {

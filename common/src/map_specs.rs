@@ -72,8 +72,8 @@ pub mod maps {
     );
     pub const POD_SOURCES: MapSpec =
         MapSpec::new::<u32, PodSources>(MAP_POD_SOURCES, MapKind::Array, MAX_ENDPOINTS);
-    pub const TCP_FLOWS: MapSpec =
-        MapSpec::new::<FlowKey, FlowVerdict>(MAP_TCP_FLOWS, MapKind::LruHash, MAX_TCP_FLOWS);
+    pub const FLOWS: MapSpec =
+        MapSpec::new::<FlowKey, FlowVerdict>(MAP_FLOWS, MapKind::LruHash, MAX_FLOWS);
     pub const REMOTE_CIDRS_V4: MapSpec = MapSpec::new::<LpmKey<RemoteCidrV4>, RemoteNode>(
         MAP_REMOTE_CIDRS_V4,
         MapKind::LpmTrie,
@@ -131,7 +131,7 @@ pub const MAP_SPECS: [MapSpec; 20] = [
     maps::STATS,
     maps::ENDPOINT_STATS,
     maps::POD_SOURCES,
-    maps::TCP_FLOWS,
+    maps::FLOWS,
     maps::REMOTE_CIDRS_V4,
     maps::REMOTE_CIDRS_V6,
     maps::POLICY_PODS,

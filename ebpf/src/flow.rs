@@ -19,15 +19,29 @@
 //! translated when the entry's other direction is not the packet's tuple
 //! reversed (looking the reversed tuple up finds nothing).
 //!
-//! A conntrack lookup costs more than the rest of the program, so for TCP
-//! the answer is kept per flow direction in `TCP_FLOWS` (an LRU hash):
-//! every packet with SYN set asks conntrack and writes the answer, every
-//! other packet reads it (asking conntrack when it is not there). That is
-//! exact: the host tracks a flow from its first packet on, so a flow whose
-//! SYN and SYN-ACK were judged has its answer for good, and a new
-//! connection on a reused 4-tuple starts with SYNs that judge it anew. A
-//! forgotten entry (LRU) only costs a lookup. UDP has no such start, so
-//! every UDP packet asks conntrack.
+//! A conntrack lookup costs more than the rest of the program, so the
+//! answer is kept per flow direction in `FLOWS` (an LRU hash) and a packet
+//! reads it there (asking conntrack when it is not there, and writing the
+//! answer). What keeps a kept answer true:
+//! - "tracked" and "translated" stay true for the flow's life (the host
+//!   never forgets a flow it tracks while packets come), and an answer
+//!   kept after the flow's end only sends a later flow of the same tuple
+//!   through the stack, which carries it as the bridge would.
+//! - "clear" turns false when the host starts to track the flow, which
+//!   takes a packet of it through the host stack. Every such packet that
+//!   could matter leaves the stack through a flatnet program: into a local
+//!   pod through its host veth's egress (`to_pod`), or to another node
+//!   through the uplink's egress (`to_uplink`); both remove a "clear" of
+//!   the packet's flow, both directions, before the packet goes on
+//!   (`forget_clear`), so the next packet of either direction asks
+//!   conntrack again. The fast path's own packets never meet the stack
+//!   (a redirect skips it); those going to another node carry
+//!   `FAST_PATH_MARK` past `to_uplink`.
+//! - TCP asks again at every SYN too: a new connection on a reused 4-tuple
+//!   is judged anew wherever it came from.
+//!
+//! A forgotten answer (the LRU full, the map new after an upgrade) only
+//! costs a lookup: the next packet asks conntrack.
 //!
 //! The kfuncs answer for TCP and UDP. ICMP errors are judged by the packet
 //! they quote. ICMP echo is never translated by kube-proxy (any mode) and
@@ -46,8 +60,8 @@ use network_types::{
     ip::{Ipv4Hdr, Ipv6Hdr},
 };
 
-use crate::header_at;
 use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
+use crate::{ETH_P_IP, ETH_P_IPV6, header_at};
 
 pub(crate) const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
@@ -60,11 +74,19 @@ const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
 /// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
 const ICMP_HEADER_LEN: usize = 8;
 
-/// What conntrack said of each TCP flow direction (see above).
+/// Whether UDP answers are kept: set by the loader (1 where the kernel has
+/// tcx, which puts `to_pod` and `to_uplink` on every way out of the stack;
+/// see `flatnet_common::GLOBAL_UDP_FLOWS`). Without them a kept "clear"
+/// could outlive the flow's turn to the stack, so every UDP packet asks
+/// conntrack, as TCP's SYNs do.
+#[unsafe(no_mangle)]
+static UDP_FLOWS: u32 = 0;
+
+/// What conntrack said of each TCP and UDP flow direction (see above).
 #[btf_map]
-static TCP_FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::TCP_FLOWS.max_entries as usize }> =
+static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entries as usize }> =
     LruHashMap::new();
-const _: () = assert!(maps::TCP_FLOWS.holds::<FlowKey, FlowVerdict>());
+const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
 
 /// SYN in the TCP flags byte.
 const TCP_SYN: u8 = 0x02;
@@ -190,11 +212,11 @@ impl Flow {
     }
 }
 
-/// A TCP packet's verdict: from `TCP_FLOWS` unless the packet has SYN set
-/// (or the flow is not there), else from conntrack (`judge`), remembered.
+/// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
+/// flow is not there, else from conntrack (`judge`), remembered.
 #[inline(always)]
-fn judge_tcp(key: &FlowKey, syn: bool, judge: impl FnOnce() -> Flow) -> Flow {
-    if !syn && let Some(known) = TCP_FLOWS.get_ptr(key) {
+fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
+    if !ask_again && let Some(known) = FLOWS.get_ptr(key) {
         // SAFETY: a valid map value for the program's run; read once.
         return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
     }
@@ -205,20 +227,117 @@ fn judge_tcp(key: &FlowKey, syn: bool, judge: impl FnOnce() -> Flow) -> Flow {
     };
     // A full map evicts its least recently used entry; a failed write only
     // means the next packet asks conntrack again.
-    let _ = TCP_FLOWS.insert(key, &value, 0);
+    let _ = FLOWS.insert(key, &value, 0);
     flow
+}
+
+#[inline(always)]
+fn udp_flows_kept() -> bool {
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    (unsafe { core::ptr::read_volatile(&UDP_FLOWS) }) != 0
+}
+
+/// Removes a "clear" kept for `key`: the host stack carries a packet of
+/// its flow now, so the host may track it from here on.
+#[inline(always)]
+fn forget_if_clear(key: &FlowKey) {
+    if let Some(known) = FLOWS.get_ptr(key) {
+        // SAFETY: a valid map value for the program's run; read once.
+        if unsafe { core::ptr::read_volatile(&(*known).verdict) } == verdict::CLEAR {
+            let _ = FLOWS.remove(key);
+        }
+    }
 }
 
 /// The flow key of a packet with these addresses and ports.
 #[inline(always)]
-fn key_v4(src: [u8; 4], dst: [u8; 4], ports: &Ports) -> FlowKey {
+fn key_v4(src: [u8; 4], dst: [u8; 4], ports: &Ports, proto: u8) -> FlowKey {
     FlowKey {
         src: in_16_bytes(src),
         dst: in_16_bytes(dst),
         sport: ports.src,
         dport: ports.dst,
         family: 4,
+        proto,
+        _pad: [0; 2],
     }
+}
+
+#[inline(always)]
+fn key_v6(src: [u8; 16], dst: [u8; 16], ports: &Ports, proto: u8) -> FlowKey {
+    FlowKey {
+        src,
+        dst,
+        sport: ports.src,
+        dport: ports.dst,
+        family: 6,
+        proto,
+        _pad: [0; 2],
+    }
+}
+
+/// The same flow's other direction.
+#[inline(always)]
+fn reversed(key: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: key.dst,
+        dst: key.src,
+        sport: key.dport,
+        dport: key.sport,
+        family: key.family,
+        proto: key.proto,
+        _pad: [0; 2],
+    }
+}
+
+/// The host stack hands the frame at `start` on (into a pod, or to another
+/// node): a "clear" kept for its flow, either direction, goes. TCP and UDP
+/// over IPv4 and IPv6 without options or extension headers (the kinds the
+/// fast path keeps answers for); anything else is left alone.
+#[inline(always)]
+pub fn forget_clear(start: usize, end: usize) {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let key = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if !matches!(ip.proto, IPPROTO_TCP | IPPROTO_UDP) || ip.ihl() != IPV4_PLAIN_LEN {
+                return;
+            }
+            let Ok(ports) = header_at::<Ports>(start, end, EthHdr::LEN + Ipv4Hdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            key_v4(ip.src_addr, ip.dst_addr, unsafe { &*ports }, ip.proto)
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            let Some((next_hdr, l4)) = ipv6_transport(start, end, ip) else {
+                return;
+            };
+            if !matches!(next_hdr, IPPROTO_TCP | IPPROTO_UDP) {
+                return;
+            }
+            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            key_v6(ip.src_addr, ip.dst_addr, unsafe { &*ports }, next_hdr)
+        }
+        _ => return,
+    };
+    forget_if_clear(&key);
+    forget_if_clear(&reversed(&key));
 }
 
 /// An IPv4 address in the first 4 of 16 bytes, the rest zero: built as
@@ -303,8 +422,8 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
             };
             // SAFETY: bounds checked by `header_at`.
             let tcp = unsafe { &*tcp };
-            let key = key_v4(ip.src_addr, ip.dst_addr, &tcp.ports);
-            judge_tcp(&key, tcp.flags & TCP_SYN != 0, || {
+            let key = key_v4(ip.src_addr, ip.dst_addr, &tcp.ports, IPPROTO_TCP);
+            judge_cached(&key, tcp.flags & TCP_SYN != 0, || {
                 judge_v4(
                     ct,
                     IPPROTO_TCP,
@@ -323,16 +442,19 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
             };
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
-            judge_v4(
-                ct,
-                IPPROTO_UDP,
-                TupleV4 {
-                    src: ip.src_addr,
-                    dst: ip.dst_addr,
-                    sport: ports.src,
-                    dport: ports.dst,
-                },
-            )
+            let key = key_v4(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
+            judge_cached(&key, !udp_flows_kept(), || {
+                judge_v4(
+                    ct,
+                    IPPROTO_UDP,
+                    TupleV4 {
+                        src: ip.src_addr,
+                        dst: ip.dst_addr,
+                        sport: ports.src,
+                        dport: ports.dst,
+                    },
+                )
+            })
         }
         IPPROTO_ICMP => {
             let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {
@@ -428,14 +550,8 @@ pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow
             };
             // SAFETY: bounds checked by `header_at`.
             let tcp = unsafe { &*tcp };
-            let key = FlowKey {
-                src: ip.src_addr,
-                dst: ip.dst_addr,
-                sport: tcp.ports.src,
-                dport: tcp.ports.dst,
-                family: 6,
-            };
-            judge_tcp(&key, tcp.flags & TCP_SYN != 0, || {
+            let key = key_v6(ip.src_addr, ip.dst_addr, &tcp.ports, IPPROTO_TCP);
+            judge_cached(&key, tcp.flags & TCP_SYN != 0, || {
                 judge_v6(
                     ct,
                     IPPROTO_TCP,
@@ -454,16 +570,19 @@ pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow
             };
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
-            judge_v6(
-                ct,
-                IPPROTO_UDP,
-                TupleV6 {
-                    src: ip.src_addr,
-                    dst: ip.dst_addr,
-                    sport: ports.src,
-                    dport: ports.dst,
-                },
-            )
+            let key = key_v6(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
+            judge_cached(&key, !udp_flows_kept(), || {
+                judge_v6(
+                    ct,
+                    IPPROTO_UDP,
+                    TupleV6 {
+                        src: ip.src_addr,
+                        dst: ip.dst_addr,
+                        sport: ports.src,
+                        dport: ports.dst,
+                    },
+                )
+            })
         }
         IPPROTO_ICMPV6 => {
             let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {

@@ -44,8 +44,8 @@ use aya_ebpf::{
 };
 use core::mem::size_of;
 use flatnet_common::{
-    Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, Ipv4Key, Ipv6Key,
-    NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, FAST_PATH_MARK, Ipv4Key,
+    Ipv6Key, NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
     SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, action, maps, preferred_slot,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
@@ -125,9 +125,9 @@ const _: () = assert!(maps::REMOTE_CIDRS_V6.holds::<Key<RemoteCidrV6>, RemoteNod
 #[unsafe(no_mangle)]
 static UPLINK_TO_PODS: u32 = 1;
 
-const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
-const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 /// `skb->pkt_type` of a frame addressed to this host (linux/if_packet.h).
 const PACKET_HOST: u32 = 0;
 
@@ -187,6 +187,9 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
         Decision::Remote => match route_to_remote(&ctx, ingress) {
             Some(verdict) => {
+                // Past `to_uplink` untouched: not the stack's packet.
+                // SAFETY: the context pointer is valid; `mark` is writable in tc.
+                unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
                 count(action::TO_REMOTE_NODE, ctx.len());
                 verdict
             }
@@ -243,6 +246,8 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
 /// kubelet's probes) is always allowed.
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
+    // The host stack carries this packet: from now on it may track the flow.
+    flow::forget_clear(ctx.data(), ctx.data_end());
     // SAFETY: the context pointer is valid for the program's run.
     let egress = unsafe { (*ctx.skb.skb).ifindex };
     let len = ctx.len();
@@ -263,6 +268,23 @@ pub fn to_pod(ctx: TcContext) -> i32 {
         count(action::POLICY_DENIED, len);
         TC_ACT_SHOT as i32
     }
+}
+
+/// tc egress of the node's uplink: a packet the host stack sends to
+/// another node makes its flow lose a "clear" verdict (`flow`); the fast
+/// path's own packets (marked by `from_pod`) pass with the mark cleared.
+#[classifier]
+pub fn to_uplink(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    let skb = ctx.skb.skb;
+    // SAFETY: as above; `mark` is readable and writable in tc.
+    if unsafe { (*skb).mark } == FAST_PATH_MARK {
+        // SAFETY: as above.
+        unsafe { (*skb).mark = 0 };
+        return TC_NEXT;
+    }
+    flow::forget_clear(ctx.data(), ctx.data_end());
+    TC_NEXT
 }
 
 /// The map entry read once, into the program's stack: a hash map slot can

@@ -26,15 +26,17 @@ pub struct TcHook {
     pub link_id: Option<u32>,
 }
 
-/// Waits until `dev`'s only tc program is on a tcx link: ADD attaches a
-/// cls_bpf filter and moves it to its link in a process it leaves behind.
+/// Waits until a pod's host veth `dev` has its two programs on tcx links
+/// and nothing else at its tc hooks (`from_pod` at ingress, `to_pod` at
+/// egress): ADD attaches cls_bpf filters and moves them to their links in
+/// a process it leaves behind.
 pub fn wait_for_tcx(dev: &str) {
     wait_until(
-        &format!("{dev} to be on its tcx link alone"),
+        &format!("{dev} to be on its tcx links alone"),
         Duration::from_secs(10),
         || {
             let hooks = tc_hooks(dev);
-            hooks.len() == 1 && hooks[0].link_id.is_some()
+            hooks.len() == 2 && hooks.iter().all(|hook| hook.link_id.is_some())
         },
     );
 }

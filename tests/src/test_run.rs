@@ -38,6 +38,8 @@ const SK_BUFF_LEN: usize = 192;
 /// does not accept (pkt_type, tc_classid, ...) must be zero or it refuses
 /// the run.
 const SK_BUFF_IFINDEX: usize = 40;
+/// Offset of `__sk_buff.mark`, which test_run takes in and hands back.
+const SK_BUFF_MARK: usize = 8;
 
 /// `sizeof(struct xdp_md)`: data, data_end, data_meta, ingress_ifindex,
 /// rx_queue_index, egress_ifindex, all u32.
@@ -71,24 +73,72 @@ fn put_u32(context: &mut [u8], offset: usize, value: u32) {
 /// refuses (EINVAL) a frame shorter than an Ethernet header, and one whose
 /// ethertype is IPv4 or IPv6 without a whole IP header.
 pub fn run_tc(program: &Path, frame: &[u8], ifindex: u32) -> anyhow::Result<Outcome> {
+    Ok(run_tc_marked(program, frame, ifindex, 0)?.0)
+}
+
+/// `run_tc` on an skb carrying `mark` (`skb->mark`), with the mark the
+/// program left.
+pub fn run_tc_marked(
+    program: &Path,
+    frame: &[u8],
+    ifindex: u32,
+    mark: u32,
+) -> anyhow::Result<(Outcome, u32)> {
     let classifier = SchedClassifier::from_pin(program)
         .map_err(|e| anyhow::Error::new(e).context(format!("opening {}", program.display())))?;
     let mut context = [0u8; SK_BUFF_LEN];
     put_u32(&mut context, SK_BUFF_IFINDEX, ifindex);
+    put_u32(&mut context, SK_BUFF_MARK, mark);
+    let mut context_out = [0u8; SK_BUFF_LEN];
     let mut output = vec![0u8; frame.len() + OUTPUT_MARGIN];
     let result = classifier
         .test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut output),
             ctx_in: Some(&context),
+            ctx_out: Some(&mut context_out),
             ..TestRunOptions::default()
         })
         .map_err(|e| anyhow::Error::new(e).context(format!("test run of {}", program.display())))?;
     output.truncate(result.data_size_out as usize);
-    Ok(Outcome {
-        verdict: result.return_value,
-        frame: output,
-    })
+    let mark_after = u32::from_ne_bytes(
+        context_out[SK_BUFF_MARK..SK_BUFF_MARK + 4]
+            .try_into()
+            .expect("four bytes"),
+    );
+    Ok((
+        Outcome {
+            verdict: result.return_value,
+            frame: output,
+        },
+        mark_after,
+    ))
+}
+
+/// The average time one run of the pinned tc program at `program` takes on
+/// `frame` (arrived on `ifindex`), over `repeat` runs the kernel times
+/// itself (`BPF_PROG_TEST_RUN`'s duration), with the verdict they gave.
+/// The frame is built once: a program that rewrites it meets its own
+/// rewrite on the next run, which changes no decision of flatnet's.
+pub fn time_tc(
+    program: &Path,
+    frame: &[u8],
+    ifindex: u32,
+    repeat: u32,
+) -> anyhow::Result<(u32, std::time::Duration)> {
+    let classifier = SchedClassifier::from_pin(program)
+        .map_err(|e| anyhow::Error::new(e).context(format!("opening {}", program.display())))?;
+    let mut context = [0u8; SK_BUFF_LEN];
+    put_u32(&mut context, SK_BUFF_IFINDEX, ifindex);
+    let result = classifier
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ctx_in: Some(&context),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .map_err(|e| anyhow::Error::new(e).context(format!("test run of {}", program.display())))?;
+    Ok((result.return_value, result.duration))
 }
 
 /// Runs the pinned XDP program at `program` once on `frame`, received on

@@ -125,6 +125,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             concurrent: 4,
             smoke: true,
             out: None,
+            program_cost: false,
         })?;
     }
     if !args.no_e2e && args.filter.is_none() {

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use flatnet_datapath::bpf::{Datapath, move_to_tcx};
+use flatnet_datapath::bpf::{Datapath, move_to_pod_to_tcx, move_to_tcx};
 use flatnet_datapath::lock::{self, Lock};
 use flatnet_datapath::netlink::Netlink;
 
@@ -33,6 +33,8 @@ struct TcxMove {
     datapath: Datapath,
     index: u32,
     name: String,
+    /// Only `to_pod` (XDP mode: `from_pod_xdp` has its XDP link already).
+    to_pod_only: bool,
 }
 
 /// What a verb leaves for after its answer: the dispatch hands it to the
@@ -57,6 +59,25 @@ impl AfterAnswer {
             datapath: datapath.clone(),
             index,
             name: name.to_string(),
+            to_pod_only: false,
+        });
+    }
+
+    /// Moves `to_pod` alone from its cls_bpf filter to a tcx link (XDP
+    /// mode, see `bpf::move_to_pod_to_tcx`).
+    pub fn move_to_pod_to_tcx(
+        &mut self,
+        network: &str,
+        datapath: &Datapath,
+        index: u32,
+        name: &str,
+    ) {
+        self.tcx_moves.push(TcxMove {
+            network: network.to_string(),
+            datapath: datapath.clone(),
+            index,
+            name: name.to_string(),
+            to_pod_only: true,
         });
     }
 
@@ -147,6 +168,9 @@ async fn move_one(host: &Netlink, job: &TcxMove) -> crate::error::Result<()> {
     }
     let _lock = Lock::shared(&lock::network(&job.network))?;
     match host.link_by_index(job.index).await? {
+        Some(link) if link.name == job.name && job.to_pod_only => {
+            Ok(move_to_pod_to_tcx(&job.datapath, host, job.index, &job.name).await?)
+        }
         Some(link) if link.name == job.name => {
             Ok(move_to_tcx(&job.datapath, host, job.index, &job.name).await?)
         }

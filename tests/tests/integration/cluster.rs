@@ -10,6 +10,7 @@ use std::time::Duration;
 use flatnet_agent::peers::kube_source::KubeSource;
 use flatnet_agent::peers::{Node, PeerSource};
 use flatnet_common::{PROG_FROM_POD, PROG_FROM_UPLINK, action};
+use flatnet_datapath::bpf::flow_key;
 use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
 use flatnet_tests::*;
@@ -270,6 +271,63 @@ fn uplink_program_attached(node: &SimNode) -> bool {
             .command(&["bpftool", "net", "show", "dev", "up0"]),
     )
     .contains("tcx/ingress from_uplink")
+}
+
+/// UDP between pods on two nodes keeps the answer the fast path keeps for
+/// it (`FLOWS`, "clear") on both nodes: the sender's `to_uplink` sees each
+/// datagram the fast path redirected out (marked, left alone), not one the
+/// host stack sent. Were the mark lost on the way, `to_uplink` would take
+/// the answer back after every datagram and none would be left.
+#[flatnet_test(root)]
+fn udp_between_nodes_keeps_its_kept_answer_past_to_uplink() {
+    let cluster = Cluster::with_file_agents(2);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let (a, b) = (n1.pod(), n2.pod());
+    for node in [n1, n2] {
+        let net = bpftool_ok(
+            &mut node
+                .netns
+                .command(&["bpftool", "net", "show", "dev", "up0"]),
+        );
+        assert!(
+            net.contains("tcx/egress to_uplink"),
+            "{}: {net}",
+            node.spec.name
+        );
+    }
+    let receiver = b
+        .netns
+        .run(|| std::net::UdpSocket::bind((b.ip, 5353)))
+        .expect("bind in b");
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let sender = a
+        .netns
+        .run(|| std::net::UdpSocket::bind((a.ip, 40000)))
+        .expect("bind in a");
+    let sent_before = n1.packets(action::TO_REMOTE_NODE);
+    let mut buffer = [0u8; 64];
+    for _ in 0..20 {
+        sender.send_to(b"query", (b.ip, 5353)).expect("send");
+        receiver
+            .recv_from(&mut buffer)
+            .expect("the datagram arrives");
+    }
+    assert!(n1.packets(action::TO_REMOTE_NODE) - sent_before >= 20);
+    let key = flow_key(
+        std::net::SocketAddr::new(a.ip.into(), 40000),
+        std::net::SocketAddr::new(b.ip.into(), 5353),
+        17,
+    );
+    for node in [n1, n2] {
+        assert_eq!(
+            node.datapath().flow_verdict(&key).expect("reading FLOWS"),
+            Some(flatnet_common::verdict::CLEAR),
+            "{}: the kept answer for a -> b",
+            node.spec.name
+        );
+    }
 }
 
 #[flatnet_test(root)]

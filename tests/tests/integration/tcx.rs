@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS};
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_TO_POD};
 use flatnet_datapath::bpf::{ATTACH_ENV, LinkRole};
 use flatnet_tests::*;
 use serde_json::{Value, json};
@@ -54,26 +54,36 @@ fn wait_for_one_tcx_link(net: &Network, dev: &str) {
     assert!(!qdiscs.contains("clsact"), "{dev}: {qdiscs}");
 }
 
-/// Exactly one flatnet program at ingress of `dev`, on a tcx link, pinned.
+/// Exactly flatnet's two programs at `dev`'s hooks, each on a pinned tcx
+/// link: `from_pod` at ingress, `to_pod` at egress.
 fn assert_one_tcx_link(net: &Network, dev: &str) {
     let hooks = tc_hooks(dev);
-    assert_eq!(hooks.len(), 1, "{dev}: {hooks:?}");
-    let hook = &hooks[0];
+    let mut seen: Vec<_> = hooks
+        .iter()
+        .map(|h| (h.kind.as_str(), h.program.as_str(), h.link_id.is_some()))
+        .collect();
+    seen.sort();
     assert_eq!(
-        (hook.kind.as_str(), hook.program.as_str()),
-        ("tcx/ingress", "from_pod"),
-        "{dev}"
+        seen,
+        [
+            ("tcx/egress", "to_pod", true),
+            ("tcx/ingress", "from_pod", true)
+        ],
+        "{dev}: {hooks:?}"
     );
-    assert!(hook.link_id.is_some(), "{dev}: not on a link: {hooks:?}");
+    let mut links = links_on(ifindex(dev));
+    links.sort();
     assert_eq!(
-        links_on(ifindex(dev)),
-        vec![("tcx".to_string(), "tcx_ingress".to_string())],
+        links,
+        vec![
+            ("tcx".to_string(), "tcx_egress".to_string()),
+            ("tcx".to_string(), "tcx_ingress".to_string())
+        ],
         "{dev}: bpftool link"
     );
-    assert!(
-        link_pin(net, LinkRole::HostVeth, dev).exists(),
-        "{dev}: no pin"
-    );
+    for role in [LinkRole::HostVeth, LinkRole::ToPod] {
+        assert!(link_pin(net, role, dev).exists(), "{dev}: no {role:?} pin");
+    }
 }
 
 #[flatnet_test(root)]
@@ -119,12 +129,20 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
     let peer = net.pod();
     let conflist = std::env::temp_dir().join(format!("{}.conf", unique("tcx-")));
     std::fs::write(&conflist, net.conf.to_string()).expect("writing the config");
-    let filter = TcHook {
-        kind: "clsact/ingress".into(),
-        program: "from_pod".into(),
-        program_id: net.datapath().program(PROG_FROM_POD).unwrap().id().unwrap(),
-        link_id: None,
-    };
+    let filters = [
+        TcHook {
+            kind: "clsact/ingress".into(),
+            program: "from_pod".into(),
+            program_id: net.datapath().program(PROG_FROM_POD).unwrap().id().unwrap(),
+            link_id: None,
+        },
+        TcHook {
+            kind: "clsact/egress".into(),
+            program: "to_pod".into(),
+            program_id: net.datapath().program(PROG_TO_POD).unwrap().id().unwrap(),
+            link_id: None,
+        },
+    ];
     for stage in [
         "datapath attached",
         "tcx link made, not pinned yet",
@@ -151,7 +169,7 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
         let hooks = tc_hooks(&veth);
         let result = if stage == "datapath attached" {
             assert_eq!(added.status.signal(), Some(9), "{stage}: not killed");
-            assert_eq!(hooks, std::slice::from_ref(&filter), "{stage}");
+            assert_eq!(hooks, filters, "{stage}");
             let retry =
                 CniCall::new("ADD", &id, &netns.path(), "eth0").run(&bin("flatnet"), &net.stdin());
             assert!(retry.success(), "{stage}: retry: {retry:?}");
@@ -162,8 +180,8 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
             let expected_links = usize::from(stage == "tcx link pinned");
             assert_eq!(on_link, expected_links, "{stage}: {hooks:?}");
             assert!(
-                hooks.contains(&filter),
-                "{stage}: the filter is gone: {hooks:?}"
+                filters.iter().all(|filter| hooks.contains(filter)),
+                "{stage}: a filter is gone: {hooks:?}"
             );
             let out = run_ok(
                 Command::new(bin("flatnet"))
@@ -239,7 +257,10 @@ fn a_node_attached_with_filters_moves_to_tcx_under_a_live_stream() {
             .collect();
         assert_eq!(
             seen,
-            [("clsact/ingress", "from_pod", None)],
+            [
+                ("clsact/ingress", "from_pod", None),
+                ("clsact/egress", "to_pod", None)
+            ],
             "attached the old way"
         );
     }
@@ -286,7 +307,9 @@ fn retransmitted_segments(netns: &Netns) -> u64 {
 }
 
 /// XDP mode: the host veth's program and the pod side's `pod_xdp_pass`
-/// on XDP links, pinned; DEL takes both pins.
+/// on XDP links, pinned, and `to_pod` at the host veth's egress on its
+/// tcx link (a cls_bpf filter until ADD's work after the answer moves
+/// it); DEL takes the pins.
 #[flatnet_test(root)]
 fn xdp_mode_attaches_through_pinned_xdp_links() {
     let mut net = Network::host_local();
@@ -298,11 +321,20 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
     let (from_pod_xdp, pod_xdp_pass) = (id_of(PROG_FROM_POD_XDP), id_of(PROG_POD_XDP_PASS));
     for pod in [&a, &b] {
         let veth = pod.host_veth();
+        wait_until(
+            &format!("{veth}'s to_pod to move to its tcx link"),
+            Duration::from_secs(10),
+            || tc_hooks(&veth).iter().all(|hook| hook.link_id.is_some()),
+        );
         assert_eq!(
             links_on(ifindex(&veth)),
-            vec![("xdp".to_string(), String::new())],
+            vec![
+                ("xdp".to_string(), String::new()),
+                ("tcx".to_string(), "tcx_egress".to_string())
+            ],
             "{veth}: bpftool link"
         );
+        assert!(link_pin(&net, LinkRole::ToPod, &veth).exists());
         let listed = bpftool_ok(Command::new("bpftool").args(["net", "show", "dev", &veth]));
         assert!(listed.contains(&format!("id {from_pod_xdp}")), "{listed}");
         assert!(link_pin(&net, LinkRole::HostVeth, &veth).exists());
@@ -319,7 +351,7 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
     assert!(net.redirected_bytes() > before + (256 << 10));
     let veth = a.host_veth();
     drop(a);
-    for role in [LinkRole::HostVeth, LinkRole::PodSide] {
+    for role in [LinkRole::HostVeth, LinkRole::PodSide, LinkRole::ToPod] {
         wait_until(
             &format!("the {role:?} pin to go"),
             Duration::from_secs(10),

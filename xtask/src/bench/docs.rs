@@ -38,6 +38,7 @@ pub struct Results {
     config: Config,
     services: Option<Value>,
     cri: Option<Value>,
+    program_cost: Option<Value>,
     /// One report per Services mode, in file-name order.
     e2e: Vec<Value>,
 }
@@ -105,6 +106,7 @@ impl Results {
         bench: &str,
         services: Option<&str>,
         cri: Option<&str>,
+        program_cost: Option<&str>,
         e2e: &[String],
     ) -> anyhow::Result<Self> {
         let bench: Value = serde_json::from_str(bench).context("bench.json is not JSON")?;
@@ -136,6 +138,9 @@ impl Results {
             config,
             services: services.map(|t| json(t, "services.json")).transpose()?,
             cri: cri.map(|t| json(t, "cri.json")).transpose()?,
+            program_cost: program_cost
+                .map(|t| json(t, "program-cost.json"))
+                .transpose()?,
             e2e: e2e
                 .iter()
                 .map(|t| json(t, "an e2e-<mode>.json"))
@@ -164,6 +169,7 @@ impl Results {
             &bench,
             read("services.json").as_deref(),
             read("cri.json").as_deref(),
+            read("program-cost.json").as_deref(),
             &e2e,
         )
     }
@@ -253,6 +259,13 @@ impl Results {
         )
     }
 
+    fn program_cost(&self) -> String {
+        match &self.program_cost {
+            Some(cost) => super::program_cost::table(cost),
+            None => "No program cost run in `results/` (program-cost.json is missing).\n".into(),
+        }
+    }
+
     fn e2e(&self) -> String {
         if self.e2e.is_empty() {
             return "No e2e run in `results/` (no e2e-<mode>.json).\n".into();
@@ -319,6 +332,7 @@ impl Results {
             ("services_summary", self.services_summary()),
             ("services_tables", self.services_tables()),
             ("cri", self.cri()),
+            ("program_cost", self.program_cost()),
             ("e2e", self.e2e()),
         ];
         fill(TEMPLATE, &values)
@@ -422,7 +436,7 @@ mod tests {
 
     #[test]
     fn a_fixture_gives_its_table() -> anyhow::Result<()> {
-        let results = Results::parse(&fixture_bench(), None, None, &[])?;
+        let results = Results::parse(&fixture_bench(), None, None, None, &[])?;
         let section = results.readme_section();
         assert!(section.starts_with(
             "2030-01-02 03:04 UTC, commit abc1234; 2 cores; 1 interleaved round(s), 3 s per data-plane measurement.\n\n| metric | bridge |"

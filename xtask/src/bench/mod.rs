@@ -9,12 +9,13 @@ mod gso;
 mod paths;
 mod pingpong;
 mod policy;
+mod program_cost;
 mod report;
 mod services;
 mod socket_services;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// Where the report goes (default: results/, or a temp dir with --smoke).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only `from_pod`'s cost per frame kind (a minute): into
+    /// program-cost.json and docs/benchmarks.md, for work on the datapath.
+    #[arg(long)]
+    pub program_cost: bool,
 }
 
 /// One path's data-plane numbers in one round (NaN: not measured there).
@@ -207,6 +212,9 @@ fn conf(
 const BIG_TCP: u32 = 524_280;
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.program_cost {
+        return program_cost_only(args.out.as_deref());
+    }
     let _forwarding = util::SavedForwarding::now();
     let (rounds, seconds, sequential, concurrent) = if args.smoke {
         (1, 1, 5, 4)
@@ -498,6 +506,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     std::fs::write(out_dir.join("services.md"), &services_table)?;
     socket_services::chart(&services, &out_dir.join("services.png"))?;
     nothing_left()?;
+    heading("bench: from_pod's cost per frame kind (BPF_PROG_TEST_RUN, kernel-timed)");
+    let cost = program_cost::run(&bin, if args.smoke { 1 } else { 5 })?;
+    println!("{}", program_cost::table(&cost));
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(
+        out_dir.join("program-cost.json"),
+        serde_json::to_string_pretty(&cost)? + "\n",
+    )?;
     if !args.smoke {
         heading("bench: RunPodSandbox under containerd's CRI (median of 20 each)");
         let cri = cri::run_pod_sandbox(&bin)?;
@@ -519,6 +535,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // The committed docs follow a full run into results/, never a smoke run
     // or a report written elsewhere.
     if !args.smoke && args.out.is_none() {
+        docs::write(&util::root())?;
+    }
+    Ok(())
+}
+
+/// `--program-cost`: the cost table alone, measured on the programs this
+/// checkout builds (the test loads them itself; no plugin binary runs).
+fn program_cost_only(out: Option<&Path>) -> anyhow::Result<()> {
+    heading("bench: from_pod's cost per frame kind (BPF_PROG_TEST_RUN, kernel-timed)");
+    let cost = program_cost::run(&util::target_dir(false), 5)?;
+    println!("{}", program_cost::table(&cost));
+    let out_dir = out.map_or_else(|| util::root().join("results"), Path::to_path_buf);
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(
+        out_dir.join("program-cost.json"),
+        serde_json::to_string_pretty(&cost)? + "\n",
+    )?;
+    if out.is_none() {
         docs::write(&util::root())?;
     }
     Ok(())

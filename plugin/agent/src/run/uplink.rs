@@ -1,10 +1,11 @@
-//! `from_uplink` on the node's uplink.
+//! `from_uplink` and `to_uplink` on the node's uplink.
 
-use flatnet_common::PROG_FROM_UPLINK;
+use flatnet_common::{PROG_FROM_UPLINK, PROG_TO_UPLINK};
 
 use crate::error::{AgentError, Result};
 use crate::peers::Node;
 use flatnet_datapath::bpf::{AttachMode, LinkRole, attach_mode, ingress_programs};
+use flatnet_datapath::netlink::TcHook;
 
 use super::Agent;
 
@@ -41,6 +42,9 @@ impl Agent {
     /// is there already: a pinned tcx link (a filter of an older agent taken
     /// off once the link is there), or, without tcx, a cls_bpf filter of its
     /// own priority/handle (create-or-replace: no packet misses a program).
+    /// With tcx, `to_uplink` goes at its egress too (`UDP_FLOWS` in the
+    /// eBPF crate's flow.rs relies on it; without tcx the datapath does not
+    /// keep UDP answers, so it needs none).
     pub(super) async fn attach_uplink(&self, index: u32) -> Result<()> {
         let program = self.datapath.program(PROG_FROM_UPLINK)?;
         let id = program.id()?;
@@ -58,6 +62,10 @@ impl Agent {
             AttachMode::Tcx => {
                 filters.iter().all(|(_, n)| n != PROG_FROM_UPLINK)
                     && self.datapath.link_path(LinkRole::Uplink, &name).exists()
+                    && self
+                        .datapath
+                        .link_path(LinkRole::UplinkEgress, &name)
+                        .exists()
                     && ingress_programs(&self.host, index, &name)
                         .await?
                         .iter()
@@ -74,14 +82,17 @@ impl Agent {
             AttachMode::Tcx => {
                 self.datapath
                     .attach_tc_link(PROG_FROM_UPLINK, LinkRole::Uplink, &name)?;
+                self.datapath
+                    .attach_tc_link(PROG_TO_UPLINK, LinkRole::UplinkEgress, &name)?;
                 self.host
-                    .remove_tc_ingress_bpf(index, UPLINK_TC_PRIORITY, UPLINK_TC_HANDLE)
+                    .remove_tc_bpf(TcHook::Ingress, index, UPLINK_TC_PRIORITY, UPLINK_TC_HANDLE)
                     .await?;
             }
             AttachMode::Netlink => {
                 self.host.add_clsact(index).await?;
                 self.host
-                    .set_tc_ingress_bpf(
+                    .set_tc_bpf(
+                        TcHook::Ingress,
                         index,
                         program.raw_fd()?,
                         PROG_FROM_UPLINK,

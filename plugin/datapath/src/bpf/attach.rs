@@ -16,7 +16,6 @@
 //! replaced in place by netlink. The choice is probed once per process
 //! (`attach_mode`) and reported by STATUS and `flatnet inspect`.
 
-use std::fs::File;
 use std::sync::OnceLock;
 
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
@@ -25,8 +24,7 @@ use aya::programs::xdp::{XdpLink, XdpMode};
 use aya::programs::{SchedClassifier, Xdp};
 
 use super::*;
-use crate::netlink::{Netlink, set_tx_checksum};
-use crate::netns;
+use crate::netlink::Netlink;
 
 /// How tc programs are attached on this kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +74,10 @@ pub enum LinkRole {
     PodSide,
     /// `from_uplink` on the node's uplink (named by the uplink).
     Uplink,
+    /// `to_uplink` at tcx egress of the node's uplink (named by the uplink).
+    UplinkEgress,
     /// `to_pod` at tcx egress of a pod's host veth (named by that veth):
-    /// attached when the pod first becomes isolated for ingress.
+    /// on every pod's veth where tcx exists.
     ToPod,
 }
 
@@ -87,6 +87,7 @@ impl LinkRole {
             LinkRole::HostVeth => "veth",
             LinkRole::PodSide => "pod",
             LinkRole::Uplink => "uplink",
+            LinkRole::UplinkEgress => "uplink-out",
             LinkRole::ToPod => "egress",
         }
     }
@@ -94,7 +95,7 @@ impl LinkRole {
     /// The tcx hook of the role's program.
     fn tc_attach_type(self) -> TcAttachType {
         match self {
-            LinkRole::ToPod => TcAttachType::Egress,
+            LinkRole::ToPod | LinkRole::UplinkEgress => TcAttachType::Egress,
             _ => TcAttachType::Ingress,
         }
     }
@@ -206,14 +207,18 @@ impl Datapath {
         )
     }
 
-    /// Puts this build's `to_pod` on host veth `ifname`'s egress when the
-    /// veth has one (a pod isolated for ingress): the upgrade's atomic swap
-    /// inside the pinned link, or a new link for a veth made anew.
+    /// Puts this build's `to_pod` on host veth `ifname`'s egress: the
+    /// upgrade's atomic swap inside the pinned link, or a new link. Every
+    /// pod gets it where tcx exists: it enforces ingress policy on what the
+    /// stack delivers, and it is how the fast path learns that the stack
+    /// carried a flow (`FLOWS` in the eBPF crate's flow.rs). Creating a tcx
+    /// link waits for an RCU grace period (~10 ms here): ADD does it after
+    /// its answer.
     pub fn update_to_pod_link(&self, ifname: &str) -> Result<()> {
-        if self.link_path(LinkRole::ToPod, ifname).exists() {
-            self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, ifname)?;
+        if attach_mode() != AttachMode::Tcx {
+            return Ok(());
         }
-        Ok(())
+        self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, ifname)
     }
 
     /// Unpins the links of the pod behind host veth `host_veth` (DEL).
@@ -301,83 +306,4 @@ pub async fn ingress_programs(
     }
     found.extend(host.tc_ingress_programs(index).await?);
     Ok(found)
-}
-
-/// Puts this build's host-side program on a pod's host veth `ifname`
-/// (index `index`), replacing an older one atomically: a tcx link (a node
-/// attached the old way moved over, see `move_to_tcx`), a cls_bpf filter
-/// where tcx is missing, or an XDP link.
-pub async fn attach_host_veth(
-    datapath: &Datapath,
-    mode: DatapathMode,
-    host: &Netlink,
-    index: u32,
-    ifname: &str,
-) -> Result<()> {
-    match (mode, attach_mode()) {
-        (DatapathMode::Tc, AttachMode::Tcx) => move_to_tcx(datapath, host, index, ifname).await,
-        (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
-        (DatapathMode::Xdp, _) => {
-            datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
-            datapath.update_to_pod_link(ifname)
-        }
-    }
-}
-
-/// `from_pod` as a direct-action cls_bpf filter at its fixed priority and
-/// handle on host veth `index` (clsact added first), created or replaced
-/// in place: the way without tcx, and ADD's quick way onto a new veth
-/// (creating a tcx link waits for an RCU grace period in the kernel, ~10
-/// ms on the test VM, three times the rest of an ADD; the move to tcx
-/// happens after the answer, see `reaper`).
-pub async fn attach_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
-    host.add_clsact(index).await?;
-    let program = datapath.program(PROG_FROM_POD)?;
-    host.set_tc_ingress_bpf(
-        index,
-        program.raw_fd()?,
-        PROG_FROM_POD,
-        TC_PRIORITY,
-        TC_HANDLE,
-    )
-    .await
-}
-
-/// Moves host veth `ifname` (`index`) onto a pinned tcx link of this
-/// build's `from_pod`: the link first (a frame meanwhile meets the link's
-/// program, whose "next" would run the filter's copy after it: the same
-/// verdict), then the cls_bpf filter off, then the clsact qdisc if nothing
-/// else uses it. Idempotent: a veth already on its link gets the program
-/// updated in place.
-pub async fn move_to_tcx(
-    datapath: &Datapath,
-    host: &Netlink,
-    index: u32,
-    ifname: &str,
-) -> Result<()> {
-    datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
-    crate::trace::mark("tcx link pinned");
-    datapath.update_to_pod_link(ifname)?;
-    host.remove_tc_ingress_bpf(index, TC_PRIORITY, TC_HANDLE)
-        .await?;
-    host.remove_clsact_if_unused(index).await
-}
-
-/// XDP mode only, for a new pod: its interface `ifname` (in namespace
-/// `netns`) runs `pod_xdp_pass` through a pinned XDP link, as a veth
-/// accepts XDP-redirected frames only with its NAPI on, which an attached
-/// program turns on; and transmit checksum offload goes off on both ends,
-/// because a frame entering XDP must have its checksums complete (see
-/// `set_tx_checksum`).
-pub fn prepare_pod_for_xdp(
-    datapath: &Datapath,
-    netns: &File,
-    ifname: &str,
-    host_veth: &str,
-) -> Result<()> {
-    netns::within(netns, || {
-        datapath.attach_xdp_link(PROG_POD_XDP_PASS, LinkRole::PodSide, host_veth, ifname)
-    })??;
-    set_tx_checksum(host_veth, false)?;
-    netns::within(netns, || set_tx_checksum(ifname, false))?
 }

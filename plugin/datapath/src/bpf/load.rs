@@ -11,6 +11,14 @@ impl Datapath {
     /// array of counter slots. Counters restart from zero, nothing else is
     /// lost; programs still attached keep the old maps until their veth moves.
     pub(super) fn retire_stale_counters(&self) -> Result<()> {
+        // Maps this build no longer has (`RETIRED_MAPS`) go the same way.
+        for name in flatnet_common::RETIRED_MAPS {
+            let path = self.map_path(name);
+            if path.exists() {
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io(format!("unpinning {}", path.display()), e))?;
+            }
+        }
         for name in [MAP_STATS, MAP_ENDPOINT_STATS] {
             let Some(info) = self.pinned_map_info(name)? else {
                 continue;
@@ -82,6 +90,10 @@ impl Datapath {
         // the replies must not skip it (see the eBPF crate).
         let uplink_to_pods: u32 = u32::from(mode == DatapathMode::Tc);
         loader.override_global(GLOBAL_UPLINK_TO_PODS, &uplink_to_pods, true);
+        // UDP answers are kept only where tcx puts `to_pod` and `to_uplink`
+        // on every way out of the stack (see the eBPF crate's flow.rs).
+        let udp_flows: u32 = u32::from(attach_mode() == AttachMode::Tcx);
+        loader.override_global(flatnet_common::GLOBAL_UDP_FLOWS, &udp_flows, true);
         // Kfunc calls aimed at this kernel's functions first.
         let object = super::kfunc::resolve(OBJECT)?;
         let mut ebpf = loader
@@ -250,6 +262,7 @@ mod tests {
             PROG_POD_XDP_PASS,
             PROG_FROM_UPLINK,
             PROG_TO_POD,
+            PROG_TO_UPLINK,
         ] {
             assert!(
                 OBJECT

@@ -20,9 +20,9 @@ use flatnet_common::{
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
     MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAPS,
     MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
-    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD, PodSources, RemoteCidrV4, RemoteCidrV6,
-    RemoteNode, SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY,
-    action, preferred_slot,
+    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PodSources, RemoteCidrV4,
+    RemoteCidrV6, RemoteNode, SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID,
+    SOURCES_PER_FAMILY, action, preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -36,6 +36,8 @@ mod attach;
 mod bpffs;
 mod endpoints;
 mod events;
+mod flows;
+mod host_veth;
 pub mod kfunc;
 mod load;
 mod policy;
@@ -45,12 +47,14 @@ mod slots;
 mod sources;
 mod stats;
 
-pub use attach::{
-    ATTACH_ENV, AttachMode, LinkRole, attach_filter, attach_host_veth, attach_mode,
-    ingress_programs, move_to_tcx, prepare_pod_for_xdp,
-};
+pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, ingress_programs};
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use events::PolicyEvents;
+pub use flows::flow_key;
+pub use host_veth::{
+    attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_pod_to_tcx, move_to_tcx,
+    prepare_pod_for_xdp,
+};
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
@@ -118,15 +122,17 @@ pub fn pin_root_for(configured: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// The programs a mode loads: the first goes on host veths; `from_uplink`
-/// (the node agent puts it on the uplink) is the same in both modes.
+/// and `to_uplink` (the node agent puts them on the uplink) and `to_pod`
+/// are the same in both modes.
 pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
     match mode {
-        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD],
+        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD, PROG_TO_UPLINK],
         DatapathMode::Xdp => &[
             PROG_FROM_POD_XDP,
             PROG_POD_XDP_PASS,
             PROG_FROM_UPLINK,
             PROG_TO_POD,
+            PROG_TO_UPLINK,
         ],
     }
 }
@@ -330,7 +336,7 @@ mod tests {
     fn each_mode_names_its_programs() {
         assert_eq!(
             programs(DatapathMode::Tc),
-            [PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD]
+            [PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD, PROG_TO_UPLINK]
         );
         assert_eq!(
             programs(DatapathMode::Xdp),
@@ -338,7 +344,8 @@ mod tests {
                 PROG_FROM_POD_XDP,
                 PROG_POD_XDP_PASS,
                 PROG_FROM_UPLINK,
-                PROG_TO_POD
+                PROG_TO_POD,
+                PROG_TO_UPLINK
             ]
         );
     }

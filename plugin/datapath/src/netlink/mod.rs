@@ -47,6 +47,7 @@ pub use link::{GsoLimits, LinkState, VethPair, ifindex_is_gone, ifname_of};
 pub use names::{AttachmentNames, Mac, format_mac, parse_mac};
 pub use route::RouteState;
 pub use sysctl::{Forwarding, IPV4_FORWARD, IPV6_FORWARD, read_sysctl, set_sysctl};
+pub use tc::TcHook;
 
 const EEXIST: i32 = libc::EEXIST;
 const ENODEV: i32 = libc::ENODEV;

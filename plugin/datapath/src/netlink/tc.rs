@@ -2,6 +2,33 @@
 
 use super::*;
 
+/// htons(ETH_P_ALL): a filter for every protocol.
+const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
+
+/// A clsact qdisc's two hooks.
+#[derive(Clone, Copy)]
+pub enum TcHook {
+    Ingress,
+    Egress,
+}
+
+impl TcHook {
+    /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS).
+    fn parent(self) -> u32 {
+        match self {
+            TcHook::Ingress => 0xffff_fff2,
+            TcHook::Egress => 0xffff_fff3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            TcHook::Ingress => "ingress",
+            TcHook::Egress => "egress",
+        }
+    }
+}
+
 impl Netlink {
     /// Adds the clsact qdisc (tc's ingress and egress hooks) to `index`;
     /// one already there is fine.
@@ -29,23 +56,21 @@ impl Netlink {
         }
     }
 
-    /// Puts BPF program `program_fd` (named `name`) at tc ingress of `index`
-    /// as a direct-action filter with a fixed priority and handle: created
-    /// when absent, replaced in one atomic request when present (an upgrade).
-    /// The way without tcx (see `bpf::attach`).
-    pub async fn set_tc_ingress_bpf(
+    /// Puts BPF program `program_fd` (named `name`) at `hook` of `index` as
+    /// a direct-action filter with a fixed priority and handle: created when
+    /// absent, replaced in one atomic request when present (an upgrade). The
+    /// way without tcx, and ADD's quick way (see `bpf::attach`).
+    pub async fn set_tc_bpf(
         &self,
+        hook: TcHook,
         index: u32,
         program_fd: std::os::fd::RawFd,
         name: &str,
         priority: u16,
         handle: u32,
     ) -> Result<()> {
-        /// TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS) and htons(ETH_P_ALL).
-        const CLSACT_INGRESS: u32 = 0xffff_fff2;
-        const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
         let mut message = TcMessage::with_index(index as i32);
-        message.header.parent = TcHandle::from(CLSACT_INGRESS);
+        message.header.parent = TcHandle::from(hook.parent());
         message.header.handle = TcHandle::from(handle);
         message.header.info = (u32::from(priority) << 16) | u32::from(ALL_PROTOCOLS);
         message.attributes.push(TcAttribute::Kind("bpf".into()));
@@ -61,24 +86,26 @@ impl Netlink {
         .await
         .map_err(|e| {
             kernel(
-                format!("attaching {name} at tc ingress of interface #{index}"),
+                format!(
+                    "attaching {name} at tc {} of interface #{index}",
+                    hook.name()
+                ),
                 e,
             )
         })
     }
 
-    /// Takes the tc ingress filter at `priority`/`handle` off `index`, if
-    /// there is one (a node attached before tcx, moved to it).
-    pub async fn remove_tc_ingress_bpf(
+    /// Takes the filter at `priority`/`handle` off `hook` of `index`, if
+    /// there is one (a veth moved to tcx).
+    pub async fn remove_tc_bpf(
         &self,
+        hook: TcHook,
         index: u32,
         priority: u16,
         handle: u32,
     ) -> Result<()> {
-        const CLSACT_INGRESS: u32 = 0xffff_fff2;
-        const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
         let mut message = TcMessage::with_index(index as i32);
-        message.header.parent = TcHandle::from(CLSACT_INGRESS);
+        message.header.parent = TcHandle::from(hook.parent());
         message.header.handle = TcHandle::from(handle);
         message.header.info = (u32::from(priority) << 16) | u32::from(ALL_PROTOCOLS);
         message.attributes.push(TcAttribute::Kind("bpf".into()));
@@ -90,7 +117,10 @@ impl Netlink {
             // No filter, or no clsact qdisc at all: nothing to take off.
             Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL)) => Ok(()),
             Err(e) => Err(kernel(
-                format!("removing the tc ingress filter from interface #{index}"),
+                format!(
+                    "removing the tc {} filter from interface #{index}",
+                    hook.name()
+                ),
                 e,
             )),
         }

@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use flatnet_cni::env::{CniEnv, Command};
 use flatnet_cni::result::CniResult;
 use flatnet_datapath::bpf::{
-    self, AttachMode, Datapath, attach_filter, attach_host_veth, prepare_pod_for_xdp,
+    self, AttachMode, Datapath, attach_filter, attach_host_veth, attach_xdp_then_filter,
+    prepare_pod_for_xdp,
 };
 use flatnet_datapath::masquerade;
 use flatnet_datapath::netlink::{Netlink, VethPair, set_sysctl};
@@ -151,7 +152,12 @@ async fn apply(plan: &AttachmentPlan, ctx: &mut AddContext, after: &mut AfterAns
             attach_filter(&datapath, &ctx.host, host_index).await?;
             after.move_to_tcx(&network.name, &datapath, host_index, host_veth);
         }
-        HostAttach::Now | HostAttach::Xdp => {
+        HostAttach::Xdp => {
+            // `to_pod`'s tcx link after the answer too.
+            attach_xdp_then_filter(&datapath, &ctx.host, host_index, host_veth).await?;
+            after.move_to_pod_to_tcx(&network.name, &datapath, host_index, host_veth);
+        }
+        HostAttach::Now => {
             attach_host_veth(&datapath, network.mode, &ctx.host, host_index, host_veth).await?;
         }
     }

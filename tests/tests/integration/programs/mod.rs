@@ -37,7 +37,9 @@ use flatnet_tests::{Netns, flatnet_test};
 use ipnetwork::IpNetwork;
 
 mod conntrack;
+mod cost;
 mod cross_node;
+mod flows;
 mod local;
 mod neighbours;
 mod policy;

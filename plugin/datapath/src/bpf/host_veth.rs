@@ -1,0 +1,138 @@
+//! A pod's host veth: its programs put on (`from_pod` or `from_pod_xdp`
+//! at ingress, `to_pod` at egress), ADD's quick way (cls_bpf filters) and
+//! the move to tcx links after the answer, and the pod side's XDP setup.
+
+use std::fs::File;
+
+use super::*;
+use crate::netlink::{Netlink, TcHook, set_tx_checksum};
+use crate::netns;
+
+/// Puts this build's host-side programs on a pod's host veth `ifname`
+/// (index `index`), replacing older ones atomically: `from_pod` (tc) or
+/// `from_pod_xdp` (XDP) at ingress, `to_pod` at egress; tcx links (a node
+/// attached the old way moved over, see `move_to_tcx`), cls_bpf filters
+/// where tcx is missing, an XDP link.
+pub async fn attach_host_veth(
+    datapath: &Datapath,
+    mode: DatapathMode,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    match (mode, attach_mode()) {
+        (DatapathMode::Tc, AttachMode::Tcx) => move_to_tcx(datapath, host, index, ifname).await,
+        (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
+        (DatapathMode::Xdp, _) => {
+            datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
+            move_to_pod_to_tcx(datapath, host, index, ifname).await
+        }
+    }
+}
+
+/// XDP mode's quick way onto a new veth (ADD): `from_pod_xdp` through its
+/// XDP link, `to_pod` as a cls_bpf filter (see `attach_filter`), moved to
+/// its tcx link after the answer (`move_to_pod_to_tcx`).
+pub async fn attach_xdp_then_filter(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
+    attach_to_pod_filter(datapath, host, index).await
+}
+
+/// `from_pod` and `to_pod` as direct-action cls_bpf filters at their fixed
+/// priority and handle on host veth `index` (clsact added first), created
+/// or replaced in place: the way without tcx, and ADD's quick way onto a
+/// new veth (creating a tcx link waits for an RCU grace period in the
+/// kernel, ~10 ms on the test VM, three times the rest of an ADD; the move
+/// to tcx happens after the answer, see `after_answer`). `to_pod` is there
+/// from the first packet: what the stack delivers into the pod is judged
+/// by its policy and tells the fast path the stack carries that flow.
+pub async fn attach_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
+    host.add_clsact(index).await?;
+    let program = datapath.program(PROG_FROM_POD)?;
+    host.set_tc_bpf(
+        TcHook::Ingress,
+        index,
+        program.raw_fd()?,
+        PROG_FROM_POD,
+        TC_PRIORITY,
+        TC_HANDLE,
+    )
+    .await?;
+    attach_to_pod_filter(datapath, host, index).await
+}
+
+/// `to_pod` as a cls_bpf filter at tc egress of host veth `index`.
+async fn attach_to_pod_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
+    host.add_clsact(index).await?;
+    let program = datapath.program(PROG_TO_POD)?;
+    host.set_tc_bpf(
+        TcHook::Egress,
+        index,
+        program.raw_fd()?,
+        PROG_TO_POD,
+        TC_PRIORITY,
+        TC_HANDLE,
+    )
+    .await
+}
+
+/// Moves host veth `ifname` (`index`) onto pinned tcx links of this
+/// build's `from_pod` and `to_pod`: the links first (a frame meanwhile
+/// meets the link's program, whose "next" would run the filter's copy
+/// after it: the same verdict), then the cls_bpf filters off, then the
+/// clsact qdisc if nothing else uses it. Idempotent: a veth already on its
+/// links gets the programs updated in place.
+pub async fn move_to_tcx(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
+    crate::trace::mark("tcx link pinned");
+    host.remove_tc_bpf(TcHook::Ingress, index, TC_PRIORITY, TC_HANDLE)
+        .await?;
+    move_to_pod_to_tcx(datapath, host, index, ifname).await
+}
+
+/// `to_pod` alone onto its tcx link (XDP mode's veths; the second half of
+/// `move_to_tcx`), its cls_bpf filter off after, the clsact qdisc too if
+/// nothing else uses it. Without tcx the filter stays.
+pub async fn move_to_pod_to_tcx(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    if attach_mode() != AttachMode::Tcx {
+        return attach_to_pod_filter(datapath, host, index).await;
+    }
+    datapath.update_to_pod_link(ifname)?;
+    host.remove_tc_bpf(TcHook::Egress, index, TC_PRIORITY, TC_HANDLE)
+        .await?;
+    host.remove_clsact_if_unused(index).await
+}
+
+/// XDP mode only, for a new pod: its interface `ifname` (in namespace
+/// `netns`) runs `pod_xdp_pass` through a pinned XDP link, as a veth
+/// accepts XDP-redirected frames only with its NAPI on, which an attached
+/// program turns on; and transmit checksum offload goes off on both ends,
+/// because a frame entering XDP must have its checksums complete (see
+/// `set_tx_checksum`).
+pub fn prepare_pod_for_xdp(
+    datapath: &Datapath,
+    netns: &File,
+    ifname: &str,
+    host_veth: &str,
+) -> Result<()> {
+    netns::within(netns, || {
+        datapath.attach_xdp_link(PROG_POD_XDP_PASS, LinkRole::PodSide, host_veth, ifname)
+    })??;
+    set_tx_checksum(host_veth, false)?;
+    netns::within(netns, || set_tx_checksum(ifname, false))?
+}

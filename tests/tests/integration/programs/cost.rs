@@ -1,0 +1,109 @@
+//! What one run of a program costs on each kind of frame, timed by the
+//! kernel over many runs (`BPF_PROG_TEST_RUN`'s repeat): where the
+//! nanoseconds of a packet go. A measurement, not a check of speed: it
+//! asserts only the verdicts, and `cargo xtask bench` reports the numbers.
+
+use super::*;
+use flatnet_tests::test_run::time_tc;
+
+/// Runs per measurement: long enough that the timer's resolution and the
+/// first run's cache misses vanish in the average.
+const REPEAT: u32 = 200_000;
+
+/// Each case's average ns per run, written as JSON lines to
+/// `FLATNET_PROGRAM_COST` when set, printed always.
+#[flatnet_test(root)]
+#[ignore = "a measurement: `cargo xtask bench` runs it"]
+fn program_cost_per_frame() {
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    let family = Family::V4;
+    let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 8080);
+    let translated_reply = Tuple::new(b.ip(family), BACKEND_PORT, a.ip(family), 40001);
+    node.track(
+        "udp",
+        Tuple::new(a.ip(family), 40001, CLUSTER_IP.of(family), SERVICE_PORT),
+        translated_reply,
+    );
+    let outside = Tuple::new(a.ip(family), 40000, OUTSIDE.of(family), 80);
+    // The TCP flow's verdict is cached by its SYN.
+    node.try_run(Hook::PodTc(a), &a.sends(flow.tcp(TCP_SYN)))
+        .expect("SYN");
+    let (proto, echo) = echo_request(a.ip(family), b.ip(family));
+    let echo = a.sends(ip(a.ip(family), b.ip(family), TTL, proto, &echo));
+    let to_itself = Tuple::new(a.ip(family), 40000, a.ip(family), 8080);
+    let cases: Vec<(&str, &Pod, Vec<u8>, u32)> = vec![
+        (
+            "icmp echo to a local pod (no flow lookup)",
+            a,
+            echo,
+            TC_ACT_REDIRECT,
+        ),
+        (
+            "udp to the sender itself",
+            a,
+            a.sends(to_itself.udp()),
+            TC_NEXT,
+        ),
+        (
+            "udp 64 B to a local pod",
+            a,
+            a.sends(flow.udp()),
+            TC_ACT_REDIRECT,
+        ),
+        (
+            "tcp ACK to a local pod",
+            a,
+            a.sends(flow.tcp(TCP_ACK)),
+            TC_ACT_REDIRECT,
+        ),
+        (
+            "tcp SYN to a local pod",
+            a,
+            a.sends(flow.tcp(TCP_SYN)),
+            TC_ACT_REDIRECT,
+        ),
+        (
+            "udp reply of a translated flow",
+            b,
+            b.sends(translated_reply.udp()),
+            TC_NEXT,
+        ),
+        (
+            "udp to outside the cluster",
+            a,
+            a.sends(outside.udp()),
+            TC_NEXT,
+        ),
+    ];
+    let mut lines = Vec::new();
+    // What the stack's delivery into a pod costs: `to_pod` takes back a
+    // kept "clear" of the flow, reads the pod's policy state, hands it on.
+    let delivery = (
+        "to_pod: the stack delivers a datagram into a pod",
+        PROG_TO_POD,
+        b,
+        a.sends(flow.udp()),
+        TC_NEXT,
+    );
+    let timed = std::iter::once(delivery).chain(
+        cases
+            .into_iter()
+            .map(|(case, pod, frame, verdict)| (case, PROG_FROM_POD, pod, frame, verdict)),
+    );
+    for (case, program, pod, frame, verdict) in timed {
+        let path = node.scratch.program_path(program);
+        let (got, per_run) = node
+            .netns
+            .run(|| time_tc(&path, &frame, pod.host_ifindex, REPEAT))
+            .expect(case);
+        assert_eq!(got, verdict, "{case}: verdict");
+        let line =
+            serde_json::json!({"program": program, "case": case, "ns": per_run.as_nanos() as u64});
+        println!("{line}");
+        lines.push(line.to_string());
+    }
+    if let Ok(out) = std::env::var("FLATNET_PROGRAM_COST") {
+        std::fs::write(out, lines.join("\n") + "\n").expect("writing the costs");
+    }
+}

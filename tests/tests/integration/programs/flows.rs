@@ -1,0 +1,188 @@
+//! The answers the fast path keeps (`FLOWS`): kept for UDP as for TCP, taken
+//! back when the host stack carries a packet of the flow (`to_pod` into a
+//! pod, `to_uplink` to another node; the fast path's own marked packets
+//! excepted), and forgotten under pressure with nothing worse than asking
+//! conntrack again.
+
+use std::net::SocketAddr;
+
+use flatnet_common::{FAST_PATH_MARK, MAX_FLOWS, PROG_TO_UPLINK, verdict};
+use flatnet_datapath::bpf::flow_key;
+use flatnet_tests::test_run::run_tc_marked;
+
+use super::*;
+
+const IPPROTO_UDP: u8 = 17;
+
+/// The key of `tuple`'s direction.
+fn key_of(tuple: Tuple, proto: u8) -> flatnet_common::FlowKey {
+    flow_key(
+        SocketAddr::new(tuple.src, tuple.sport),
+        SocketAddr::new(tuple.dst, tuple.dport),
+        proto,
+    )
+}
+
+impl Node {
+    fn kept(&self, tuple: Tuple) -> Option<u32> {
+        self.scratch
+            .datapath
+            .flow_verdict(&key_of(tuple, IPPROTO_UDP))
+            .expect("reading FLOWS")
+    }
+}
+
+/// A UDP flow between two local pods gets "clear" kept for each direction
+/// from its first packet, and later packets take the answer without asking
+/// conntrack: an entry the host makes behind the datapath's back (here
+/// with `conntrack -I`) changes nothing. The host makes one only by
+/// carrying a packet of the flow, which leaves it through `to_pod` (here
+/// run on the packet as the stack delivers it): the "clear" of both
+/// directions goes, and the next packet asks conntrack and goes to the
+/// stack.
+#[flatnet_test(root)]
+fn udp_answers_are_kept_until_the_stack_carries_the_flow() {
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    for family in FAMILIES {
+        let request = Tuple::new(a.ip(family), 40000, b.ip(family), BACKEND_PORT);
+        let reply = request.reversed();
+        for (case, from, tuple) in [("request", a, request), ("reply", b, reply)] {
+            let frame = from.sends(tuple.udp());
+            let to = if case == "request" { b } else { a };
+            node.check(
+                &format!("{family:?} {case}"),
+                Hook::PodTc(from),
+                &frame,
+                TC_ACT_REDIRECT,
+                &to.receives(&frame),
+                &[("redirected", 1)],
+            );
+            assert_eq!(node.kept(tuple), Some(verdict::CLEAR), "{family:?} {case}");
+        }
+        // The host translates a flow of this tuple now (A asked a
+        // ClusterIP from the same port): the kept answer still holds...
+        let via_service = Tuple::new(a.ip(family), 40000, CLUSTER_IP.of(family), SERVICE_PORT);
+        node.track("udp", via_service, reply);
+        let frame = b.sends(reply.udp());
+        node.check(
+            &format!("{family:?} reply, entry made behind the datapath's back"),
+            Hook::PodTc(b),
+            &frame,
+            TC_ACT_REDIRECT,
+            &a.receives(&frame),
+            &[("redirected", 1)],
+        );
+        // ...until the stack delivers the translated request into B.
+        let delivered = b.receives(&b.sends(request.udp()));
+        node.check(
+            &format!("{family:?} the stack's delivery into B"),
+            Hook::ToPod(b),
+            &delivered,
+            TC_NEXT,
+            &delivered,
+            &[],
+        );
+        assert_eq!(node.kept(request), None, "{family:?} request's answer");
+        assert_eq!(node.kept(reply), None, "{family:?} reply's answer");
+        node.check(
+            &format!("{family:?} reply after the stack carried the flow"),
+            Hook::PodTc(b),
+            &frame,
+            TC_NEXT,
+            &frame,
+            &[("translated_to_stack", 1)],
+        );
+        assert_eq!(node.kept(reply), Some(verdict::TRANSLATED), "{family:?}");
+    }
+}
+
+/// `to_uplink` takes a "clear" back for what the stack sends to another
+/// node, and leaves it for the fast path's own packets, which carry
+/// `FAST_PATH_MARK` (cleared on the way out: the wire and the qdiscs after
+/// it never see it). Other marks (kube-proxy's, anyone's) stay as they are.
+#[flatnet_test(root)]
+fn to_uplink_takes_back_clear_answers_of_the_stacks_packets_only() {
+    let node = Node::new(DatapathMode::Tc);
+    let b = &node.b;
+    let path = node.scratch.program_path(PROG_TO_UPLINK);
+    for family in FAMILIES {
+        let (remote, local) = (REMOTE_POD.of(family), b.ip(family));
+        // `from_remote`'s datagram: remote:8080 -> local:40000.
+        let incoming = Tuple::new(remote, 8080, local, 40000);
+        node.try_run(Hook::Uplink, &from_remote(remote, local, TTL))
+            .expect("from_uplink");
+        assert_eq!(node.kept(incoming), Some(verdict::CLEAR), "{family:?}");
+        let outgoing = ethernet(
+            REMOTE_NODE_MAC,
+            UPLINK_MAC,
+            incoming.reversed().udp().0,
+            &incoming.reversed().udp().1,
+        );
+        let run = |mark: u32| {
+            node.netns
+                .run(|| run_tc_marked(&path, &outgoing, node.uplink_ifindex, mark))
+                .expect("to_uplink")
+        };
+        let (outcome, mark) = run(FAST_PATH_MARK);
+        assert_eq!(
+            (outcome.verdict, mark),
+            (TC_NEXT, 0),
+            "{family:?} fast path's packet"
+        );
+        assert_eq!(node.kept(incoming), Some(verdict::CLEAR), "{family:?} kept");
+        let (outcome, mark) = run(0x4000);
+        assert_eq!(
+            (outcome.verdict, mark),
+            (TC_NEXT, 0x4000),
+            "{family:?} stack's packet"
+        );
+        assert_eq!(node.kept(incoming), None, "{family:?} taken back");
+    }
+}
+
+/// More flows than `FLOWS` holds: the oldest answers are forgotten, and a
+/// forgotten "clear" of a flow the host translates by now costs one
+/// conntrack lookup, never a reply that skips the translation.
+#[flatnet_test(root)]
+fn a_full_flows_map_forgets_and_asks_conntrack_again() {
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    let request = Tuple::new(a.ip(Family::V4), 40001, b.ip(Family::V4), BACKEND_PORT);
+    let reply = request.reversed();
+    let frame = b.sends(reply.udp());
+    node.try_run(Hook::PodTc(b), &frame).expect("reply");
+    assert_eq!(node.kept(reply), Some(verdict::CLEAR));
+    let via_service = Tuple::new(
+        a.ip(Family::V4),
+        40001,
+        CLUSTER_IP.of(Family::V4),
+        SERVICE_PORT,
+    );
+    node.track("udp", via_service, reply);
+    // Twice the map's size in other flows, as a busy node would see them.
+    let datapath = &node.scratch.datapath;
+    for n in 0..2 * MAX_FLOWS {
+        let [_, _, hi, lo] = n.to_be_bytes();
+        let other = Tuple::new(
+            IpAddr::V4(Ipv4Addr::new(10, 250, hi, lo)),
+            1000,
+            b.ip(Family::V4),
+            53,
+        );
+        datapath
+            .keep_flow(&key_of(other, IPPROTO_UDP), verdict::CLEAR)
+            .expect("filling FLOWS");
+    }
+    let count = datapath.flow_count().expect("counting FLOWS");
+    assert!(count <= MAX_FLOWS as usize, "{count} entries");
+    assert_eq!(node.kept(reply), None, "the reply's answer was forgotten");
+    node.check(
+        "reply of a translated flow, its answer forgotten",
+        Hook::PodTc(b),
+        &frame,
+        TC_NEXT,
+        &frame,
+        &[("translated_to_stack", 1)],
+    );
+}
