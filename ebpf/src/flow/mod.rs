@@ -63,6 +63,14 @@ use network_types::{
 use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
 use crate::{ETH_P_IP, ETH_P_IPV6, header_at};
 
+mod conntrack;
+mod kept;
+
+pub use conntrack::Conntrack;
+use conntrack::*;
+pub use kept::forget_clear;
+use kept::*;
+
 pub(crate) const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -73,20 +81,6 @@ const IPV4_FRAGMENT_MASK: u16 = 0x3fff;
 const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
 /// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
 const ICMP_HEADER_LEN: usize = 8;
-
-/// Whether UDP answers are kept: set by the loader (1 where the kernel has
-/// tcx, which puts `to_pod` and `to_uplink` on every way out of the stack;
-/// see `flatnet_common::GLOBAL_UDP_FLOWS`). Without them a kept "clear"
-/// could outlive the flow's turn to the stack, so every UDP packet asks
-/// conntrack, as TCP's SYNs do.
-#[unsafe(no_mangle)]
-static UDP_FLOWS: u32 = 0;
-
-/// What conntrack said of each TCP and UDP flow direction (see above).
-#[btf_map]
-static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entries as usize }> =
-    LruHashMap::new();
-const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
 
 /// SYN in the TCP flags byte.
 const TCP_SYN: u8 = 0x02;
@@ -103,77 +97,6 @@ pub enum Flow {
     /// Of a kind the conntrack lookup cannot judge: the stack takes it.
     Opaque,
 }
-
-/// A program context that can ask the kernel's conntrack table.
-pub trait Conntrack {
-    /// True when the table has an entry with `tuple` in either direction.
-    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool;
-}
-
-impl Conntrack for TcContext {
-    #[inline(always)]
-    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool {
-        let mut opts = CtOpts::new(l4proto);
-        // SAFETY: our own context, an initialised tuple and options on the stack.
-        let entry = unsafe {
-            skb_ct_lookup(
-                self.skb.skb as *mut u8,
-                tuple as *const T as *const u8,
-                size_of::<T>() as u64,
-                &mut opts,
-            )
-        };
-        release(entry)
-    }
-}
-
-impl Conntrack for XdpContext {
-    #[inline(always)]
-    fn has_entry<T>(&self, tuple: &T, l4proto: u8) -> bool {
-        let mut opts = CtOpts::new(l4proto);
-        // SAFETY: as above, for XDP.
-        let entry = unsafe {
-            xdp_ct_lookup(
-                self.ctx as *mut u8,
-                tuple as *const T as *const u8,
-                size_of::<T>() as u64,
-                &mut opts,
-            )
-        };
-        release(entry)
-    }
-}
-
-/// Drops a lookup's reference; true when there was an entry.
-#[inline(always)]
-fn release(entry: u64) -> bool {
-    if entry == 0 {
-        return false;
-    }
-    // SAFETY: a non-zero lookup result, released once.
-    unsafe { ct_release(entry) };
-    true
-}
-
-/// `struct bpf_sock_tuple`'s IPv4 form, network byte order.
-#[repr(C, align(4))]
-struct TupleV4 {
-    src: [u8; 4],
-    dst: [u8; 4],
-    sport: [u8; 2],
-    dport: [u8; 2],
-}
-const _: () = assert!(size_of::<TupleV4>() == 12);
-
-/// `struct bpf_sock_tuple`'s IPv6 form.
-#[repr(C, align(4))]
-struct TupleV6 {
-    src: [u8; 16],
-    dst: [u8; 16],
-    sport: [u8; 2],
-    dport: [u8; 2],
-}
-const _: () = assert!(size_of::<TupleV6>() == 36);
 
 /// Source and destination ports, as the first 4 bytes of TCP and UDP.
 #[repr(C)]
@@ -212,134 +135,6 @@ impl Flow {
     }
 }
 
-/// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
-/// flow is not there, else from conntrack (`judge`), remembered.
-#[inline(always)]
-fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
-    if !ask_again && let Some(known) = FLOWS.get_ptr(key) {
-        // SAFETY: a valid map value for the program's run; read once.
-        return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
-    }
-    let flow = judge();
-    let value = FlowVerdict {
-        verdict: flow.verdict(),
-        _pad: 0,
-    };
-    // A full map evicts its least recently used entry; a failed write only
-    // means the next packet asks conntrack again.
-    let _ = FLOWS.insert(key, &value, 0);
-    flow
-}
-
-#[inline(always)]
-fn udp_flows_kept() -> bool {
-    // SAFETY: a read of a constant the loader set (frozen .rodata).
-    (unsafe { core::ptr::read_volatile(&UDP_FLOWS) }) != 0
-}
-
-/// Removes a "clear" kept for `key`: the host stack carries a packet of
-/// its flow now, so the host may track it from here on.
-#[inline(always)]
-fn forget_if_clear(key: &FlowKey) {
-    if let Some(known) = FLOWS.get_ptr(key) {
-        // SAFETY: a valid map value for the program's run; read once.
-        if unsafe { core::ptr::read_volatile(&(*known).verdict) } == verdict::CLEAR {
-            let _ = FLOWS.remove(key);
-        }
-    }
-}
-
-/// The flow key of a packet with these addresses and ports.
-#[inline(always)]
-fn key_v4(src: [u8; 4], dst: [u8; 4], ports: &Ports, proto: u8) -> FlowKey {
-    FlowKey {
-        src: in_16_bytes(src),
-        dst: in_16_bytes(dst),
-        sport: ports.src,
-        dport: ports.dst,
-        family: 4,
-        proto,
-        _pad: [0; 2],
-    }
-}
-
-#[inline(always)]
-fn key_v6(src: [u8; 16], dst: [u8; 16], ports: &Ports, proto: u8) -> FlowKey {
-    FlowKey {
-        src,
-        dst,
-        sport: ports.src,
-        dport: ports.dst,
-        family: 6,
-        proto,
-        _pad: [0; 2],
-    }
-}
-
-/// The same flow's other direction.
-#[inline(always)]
-fn reversed(key: &FlowKey) -> FlowKey {
-    FlowKey {
-        src: key.dst,
-        dst: key.src,
-        sport: key.dport,
-        dport: key.sport,
-        family: key.family,
-        proto: key.proto,
-        _pad: [0; 2],
-    }
-}
-
-/// The host stack hands the frame at `start` on (into a pod, or to another
-/// node): a "clear" kept for its flow, either direction, goes. TCP and UDP
-/// over IPv4 and IPv6 without options or extension headers (the kinds the
-/// fast path keeps answers for); anything else is left alone.
-#[inline(always)]
-pub fn forget_clear(start: usize, end: usize) {
-    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
-        return;
-    };
-    // SAFETY: bounds checked by `header_at`.
-    let key = match u16::from_be(unsafe { (*eth).ether_type }) {
-        ETH_P_IP => {
-            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
-                return;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let ip = unsafe { &*ip };
-            if !matches!(ip.proto, IPPROTO_TCP | IPPROTO_UDP) || ip.ihl() != IPV4_PLAIN_LEN {
-                return;
-            }
-            let Ok(ports) = header_at::<Ports>(start, end, EthHdr::LEN + Ipv4Hdr::LEN) else {
-                return;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            key_v4(ip.src_addr, ip.dst_addr, unsafe { &*ports }, ip.proto)
-        }
-        ETH_P_IPV6 => {
-            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
-                return;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let ip = unsafe { &*ip };
-            let Some((next_hdr, l4)) = ipv6_transport(start, end, ip) else {
-                return;
-            };
-            if !matches!(next_hdr, IPPROTO_TCP | IPPROTO_UDP) {
-                return;
-            }
-            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
-                return;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            key_v6(ip.src_addr, ip.dst_addr, unsafe { &*ports }, next_hdr)
-        }
-        _ => return,
-    };
-    forget_if_clear(&key);
-    forget_if_clear(&reversed(&key));
-}
-
 /// An IPv4 address in the first 4 of 16 bytes, the rest zero: built as
 /// one wide integer (two word stores), not byte by byte with a `memset`.
 #[inline(always)]
@@ -353,45 +148,6 @@ struct IcmpHeader {
     icmp_type: u8,
     code: u8,
     checksum: [u8; 2],
-}
-
-/// What the table says of the flow whose packets look like `forward`:
-/// nothing, tracked, or tracked with a translation (no entry for the
-/// reverse of `forward`).
-#[inline(always)]
-fn judge_v4(ct: &impl Conntrack, proto: u8, forward: TupleV4) -> Flow {
-    if !ct.has_entry(&forward, proto) {
-        return Flow::Clear;
-    }
-    let reverse = TupleV4 {
-        src: forward.dst,
-        dst: forward.src,
-        sport: forward.dport,
-        dport: forward.sport,
-    };
-    if ct.has_entry(&reverse, proto) {
-        Flow::Tracked
-    } else {
-        Flow::Translated
-    }
-}
-
-#[inline(always)]
-fn judge_v6(ct: &impl Conntrack, proto: u8, forward: TupleV6) -> Flow {
-    if !ct.has_entry(&forward, proto) {
-        return Flow::Clear;
-    }
-    let reverse = TupleV6 {
-        src: forward.dst,
-        dst: forward.src,
-        sport: forward.dport,
-        dport: forward.sport,
-    };
-    if ct.has_entry(&reverse, proto) {
-        Flow::Tracked
-    } else {
-        Flow::Translated
-    }
 }
 
 /// ICMPv4 messages that quote the packet they are about.

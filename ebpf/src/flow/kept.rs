@@ -1,0 +1,146 @@
+//! The answers kept in `FLOWS`: read, written, and taken back when the
+//! host stack carries a packet of the flow.
+
+use super::*;
+
+/// Whether UDP answers are kept: set by the loader (1 where the kernel has
+/// tcx, which puts `to_pod` and `to_uplink` on every way out of the stack;
+/// see `flatnet_common::GLOBAL_UDP_FLOWS`). Without them a kept "clear"
+/// could outlive the flow's turn to the stack, so every UDP packet asks
+/// conntrack, as TCP's SYNs do.
+#[unsafe(no_mangle)]
+pub(super) static UDP_FLOWS: u32 = 0;
+
+/// What conntrack said of each TCP and UDP flow direction (see above).
+#[btf_map]
+pub(super) static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entries as usize }> =
+    LruHashMap::new();
+const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
+
+/// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
+/// flow is not there, else from conntrack (`judge`), remembered.
+#[inline(always)]
+pub(super) fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
+    if !ask_again && let Some(known) = FLOWS.get_ptr(key) {
+        // SAFETY: a valid map value for the program's run; read once.
+        return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
+    }
+    let flow = judge();
+    let value = FlowVerdict {
+        verdict: flow.verdict(),
+        _pad: 0,
+    };
+    // A full map evicts its least recently used entry; a failed write only
+    // means the next packet asks conntrack again.
+    let _ = FLOWS.insert(key, &value, 0);
+    flow
+}
+
+#[inline(always)]
+pub(super) fn udp_flows_kept() -> bool {
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    (unsafe { core::ptr::read_volatile(&UDP_FLOWS) }) != 0
+}
+
+/// Removes a "clear" kept for `key`: the host stack carries a packet of
+/// its flow now, so the host may track it from here on.
+#[inline(always)]
+pub(super) fn forget_if_clear(key: &FlowKey) {
+    if let Some(known) = FLOWS.get_ptr(key) {
+        // SAFETY: a valid map value for the program's run; read once.
+        if unsafe { core::ptr::read_volatile(&(*known).verdict) } == verdict::CLEAR {
+            let _ = FLOWS.remove(key);
+        }
+    }
+}
+
+/// The flow key of a packet with these addresses and ports.
+#[inline(always)]
+pub(super) fn key_v4(src: [u8; 4], dst: [u8; 4], ports: &Ports, proto: u8) -> FlowKey {
+    FlowKey {
+        src: in_16_bytes(src),
+        dst: in_16_bytes(dst),
+        sport: ports.src,
+        dport: ports.dst,
+        family: 4,
+        proto,
+        _pad: [0; 2],
+    }
+}
+
+#[inline(always)]
+pub(super) fn key_v6(src: [u8; 16], dst: [u8; 16], ports: &Ports, proto: u8) -> FlowKey {
+    FlowKey {
+        src,
+        dst,
+        sport: ports.src,
+        dport: ports.dst,
+        family: 6,
+        proto,
+        _pad: [0; 2],
+    }
+}
+
+/// The same flow's other direction.
+#[inline(always)]
+pub(super) fn reversed(key: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: key.dst,
+        dst: key.src,
+        sport: key.dport,
+        dport: key.sport,
+        family: key.family,
+        proto: key.proto,
+        _pad: [0; 2],
+    }
+}
+
+/// The host stack hands the frame at `start` on (into a pod, or to another
+/// node): a "clear" kept for its flow, either direction, goes. TCP and UDP
+/// over IPv4 and IPv6 without options or extension headers (the kinds the
+/// fast path keeps answers for); anything else is left alone.
+#[inline(always)]
+pub fn forget_clear(start: usize, end: usize) {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let key = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if !matches!(ip.proto, IPPROTO_TCP | IPPROTO_UDP) || ip.ihl() != IPV4_PLAIN_LEN {
+                return;
+            }
+            let Ok(ports) = header_at::<Ports>(start, end, EthHdr::LEN + Ipv4Hdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            key_v4(ip.src_addr, ip.dst_addr, unsafe { &*ports }, ip.proto)
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            let Some((next_hdr, l4)) = ipv6_transport(start, end, ip) else {
+                return;
+            };
+            if !matches!(next_hdr, IPPROTO_TCP | IPPROTO_UDP) {
+                return;
+            }
+            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
+                return;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            key_v6(ip.src_addr, ip.dst_addr, unsafe { &*ports }, next_hdr)
+        }
+        _ => return,
+    };
+    forget_if_clear(&key);
+    forget_if_clear(&reversed(&key));
+}
