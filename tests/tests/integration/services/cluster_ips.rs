@@ -10,24 +10,10 @@ fn clusterip_to_a_backend_on_the_same_node(mode: Mode, flags: &[&str]) {
     let (client, backend) = (n1.pod(), n1.pod());
     let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
     let _udp = UdpBackend::start(&backend, "b", DNS_PORT);
-    let mut list = Vec::new();
-    for family in FAMILIES {
-        let b = pod_ip(&backend, family);
-        list.push(ServicePort::cluster_ip(
-            &format!("web-{family:?}").to_lowercase(),
-            cluster_ip(family, 10),
-            80,
-            Protocol::Tcp,
-            vec![SocketAddr::new(b, BACKEND_PORT)],
-        ));
-        list.push(ServicePort::cluster_ip(
-            &format!("dns-{family:?}").to_lowercase(),
-            cluster_ip(family, 53),
-            DNS_PORT,
-            Protocol::Udp,
-            vec![SocketAddr::new(b, DNS_PORT)],
-        ));
-    }
+    let list: Vec<ServicePort> = FAMILIES
+        .into_iter()
+        .flat_map(|family| [web(family, &[&backend]), dns(family, &[&backend])])
+        .collect();
     services.program(&list);
     for family in FAMILIES {
         let before = translated(n1);
@@ -135,21 +121,7 @@ fn clusterip_spreads_over_local_and_remote_backends(mode: Mode) {
         .zip(names)
         .map(|(pod, name)| TcpBackend::start(pod, name, BACKEND_PORT))
         .collect();
-    let list: Vec<ServicePort> = FAMILIES
-        .iter()
-        .map(|family| {
-            ServicePort::cluster_ip(
-                &format!("web-{family:?}").to_lowercase(),
-                cluster_ip(*family, 10),
-                80,
-                Protocol::Tcp,
-                backends
-                    .iter()
-                    .map(|pod| SocketAddr::new(pod_ip(pod, *family), BACKEND_PORT))
-                    .collect(),
-            )
-        })
-        .collect();
+    let list = web_in_both_families(&backends.iter().collect::<Vec<_>>());
     services.program(&list);
     for family in FAMILIES {
         let before = (
@@ -184,24 +156,10 @@ fn hairpin(mode: Mode) {
     let pod = n1.pod();
     let _tcp = TcpBackend::start(&pod, "self", BACKEND_PORT);
     let _udp = UdpBackend::start(&pod, "self", DNS_PORT);
-    let mut list = Vec::new();
-    for family in FAMILIES {
-        let me = pod_ip(&pod, family);
-        list.push(ServicePort::cluster_ip(
-            &format!("web-{family:?}").to_lowercase(),
-            cluster_ip(family, 10),
-            80,
-            Protocol::Tcp,
-            vec![SocketAddr::new(me, BACKEND_PORT)],
-        ));
-        list.push(ServicePort::cluster_ip(
-            &format!("dns-{family:?}").to_lowercase(),
-            cluster_ip(family, 53),
-            DNS_PORT,
-            Protocol::Udp,
-            vec![SocketAddr::new(me, DNS_PORT)],
-        ));
-    }
+    let list: Vec<ServicePort> = FAMILIES
+        .into_iter()
+        .flat_map(|family| [web(family, &[&pod]), dns(family, &[&pod])])
+        .collect();
     services.program(&list);
     for family in FAMILIES {
         let name = tcp_request(&pod, SocketAddr::new(cluster_ip(family, 10), 80), 64 << 10)

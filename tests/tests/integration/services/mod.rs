@@ -278,3 +278,41 @@ fn translated(node: &SimNode) -> u64 {
 }
 
 // ---------------------------------------------------------------------------
+
+/// The cases' web Service of `family`: ClusterIP `cluster_ip(family, 10)`
+/// port 80/TCP to `backends` on `BACKEND_PORT`.
+fn web(family: Family, backends: &[&SimPod]) -> ServicePort {
+    ServicePort::cluster_ip(
+        &format!("web-{family:?}").to_lowercase(),
+        cluster_ip(family, 10),
+        80,
+        Protocol::Tcp,
+        backends
+            .iter()
+            .map(|pod| SocketAddr::new(pod_ip(pod, family), BACKEND_PORT))
+            .collect(),
+    )
+}
+
+/// The same web Service in both families.
+fn web_in_both_families(backends: &[&SimPod]) -> Vec<ServicePort> {
+    FAMILIES
+        .iter()
+        .map(|family| web(*family, backends))
+        .collect()
+}
+
+/// The cases' DNS-like Service of `family`: ClusterIP
+/// `cluster_ip(family, 53)` port 53/UDP to `backends` on `DNS_PORT`.
+fn dns(family: Family, backends: &[&SimPod]) -> ServicePort {
+    ServicePort::cluster_ip(
+        &format!("dns-{family:?}").to_lowercase(),
+        cluster_ip(family, 53),
+        DNS_PORT,
+        Protocol::Udp,
+        backends
+            .iter()
+            .map(|pod| SocketAddr::new(pod_ip(pod, family), DNS_PORT))
+            .collect(),
+    )
+}

@@ -13,18 +13,9 @@ fn nodeport(mode: Mode) {
     let backend = n1.pod();
     let (near, far) = (n1.pod(), n2.pod());
     let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
-    let list: Vec<ServicePort> = FAMILIES
-        .iter()
-        .map(|family| {
-            ServicePort::cluster_ip(
-                &format!("web-{family:?}").to_lowercase(),
-                cluster_ip(*family, 10),
-                80,
-                Protocol::Tcp,
-                vec![SocketAddr::new(pod_ip(&backend, *family), BACKEND_PORT)],
-            )
-            .with_node_port(NODE_PORT)
-        })
+    let list: Vec<ServicePort> = web_in_both_families(&[&backend])
+        .into_iter()
+        .map(|service| service.with_node_port(NODE_PORT))
         .collect();
     services.program(&list);
     for family in FAMILIES {
@@ -107,18 +98,7 @@ fn hostport(mode: Mode) {
     let (near, far) = (n1.pod(), n2.pod());
     let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
     let _mapping = PortMapping::add(&backend, HOST_PORT, BACKEND_PORT);
-    let list: Vec<ServicePort> = FAMILIES
-        .iter()
-        .map(|family| {
-            ServicePort::cluster_ip(
-                &format!("web-{family:?}").to_lowercase(),
-                cluster_ip(*family, 10),
-                80,
-                Protocol::Tcp,
-                vec![SocketAddr::new(pod_ip(&backend, *family), BACKEND_PORT)],
-            )
-        })
-        .collect();
+    let list = web_in_both_families(&[&backend]);
     services.program(&list);
     for family in FAMILIES {
         let before = n1.packets(action::TRANSLATED);

@@ -244,21 +244,9 @@ fn pod_to_pod_keeps_the_fast_path_next_to_services(mode: Mode) {
         .into_iter()
         .map(|(pod, name)| TcpBackend::start(pod, name, BACKEND_PORT))
         .collect();
-    let list: Vec<ServicePort> = FAMILIES
-        .iter()
-        .map(|family| {
-            ServicePort::cluster_ip(
-                &format!("web-{family:?}").to_lowercase(),
-                cluster_ip(*family, 10),
-                80,
-                Protocol::Tcp,
-                [&b, &c]
-                    .iter()
-                    .map(|pod| SocketAddr::new(pod_ip(pod, *family), BACKEND_PORT))
-                    .collect(),
-            )
-            .with_node_port(NODE_PORT)
-        })
+    let list: Vec<ServicePort> = web_in_both_families(&[&b, &c])
+        .into_iter()
+        .map(|service| service.with_node_port(NODE_PORT))
         .collect();
     services.program(&list);
     for family in FAMILIES {
