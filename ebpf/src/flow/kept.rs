@@ -42,6 +42,17 @@ pub(super) fn udp_flows_kept() -> bool {
     (unsafe { core::ptr::read_volatile(&UDP_FLOWS) }) != 0
 }
 
+/// A UDP packet's verdict: the kept answer where UDP answers are kept
+/// (`UDP_FLOWS`), else conntrack's, asked every time and written nowhere.
+#[inline(always)]
+pub(super) fn judge_udp(key: &FlowKey, judge: impl FnOnce() -> Flow) -> Flow {
+    if udp_flows_kept() {
+        judge_cached(key, false, judge)
+    } else {
+        judge()
+    }
+}
+
 /// Removes a "clear" kept for `key`: the host stack carries a packet of
 /// its flow now, so the host may track it from here on.
 #[inline(always)]
@@ -96,11 +107,17 @@ pub(super) fn reversed(key: &FlowKey) -> FlowKey {
 }
 
 /// The host stack hands the frame at `start` on (into a pod, or to another
-/// node): a "clear" kept for its flow, either direction, goes. TCP and UDP
-/// over IPv4 and IPv6 without options or extension headers (the kinds the
-/// fast path keeps answers for); anything else is left alone.
+/// node): a "clear" kept for its flow, either direction, goes. UDP over
+/// IPv4 and IPv6 without options or extension headers; TCP needs no
+/// taking back (a new connection's SYNs ask again, wherever they went),
+/// and anything else has no kept answer.
 #[inline(always)]
 pub fn forget_clear(start: usize, end: usize) {
+    // Only UDP answers need taking back (TCP asks again at every SYN), and
+    // only where they are kept: the stack's other packets pay nothing.
+    if !udp_flows_kept() {
+        return;
+    }
     let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
         return;
     };
@@ -112,7 +129,7 @@ pub fn forget_clear(start: usize, end: usize) {
             };
             // SAFETY: bounds checked by `header_at`.
             let ip = unsafe { &*ip };
-            if !matches!(ip.proto, IPPROTO_TCP | IPPROTO_UDP) || ip.ihl() != IPV4_PLAIN_LEN {
+            if ip.proto != IPPROTO_UDP || ip.ihl() != IPV4_PLAIN_LEN {
                 return;
             }
             let Ok(ports) = header_at::<Ports>(start, end, EthHdr::LEN + Ipv4Hdr::LEN) else {
@@ -130,7 +147,7 @@ pub fn forget_clear(start: usize, end: usize) {
             let Some((next_hdr, l4)) = ipv6_transport(start, end, ip) else {
                 return;
             };
-            if !matches!(next_hdr, IPPROTO_TCP | IPPROTO_UDP) {
+            if next_hdr != IPPROTO_UDP {
                 return;
             }
             let Ok(ports) = header_at::<Ports>(start, end, l4) else {

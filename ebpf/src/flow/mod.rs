@@ -31,14 +31,15 @@
 //!   takes a packet of it through the host stack. Every such packet that
 //!   could matter leaves the stack through a flatnet program: into a local
 //!   pod through its host veth's egress (`to_pod`), or to another node
-//!   through the uplink's egress (`to_uplink`); both remove a "clear" of
-//!   the packet's flow, both directions, before the packet goes on
+//!   through the uplink's egress (`to_uplink`); for UDP both remove a
+//!   "clear" of the packet's flow, both directions, before the packet goes on
 //!   (`forget_clear`), so the next packet of either direction asks
 //!   conntrack again. The fast path's own packets never meet the stack
 //!   (a redirect skips it); those going to another node carry
 //!   `FAST_PATH_MARK` past `to_uplink`.
-//! - TCP asks again at every SYN too: a new connection on a reused 4-tuple
-//!   is judged anew wherever it came from.
+//! - TCP asks again at every SYN instead: a new connection on a reused
+//!   4-tuple is judged anew wherever it came from, so TCP answers need no
+//!   taking back.
 //!
 //! A forgotten answer (the LRU full, the map new after an upgrade) only
 //! costs a lookup: the next packet asks conntrack.
@@ -199,7 +200,7 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
             let key = key_v4(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
-            judge_cached(&key, !udp_flows_kept(), || {
+            judge_udp(&key, || {
                 judge_v4(
                     ct,
                     IPPROTO_UDP,
@@ -327,7 +328,7 @@ pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
             let key = key_v6(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
-            judge_cached(&key, !udp_flows_kept(), || {
+            judge_udp(&key, || {
                 judge_v6(
                     ct,
                     IPPROTO_UDP,
