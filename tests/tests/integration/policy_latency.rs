@@ -195,7 +195,8 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
     assert_eq!(
         metric(&page, "flatnet_policy_errors_total"),
         Some(0.0),
-        "{page}"
+        "{}",
+        node.agent_log()
     );
     node.stop_agent();
     drop(real);

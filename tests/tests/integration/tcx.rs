@@ -359,3 +359,35 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
         );
     }
 }
+
+/// ADD's work after its answer and the agent writing the pod's policy may
+/// make the pod's `to_pod` link at the same moment, from two processes:
+/// both succeed, and the hook holds one link, pinned.
+#[flatnet_test(root)]
+fn two_makers_of_the_same_link_at_once_leave_one() {
+    let net = Network::host_local();
+    let pod = net.pod();
+    let dev = pod.host_veth();
+    wait_for_one_tcx_link(&net, &dev);
+    for round in 0..20 {
+        // The link gone (as on a node whose pods predate to_pod): each
+        // round starts where neither maker finds a pin.
+        std::fs::remove_file(link_pin(&net, LinkRole::ToPod, &dev)).expect("unpinning");
+        wait_until("to_pod off the hook", Duration::from_secs(5), || {
+            links_on(ifindex(&dev)).len() == 1
+        });
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let datapath = net.datapath();
+                    barrier.wait();
+                    datapath
+                        .attach_tc_link(PROG_TO_POD, LinkRole::ToPod, &dev)
+                        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                });
+            }
+        });
+        assert_one_tcx_link(&net, &dev);
+    }
+}

@@ -101,6 +101,19 @@ impl LinkRole {
     }
 }
 
+/// Why one try at a tcx link failed.
+enum Attach {
+    /// Another process attached the same program to the hook a moment ago.
+    Raced,
+    Failed(Error),
+}
+
+impl From<Error> for Attach {
+    fn from(e: Error) -> Self {
+        Attach::Failed(e)
+    }
+}
+
 fn link_err(context: String, err: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::bpf(&context, err)
 }
@@ -120,7 +133,38 @@ impl Datapath {
     /// `LinkRole::ToPod`) of `ifname` through
     /// the pinned link of `role`: the link gets the new program in place
     /// while it still holds its device, else a new link replaces the pin.
+    ///
+    /// Two processes may make the same link at once (ADD's work after its
+    /// answer and the agent writing the pod's policy): the kernel refuses
+    /// the second (EEXIST: this program is on the hook already) while the
+    /// first pins its link; the second then finds the pin and updates it.
     pub fn attach_tc_link(&self, program: &str, role: LinkRole, ifname: &str) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.try_attach_tc_link(program, role, ifname) {
+                Err(Attach::Raced) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(Attach::Raced) => {
+                    return Err(Error::Datapath(format!(
+                        "attaching {program} to {ifname} (tcx): the hook holds it, \
+                         but no link of ours is pinned at {}",
+                        self.link_path(role, ifname).display()
+                    )));
+                }
+                Err(Attach::Failed(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    fn try_attach_tc_link(
+        &self,
+        program: &str,
+        role: LinkRole,
+        ifname: &str,
+    ) -> std::result::Result<(), Attach> {
         let pin = self.link_path(role, ifname);
         let mut prog = SchedClassifier::from_pin(self.program_path(program))
             .map_err(|e| link_err(format!("opening {program}"), e))?;
@@ -140,21 +184,29 @@ impl Datapath {
             // anew): the pin only names a dead link.
         }
         remove_if_there(&pin)?;
-        let id = prog
-            .attach_with_options(
-                ifname,
-                role.tc_attach_type(),
-                TcAttachOptions::TcxOrder(LinkOrder::last()),
-            )
-            .map_err(|e| link_err(format!("attaching {program} to {ifname} (tcx)"), e))?;
+        let id = match prog.attach_with_options(
+            ifname,
+            role.tc_attach_type(),
+            TcAttachOptions::TcxOrder(LinkOrder::last()),
+        ) {
+            Ok(id) => id,
+            Err(aya::programs::ProgramError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                return Err(Attach::Raced);
+            }
+            Err(e) => {
+                return Err(link_err(format!("attaching {program} to {ifname} (tcx)"), e).into());
+            }
+        };
         let link = prog
             .take_link(id)
             .map_err(|e| link_err(format!("taking the link of {program}"), e))?;
         crate::trace::mark("tcx link made, not pinned yet");
-        pin_link(
+        Ok(pin_link(
             FdLink::try_from(link).map_err(|e| link_err("a tcx link".into(), e))?,
             &pin,
-        )
+        )?)
     }
 
     /// Puts this build's XDP `program` on `ifname` (in the calling thread's
