@@ -126,6 +126,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             smoke: true,
             out: None,
             program_cost: false,
+            before: None,
         })?;
     }
     if !args.no_e2e && args.filter.is_none() {

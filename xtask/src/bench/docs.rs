@@ -21,7 +21,7 @@ pub const TABLE_END: &str = "<!-- /bench-table -->";
 
 /// Every path label a round may hold (the keys of bench.json's `data` and
 /// `cni`), as the report's code names them.
-const PATH_LABELS: [&str; 7] = [
+const PATH_LABELS: [&str; 9] = [
     "bridge",
     "flatnet",
     "flatnet-xdp",
@@ -29,6 +29,8 @@ const PATH_LABELS: [&str; 7] = [
     "veth-big",
     super::policy::LABEL,
     "flatnet-nofsync",
+    super::before::LABEL,
+    super::before::POLICY_LABEL,
 ];
 
 /// What results/ holds; only bench.json must exist.
@@ -71,6 +73,7 @@ fn round(value: &Value) -> anyhow::Result<Round> {
                     clusterip_rr_p50_us: field(sample, "clusterip_rr_p50_us"),
                     program_ns: field(sample, "program_ns"),
                     program_tcp_ns: field(sample, "program_tcp_ns"),
+                    clusterip_program_ns: field(sample, "clusterip_program_ns"),
                 },
             );
         }
@@ -128,6 +131,7 @@ impl Results {
             sequential: count(&run, "sequential")?,
             concurrent: count(&run, "concurrent")?,
             flatnet_ipam: run["flatnet_ipam"].as_str().unwrap_or("").to_string(),
+            before: run["before"].as_str().map(str::to_string),
         };
         let json = |text: &str, what: &str| -> anyhow::Result<Value> {
             serde_json::from_str(text).with_context(|| format!("{what} is not JSON"))
@@ -329,6 +333,17 @@ impl Results {
             ("run", self.run_line()),
             ("main_table", self.main_table()),
             ("policy_table", report::policy_table(&self.rounds)),
+            (
+                "before_after",
+                format!(
+                    "Earlier build: {}.\n\n{}",
+                    self.config
+                        .before
+                        .as_deref()
+                        .map_or("none in this run".to_string(), |c| format!("commit {c}")),
+                    super::before::table(&self.rounds)
+                ),
+            ),
             ("services_summary", self.services_summary()),
             ("services_tables", self.services_tables()),
             ("cri", self.cri()),

@@ -2,6 +2,7 @@
 //! bare veth pair, interleaved round by round in one run, reported as
 //! median ratios (the noise of a shared 2-core machine cancels in them).
 
+mod before;
 mod control;
 mod cri;
 pub mod docs;
@@ -51,6 +52,10 @@ pub struct BenchArgs {
     /// program-cost.json and docs/benchmarks.md, for work on the datapath.
     #[arg(long)]
     pub program_cost: bool,
+    /// An earlier commit whose build is measured beside this one's, in the
+    /// same rounds (the before/after table).
+    #[arg(long, value_name = "REV")]
+    pub before: Option<String>,
 }
 
 /// One path's data-plane numbers in one round (NaN: not measured there).
@@ -67,6 +72,8 @@ pub struct DataSample {
     pub program_ns: f64,
     /// The same during the TCP stream (packets of up to 64 KiB: GSO).
     pub program_tcp_ns: f64,
+    /// The same during ClusterIP round trips (the path's own network).
+    pub clusterip_program_ns: f64,
 }
 
 /// `kernel.bpf_stats_enabled`: the kernel times every BPF program run
@@ -113,6 +120,15 @@ fn with_program_cost<T>(
     let Some((network, program)) = measured_program(label) else {
         return Ok((measure()?, f64::NAN));
     };
+    with_network_program_cost(network, program, measure)
+}
+
+/// `with_program_cost` for `network`'s `program`.
+fn with_network_program_cost<T>(
+    network: &str,
+    program: &str,
+    measure: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, f64)> {
     std::fs::write(BPF_STATS, "1").context("turning BPF statistics on")?;
     let before = program_stats(network, program);
     let outcome = measure();
@@ -131,6 +147,8 @@ fn measured_program(label: &str) -> Option<(&'static str, &'static str)> {
         "flatnet" => Some(("fb-flatnet", "from_pod")),
         "flatnet-xdp" => Some(("fb-flatnet-xdp", "from_pod_xdp")),
         policy::LABEL => Some((policy::NETWORK, "from_pod")),
+        before::LABEL => Some((before::NETWORK, "from_pod")),
+        before::POLICY_LABEL => Some((before::POLICY_NETWORK, "from_pod")),
         _ => None,
     }
 }
@@ -249,12 +267,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         )
     };
     let flatnet_plugin = |conf: String| Plugin::new(bin.join("flatnet"), &cni_path, conf);
+    let before = args.before.as_deref().map(before::build).transpose()?;
+    // The earlier build's plugin, with its own flatnet-ipam.
+    let before_plugin = |conf: String| {
+        before.as_ref().map(|b| {
+            let cni_path = format!("{}:{REFERENCE_PLUGINS}", b.bin.display());
+            Plugin::new(b.bin.join("flatnet"), &cni_path, conf)
+        })
+    };
 
     heading(&format!(
         "bench: {rounds} round(s), {seconds} s per measurement, {sequential} sequential + {concurrent} concurrent pods; flatnet IPAM: {flatnet_ipam}"
     ));
     let outcome = (|| -> anyhow::Result<Vec<Round>> {
-        let pairs = [
+        let mut pairs = vec![
             paths::Pair::attached(
                 "bridge",
                 bridge_plugin(conf(
@@ -306,14 +332,34 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         &data_dir,
                     )),
                 )?;
-                let summary = policy::apply(&policy_fixture, &pair.ip_a, &pair.ip_b)?;
+                let summary =
+                    policy::apply(&policy_fixture, policy::NETWORK, &pair.ip_a, &pair.ip_b)?;
                 println!("NetworkPolicy pair: {summary}");
                 pair
             },
             paths::Pair::bare_veth("veth", "10.213.0", None)?,
             paths::Pair::bare_veth("veth-big", "10.217.0", Some(BIG_TCP))?,
         ];
-        let service_paths = services::ServicePaths::new(vec![
+        let flatnet_conf = |network: &str, device: &str, prefix: &str| {
+            conf("flatnet", network, device, prefix, flatnet_ipam, &data_dir)
+        };
+        if let Some(plugin) = before_plugin(flatnet_conf(before::NETWORK, "fbflb0", "10.221.0")) {
+            pairs.push(paths::Pair::attached(before::LABEL, plugin)?);
+        }
+        if let Some(plugin) =
+            before_plugin(flatnet_conf(before::POLICY_NETWORK, "fbflpb0", "10.222.0"))
+        {
+            let pair = paths::Pair::attached(before::POLICY_LABEL, plugin)?;
+            let summary = policy::apply(
+                &policy_fixture,
+                before::POLICY_NETWORK,
+                &pair.ip_a,
+                &pair.ip_b,
+            )?;
+            println!("NetworkPolicy pair (--before): {summary}");
+            pairs.push(pair);
+        }
+        let mut service_plugins = vec![
             (
                 "bridge",
                 bridge_plugin(conf(
@@ -330,7 +376,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 "flatnet",
                 flatnet_plugin(conf(
                     "flatnet",
-                    "fb-svc-flatnet",
+                    before::SERVICE_NETWORK,
                     "fbsvfl0",
                     "10.220.0",
                     flatnet_ipam,
@@ -338,7 +384,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 )),
                 "10.96.0.11".parse()?,
             ),
-        ])?;
+        ];
+        if let Some(plugin) = before_plugin(flatnet_conf(
+            before::SERVICE_NETWORK_BEFORE,
+            "fbsvfb0",
+            "10.223.0",
+        )) {
+            service_plugins.push((before::LABEL, plugin, "10.96.0.12".parse()?));
+        }
+        let service_paths = services::ServicePaths::new(service_plugins)?;
         let cp_bridge = bridge_plugin(conf(
             "bridge",
             "fb-cp-bridge",
@@ -375,6 +429,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     clusterip.entry(label).or_default().push(p50);
                 }
             }
+            // The program's cost on ClusterIP traffic, in one slice of its
+            // own per flatnet build (BPF statistics off for the others).
+            let mut clusterip_program = BTreeMap::new();
+            for (label, network) in [
+                ("flatnet", before::SERVICE_NETWORK),
+                (before::LABEL, before::SERVICE_NETWORK_BEFORE),
+            ] {
+                if service_paths.labels().contains(&label) {
+                    let (_, ns) = with_network_program_cost(network, "from_pod", || {
+                        service_paths.round_trip(label, paths::SERVER_CPU, slice)
+                    })?;
+                    clusterip_program.insert(label, ns);
+                }
+            }
             for pair in &pairs {
                 let (p50s, p99s) = latency.get_mut(pair.label).context("latency samples")?;
                 let (tcp_gbps, program_tcp_ns) =
@@ -391,6 +459,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         .map_or(f64::NAN, |p50s| control::median(p50s)),
                     program_ns,
                     program_tcp_ns,
+                    clusterip_program_ns: clusterip_program
+                        .get(pair.label)
+                        .copied()
+                        .unwrap_or(f64::NAN),
                 };
                 println!(
                     "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps  clusterip rr p50 {:6.1} us  program {:5.0} ns/pkt (udp) {:5.0} (tcp)",
@@ -530,6 +602,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         sequential,
         concurrent,
         flatnet_ipam: flatnet_ipam.to_string(),
+        before: before.as_ref().map(|b| b.commit.clone()),
     };
     report::write(&results, &config, &out_dir)?;
     // The committed docs follow a full run into results/, never a smoke run

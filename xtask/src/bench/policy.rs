@@ -24,11 +24,16 @@ pub fn build_fixture() -> anyhow::Result<PathBuf> {
     Ok(util::target_dir(false).join(FIXTURE))
 }
 
-/// Puts `POLICIES` policies on the pair's pods in `NETWORK`'s maps:
+/// Puts `POLICIES` policies on the pair's pods in `network`'s maps:
 /// {"policies", "isolated_pods", "rules"}.
-pub fn apply(fixture: &PathBuf, client_ip: &str, server_ip: &str) -> anyhow::Result<Value> {
+pub fn apply(
+    fixture: &PathBuf,
+    network: &str,
+    client_ip: &str,
+    server_ip: &str,
+) -> anyhow::Result<Value> {
     let printed =
-        output(Command::new(fixture).args([NETWORK, client_ip, server_ip, &POLICIES.to_string()]))
+        output(Command::new(fixture).args([network, client_ip, server_ip, &POLICIES.to_string()]))
             .context("the NetworkPolicy fixture")?;
     let summary: Value =
         serde_json::from_str(printed.trim()).context("the NetworkPolicy fixture's JSON line")?;

@@ -19,6 +19,8 @@ pub struct Config {
     pub sequential: usize,
     pub concurrent: usize,
     pub flatnet_ipam: String,
+    /// `--before`'s commit, abbreviated.
+    pub before: Option<String>,
 }
 
 /// How a ratio flatnet/other must compare with its bound.
@@ -86,7 +88,7 @@ impl Row {
 }
 
 /// Median over rounds of the per-round ratio `path`/`other`.
-fn ratio_median(
+pub(super) fn ratio_median(
     results: &[Round],
     value: impl Fn(&Round, &str) -> Option<f64>,
     path: &str,
@@ -99,7 +101,7 @@ fn ratio_median(
     (!ratios.is_empty()).then(|| median(&mut ratios))
 }
 
-fn value_median(
+pub(super) fn value_median(
     results: &[Round],
     value: &impl Fn(&Round, &str) -> Option<f64>,
     path: &str,
@@ -520,6 +522,11 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         "\n## NetworkPolicy\n\nflatnet, {} policies: a second flatnet pair whose two pods every policy selects (isolated for ingress and egress; each policy allows the benchmark's traffic and peers and ports of its own), written by the agent's computation and sync (`flatnet-policy-fixture`). Same rounds as the plain pair.\n\n{policy}",
         super::policy::POLICIES
     ));
+    md.push_str(&format!(
+        "\n## Before and after\n\nThis build against {}'s, same rounds (its plain pair, its 100-policy pair, its ClusterIP path).\n\n{}",
+        config.before.as_deref().map_or("no earlier build (no `--before`)".to_string(), |c| format!("commit {c}")),
+        super::before::table(results)
+    ));
     heading("results");
     println!("{table}");
     heading("NetworkPolicy: 100 policies on the pair vs none");
@@ -551,6 +558,7 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
             "sequential": config.sequential,
             "concurrent": config.concurrent,
             "flatnet_ipam": config.flatnet_ipam,
+            "before": config.before,
         },
         "rounds": raw,
     });

@@ -1,0 +1,139 @@
+//! `--before REV`: flatnet as an earlier commit built it, measured in the
+//! same rounds as this checkout's build (a plain pair, the 100-policy pair
+//! and the ClusterIP path of each), so a change to the datapath is judged
+//! by before/after ratios taken minutes apart on the same machine, not by
+//! numbers from runs days apart.
+//!
+//! The earlier commit's sources are exported (`git archive`) under
+//! `target/bench-before/<commit>` and built there with a target directory
+//! shared by every such export, so a second run builds nothing.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, ensure};
+
+use super::{DataSample, Round, report};
+use crate::util::{self, output};
+
+/// The earlier build's plain pair.
+pub const LABEL: &str = "flatnet-before";
+pub const NETWORK: &str = "fb-flatnet-b";
+/// The earlier build's pair that the 100 policies select.
+pub const POLICY_LABEL: &str = "flatnet-policy-before";
+pub const POLICY_NETWORK: &str = "fb-flatnet-pol-b";
+/// The networks of the two ClusterIP paths, after and before.
+pub const SERVICE_NETWORK: &str = "fb-svc-flatnet";
+pub const SERVICE_NETWORK_BEFORE: &str = "fb-svc-flatnet-b";
+
+/// An earlier commit's plugin binaries.
+pub struct Before {
+    /// The commit, abbreviated.
+    pub commit: String,
+    /// Where its `flatnet` and `flatnet-ipam` are.
+    pub bin: PathBuf,
+}
+
+/// Exports and builds `rev` (release, as the bench builds this checkout).
+pub fn build(rev: &str) -> anyhow::Result<Before> {
+    let root = util::root();
+    let commit = output(
+        Command::new("git")
+            .current_dir(&root)
+            .args(["rev-parse", "--verify", "--short=12"])
+            .arg(format!("{rev}^{{commit}}")),
+    )
+    .with_context(|| format!("--before {rev}: not a commit of this repository"))?
+    .trim()
+    .to_string();
+    let base = root.join("target").join("bench-before");
+    let src = base.join(&commit);
+    if !src.join("Cargo.toml").exists() {
+        std::fs::create_dir_all(&src)?;
+        let archive = Command::new("git")
+            .current_dir(&root)
+            .args(["archive", "--format=tar", &commit])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("git archive")?;
+        let unpacked = Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(&src)
+            .stdin(archive.stdout.context("git archive's output")?)
+            .status()
+            .context("tar")?;
+        ensure!(
+            unpacked.success(),
+            "unpacking {commit} into {}",
+            src.display()
+        );
+    }
+    let target = base.join("target");
+    util::heading(&format!("build of {commit} (--before), release"));
+    // `cargo()` puts this checkout's bpf-linker on PATH; the export has no
+    // .tools of its own.
+    let mut cargo = util::cargo();
+    cargo
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", &target)
+        .args(["build", "--release"]);
+    for package in ["flatnet", "flatnet-ipam"] {
+        cargo.args(["--package", package, "--bin", package]);
+    }
+    util::run_cmd(&mut cargo)?;
+    Ok(Before {
+        commit,
+        bin: target.join("release"),
+    })
+}
+
+/// A data-plane metric of the before/after table: name, how it is read,
+/// which paths (after, before), and whether smaller is better.
+type Metric = (&'static str, fn(&DataSample) -> f64, [&'static str; 2]);
+
+/// This build against the earlier one, same rounds: medians over rounds
+/// and the median of the per-round ratios after/before; "-" where a run
+/// had no `--before`.
+pub fn table(results: &[Round]) -> String {
+    let plain = ["flatnet", LABEL];
+    let policy = [super::policy::LABEL, POLICY_LABEL];
+    let metrics: [Metric; 9] = [
+        ("UDP 64 B received (kpps)", |d| d.udp_kpps, plain),
+        ("TCP round trip p50 (us)", |d| d.rr_p50_us, plain),
+        ("TCP throughput (Gbit/s)", |d| d.tcp_gbps, plain),
+        ("program ns/packet, 64 B UDP", |d| d.program_ns, plain),
+        ("program ns/packet, TCP stream", |d| d.program_tcp_ns, plain),
+        ("100 policies: UDP 64 B (kpps)", |d| d.udp_kpps, policy),
+        (
+            "100 policies: program ns/packet, UDP",
+            |d| d.program_ns,
+            policy,
+        ),
+        (
+            "ClusterIP (kube-proxy iptables) round trip p50 (us)",
+            |d| d.clusterip_rr_p50_us,
+            plain,
+        ),
+        (
+            "ClusterIP: program ns/packet",
+            |d| d.clusterip_program_ns,
+            plain,
+        ),
+    ];
+    let mut out =
+        String::from("| metric | after | before | after/before |\n|---|---:|---:|---:|\n");
+    for (metric, pick, [after, before]) in metrics {
+        let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
+        let ratio = report::ratio_median(results, value, after, before);
+        let _ = writeln!(
+            out,
+            "| {metric} | {} | {} | {} |",
+            report::number(report::value_median(results, &value, after)),
+            report::number(report::value_median(results, &value, before)),
+            ratio.map(report::number).unwrap_or_else(|| "-".into()),
+        );
+    }
+    out
+}
