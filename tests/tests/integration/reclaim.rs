@@ -40,8 +40,11 @@ fn reclaim_tools() -> Vec<(String, &'static str)> {
         .collect()
 }
 
-/// The agent's grace period and resync interval in these tests.
-const GRACE_SECS: f64 = 2.0;
+/// The agent's grace period and resync interval in these tests. The grace
+/// must outlast a RunPodSandbox from its CNI ADD to the sandbox being
+/// listed, as the agent's default (60 s) does by far: under CI's load a
+/// 2 s grace once reclaimed a live sandbox still being started.
+const GRACE_SECS: f64 = 4.0;
 const RESYNC_SECS: f64 = 0.05;
 
 /// One node with its agent (reclaim on) and containerd. containerd goes
@@ -129,7 +132,12 @@ impl CriNode {
         wait_until("the reclaim to be counted", Duration::from_secs(5), || {
             self.metric("flatnet_ipam_reclaimed_total") >= count
         });
-        assert_eq!(self.metric("flatnet_ipam_reclaimed_total"), count);
+        assert_eq!(
+            self.metric("flatnet_ipam_reclaimed_total"),
+            count,
+            "{}",
+            self.node().agent_log()
+        );
     }
 
     fn metric(&self, name: &str) -> u64 {
@@ -230,9 +238,12 @@ fn an_attachment_whose_del_never_comes_is_reclaimed_after_the_grace_period() {
     let client = cri.client();
     let live: Vec<String> = (0..2)
         .map(|i| {
-            client
+            let started = Instant::now();
+            let id = client
                 .run_pod_sandbox(&PodSpec::new(&format!("live{i}")))
-                .expect("RunPodSandbox")
+                .expect("RunPodSandbox");
+            eprintln!("RunPodSandbox live{i}: {:?}", started.elapsed());
+            id
         })
         .collect();
     let live_ips: Vec<Ipv4Addr> = live

@@ -4,6 +4,7 @@
 //! asserts only the verdicts, and `cargo xtask bench` reports the numbers.
 
 use super::*;
+use flatnet_common::PROG_TO_UPLINK;
 use flatnet_tests::test_run::time_tc;
 
 /// Runs per measurement: long enough that the timer's resolution and the
@@ -31,6 +32,7 @@ fn program_cost_per_frame() {
         .expect("SYN");
     let (proto, echo) = echo_request(a.ip(family), b.ip(family));
     let echo = a.sends(ip(a.ip(family), b.ip(family), TTL, proto, &echo));
+    let echo_frame = echo.clone();
     let to_itself = Tuple::new(a.ip(family), 40000, a.ip(family), 8080);
     let cases: Vec<(&str, &Pod, Vec<u8>, u32)> = vec![
         (
@@ -86,7 +88,16 @@ fn program_cost_per_frame() {
         a.sends(flow.udp()),
         TC_NEXT,
     );
-    let timed = std::iter::once(delivery).chain(
+    // The floor: what a run costs the harness (test_run's loop, the
+    // program's call and return) with next to nothing done in it.
+    let floor = (
+        "floor: to_uplink on a packet not UDP (test_run's own cost per run)",
+        PROG_TO_UPLINK,
+        a,
+        echo_frame.clone(),
+        TC_NEXT,
+    );
+    let timed = [floor, delivery].into_iter().chain(
         cases
             .into_iter()
             .map(|(case, pod, frame, verdict)| (case, PROG_FROM_POD, pod, frame, verdict)),
