@@ -21,7 +21,7 @@ pub const TABLE_END: &str = "<!-- /bench-table -->";
 
 /// Every path label a round may hold (the keys of bench.json's `data` and
 /// `cni`), as the report's code names them.
-const PATH_LABELS: [&str; 9] = [
+const PATH_LABELS: [&str; 8] = [
     "bridge",
     "flatnet",
     "flatnet-xdp",
@@ -30,7 +30,6 @@ const PATH_LABELS: [&str; 9] = [
     super::policy::LABEL,
     "flatnet-nofsync",
     super::before::LABEL,
-    super::before::POLICY_LABEL,
 ];
 
 /// What results/ holds; only bench.json must exist.

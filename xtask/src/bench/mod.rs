@@ -80,11 +80,14 @@ pub struct DataSample {
 /// while it is 1 (a few ns per run, on every path alike).
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
-/// (run time in ns, runs) of the program `network` has pinned under a name
-/// starting with `program-`, while BPF statistics are on.
-fn program_stats(network: &str, program: &str) -> Option<(u64, u64)> {
-    let dir = PathBuf::from("/sys/fs/bpf/flatnet").join(network);
-    let pin = std::fs::read_dir(&dir)
+/// Where flatnet pins a network's objects unless told otherwise.
+const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
+
+/// (run time in ns, runs) of the program pinned in `dir` (a network's pin
+/// directory) under a name starting with `program-`, while BPF statistics
+/// are on.
+fn program_stats(dir: &Path, program: &str) -> Option<(u64, u64)> {
+    let pin = std::fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
@@ -120,19 +123,19 @@ fn with_program_cost<T>(
     let Some((network, program)) = measured_program(label) else {
         return Ok((measure()?, f64::NAN));
     };
-    with_network_program_cost(network, program, measure)
+    with_pinned_program_cost(&Path::new(PIN_ROOT).join(network), program, measure)
 }
 
-/// `with_program_cost` for `network`'s `program`.
-fn with_network_program_cost<T>(
-    network: &str,
+/// `with_program_cost` for `program` pinned in the pin directory `dir`.
+fn with_pinned_program_cost<T>(
+    dir: &Path,
     program: &str,
     measure: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, f64)> {
     std::fs::write(BPF_STATS, "1").context("turning BPF statistics on")?;
-    let before = program_stats(network, program);
+    let before = program_stats(dir, program);
     let outcome = measure();
-    let after = program_stats(network, program);
+    let after = program_stats(dir, program);
     std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
     let cost = match (before, after) {
         (Some((ns0, n0)), Some((ns1, n1))) if n1 > n0 => (ns1 - ns0) as f64 / (n1 - n0) as f64,
@@ -148,7 +151,6 @@ fn measured_program(label: &str) -> Option<(&'static str, &'static str)> {
         "flatnet-xdp" => Some(("fb-flatnet-xdp", "from_pod_xdp")),
         policy::LABEL => Some((policy::NETWORK, "from_pod")),
         before::LABEL => Some((before::NETWORK, "from_pod")),
-        before::POLICY_LABEL => Some((before::POLICY_NETWORK, "from_pod")),
         _ => None,
     }
 }
@@ -346,19 +348,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if let Some(plugin) = before_plugin(flatnet_conf(before::NETWORK, "fbflb0", "10.221.0")) {
             pairs.push(paths::Pair::attached(before::LABEL, plugin)?);
         }
-        if let Some(plugin) =
-            before_plugin(flatnet_conf(before::POLICY_NETWORK, "fbflpb0", "10.222.0"))
-        {
-            let pair = paths::Pair::attached(before::POLICY_LABEL, plugin)?;
-            let summary = policy::apply(
-                &policy_fixture,
-                before::POLICY_NETWORK,
-                &pair.ip_a,
-                &pair.ip_b,
-            )?;
-            println!("NetworkPolicy pair (--before): {summary}");
-            pairs.push(pair);
-        }
         let mut service_plugins = vec![
             (
                 "bridge",
@@ -437,7 +426,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 (before::LABEL, before::SERVICE_NETWORK_BEFORE),
             ] {
                 if service_paths.labels().contains(&label) {
-                    let (_, ns) = with_network_program_cost(network, "from_pod", || {
+                    let dir = services::pin_dir(network);
+                    let (_, ns) = with_pinned_program_cost(&dir, "from_pod", || {
                         service_paths.round_trip(label, paths::SERVER_CPU, slice)
                     })?;
                     clusterip_program.insert(label, ns);
@@ -465,7 +455,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         .unwrap_or(f64::NAN),
                 };
                 println!(
-                    "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps  clusterip rr p50 {:6.1} us  program {:5.0} ns/pkt (udp) {:5.0} (tcp)",
+                    "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps  clusterip rr p50 {:6.1} us  program {:5.0} ns/pkt (udp) {:5.0} (tcp) {:5.0} (clusterip)",
                     pair.label,
                     data.tcp_gbps,
                     data.rr_p50_us,
@@ -473,7 +463,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     data.udp_kpps,
                     data.clusterip_rr_p50_us,
                     data.program_ns,
-                    data.program_tcp_ns
+                    data.program_tcp_ns,
+                    data.clusterip_program_ns
                 );
                 sample.data.insert(pair.label, data);
             }

@@ -523,7 +523,7 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         super::policy::POLICIES
     ));
     md.push_str(&format!(
-        "\n## Before and after\n\nThis build against {}'s, same rounds (its plain pair, its 100-policy pair, its ClusterIP path).\n\n{}",
+        "\n## Before and after\n\nThis build against {}'s, same rounds (its plain pair and its ClusterIP path).\n\n{}",
         config.before.as_deref().map_or("no earlier build (no `--before`)".to_string(), |c| format!("commit {c}")),
         super::before::table(results)
     ));

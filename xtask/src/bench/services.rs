@@ -38,6 +38,11 @@ pub struct ServicePaths {
     node: Netns,
 }
 
+/// The pin directory of the ClusterIP path's flatnet `network`.
+pub fn pin_dir(network: &str) -> std::path::PathBuf {
+    std::path::Path::new(PIN_ROOT).join(network)
+}
+
 impl ServicePaths {
     /// `plugins`: (label, plugin, ClusterIP) for each; the plugins are run
     /// inside the node namespace, flatnet with its pins under `PIN_ROOT`.
