@@ -162,6 +162,20 @@ fn check_passes_on_a_healthy_pod_and_names_what_broke() {
     run_ok(std::process::Command::new("ip").args(["link", "del", &b.host_veth()]));
     check(&b).assert_error(102, &format!("host veth {} of container", b.host_veth()));
 
+    // `to_pod` off the host veth's egress (its pinned tcx link unpinned,
+    // once ADD's work after the answer has made it).
+    let d = net.pod();
+    let veth = d.host_veth();
+    wait_for_tcx(&veth);
+    let pin = net
+        .datapath()
+        .link_path(flatnet_datapath::bpf::LinkRole::ToPod, &veth);
+    std::fs::remove_file(&pin).expect("unpinning to_pod's link");
+    wait_until("to_pod off the egress", Duration::from_secs(5), || {
+        !tc_hooks(&veth).iter().any(|h| h.program == "to_pod")
+    });
+    check(&d).assert_error(102, &format!("host veth {veth} has no to_pod program"));
+
     // CHECK without prevResult is a configuration error.
     let out = CniCall::new("CHECK", &a.container_id, &a.netns.path(), "eth0")
         .run(&bin("flatnet"), &net.stdin());

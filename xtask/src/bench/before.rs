@@ -127,5 +127,11 @@ pub fn table(results: &[Round]) -> String {
             ratio.map(report::number).unwrap_or_else(|| "-".into()),
         );
     }
+    let floor = |round: &Round, path: &str| round.data.get(path).map(|d| d.program_floor_ns);
+    let _ = writeln!(
+        out,
+        "| BPF statistics' floor: a program that only returns (`pod_xdp_pass`, flatnet-xdp pair), ns/packet in the UDP flood | {} | - | - |",
+        report::number(report::value_median(results, &floor, "flatnet-xdp")),
+    );
     out
 }

@@ -73,6 +73,7 @@ fn round(value: &Value) -> anyhow::Result<Round> {
                     program_ns: field(sample, "program_ns"),
                     program_tcp_ns: field(sample, "program_tcp_ns"),
                     clusterip_program_ns: field(sample, "clusterip_program_ns"),
+                    program_floor_ns: field(sample, "program_floor_ns"),
                 },
             );
         }

@@ -74,6 +74,9 @@ pub struct DataSample {
     pub program_tcp_ns: f64,
     /// The same during ClusterIP round trips (the path's own network).
     pub clusterip_program_ns: f64,
+    /// What BPF statistics charge a program that does nothing, in the same
+    /// UDP flood: `pod_xdp_pass` on the receiving pod's veth (flatnet-xdp).
+    pub program_floor_ns: f64,
 }
 
 /// `kernel.bpf_stats_enabled`: the kernel times every BPF program run
@@ -114,16 +117,29 @@ fn program_stats(dir: &Path, program: &str) -> Option<(u64, u64)> {
 
 /// Runs `measure` on `label`'s path with the kernel's BPF statistics on
 /// (only then: they cost every BPF program a clock read or two per run),
-/// and returns its result with the path's program time per packet (NaN
-/// for paths without one).
+/// and returns its result with the path's program time per packet and
+/// that of the path's do-nothing program (NaN for paths without one).
 fn with_program_cost<T>(
     label: &str,
     measure: impl FnOnce() -> anyhow::Result<T>,
-) -> anyhow::Result<(T, f64)> {
+) -> anyhow::Result<(T, f64, f64)> {
     let Some((network, program)) = measured_program(label) else {
-        return Ok((measure()?, f64::NAN));
+        return Ok((measure()?, f64::NAN, f64::NAN));
     };
-    with_pinned_program_cost(&Path::new(PIN_ROOT).join(network), program, measure)
+    let dir = Path::new(PIN_ROOT).join(network);
+    // XDP mode's receiving veth runs `pod_xdp_pass`, which only returns.
+    let floor = if label == "flatnet-xdp" {
+        "pod_xdp_pass"
+    } else {
+        program
+    };
+    let (outcome, [cost, floor_cost]) = with_pinned_program_costs(&dir, [program, floor], measure)?;
+    let floor_cost = if floor == program {
+        f64::NAN
+    } else {
+        floor_cost
+    };
+    Ok((outcome, cost, floor_cost))
 }
 
 /// `with_program_cost` for `program` pinned in the pin directory `dir`.
@@ -132,16 +148,31 @@ fn with_pinned_program_cost<T>(
     program: &str,
     measure: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, f64)> {
+    let (outcome, [cost]) = with_pinned_program_costs(dir, [program], measure)?;
+    Ok((outcome, cost))
+}
+
+/// The time per run of each of `programs` (pinned in `dir`) while
+/// `measure` runs.
+fn with_pinned_program_costs<T, const N: usize>(
+    dir: &Path,
+    programs: [&str; N],
+    measure: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, [f64; N])> {
     std::fs::write(BPF_STATS, "1").context("turning BPF statistics on")?;
-    let before = program_stats(dir, program);
+    let before = programs.map(|program| program_stats(dir, program));
     let outcome = measure();
-    let after = program_stats(dir, program);
+    let after = programs.map(|program| program_stats(dir, program));
     std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
-    let cost = match (before, after) {
-        (Some((ns0, n0)), Some((ns1, n1))) if n1 > n0 => (ns1 - ns0) as f64 / (n1 - n0) as f64,
-        _ => f64::NAN,
-    };
-    Ok((outcome?, cost))
+    let mut costs = [f64::NAN; N];
+    for (cost, (before, after)) in costs.iter_mut().zip(before.iter().zip(after.iter())) {
+        if let (Some((ns0, n0)), Some((ns1, n1))) = (before, after)
+            && n1 > n0
+        {
+            *cost = (ns1 - ns0) as f64 / (n1 - n0) as f64;
+        }
+    }
+    Ok((outcome?, costs))
 }
 
 /// The network and datapath program of a path whose program cost is measured.
@@ -435,9 +466,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
             for pair in &pairs {
                 let (p50s, p99s) = latency.get_mut(pair.label).context("latency samples")?;
-                let (tcp_gbps, program_tcp_ns) =
+                let (tcp_gbps, program_tcp_ns, _) =
                     with_program_cost(pair.label, || pair.tcp_throughput(seconds))?;
-                let (udp_kpps, program_ns) =
+                let (udp_kpps, program_ns, program_floor_ns) =
                     with_program_cost(pair.label, || pair.udp_rate(seconds))?;
                 let data = DataSample {
                     tcp_gbps,
@@ -453,6 +484,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         .get(pair.label)
                         .copied()
                         .unwrap_or(f64::NAN),
+                    program_floor_ns,
                 };
                 println!(
                     "round {round} {:<8} tcp {:6.2} Gbit/s  rr p50 {:6.1} us  p99 {:6.1} us  udp {:7.1} kpps  clusterip rr p50 {:6.1} us  program {:5.0} ns/pkt (udp) {:5.0} (tcp) {:5.0} (clusterip)",

@@ -24,7 +24,7 @@ use aya::programs::xdp::{XdpLink, XdpMode};
 use aya::programs::{SchedClassifier, Xdp};
 
 use super::*;
-use crate::netlink::Netlink;
+use crate::netlink::{Netlink, TcHook};
 
 /// How tc programs are attached on this kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,15 +347,30 @@ pub async fn ingress_programs(
     index: u32,
     ifname: &str,
 ) -> Result<Vec<(u32, String)>> {
+    hook_programs(host, index, ifname, TcHook::Ingress).await
+}
+
+/// The programs at `hook` of device `ifname` (index `index`), as
+/// `ingress_programs` finds them.
+pub async fn hook_programs(
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+    hook: TcHook,
+) -> Result<Vec<(u32, String)>> {
+    let attach_type = match hook {
+        TcHook::Ingress => TcAttachType::Ingress,
+        TcHook::Egress => TcAttachType::Egress,
+    };
     let mut found = Vec::new();
     if attach_mode() == AttachMode::Tcx
-        && let Ok((_, programs)) = SchedClassifier::query_tcx(ifname, TcAttachType::Ingress)
+        && let Ok((_, programs)) = SchedClassifier::query_tcx(ifname, attach_type)
     {
         for info in programs {
             let name = info.name_as_str().unwrap_or_default().to_string();
             found.push((info.id(), name));
         }
     }
-    found.extend(host.tc_ingress_programs(index).await?);
+    found.extend(host.tc_programs(index, hook).await?);
     Ok(found)
 }

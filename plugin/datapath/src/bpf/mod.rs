@@ -47,7 +47,7 @@ mod slots;
 mod sources;
 mod stats;
 
-pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, ingress_programs};
+pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, hook_programs, ingress_programs};
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use events::PolicyEvents;
 pub use flows::flow_key;

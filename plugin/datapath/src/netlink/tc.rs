@@ -6,7 +6,7 @@ use super::*;
 const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();
 
 /// A clsact qdisc's two hooks.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TcHook {
     Ingress,
     Egress,
@@ -241,8 +241,13 @@ impl Netlink {
 
     /// IDs of the BPF programs attached as tc ingress filters on `index`.
     pub async fn tc_ingress_programs(&self, index: u32) -> Result<Vec<(u32, String)>> {
+        self.tc_programs(index, TcHook::Ingress).await
+    }
+
+    /// The BPF programs of the cls_bpf filters at `hook` of `index`: (id, name).
+    pub async fn tc_programs(&self, index: u32, hook: TcHook) -> Result<Vec<(u32, String)>> {
         let mut found = Vec::new();
-        for message in self.filters(index, false).await? {
+        for message in self.filters(index, hook == TcHook::Egress).await? {
             for attr in &message.attributes {
                 let TcAttribute::Options(options) = attr else {
                     continue;

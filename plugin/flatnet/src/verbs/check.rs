@@ -7,7 +7,7 @@
 
 use rtnetlink::packet_route::AddressFamily;
 
-use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP};
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_TO_POD};
 
 use super::plan::{AttachmentPlan, InterfacePlan};
 use crate::config::{DatapathMode, NetConf};
@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 use flatnet_cni::env::{CniEnv, Command};
 use flatnet_cni::error::Error as CniError;
 use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS};
-use flatnet_datapath::bpf::{self, AttachMode, Datapath, Shaping, ingress_programs};
+use flatnet_datapath::bpf::{self, AttachMode, Datapath, Shaping, hook_programs, ingress_programs};
 use flatnet_datapath::masquerade;
+use flatnet_datapath::netlink::TcHook;
 use flatnet_datapath::netlink::{LinkState, Netlink, RouteState, format_mac};
 
 fn mismatch(msg: impl Into<String>) -> Error {
@@ -109,6 +110,17 @@ async fn check_program(
                 )));
             }
         }
+    }
+    // Both modes: `to_pod` at egress (a cls_bpf filter until the move to
+    // tcx after ADD's answer). Without it what the stack delivers escapes
+    // the pod's ingress policy, and a UDP flow's kept "clear" outlives the
+    // stack's turn to carry it (see the eBPF crate's flow/).
+    let to_pod = datapath.program(PROG_TO_POD)?.id()?;
+    let egress = hook_programs(host, host_link.index, veth, TcHook::Egress).await?;
+    if !egress.iter().any(|(id, _)| *id == to_pod) {
+        return Err(mismatch(format!(
+            "host veth {veth} has no {PROG_TO_POD} program (id {to_pod}) at egress; attached: {egress:?}"
+        )));
     }
     Ok(())
 }
