@@ -305,12 +305,18 @@ fn policy_changes_under_traffic_follow_the_model() {
         .unwrap()
         .expect("x/a's slot");
     let drops_before = node.datapath().policy_drops(slot).unwrap().0;
+    let generation = node.datapath().pod_policy(slot).unwrap().generation;
     world.policy(policy(
         "x",
         "a-from-y",
         json!({"podSelector": only("a"), "policyTypes": ["Ingress"]}),
     ));
-    // What was in flight when the write landed may still arrive.
+    // The agent's write landed (a new generation of x/a's policy: under
+    // CI's load that once took longer than a fixed wait); what was in
+    // flight then may still arrive.
+    wait_until("x/a's new policy in its maps", SETTLE, || {
+        node.datapath().pod_policy(slot).unwrap().generation != generation
+    });
     std::thread::sleep(Duration::from_millis(300));
     for (stream, from) in streams.iter().zip(["y/b", "y/a"]) {
         let flowed = stream.flow(Duration::from_millis(1500));
