@@ -53,28 +53,32 @@ pub async fn attach_xdp_then_filter(
 /// by its policy and tells the fast path the stack carries that flow.
 pub async fn attach_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
     host.add_clsact(index).await?;
-    let program = datapath.program(PROG_FROM_POD)?;
-    host.set_tc_bpf(
-        TcHook::Ingress,
-        index,
-        program.raw_fd()?,
-        PROG_FROM_POD,
-        TC_PRIORITY,
-        TC_HANDLE,
-    )
-    .await?;
-    attach_to_pod_filter(datapath, host, index).await
+    set_filter(datapath, host, index, TcHook::Ingress, PROG_FROM_POD).await?;
+    set_filter(datapath, host, index, TcHook::Egress, PROG_TO_POD).await
 }
 
 /// `to_pod` as a cls_bpf filter at tc egress of host veth `index`.
 async fn attach_to_pod_filter(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
     host.add_clsact(index).await?;
-    let program = datapath.program(PROG_TO_POD)?;
+    set_filter(datapath, host, index, TcHook::Egress, PROG_TO_POD).await
+}
+
+/// `program` as flatnet's cls_bpf filter at `hook` of `index` (its clsact
+/// qdisc already there).
+async fn set_filter(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    hook: TcHook,
+    program: &str,
+) -> Result<()> {
+    // Held until the filter is set: its fd is what netlink is handed.
+    let pinned = datapath.program(program)?;
     host.set_tc_bpf(
-        TcHook::Egress,
+        hook,
         index,
-        program.raw_fd()?,
-        PROG_TO_POD,
+        pinned.raw_fd()?,
+        program,
         TC_PRIORITY,
         TC_HANDLE,
     )
