@@ -115,6 +115,47 @@ pub const GLOBAL_UPLINK_TO_PODS: &str = "UPLINK_TO_PODS";
 /// on every way out of the host stack, else 0).
 pub const GLOBAL_UDP_FLOWS: &str = "UDP_FLOWS";
 
+/// A measurement's load-time setting (a u32, `cost_variant`): 0 in every
+/// load flatnet makes, so the verifier prunes the cut-down paths from the
+/// programs it runs (a known constant's untaken branch is dead code).
+pub const GLOBAL_COST_VARIANT: &str = "COST_VARIANT";
+
+/// `from_pod` cut down, to measure where a packet's nanoseconds go
+/// (`cargo xtask bench`'s breakdown, `flatnet-cost-variant`): the whole
+/// program against the same program without one of its parts.
+pub mod cost_variant {
+    /// The program as deployed.
+    pub const FULL: u32 = 0;
+    /// Returns at once: what BPF statistics charge any program.
+    pub const RETURN: u32 = 1;
+    /// Ethernet and IPv4 headers, the destination's `ENDPOINTS_V4` entry,
+    /// its MACs and `bpf_redirect_peer`: the least a fast path that looks
+    /// the destination up in a map can do.
+    pub const REDIRECT_ONLY: u32 = 2;
+    /// Without the flow's verdict (`FLOWS`, conntrack): every TCP and UDP
+    /// packet is clear.
+    pub const NO_FLOW: u32 = 3;
+    /// Without NetworkPolicy.
+    pub const NO_POLICY: u32 = 4;
+    /// Without the `STATS` and per-pod counters.
+    pub const NO_COUNTERS: u32 = 5;
+
+    /// Each variant's name, as the measurement's table shows it.
+    pub const NAMES: [(u32, &str); 6] = [
+        (FULL, "full"),
+        (RETURN, "return"),
+        (REDIRECT_ONLY, "redirect-only"),
+        (NO_FLOW, "no-flow"),
+        (NO_POLICY, "no-policy"),
+        (NO_COUNTERS, "no-counters"),
+    ];
+
+    /// The variant called `name`.
+    pub fn named(name: &str) -> Option<u32> {
+        NAMES.iter().find(|(_, n)| *n == name).map(|(v, _)| *v)
+    }
+}
+
 /// Maximum number of other nodes' pod CIDRs per family.
 pub const MAX_REMOTE_CIDRS: u32 = 16384;
 

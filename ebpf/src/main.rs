@@ -29,6 +29,7 @@ mod policy;
 mod remote;
 mod services;
 mod uplink;
+mod variant;
 
 use aya_ebpf::{
     bindings::{
@@ -168,6 +169,11 @@ const TC_NEXT: i32 = TC_ACT_UNSPEC;
 
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
+    match variant::current() {
+        flatnet_common::cost_variant::RETURN => return TC_NEXT,
+        flatnet_common::cost_variant::REDIRECT_ONLY => return variant::redirect_only(&ctx),
+        _ => {}
+    }
     // SAFETY: the context pointer is valid for the program's run.
     let ingress = unsafe { (*ctx.skb.skb).ifindex };
     let sender = sender(ingress, ctx.len());
@@ -419,6 +425,9 @@ fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u3
 /// frame is as the pod sent it but for the MACs of a redirect.
 #[inline(always)]
 fn policy_judged(decision: Decision, start: usize, end: usize, sender: &Sender) -> Decision {
+    if variant::without(flatnet_common::cost_variant::NO_POLICY) {
+        return decision;
+    }
     let slot = match decision {
         // The source check's drops, neighbour answers: not policy's.
         Decision::Drop | Decision::Bounce | Decision::Denied => return decision,
@@ -441,7 +450,7 @@ enum Direction {
 
 #[inline(always)]
 fn count_pod(slot: u32, direction: Direction, len: u32) {
-    if slot == NO_COUNTER_SLOT {
+    if slot == NO_COUNTER_SLOT || variant::without(flatnet_common::cost_variant::NO_COUNTERS) {
         return;
     }
     if let Some(counters) = ENDPOINT_STATS.get_ptr_mut(slot) {
@@ -463,6 +472,9 @@ fn count_pod(slot: u32, direction: Direction, len: u32) {
 
 #[inline(always)]
 fn count(what: u32, len: u32) {
+    if variant::without(flatnet_common::cost_variant::NO_COUNTERS) {
+        return;
+    }
     if let Some(counter) = STATS.get_ptr_mut(what) {
         // SAFETY: per-CPU slot: no other writer while this program runs here.
         unsafe {

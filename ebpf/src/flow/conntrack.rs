@@ -64,6 +64,19 @@ pub(super) struct TupleV4 {
 }
 const _: () = assert!(size_of::<TupleV4>() == 12);
 
+impl TupleV4 {
+    /// The tuple of a packet from `src` to `dst` with these ports.
+    #[inline(always)]
+    pub(super) fn of(src: [u8; 4], dst: [u8; 4], ports: &Ports) -> Self {
+        TupleV4 {
+            src,
+            dst,
+            sport: ports.src,
+            dport: ports.dst,
+        }
+    }
+}
+
 /// `struct bpf_sock_tuple`'s IPv6 form.
 #[repr(C, align(4))]
 pub(super) struct TupleV6 {
@@ -74,39 +87,56 @@ pub(super) struct TupleV6 {
 }
 const _: () = assert!(size_of::<TupleV6>() == 36);
 
+impl TupleV6 {
+    #[inline(always)]
+    pub(super) fn of(src: [u8; 16], dst: [u8; 16], ports: &Ports) -> Self {
+        TupleV6 {
+            src,
+            dst,
+            sport: ports.src,
+            dport: ports.dst,
+        }
+    }
+}
+
+/// A `struct bpf_sock_tuple` form: the same flow's other direction.
+pub(super) trait Tuple {
+    fn reversed(&self) -> Self;
+}
+
+impl Tuple for TupleV4 {
+    #[inline(always)]
+    fn reversed(&self) -> Self {
+        TupleV4 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+        }
+    }
+}
+
+impl Tuple for TupleV6 {
+    #[inline(always)]
+    fn reversed(&self) -> Self {
+        TupleV6 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+        }
+    }
+}
+
 /// What the table says of the flow whose packets look like `forward`:
 /// nothing, tracked, or tracked with a translation (no entry for the
 /// reverse of `forward`).
 #[inline(always)]
-pub(super) fn judge_v4(ct: &impl Conntrack, proto: u8, forward: TupleV4) -> Flow {
+pub(super) fn judge<T: Tuple>(ct: &impl Conntrack, proto: u8, forward: T) -> Flow {
     if !ct.has_entry(&forward, proto) {
         return Flow::Clear;
     }
-    let reverse = TupleV4 {
-        src: forward.dst,
-        dst: forward.src,
-        sport: forward.dport,
-        dport: forward.sport,
-    };
-    if ct.has_entry(&reverse, proto) {
-        Flow::Tracked
-    } else {
-        Flow::Translated
-    }
-}
-
-#[inline(always)]
-pub(super) fn judge_v6(ct: &impl Conntrack, proto: u8, forward: TupleV6) -> Flow {
-    if !ct.has_entry(&forward, proto) {
-        return Flow::Clear;
-    }
-    let reverse = TupleV6 {
-        src: forward.dst,
-        dst: forward.src,
-        sport: forward.dport,
-        dport: forward.sport,
-    };
-    if ct.has_entry(&reverse, proto) {
+    if ct.has_entry(&forward.reversed(), proto) {
         Flow::Tracked
     } else {
         Flow::Translated

@@ -165,6 +165,37 @@ fn is_icmpv6_error(icmp_type: u8) -> bool {
     icmp_type < 128
 }
 
+/// A TCP or UDP packet whose transport header starts at `l4` of the
+/// packet `(start, end, l4)`: the answer kept for its direction (`key` of
+/// its ports; TCP asks again at a SYN), else conntrack's about the `tuple`
+/// its ports make.
+#[inline(always)]
+fn transport<T: Tuple>(
+    ct: &impl Conntrack,
+    (start, end, l4): (usize, usize, usize),
+    proto: u8,
+    key: impl Fn(&Ports) -> FlowKey,
+    tuple: impl Fn(&Ports) -> T,
+) -> Flow {
+    if proto == IPPROTO_TCP {
+        let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
+            return Flow::Opaque;
+        };
+        // SAFETY: bounds checked by `header_at`.
+        let tcp = unsafe { &*tcp };
+        let ask_again = tcp.flags & TCP_SYN != 0;
+        return judge_cached(&key(&tcp.ports), ask_again, || {
+            judge(ct, proto, tuple(&tcp.ports))
+        });
+    }
+    let Ok(ports) = header_at::<Ports>(start, end, l4) else {
+        return Flow::Opaque;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let ports = unsafe { &*ports };
+    judge_udp(&key(ports), || judge(ct, proto, tuple(ports)))
+}
+
 /// The IPv4 packet at `EthHdr::LEN`, whose header the caller already read.
 #[inline(always)]
 pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow {
@@ -173,46 +204,13 @@ pub fn ipv4(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv4Hdr) -> Flow
     }
     let l4 = EthHdr::LEN + Ipv4Hdr::LEN;
     match ip.proto {
-        IPPROTO_TCP => {
-            let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
-                return Flow::Opaque;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let tcp = unsafe { &*tcp };
-            let key = key_v4(ip.src_addr, ip.dst_addr, &tcp.ports, IPPROTO_TCP);
-            judge_cached(&key, tcp.flags & TCP_SYN != 0, || {
-                judge_v4(
-                    ct,
-                    IPPROTO_TCP,
-                    TupleV4 {
-                        src: ip.src_addr,
-                        dst: ip.dst_addr,
-                        sport: tcp.ports.src,
-                        dport: tcp.ports.dst,
-                    },
-                )
-            })
-        }
-        IPPROTO_UDP => {
-            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
-                return Flow::Opaque;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let ports = unsafe { &*ports };
-            let key = key_v4(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
-            judge_udp(&key, || {
-                judge_v4(
-                    ct,
-                    IPPROTO_UDP,
-                    TupleV4 {
-                        src: ip.src_addr,
-                        dst: ip.dst_addr,
-                        sport: ports.src,
-                        dport: ports.dst,
-                    },
-                )
-            })
-        }
+        IPPROTO_TCP | IPPROTO_UDP => transport(
+            ct,
+            (start, end, l4),
+            ip.proto,
+            |ports| key_v4(ip.src_addr, ip.dst_addr, ports, ip.proto),
+            |ports| TupleV4::of(ip.src_addr, ip.dst_addr, ports),
+        ),
         IPPROTO_ICMP => {
             let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {
                 return Flow::Opaque;
@@ -246,15 +244,10 @@ fn quoted_v4(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Fl
             };
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
-            judge_v4(
+            judge(
                 ct,
                 inner.proto,
-                TupleV4 {
-                    src: inner.dst_addr,
-                    dst: inner.src_addr,
-                    sport: ports.dst,
-                    dport: ports.src,
-                },
+                TupleV4::of(inner.src_addr, inner.dst_addr, ports).reversed(),
             )
         }
         IPPROTO_ICMP => Flow::Clear,
@@ -301,46 +294,13 @@ pub fn ipv6(ct: &impl Conntrack, start: usize, end: usize, ip: &Ipv6Hdr) -> Flow
         return Flow::Opaque;
     };
     match next_hdr {
-        IPPROTO_TCP => {
-            let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
-                return Flow::Opaque;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let tcp = unsafe { &*tcp };
-            let key = key_v6(ip.src_addr, ip.dst_addr, &tcp.ports, IPPROTO_TCP);
-            judge_cached(&key, tcp.flags & TCP_SYN != 0, || {
-                judge_v6(
-                    ct,
-                    IPPROTO_TCP,
-                    TupleV6 {
-                        src: ip.src_addr,
-                        dst: ip.dst_addr,
-                        sport: tcp.ports.src,
-                        dport: tcp.ports.dst,
-                    },
-                )
-            })
-        }
-        IPPROTO_UDP => {
-            let Ok(ports) = header_at::<Ports>(start, end, l4) else {
-                return Flow::Opaque;
-            };
-            // SAFETY: bounds checked by `header_at`.
-            let ports = unsafe { &*ports };
-            let key = key_v6(ip.src_addr, ip.dst_addr, ports, IPPROTO_UDP);
-            judge_udp(&key, || {
-                judge_v6(
-                    ct,
-                    IPPROTO_UDP,
-                    TupleV6 {
-                        src: ip.src_addr,
-                        dst: ip.dst_addr,
-                        sport: ports.src,
-                        dport: ports.dst,
-                    },
-                )
-            })
-        }
+        IPPROTO_TCP | IPPROTO_UDP => transport(
+            ct,
+            (start, end, l4),
+            next_hdr,
+            |ports| key_v6(ip.src_addr, ip.dst_addr, ports, next_hdr),
+            |ports| TupleV6::of(ip.src_addr, ip.dst_addr, ports),
+        ),
         IPPROTO_ICMPV6 => {
             let Ok(icmp) = header_at::<IcmpHeader>(start, end, l4) else {
                 return Flow::Opaque;
@@ -369,15 +329,10 @@ fn quoted_v6(ct: &impl Conntrack, start: usize, end: usize, offset: usize) -> Fl
             };
             // SAFETY: bounds checked by `header_at`.
             let ports = unsafe { &*ports };
-            judge_v6(
+            judge(
                 ct,
                 inner.next_hdr,
-                TupleV6 {
-                    src: inner.dst_addr,
-                    dst: inner.src_addr,
-                    sport: ports.dst,
-                    dport: ports.src,
-                },
+                TupleV6::of(inner.src_addr, inner.dst_addr, ports).reversed(),
             )
         }
         IPPROTO_ICMPV6 => Flow::Clear,

@@ -78,6 +78,7 @@ fn round(value: &Value) -> anyhow::Result<Round> {
             );
         }
     }
+    round.variants = super::variants::parse(value);
     if let Some(cni) = value["cni"].as_object() {
         for (name, times) in cni {
             round.cni.insert(
@@ -344,6 +345,7 @@ impl Results {
                     super::before::table(&self.rounds)
                 ),
             ),
+            ("variants", super::variants::table(&self.rounds)),
             ("services_summary", self.services_summary()),
             ("services_tables", self.services_tables()),
             ("cri", self.cri()),

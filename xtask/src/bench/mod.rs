@@ -14,6 +14,7 @@ mod program_cost;
 mod report;
 mod services;
 mod socket_services;
+mod variants;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,10 +87,9 @@ const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 /// Where flatnet pins a network's objects unless told otherwise.
 const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
 
-/// (run time in ns, runs) of the program pinned in `dir` (a network's pin
-/// directory) under a name starting with `program-`, while BPF statistics
-/// are on.
-fn program_stats(dir: &Path, program: &str) -> Option<(u64, u64)> {
+/// The pin of the program in `dir` (a network's pin directory) whose
+/// name starts with `program-`: how bpftool finds it.
+fn program_pin(dir: &Path, program: &str) -> Option<Vec<String>> {
     let pin = std::fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
@@ -100,10 +100,16 @@ fn program_stats(dir: &Path, program: &str) -> Option<(u64, u64)> {
                     .is_some_and(|rest| rest.starts_with('-'))
             })
         })?;
+    Some(vec!["pinned".into(), pin.display().to_string()])
+}
+
+/// (run time in ns, runs) of the program bpftool finds by `selector`
+/// (`pinned PATH`, `id N`), while BPF statistics are on.
+fn program_stats(selector: &[String]) -> Option<(u64, u64)> {
     let shown = flatnet_harness::bpftool(
         Command::new("bpftool")
-            .args(["prog", "show", "pinned"])
-            .arg(&pin)
+            .args(["prog", "show"])
+            .args(selector)
             .arg("-j"),
     )
     .ok()?;
@@ -159,10 +165,24 @@ fn with_pinned_program_costs<T, const N: usize>(
     programs: [&str; N],
     measure: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, [f64; N])> {
+    with_program_costs(programs.map(|program| program_pin(dir, program)), measure)
+}
+
+/// The time per run of each program bpftool finds by the `selectors`
+/// (None: no such program, NaN) while `measure` runs.
+fn with_program_costs<T, const N: usize>(
+    selectors: [Option<Vec<String>>; N],
+    measure: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, [f64; N])> {
+    let stats = || {
+        selectors
+            .each_ref()
+            .map(|selector| selector.as_deref().and_then(program_stats))
+    };
     std::fs::write(BPF_STATS, "1").context("turning BPF statistics on")?;
-    let before = programs.map(|program| program_stats(dir, program));
+    let before = stats();
     let outcome = measure();
-    let after = programs.map(|program| program_stats(dir, program));
+    let after = stats();
     std::fs::write(BPF_STATS, "0").context("turning BPF statistics off")?;
     let mut costs = [f64::NAN; N];
     for (cost, (before, after)) in costs.iter_mut().zip(before.iter().zip(after.iter())) {
@@ -191,6 +211,8 @@ fn measured_program(label: &str) -> Option<(&'static str, &'static str)> {
 pub struct Round {
     pub data: BTreeMap<&'static str, DataSample>,
     pub cni: BTreeMap<&'static str, CniTimes>,
+    /// The flatnet pair's program variants (`variants`), by name.
+    pub variants: BTreeMap<String, variants::VariantSample>,
 }
 
 /// Concurrent ADDs of the IPAM-alone comparison: the 64-way, fewer
@@ -283,6 +305,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let release = !args.smoke;
     util::build(release, crate::install::BINARIES)?;
     let policy_fixture = policy::build_fixture()?;
+    let variant_fixture = variants::build_fixture()?;
     let bin = util::binary(release, "flatnet")?
         .parent()
         .map(PathBuf::from)
@@ -500,6 +523,18 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 );
                 sample.data.insert(pair.label, data);
             }
+            // The program's parts: its variants on the plain flatnet pair.
+            let flatnet_pair = pairs
+                .iter()
+                .find(|pair| pair.label == "flatnet")
+                .context("the flatnet pair")?;
+            println!("round {round} flatnet's program variants:");
+            sample.variants = variants::measure(
+                &variant_fixture,
+                flatnet_pair,
+                measured_program("flatnet").context("flatnet's network")?.0,
+                seconds,
+            )?;
             // IPAM plugins alone, right after the data plane (no namespace
             // teardown still running in the kernel), one after the other.
             // flatnet-ipam also without fsync: on this VM a flush costs 0.1 to

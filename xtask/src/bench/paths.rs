@@ -40,6 +40,8 @@ pub struct Pair {
     b: Netns,
     pub ip_a: String,
     pub ip_b: String,
+    /// Pod a's host-side interface ("" for a bare veth pair).
+    pub host_veth_a: String,
     plugin: Option<Plugin>,
     servers: Vec<Child>,
 }
@@ -55,6 +57,7 @@ impl Pair {
             b,
             ip_a: String::new(),
             ip_b: String::new(),
+            host_veth_a: String::new(),
             plugin: Some(plugin),
             servers: Vec::new(),
         };
@@ -64,6 +67,7 @@ impl Pair {
             let ip = first_ip(&result)?;
             if id == "a" {
                 pair.ip_a = ip;
+                pair.host_veth_a = host_interface(&result).unwrap_or_default();
             } else {
                 pair.ip_b = ip;
             }
@@ -103,6 +107,7 @@ impl Pair {
             b,
             ip_a,
             ip_b,
+            host_veth_a: String::new(),
             plugin: None,
             servers: Vec::new(),
         };
@@ -187,6 +192,16 @@ impl Pair {
             duration,
         )
     }
+}
+
+/// The host-side interface a CNI result names (the one without a sandbox).
+fn host_interface(result: &serde_json::Value) -> Option<String> {
+    result["interfaces"]
+        .as_array()?
+        .iter()
+        .find(|interface| interface.get("sandbox").is_none())?["name"]
+        .as_str()
+        .map(str::to_string)
 }
 
 impl Drop for Pair {

@@ -527,6 +527,10 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         config.before.as_deref().map_or("no earlier build (no `--before`)".to_string(), |c| format!("commit {c}")),
         super::before::table(results)
     ));
+    let variants = super::variants::table(results);
+    md.push_str(&format!(
+        "\n## Where the nanoseconds go under load\n\nflatnet's `from_pod` cut down, each variant in front of the deployed program on pod a's host veth (`flatnet-cost-variant`), in the same UDP flood and TCP stream.\n\n{variants}"
+    ));
     heading("results");
     println!("{table}");
     heading("NetworkPolicy: 100 policies on the pair vs none");
@@ -538,6 +542,7 @@ pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<(
         .map(|round| {
             serde_json::json!({
                 "data": round.data,
+                "variants": round.variants,
                 "cni": round.cni.iter().map(|(k, t)| (k.to_string(), serde_json::json!({
                     "add_sequential_ms": t.add_sequential, "del_sequential_ms": t.del_sequential,
                     "add_concurrent_ms_per_pod": t.add_concurrent, "del_concurrent_ms_per_pod": t.del_concurrent,

@@ -81,24 +81,7 @@ impl Datapath {
         // fewer actions) are retired before the layout check refuses them.
         self.retire_stale_counters()?;
         self.check_pinned_maps()?;
-        let map_pins: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, self.map_path(m))).collect();
-        let mut loader = EbpfLoader::new();
-        for (name, path) in &map_pins {
-            loader.map_pin_path(name, path.as_path());
-        }
-        // XDP mode routes pods' packets for other nodes through the stack:
-        // the replies must not skip it (see the eBPF crate).
-        let uplink_to_pods: u32 = u32::from(mode == DatapathMode::Tc);
-        loader.override_global(GLOBAL_UPLINK_TO_PODS, &uplink_to_pods, true);
-        // UDP answers are kept only where tcx puts `to_pod` and `to_uplink`
-        // on every way out of the stack (see the eBPF crate's flow.rs).
-        let udp_flows: u32 = u32::from(attach_mode() == AttachMode::Tcx);
-        loader.override_global(flatnet_common::GLOBAL_UDP_FLOWS, &udp_flows, true);
-        // Kfunc calls aimed at this kernel's functions first.
-        let object = super::kfunc::resolve(OBJECT)?;
-        let mut ebpf = loader
-            .load(object.bytes())
-            .map_err(|e| Error::bpf("loading the eBPF object", e))?;
+        let mut ebpf = self.load_object(mode, &flatnet_common::cost_variant::FULL)?;
         for name in programs(mode) {
             let program = ebpf
                 .program_mut(name)
@@ -130,6 +113,34 @@ impl Datapath {
             })?;
         }
         self.fill_missing_sources()
+    }
+
+    /// The object loaded into the kernel (its programs not yet verified),
+    /// on this network's pinned maps, with the load-time settings of `mode`
+    /// and this kernel: what `load` pins, or a measurement's `variant`.
+    pub(super) fn load_object(&self, mode: DatapathMode, variant: &'static u32) -> Result<Ebpf> {
+        let mut loader = EbpfLoader::new();
+        for name in MAPS {
+            loader.map_pin_path(name, self.map_path(name));
+        }
+        // XDP mode routes pods' packets for other nodes through the stack:
+        // the replies must not skip it (see the eBPF crate).
+        let uplink_to_pods: &'static u32 = if mode == DatapathMode::Tc { &1 } else { &0 };
+        loader.override_global(GLOBAL_UPLINK_TO_PODS, uplink_to_pods, true);
+        // UDP answers are kept only where tcx puts `to_pod` and `to_uplink`
+        // on every way out of the stack (see the eBPF crate's flow.rs).
+        let udp_flows: &'static u32 = if attach_mode() == AttachMode::Tcx {
+            &1
+        } else {
+            &0
+        };
+        loader.override_global(flatnet_common::GLOBAL_UDP_FLOWS, udp_flows, true);
+        loader.override_global(flatnet_common::GLOBAL_COST_VARIANT, variant, true);
+        // Kfunc calls aimed at this kernel's functions first.
+        let object = super::kfunc::resolve(OBJECT)?;
+        loader
+            .load(object.bytes())
+            .map_err(|e| Error::bpf("loading the eBPF object", e))
     }
 
     /// Unpins every program that is not this build's `mode` set. Attached

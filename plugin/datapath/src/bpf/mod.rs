@@ -14,7 +14,7 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
-use aya::{EbpfLoader, include_bytes_aligned};
+use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
@@ -46,6 +46,7 @@ mod services;
 mod slots;
 mod sources;
 mod stats;
+mod variant;
 
 pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, hook_programs, ingress_programs};
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
@@ -60,6 +61,7 @@ pub use policy::{
 };
 pub use services::{SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key};
 pub use sources::sources_of;
+pub use variant::CostVariant;
 
 /// The datapath object, built by build.rs for bpfel-unknown-none with BTF.
 static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/flatnet-ebpf"));

@@ -43,6 +43,7 @@ mod flows;
 mod local;
 mod neighbours;
 mod policy;
+mod variants;
 mod xdp;
 
 // Helpers of one section used by another.

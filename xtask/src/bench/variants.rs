@@ -1,0 +1,237 @@
+//! Where the flatnet pair's nanoseconds go under load: `from_pod` cut
+//! down (`flatnet_common::cost_variant`) and put in front of the pair's
+//! own program on pod a's host veth, one variant at a time, by the tests
+//! crate's `flatnet-cost-variant` (xtask cannot link the flatnet library).
+//! Each variant is timed by BPF statistics in the same UDP flood and TCP
+//! stream as the pairs, so the difference between the whole program and a
+//! variant without one part is that part's cost on real traffic, and the
+//! redirect-only variant's rate is the most any map-lookup fast path could
+//! get out of this kernel's redirect.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::paths::Pair;
+use super::report::{self, number};
+use super::{Round, with_program_costs};
+use crate::util::{self, output};
+
+const FIXTURE: &str = "flatnet-cost-variant";
+
+/// The variants (`flatnet_common::cost_variant::NAMES`) in the order they
+/// are measured and shown, with what each leaves of the program.
+pub const VARIANTS: [(&str, &str); 6] = [
+    ("full", "the program as deployed"),
+    ("no-counters", "without the `STATS` and per-pod counters"),
+    (
+        "no-policy",
+        "without NetworkPolicy (the pods are not selected: only their state is read)",
+    ),
+    (
+        "no-flow",
+        "without the flow's verdict (`FLOWS`, conntrack): NAT-correctness",
+    ),
+    (
+        "redirect-only",
+        "the destination's entry, its MACs, `bpf_redirect_peer`: nothing else",
+    ),
+    (
+        "return",
+        "returns at once: what BPF statistics charge any program (the deployed program then runs after it)",
+    ),
+];
+
+/// One variant's numbers in one round (NaN: not measured).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct VariantSample {
+    /// ns per run of the variant during the 64 B UDP flood.
+    pub udp_ns: f64,
+    pub udp_kpps: f64,
+    /// ns per run during the TCP stream.
+    pub tcp_ns: f64,
+    pub tcp_gbps: f64,
+    /// Instructions the verifier kept of it (its untaken variants pruned).
+    pub instructions: f64,
+}
+
+/// Builds the fixture (debug: it only loads and attaches).
+pub fn build_fixture() -> anyhow::Result<PathBuf> {
+    util::build_debug()?;
+    Ok(util::target_dir(false).join(FIXTURE))
+}
+
+/// A variant on pod a's host veth: its pinned link, removed on drop (which
+/// takes the variant off, even when the measurement failed).
+struct Attached {
+    link_pin: PathBuf,
+    program_id: String,
+    /// Instructions the verifier kept of the variant.
+    instructions: f64,
+}
+
+impl Attached {
+    fn new(fixture: &Path, network: &str, host_veth: &str, variant: &str) -> anyhow::Result<Self> {
+        let link_pin = PathBuf::from(format!(
+            "/sys/fs/bpf/flatnet-cost-variant-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&link_pin);
+        let printed = output(
+            Command::new(fixture)
+                .args([network, host_veth, variant])
+                .arg(&link_pin),
+        )
+        .with_context(|| format!("putting the {variant} variant on {host_veth}"))?;
+        let mut attached = Attached {
+            link_pin,
+            program_id: String::new(),
+            instructions: f64::NAN,
+        };
+        let line: Value =
+            serde_json::from_str(printed.trim()).context("the fixture's JSON line")?;
+        let id = line["program_id"]
+            .as_u64()
+            .context("the fixture printed no program id")?;
+        attached.program_id = id.to_string();
+        attached.instructions = line["instructions"].as_f64().unwrap_or(f64::NAN);
+        Ok(attached)
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link_pin);
+    }
+}
+
+/// Every variant in turn on `pair` (flatnet, tc mode, its network
+/// `network`): the UDP flood and the TCP stream, each timed.
+pub fn measure(
+    fixture: &Path,
+    pair: &Pair,
+    network: &str,
+    seconds: u32,
+) -> anyhow::Result<BTreeMap<String, VariantSample>> {
+    let mut samples = BTreeMap::new();
+    for (variant, _) in VARIANTS {
+        let attached = Attached::new(fixture, network, &pair.host_veth_a, variant)?;
+        let selector = || Some(vec!["id".to_string(), attached.program_id.clone()]);
+        let (udp_kpps, [udp_ns]) = with_program_costs([selector()], || pair.udp_rate(seconds))?;
+        let (tcp_gbps, [tcp_ns]) =
+            with_program_costs([selector()], || pair.tcp_throughput(seconds))?;
+        let instructions = attached.instructions;
+        drop(attached);
+        println!(
+            "  variant {variant:<13} {instructions:5.0} insns  udp {udp_ns:5.0} ns/pkt {udp_kpps:7.1} kpps  tcp {tcp_ns:5.0} ns/pkt {tcp_gbps:6.2} Gbit/s"
+        );
+        samples.insert(
+            variant.to_string(),
+            VariantSample {
+                udp_ns,
+                udp_kpps,
+                tcp_ns,
+                tcp_gbps,
+                instructions,
+            },
+        );
+    }
+    Ok(samples)
+}
+
+/// A round's variants as JSON (bench.json) and back.
+pub fn parse(round: &Value) -> BTreeMap<String, VariantSample> {
+    let field = |sample: &Value, name: &str| sample[name].as_f64().unwrap_or(f64::NAN);
+    round["variants"]
+        .as_object()
+        .map(|variants| {
+            variants
+                .iter()
+                .map(|(name, sample)| {
+                    (
+                        name.clone(),
+                        VariantSample {
+                            udp_ns: field(sample, "udp_ns"),
+                            udp_kpps: field(sample, "udp_kpps"),
+                            tcp_ns: field(sample, "tcp_ns"),
+                            tcp_gbps: field(sample, "tcp_gbps"),
+                            instructions: field(sample, "instructions"),
+                        },
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The variants' table: medians over rounds; a part's cost is the whole
+/// program's time minus the variant's without it, per round; the rate is
+/// against the bare veth pair's in the same round.
+pub fn table(results: &[Round]) -> String {
+    if results.iter().all(|round| round.variants.is_empty()) {
+        return "No program variants in this run.\n".into();
+    }
+    let of = |pick: fn(&VariantSample) -> f64| {
+        move |round: &Round, variant: &str| {
+            round
+                .variants
+                .get(variant)
+                .map(pick)
+                .filter(|v| v.is_finite())
+        }
+    };
+    let udp_ns = of(|s| s.udp_ns);
+    let tcp_ns = of(|s| s.tcp_ns);
+    let part = |value: &dyn Fn(&Round, &str) -> Option<f64>, variant: &str| {
+        let mut costs: Vec<f64> = results
+            .iter()
+            .filter_map(|round| Some(value(round, "full")? - value(round, variant)?))
+            .collect();
+        if costs.is_empty() || variant == "full" {
+            f64::NAN
+        } else {
+            super::control::median(&mut costs)
+        }
+    };
+    let vs_veth = |variant: &str| {
+        let mut ratios: Vec<f64> = results
+            .iter()
+            .filter_map(|round| {
+                let kpps = round.variants.get(variant)?.udp_kpps;
+                let veth = round.data.get("veth")?.udp_kpps;
+                (kpps.is_finite() && veth > 0.0).then(|| kpps / veth)
+            })
+            .collect();
+        if ratios.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2}x", super::control::median(&mut ratios))
+        }
+    };
+    let mut out = String::from(
+        "| variant of `from_pod` | instructions | UDP ns/packet | full minus this | TCP ns/packet | full minus this | 64 B UDP kpps | UDP vs bare veth |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for (variant, what) in VARIANTS {
+        let kpps = of(|s| s.udp_kpps);
+        let _ = writeln!(
+            out,
+            "| {variant}: {what} | {} | {} | {} | {} | {} | {} | {} |",
+            number(report::value_median(
+                results,
+                &of(|s| s.instructions),
+                variant
+            )),
+            number(report::value_median(results, &udp_ns, variant)),
+            number(part(&udp_ns, variant)),
+            number(report::value_median(results, &tcp_ns, variant)),
+            number(part(&tcp_ns, variant)),
+            number(report::value_median(results, &kpps, variant)),
+            vs_veth(variant),
+        );
+    }
+    out
+}
