@@ -235,3 +235,66 @@ pub fn table(results: &[Round]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::DataSample;
+
+    fn round(full_ns: f64, flow_ns: f64, veth_kpps: f64) -> Round {
+        let mut round = Round::default();
+        round.data.insert(
+            "veth",
+            DataSample {
+                udp_kpps: veth_kpps,
+                ..DataSample::default()
+            },
+        );
+        for (name, udp_ns) in [("full", full_ns), ("no-flow", flow_ns)] {
+            round.variants.insert(
+                name.to_string(),
+                VariantSample {
+                    udp_ns,
+                    udp_kpps: 100.0,
+                    tcp_ns: f64::NAN,
+                    tcp_gbps: f64::NAN,
+                    instructions: 50.0,
+                },
+            );
+        }
+        round
+    }
+
+    #[test]
+    fn a_part_costs_the_median_of_its_per_round_differences() {
+        let rounds = [round(300.0, 260.0, 200.0), round(340.0, 280.0, 125.0)];
+        let table = table(&rounds);
+        // (40 + 60) / 2; the whole program has no part to subtract.
+        assert!(
+            table.contains("| no-flow: without the flow's verdict (`FLOWS`, conntrack): NAT-correctness | 50.00 | 270 | 50.00 | - | - | 100 | 0.65x |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| full: the program as deployed | 50.00 | 320 | - |"),
+            "{table}"
+        );
+        assert!(table.contains("| return: "), "{table}");
+    }
+
+    #[test]
+    fn a_run_without_variants_says_so() {
+        assert_eq!(
+            table(&[Round::default()]),
+            "No program variants in this run.\n"
+        );
+    }
+
+    #[test]
+    fn a_round_reads_back_what_it_wrote() {
+        let rounds = [round(300.0, 260.0, 200.0)];
+        let json = serde_json::json!({"variants": rounds[0].variants});
+        let back = parse(&json);
+        assert_eq!(back["no-flow"].udp_ns, 260.0);
+        assert!(back["full"].tcp_ns.is_nan());
+    }
+}
