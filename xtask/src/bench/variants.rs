@@ -168,6 +168,15 @@ pub fn parse(round: &Value) -> BTreeMap<String, VariantSample> {
         .unwrap_or_default()
 }
 
+/// A count, or "-".
+fn whole(value: f64) -> String {
+    if value.is_finite() {
+        format!("{value:.0}")
+    } else {
+        "-".into()
+    }
+}
+
 /// The variants' table: medians over rounds; a part's cost is the whole
 /// program's time minus the variant's without it, per round; the rate is
 /// against the bare veth pair's in the same round.
@@ -220,7 +229,7 @@ pub fn table(results: &[Round]) -> String {
         let _ = writeln!(
             out,
             "| {variant}: {what} | {} | {} | {} | {} | {} | {} | {} |",
-            number(report::value_median(
+            whole(report::value_median(
                 results,
                 &of(|s| s.instructions),
                 variant
@@ -271,11 +280,11 @@ mod tests {
         let table = table(&rounds);
         // (40 + 60) / 2; the whole program has no part to subtract.
         assert!(
-            table.contains("| no-flow: without the flow's verdict (`FLOWS`, conntrack): NAT-correctness | 50.00 | 270 | 50.00 | - | - | 100 | 0.65x |"),
+            table.contains("| no-flow: without the flow's verdict (`FLOWS`, conntrack): NAT-correctness | 50 | 270 | 50.00 | - | - | 100 | 0.65x |"),
             "{table}"
         );
         assert!(
-            table.contains("| full: the program as deployed | 50.00 | 320 | - |"),
+            table.contains("| full: the program as deployed | 50 | 320 | - |"),
             "{table}"
         );
         assert!(table.contains("| return: "), "{table}");
