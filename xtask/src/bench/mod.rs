@@ -534,6 +534,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 flatnet_pair,
                 measured_program("flatnet").context("flatnet's network")?.0,
                 seconds,
+                round,
             )?;
             // IPAM plugins alone, right after the data plane (no namespace
             // teardown still running in the kernel), one after the other.

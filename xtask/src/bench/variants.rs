@@ -110,15 +110,20 @@ impl Drop for Attached {
 }
 
 /// Every variant in turn on `pair` (flatnet, tc mode, its network
-/// `network`): the UDP flood and the TCP stream, each timed.
+/// `network`): the UDP flood and the TCP stream, each timed. Round `round`
+/// starts at its own variant: the first measured after the pairs was
+/// seen ~10% slower in every round, whichever it was.
 pub fn measure(
     fixture: &Path,
     pair: &Pair,
     network: &str,
     seconds: u32,
+    round: usize,
 ) -> anyhow::Result<BTreeMap<String, VariantSample>> {
     let mut samples = BTreeMap::new();
-    for (variant, _) in VARIANTS {
+    let mut order = VARIANTS;
+    order.rotate_left(round % VARIANTS.len());
+    for (variant, _) in order {
         let attached = Attached::new(fixture, network, &pair.host_veth_a, variant)?;
         let selector = || Some(vec!["id".to_string(), attached.program_id.clone()]);
         let (udp_kpps, [udp_ns]) = with_program_costs([selector()], || pair.udp_rate(seconds))?;
