@@ -111,8 +111,9 @@ impl Drop for Attached {
 
 /// Every variant in turn on `pair` (flatnet, tc mode, its network
 /// `network`): the UDP flood and the TCP stream, each timed. Round `round`
-/// starts at its own variant: the first measured after the pairs was
-/// seen ~10% slower in every round, whichever it was.
+/// starts at its own variant, so a place in the order costs every variant
+/// alike (in a run that always began with `full`, its UDP rate was ~10%
+/// under the deployed program's, the same code, in every round).
 pub fn measure(
     fixture: &Path,
     pair: &Pair,
