@@ -40,7 +40,16 @@ pub fn of(netns: &Netns) -> (String, String) {
 /// Turns both switches off in `netns`, as on a fresh node. A new namespace
 /// copies IPv4's from the host's, so it is not fresh by itself.
 pub fn off_in(netns: &Netns) {
-    let args: Vec<String> = SWITCHES.iter().map(|s| format!("{s}=0")).collect();
+    set_in(netns, '0');
+}
+
+/// Turns both switches on in `netns`: a router of the test's own.
+pub fn on_in(netns: &Netns) {
+    set_in(netns, '1');
+}
+
+fn set_in(netns: &Netns, value: char) {
+    let args: Vec<String> = SWITCHES.iter().map(|s| format!("{s}={value}")).collect();
     let mut cmd = vec!["sysctl", "-qw"];
     cmd.extend(args.iter().map(String::as_str));
     netns.exec(&cmd);

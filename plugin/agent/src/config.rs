@@ -118,9 +118,25 @@ pub struct Args {
     #[arg(long, env = "FLATNET_BRIDGE", default_value = "flatnet0")]
     pub bridge: String,
 
-    /// Pod MTU; default: the uplink's (host-gw adds no encapsulation).
+    /// Pod MTU; default: the uplink's with `--routing direct`, less VXLAN's
+    /// 50 bytes (70 over an IPv6 underlay) otherwise.
     #[arg(long, env = "FLATNET_MTU")]
     pub mtu: Option<u32>,
+
+    /// How pod packets cross to other nodes: `direct` (host-gw: routes via
+    /// the peer's address, every node on one L2 segment), `vxlan` (all in
+    /// VXLAN between node addresses), `auto` (direct to peers on one of
+    /// this node's connected subnets, VXLAN to the rest).
+    #[arg(long, env = "FLATNET_ROUTING", value_enum, default_value = "auto")]
+    pub routing: crate::peers::RoutingMode,
+
+    /// The VXLAN device's UDP port (open it between nodes).
+    #[arg(long, env = "FLATNET_VXLAN_PORT", default_value_t = 8472)]
+    pub vxlan_port: u16,
+
+    /// The VXLAN network identifier of pod traffic.
+    #[arg(long, env = "FLATNET_VXLAN_VNI", default_value_t = 1)]
+    pub vxlan_vni: u32,
 
     #[arg(long, env = "FLATNET_DATAPATH", value_enum, default_value = "tc")]
     pub datapath: Mode,

@@ -203,6 +203,16 @@ impl SimNode {
         routes
     }
 
+    /// True when the node has an interface called `name`.
+    pub fn has_link(&self, name: &str) -> bool {
+        self.netns
+            .command(&["ip", "link", "show", name])
+            .output()
+            .expect("ip link")
+            .status
+            .success()
+    }
+
     pub fn remote_cidrs(&self) -> Vec<String> {
         let mut cidrs: Vec<String> = self
             .datapath()

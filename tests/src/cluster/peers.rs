@@ -14,15 +14,33 @@ pub struct NodeSpec {
     /// Dual-stack: also fd30::<index> on the underlay and pod CIDR
     /// fd44:0:0:<index>::/64.
     pub dual_stack: bool,
+    /// The underlay segment the node is on: 0, the switch's, or another
+    /// one behind the switch namespace acting as a router (172.30.<s>.0/24,
+    /// fd30:0:0:<s>::/64; no L2 adjacency to the other segments).
+    pub segment: u8,
 }
 
 impl NodeSpec {
     pub fn address(&self) -> Ipv4Addr {
-        Ipv4Addr::new(172, 30, 0, self.index)
+        Ipv4Addr::new(172, 30, self.segment, self.index)
     }
 
     pub fn address6(&self) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, u16::from(self.index))
+        Ipv6Addr::new(
+            0xfd30,
+            0,
+            0,
+            u16::from(self.segment),
+            0,
+            0,
+            0,
+            u16::from(self.index),
+        )
+    }
+
+    /// This node on underlay segment `segment`.
+    pub fn on_segment(self, segment: u8) -> Self {
+        NodeSpec { segment, ..self }
     }
 
     pub fn pod_cidr6(&self) -> String {
@@ -43,6 +61,7 @@ pub fn specs(list: &[(&str, u8, Option<&str>)]) -> Vec<NodeSpec> {
             index: *index,
             pod_cidr: cidr.map(str::to_string),
             dual_stack: false,
+            segment: 0,
         })
         .collect()
 }

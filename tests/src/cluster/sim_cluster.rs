@@ -43,6 +43,39 @@ impl Cluster {
             nodes: Vec::new(),
             _switch: switch,
         };
+        let segments: std::collections::BTreeSet<u8> = specs.iter().map(|s| s.segment).collect();
+        let routed = segments.len() > 1;
+        if routed {
+            // The switch namespace routes between its segments, one bridge
+            // each: nodes on different segments share no L2.
+            crate::forwarding::on_in(&cluster._switch);
+            for segment in &segments {
+                let bridge = segment_bridge(*segment);
+                if *segment != 0 {
+                    cluster
+                        ._switch
+                        .exec(&["ip", "link", "add", &bridge, "type", "bridge"]);
+                    cluster._switch.exec(&["ip", "link", "set", &bridge, "up"]);
+                }
+                cluster._switch.exec(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("172.30.{segment}.254/24"),
+                    "dev",
+                    &bridge,
+                ]);
+                cluster._switch.exec(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("fd30:0:0:{segment:x}::fe/64"),
+                    "dev",
+                    &bridge,
+                    "nodad",
+                ]);
+            }
+        }
         for spec in specs {
             let netns = Netns::new();
             // A fresh node: what needs forwarding must turn it on itself.
@@ -62,9 +95,15 @@ impl Cluster {
                 "netns",
                 &netns.name,
             ]));
-            cluster
-                ._switch
-                .exec(&["ip", "link", "set", &port, "master", "br0", "up"]);
+            cluster._switch.exec(&[
+                "ip",
+                "link",
+                "set",
+                &port,
+                "master",
+                &segment_bridge(spec.segment),
+                "up",
+            ]);
             netns.exec(&[
                 "ip",
                 "addr",
@@ -85,6 +124,28 @@ impl Cluster {
                 ]);
             }
             netns.exec(&["ip", "link", "set", "up0", "up"]);
+            if routed {
+                // The other segments through the router.
+                netns.exec(&[
+                    "ip",
+                    "route",
+                    "add",
+                    "172.30.0.0/16",
+                    "via",
+                    &format!("172.30.{}.254", spec.segment),
+                ]);
+                if spec.dual_stack {
+                    netns.exec(&[
+                        "ip",
+                        "-6",
+                        "route",
+                        "add",
+                        "fd30::/48",
+                        "via",
+                        &format!("fd30:0:0:{:x}::fe", spec.segment),
+                    ]);
+                }
+            }
             let node_dir = dir.join(&spec.name);
             std::fs::create_dir_all(&node_dir).expect("node dir");
             cluster.nodes.push(SimNode {
@@ -121,6 +182,7 @@ impl Cluster {
                 index: i,
                 pod_cidr: Some(format!("10.244.{i}.0/24")),
                 dual_stack,
+                segment: 0,
             })
             .collect()
     }
@@ -236,6 +298,11 @@ impl Cluster {
             .find(|n| n.spec.name == name)
             .expect("node")
     }
+}
+
+/// The switch's bridge of underlay segment `segment`.
+fn segment_bridge(segment: u8) -> String {
+    format!("br{segment}")
 }
 
 impl Drop for Cluster {

@@ -449,6 +449,9 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
     assert!(uplink_program_attached(n1));
     let managed = flatnet_datapath::node::markers::managed_marker(&n1.network);
     assert!(managed.exists());
+    // `--routing auto` (the default) keeps a VXLAN device for peers off
+    // this node's subnets.
+    assert!(n1.has_link("flatnet.vxlan"));
 
     // As the uninstall DaemonSet does it: the agent gone first.
     n1.stop_agent();
@@ -459,6 +462,7 @@ fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
     assert_eq!(n1.routes(), Vec::<String>::new());
     assert_eq!(n1.remote_cidrs(), Vec::<String>::new());
     assert!(!uplink_program_attached(n1), "from_uplink still attached");
+    assert!(!n1.has_link("flatnet.vxlan"), "VXLAN device left");
     // The pods' masquerade rules stay while they live; their sets empty.
     assert_eq!(no_masq_elements(n1), Some(Vec::new()));
     // The node's pods keep talking; a second run finds nothing to do.

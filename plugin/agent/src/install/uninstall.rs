@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::config::Args;
 use crate::error::{AgentError, Result};
+use crate::peers::carrier::VXLAN_DEVICE;
 use crate::peers::routes::Routes;
 use crate::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
 use flatnet_common::PROG_FROM_UPLINK;
@@ -91,6 +92,7 @@ pub async fn uninstall(args: Args) -> Result<()> {
         masquerade::forget_unmasqueraded(&network).map_err(AgentError::from),
     );
     note("peer routes", remove_routes().await);
+    note("VXLAN device", remove_vxlan_device().await);
     let (connection, handle, _) =
         rtnetlink::new_connection().map_err(|e| AgentError::io("opening a netlink socket", e))?;
     tokio::spawn(connection);
@@ -142,6 +144,17 @@ async fn remove_routes() -> Result<()> {
     for route in routes.ours().await? {
         routes.remove(&route).await?;
         tracing::info!(cidr = %route.cidr, "peer route removed");
+    }
+    Ok(())
+}
+
+/// The VXLAN device (`--routing vxlan|auto`), with the neighbour entries
+/// of its tunnelled routes' next hops.
+async fn remove_vxlan_device() -> Result<()> {
+    let host = flatnet_datapath::netlink::Netlink::connect()?;
+    if let Some(link) = host.link_by_name(VXLAN_DEVICE).await? {
+        host.delete_link(link.index).await?;
+        tracing::info!(device = VXLAN_DEVICE, "VXLAN device removed");
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! from one of several sources behind [`PeerSource`], and what follows for
 //! this node ([`plan`]): its own pod CIDRs and one route per peer CIDR.
 
+pub mod carrier;
 pub mod file_source;
 pub mod kube_source;
 pub mod routes;
@@ -12,6 +13,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::error::Result;
+pub use carrier::{Carrier, Routing, RoutingMode};
 
 /// One node of the cluster, as far as pod networking cares.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,12 +45,17 @@ pub trait PeerSource: Send + 'static {
     fn changed(&mut self) -> impl Future<Output = Result<Vec<Node>>> + Send;
 }
 
-/// A route this node needs: another node's pod CIDR via that node.
+/// A route this node needs: another node's pod CIDR via that node, routed
+/// or tunnelled to it (`carrier`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PeerRoute {
     pub node: String,
     pub cidr: IpNetwork,
+    /// The peer's address: the next hop (its address of the CIDR's
+    /// family), or the tunnel's far end (its preferred address, whose
+    /// family is the underlay's: IPv6 pods may cross an IPv4 underlay).
     pub via: IpAddr,
+    pub carrier: Carrier,
 }
 
 /// What the node list means for this node.
@@ -70,10 +77,11 @@ impl Plan {
 }
 
 /// This node's view of `nodes`: its own entry, and a route per CIDR of every
-/// other node that has one and an address of the CIDR's family. A CIDR that
-/// overlaps this node's own or an earlier node's (sorted by name) is left
-/// out: two routes for one destination would send pods' packets astray.
-pub fn plan(nodes: &[Node], me: &str) -> Plan {
+/// other node that has one and an address of the CIDR's family, carried as
+/// `routing` says for that address. A CIDR that overlaps this node's own or
+/// an earlier node's (sorted by name) is left out: two routes for one
+/// destination would send pods' packets astray.
+pub fn plan(nodes: &[Node], me: &str, routing: &Routing) -> Plan {
     let mut plan = Plan {
         me: nodes.iter().find(|n| n.name == me).cloned(),
         ..Plan::default()
@@ -108,10 +116,16 @@ pub fn plan(nodes: &[Node], me: &str) -> Plan {
                 continue;
             };
             claimed.push((peer.name.clone(), *cidr));
+            let carrier = routing.carrier(via);
+            let via = match carrier {
+                Carrier::Direct => via,
+                Carrier::Vxlan => peer.addresses.first().copied().unwrap_or(via),
+            };
             plan.routes.push(PeerRoute {
                 node: peer.name.clone(),
                 cidr: flatnet_datapath::util::normalized(*cidr),
                 via,
+                carrier,
             });
         }
     }
@@ -146,7 +160,7 @@ mod tests {
             node("a", &["172.31.0.1"], &["10.244.1.0/24"]),
             node("c", &["172.31.0.3"], &["10.244.3.7/24"]),
         ];
-        let plan = plan(&nodes, "a");
+        let plan = plan(&nodes, "a", &Routing::direct());
         assert_eq!(plan.own_cidrs(), ["10.244.1.0/24".parse().unwrap()]);
         let routes: Vec<String> = plan
             .routes
@@ -173,7 +187,7 @@ mod tests {
             node("first", &["172.31.0.5"], &["10.244.5.0/24"]),
             node("second", &["172.31.0.6"], &["10.244.5.0/24"]),
         ];
-        let plan = plan(&nodes, "me");
+        let plan = plan(&nodes, "me", &Routing::direct());
         assert_eq!(plan.routes.len(), 1);
         assert_eq!(plan.routes[0].node, "first");
         assert_eq!(plan.skipped.len(), 4, "{:?}", plan.skipped);
@@ -184,8 +198,44 @@ mod tests {
     }
 
     #[test]
+    fn each_peer_gets_the_carrier_its_address_calls_for() {
+        let nodes = vec![
+            node("a", &["192.168.1.1"], &["10.244.1.0/24"]),
+            node("b", &["192.168.1.2"], &["10.244.2.0/24"]),
+            node(
+                "c",
+                &["192.168.2.3", "fd00:2::3"],
+                &["10.244.3.0/24", "fd10:3::/64"],
+            ),
+        ];
+        let routing = Routing {
+            mode: RoutingMode::Auto,
+            connected: vec!["192.168.1.1/24".parse().unwrap()],
+        };
+        let carriers: Vec<String> = plan(&nodes, "a", &routing)
+            .routes
+            .into_iter()
+            .map(|r| format!("{} {} {:?} {}", r.node, r.cidr, r.carrier, r.via))
+            .collect();
+        assert_eq!(
+            carriers,
+            [
+                "b 10.244.2.0/24 Direct 192.168.1.2",
+                // The tunnel's far end is the peer's preferred address,
+                // whatever the CIDR's family.
+                "c 10.244.3.0/24 Vxlan 192.168.2.3",
+                "c fd10:3::/64 Vxlan 192.168.2.3",
+            ]
+        );
+    }
+
+    #[test]
     fn a_node_missing_from_the_list_has_no_cidr() {
-        let plan = plan(&[node("b", &["172.31.0.2"], &["10.244.2.0/24"])], "a");
+        let plan = plan(
+            &[node("b", &["172.31.0.2"], &["10.244.2.0/24"])],
+            "a",
+            &Routing::direct(),
+        );
         assert!(plan.me.is_none());
         assert!(plan.own_cidrs().is_empty());
         assert_eq!(plan.routes.len(), 1);

@@ -1,7 +1,10 @@
-//! host-gw routing: one route per peer node's pod CIDR via that node's
-//! address, in the main table, tagged with flatnet's own route protocol
-//! number so the agent finds its routes again after a restart (and removes
-//! the stale ones) without any state of its own.
+//! Peer routes: one per peer node's pod CIDR, in the main table, tagged
+//! with flatnet's own route protocol number so the agent finds its routes
+//! again after a restart (and removes the stale ones) without any state of
+//! its own. host-gw (`Carrier::Direct`): via the peer's address. VXLAN:
+//! via the CIDR's network address on the VXLAN device (onlink, a permanent
+//! neighbour entry with the peer device's MAC), encapsulated to the peer's
+//! address by the route itself (`encap ip id VNI dst PEER`).
 
 use std::net::IpAddr;
 
@@ -10,12 +13,15 @@ use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteVia,
+    RouteAddress, RouteAttribute, RouteIp6Tunnel, RouteIp6TunnelFlags, RouteIpTunnel,
+    RouteIpTunnelFlags, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
+    RouteVia,
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use crate::error::{AgentError, Result};
-use crate::peers::PeerRoute;
+use crate::peers::carrier::{vtep_mac, vxlan_gateway};
+use crate::peers::{Carrier, PeerRoute};
 use flatnet_datapath::netlink::errno;
 
 /// The route protocol flatnet's routes carry: `ip route show proto 102`.
@@ -30,6 +36,31 @@ pub struct InstalledRoute {
     pub cidr: IpNetwork,
     pub via: Option<IpAddr>,
     pub protocol: u8,
+    /// Its output interface, when it names one.
+    pub oif: Option<u32>,
+    /// Where it encapsulates to (an IP tunnel route's `dst`).
+    pub encap_dst: Option<IpAddr>,
+}
+
+/// The VXLAN device tunnelled routes go through, and their VNI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tunnel {
+    pub index: u32,
+    pub vni: u32,
+}
+
+impl InstalledRoute {
+    /// True when this is `wanted` as `write` makes it (through `tunnel`).
+    fn is(&self, wanted: &PeerRoute, tunnel: Option<Tunnel>) -> bool {
+        match wanted.carrier {
+            Carrier::Direct => self.via == Some(wanted.via) && self.encap_dst.is_none(),
+            Carrier::Vxlan => {
+                self.encap_dst == Some(wanted.via)
+                    && self.via == Some(vxlan_gateway(wanted.cidr))
+                    && tunnel.is_some_and(|t| self.oif == Some(t.index))
+            }
+        }
+    }
 }
 
 /// What a sync did.
@@ -105,23 +136,50 @@ impl Routes {
             .collect())
     }
 
-    /// Adds or replaces the route of `route.cidr` via `route.via`.
-    pub async fn write(&self, route: &PeerRoute) -> Result<()> {
+    /// Adds or replaces the route of `route.cidr` via `route.via`, or, for
+    /// VXLAN, through `tunnel` to it (its next hop's neighbour entry first).
+    pub async fn write(&self, route: &PeerRoute, tunnel: Option<Tunnel>) -> Result<()> {
         let context = || {
             format!(
-                "routing {} via {} (node {})",
-                route.cidr, route.via, route.node
+                "routing {} via {} ({:?}, node {})",
+                route.cidr, route.via, route.carrier, route.node
             )
         };
-        let message = RouteMessageBuilder::<IpAddr>::new()
+        let route_error = |reason: String| AgentError::Route {
+            context: context(),
+            reason,
+        };
+        let builder = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(route.cidr.network(), route.cidr.prefix())
-            .and_then(|b| b.gateway(route.via))
-            .map_err(|e| AgentError::Route {
-                context: context(),
-                reason: e.to_string(),
-            })?
-            .protocol(RouteProtocol::from(RTPROT_FLATNET))
-            .build();
+            .map_err(|e| route_error(e.to_string()))?
+            .protocol(RouteProtocol::from(RTPROT_FLATNET));
+        let message = match route.carrier {
+            Carrier::Direct => builder
+                .gateway(route.via)
+                .map_err(|e| route_error(e.to_string()))?
+                .build(),
+            Carrier::Vxlan => {
+                let tunnel =
+                    tunnel.ok_or_else(|| route_error("the VXLAN device is not set up".into()))?;
+                let next_hop = vxlan_gateway(route.cidr);
+                self.handle
+                    .neighbours()
+                    .add(tunnel.index, next_hop)
+                    .link_layer_address(&vtep_mac(route.via))
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(|e| route_err(format!("{}: its next hop", context()), e))?;
+                let mut message = builder
+                    .gateway(next_hop)
+                    .map_err(|e| route_error(e.to_string()))?
+                    .output_interface(tunnel.index)
+                    .onlink()
+                    .build();
+                message.attributes.extend(encap(route.via, tunnel.vni));
+                message
+            }
+        };
         self.handle
             .route()
             .add(message)
@@ -163,7 +221,7 @@ impl Routes {
     /// that some other route (not flatnet's) already covers exactly is left
     /// alone: the node's administrator put it there. `wanted` comes from
     /// [`crate::peers::plan`], CIDRs normalized, as the kernel lists them.
-    pub async fn sync(&self, wanted: &[PeerRoute]) -> Result<SyncOutcome> {
+    pub async fn sync(&self, wanted: &[PeerRoute], tunnel: Option<Tunnel>) -> Result<SyncOutcome> {
         let table = self.main_table().await?;
         let mut outcome = SyncOutcome::default();
         for route in wanted {
@@ -176,11 +234,11 @@ impl Routes {
                 ));
                 continue;
             }
-            if existing.iter().any(|r| r.via == Some(route.via)) {
+            if existing.iter().any(|r| r.is(route, tunnel)) {
                 outcome.in_place.push(route.clone());
                 continue;
             }
-            match self.write(route).await {
+            match self.write(route, tunnel).await {
                 Ok(()) => {
                     outcome.written.push(cidr);
                     outcome.in_place.push(route.clone());
@@ -201,6 +259,32 @@ impl Routes {
             }
         }
         Ok(outcome)
+    }
+
+    /// The subnets of this node's addresses (global scope, both families):
+    /// the peers `--routing auto` reaches without a tunnel.
+    pub async fn connected_subnets(&self) -> Result<Vec<IpNetwork>> {
+        let mut subnets = Vec::new();
+        let mut stream = self.handle.address().get().execute();
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(|e| route_err("listing addresses".into(), e))?
+        {
+            for attr in &msg.attributes {
+                let AddressAttribute::Address(ip) = attr else {
+                    continue;
+                };
+                let local = match ip {
+                    IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local(),
+                    IpAddr::V6(v6) => v6.is_loopback() || v6.is_unicast_link_local(),
+                };
+                if !local && let Ok(subnet) = IpNetwork::new(*ip, msg.header.prefix_len) {
+                    subnets.push(subnet);
+                }
+            }
+        }
+        Ok(subnets)
     }
 
     /// The index of the interface that holds `address` (the node's uplink).
@@ -228,8 +312,24 @@ impl Routes {
 fn installed(msg: &RouteMessage, family: AddressFamily) -> Option<InstalledRoute> {
     let mut dst = None;
     let mut via = None;
+    let mut oif = None;
+    let mut encap_dst = None;
     for attr in &msg.attributes {
         match attr {
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::Encap(items) => {
+                for item in items {
+                    match item {
+                        RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(v4)) => {
+                            encap_dst = Some(IpAddr::V4(*v4));
+                        }
+                        RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)) => {
+                            encap_dst = Some(IpAddr::V6(*v6));
+                        }
+                        _ => {}
+                    }
+                }
+            }
             RouteAttribute::Destination(addr) => dst = route_ip(addr),
             RouteAttribute::Gateway(addr) => via = route_ip(addr),
             RouteAttribute::Via(RouteVia::Inet6(v6)) => via = Some(IpAddr::V6(*v6)),
@@ -247,7 +347,33 @@ fn installed(msg: &RouteMessage, family: AddressFamily) -> Option<InstalledRoute
         cidr,
         via,
         protocol: u8::from(msg.header.protocol),
+        oif,
+        encap_dst,
     })
+}
+
+/// The attributes that make a route encapsulate to `peer` with `vni`
+/// (`encap ip id VNI dst PEER`; `ip6` for an IPv6 underlay).
+fn encap(peer: IpAddr, vni: u32) -> [RouteAttribute; 2] {
+    let id = u64::from(vni);
+    match peer {
+        IpAddr::V4(v4) => [
+            RouteAttribute::EncapType(RouteLwEnCapType::Ip),
+            RouteAttribute::Encap(vec![
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(id)),
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(v4)),
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Flags(RouteIpTunnelFlags::Key)),
+            ]),
+        ],
+        IpAddr::V6(v6) => [
+            RouteAttribute::EncapType(RouteLwEnCapType::Ip6),
+            RouteAttribute::Encap(vec![
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(id)),
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)),
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Key)),
+            ]),
+        ],
+    }
 }
 
 fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {

@@ -15,6 +15,7 @@
 mod enforce;
 mod node;
 mod readiness;
+mod tunnel;
 mod uplink;
 
 use std::net::IpAddr;

@@ -8,7 +8,7 @@ use crate::error::{AgentError, Result};
 use crate::install::{self, BINARIES, ConflistSpec};
 use crate::metrics::AgentMetrics;
 use crate::peers::routes::Routes;
-use crate::peers::{self, Node, Plan};
+use crate::peers::{self, Carrier, Node, Plan, Routing};
 use crate::reclaim::Reclaimer;
 use flatnet::config::NetConf;
 use flatnet_datapath::bpf::{self, DATAPATH_ID, Datapath};
@@ -107,7 +107,17 @@ impl Agent {
     /// own setup turned out. Failures are logged and retried at the next
     /// resync; `fresh` marks a new list (logged in more detail).
     pub(super) async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
-        let plan = peers::plan(nodes, &self.node_name);
+        let routing = match self.routing().await {
+            Ok(routing) => routing,
+            Err(e) => {
+                tracing::warn!(error = %e, "connected subnets unknown: every peer tunnelled");
+                Routing {
+                    mode: self.args.routing,
+                    connected: Vec::new(),
+                }
+            }
+        };
+        let plan = peers::plan(nodes, &self.node_name, &routing);
         if plan.skipped != self.last_skipped {
             for reason in &plan.skipped {
                 tracing::warn!(%reason, "peer left out");
@@ -153,7 +163,16 @@ impl Agent {
     pub(super) async fn sync(&mut self, plan: &Plan) -> Result<()> {
         // Cheap when loaded; reloads (and re-attaches pods) after pins were wiped.
         drop(ensure_datapath(&self.conf.node_network(), &self.datapath, &self.host).await?);
-        let outcome = self.routes.sync(&plan.routes).await?;
+        // Without the device, tunnelled routes are missing (logged below);
+        // direct ones still go in.
+        let tunnel = match self.ensure_tunnel(plan).await {
+            Ok(tunnel) => tunnel,
+            Err(e) => {
+                tracing::warn!(error = %e, "VXLAN device not set up");
+                None
+            }
+        };
+        let outcome = self.routes.sync(&plan.routes, tunnel).await?;
         for cidr in &outcome.written {
             tracing::info!(%cidr, "route to a peer written");
         }
@@ -174,8 +193,14 @@ impl Agent {
         }
         // Only CIDRs whose route is in place: the fast path forwards by the
         // FIB, which would otherwise send them by whatever route is there.
-        let remote: Vec<(IpNetwork, std::net::IpAddr)> =
-            outcome.in_place.iter().map(|r| (r.cidr, r.via)).collect();
+        // Tunnelled CIDRs take the stack's route (its encapsulation is not
+        // the fast path's yet).
+        let remote: Vec<(IpNetwork, std::net::IpAddr)> = outcome
+            .in_place
+            .iter()
+            .filter(|r| r.carrier == Carrier::Direct)
+            .map(|r| (r.cidr, r.via))
+            .collect();
         self.datapath.set_remote_cidrs(&remote)?;
         self.sync_no_masquerade(plan).await?;
 
@@ -193,10 +218,7 @@ impl Agent {
         }
         let uplink = self.uplink(me).await?;
         self.attach_uplink(uplink).await?;
-        let mtu = match self.args.mtu {
-            Some(mtu) => Some(mtu),
-            None => self.host.link_by_index(uplink).await?.and_then(|l| l.mtu),
-        };
+        let mtu = Some(self.pod_mtu(self.uplink_mtu(uplink).await?, me));
         let spec = ConflistSpec {
             network: self.args.network.clone(),
             bridge: self.args.bridge.clone(),

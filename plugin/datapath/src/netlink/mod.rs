@@ -40,6 +40,7 @@ mod neigh;
 mod route;
 mod sysctl;
 mod tc;
+mod vxlan;
 
 pub use ethtool::set_tx_checksum;
 pub use gateway::gateway_alias;
@@ -48,6 +49,7 @@ pub use names::{AttachmentNames, Mac, format_mac, parse_mac};
 pub use route::RouteState;
 pub use sysctl::{Forwarding, IPV4_FORWARD, IPV6_FORWARD, read_sysctl, set_sysctl};
 pub use tc::TcHook;
+pub use vxlan::VxlanDevice;
 
 const EEXIST: i32 = libc::EEXIST;
 const ENODEV: i32 = libc::ENODEV;

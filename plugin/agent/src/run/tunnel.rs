@@ -1,0 +1,100 @@
+//! `--routing`: what decides each peer's carrier (this node's connected
+//! subnets), the VXLAN device tunnelled routes go through, and the pods'
+//! MTU under encapsulation.
+
+use std::net::IpAddr;
+
+use crate::error::{AgentError, Result};
+use crate::peers::carrier::{VXLAN_DEVICE, vtep_mac, vxlan_overhead};
+use crate::peers::routes::Tunnel;
+use crate::peers::{Node, Plan, Routing, RoutingMode};
+use flatnet_datapath::netlink::VxlanDevice;
+
+use super::Agent;
+
+impl Agent {
+    /// How peers are reached from here: the mode, and for `auto` the
+    /// subnets this node is on now (read at each pass: an address may
+    /// change).
+    pub(super) async fn routing(&self) -> Result<Routing> {
+        let connected = match self.args.routing {
+            RoutingMode::Auto => self.routes.connected_subnets().await?,
+            RoutingMode::Direct | RoutingMode::Vxlan => Vec::new(),
+        };
+        Ok(Routing {
+            mode: self.args.routing,
+            connected,
+        })
+    }
+
+    /// The VXLAN device, made or corrected, when `--routing` may tunnel;
+    /// None with `direct` (a device of ours left from another setting is
+    /// removed, with the routes and neighbours on it).
+    pub(super) async fn ensure_tunnel(&self, plan: &Plan) -> Result<Option<Tunnel>> {
+        if self.args.routing == RoutingMode::Direct {
+            if let Some(link) = self.host.link_by_name(VXLAN_DEVICE).await? {
+                self.host.delete_link(link.index).await?;
+                tracing::info!(
+                    device = VXLAN_DEVICE,
+                    "VXLAN device removed (--routing direct)"
+                );
+            }
+            return Ok(None);
+        }
+        let me = plan.me.as_ref().ok_or_else(|| {
+            AgentError::Config(format!(
+                "node {} is not in the node list: no address for its VXLAN device",
+                self.node_name
+            ))
+        })?;
+        let endpoint = tunnel_endpoint(me)?;
+        let uplink = self.uplink(me).await?;
+        let uplink_mtu = self.uplink_mtu(uplink).await?;
+        let index = self
+            .host
+            .ensure_vxlan_device(&VxlanDevice {
+                name: VXLAN_DEVICE,
+                port: self.args.vxlan_port,
+                mac: vtep_mac(endpoint),
+                mtu: uplink_mtu - vxlan_overhead(endpoint.is_ipv6()),
+            })
+            .await?;
+        Ok(Some(Tunnel {
+            index,
+            vni: self.args.vxlan_vni,
+        }))
+    }
+
+    /// The uplink's MTU (1500 when the kernel does not say).
+    pub(super) async fn uplink_mtu(&self, uplink: u32) -> Result<u32> {
+        Ok(self
+            .host
+            .link_by_index(uplink)
+            .await?
+            .and_then(|link| link.mtu)
+            .unwrap_or(1500))
+    }
+
+    /// The pods' MTU: `--mtu`, else the uplink's, less VXLAN's overhead
+    /// unless `--routing direct` (with `auto`, any peer may be tunnelled).
+    pub(super) fn pod_mtu(&self, uplink_mtu: u32, me: &Node) -> u32 {
+        if let Some(mtu) = self.args.mtu {
+            return mtu;
+        }
+        match (self.args.routing, tunnel_endpoint(me)) {
+            (RoutingMode::Direct, _) | (_, Err(_)) => uplink_mtu,
+            (_, Ok(endpoint)) => uplink_mtu - vxlan_overhead(endpoint.is_ipv6()),
+        }
+    }
+}
+
+/// The address this node's tunnels end at: its preferred one, as peers
+/// see it in the node list.
+fn tunnel_endpoint(me: &Node) -> Result<IpAddr> {
+    me.addresses.first().copied().ok_or_else(|| {
+        AgentError::Config(format!(
+            "node {} has no address to end VXLAN tunnels at",
+            me.name
+        ))
+    })
+}

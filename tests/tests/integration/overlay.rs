@@ -1,0 +1,211 @@
+//! Nodes on different subnets (`--routing`): n1 and n2 share a segment,
+//! n3 is on another behind a router (the switch namespace), with no L2
+//! adjacency to them. host-gw cannot reach n3; VXLAN between node
+//! addresses can, decided per peer in `auto` mode.
+
+use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::metric;
+use flatnet_tests::*;
+
+/// n1 and n2 on segment 0, n3 on segment 1.
+fn split_specs() -> Vec<NodeSpec> {
+    let mut specs = Cluster::numbered(3, false);
+    let n3 = specs.pop().expect("n3").on_segment(1);
+    specs.push(n3);
+    specs
+}
+
+/// flatnet's IPv4 routes on `node`, whole lines as `ip route` shows them.
+fn route_lines(node: &SimNode) -> Vec<String> {
+    let mut lines: Vec<String> = node
+        .netns
+        .exec(&["ip", "-4", "route", "show", "proto", ROUTE_PROTO])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// The route line of `cidr` on `node`.
+fn route_of(node: &SimNode, cidr: &str) -> String {
+    route_lines(node)
+        .into_iter()
+        .find(|line| line.starts_with(cidr))
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no route of {cidr} in {:?}",
+                node.spec.name,
+                route_lines(node)
+            )
+        })
+}
+
+/// What the router between the segments (the switch namespace) forwards,
+/// counted by nftables there: packets with a pod address in their outer
+/// header, and VXLAN packets (UDP 8472). Only what it routes to or from
+/// segment 1, n3's alone: with br_netfilter loaded, frames bridged within
+/// segment 0 meet the forward hook too. The table goes with the namespace.
+struct Underlay<'a> {
+    router: &'a Netns,
+}
+
+impl<'a> Underlay<'a> {
+    fn watch(router: &'a Netns) -> Self {
+        router.exec(&["nft", "add", "table", "inet", "probe"]);
+        router.exec(&[
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "probe",
+            "forward",
+            "{ type filter hook forward priority 0; policy accept; }",
+        ]);
+        for rule in [
+            "oifname br1 ip saddr 10.244.0.0/16 counter",
+            "iifname br1 ip saddr 10.244.0.0/16 counter",
+            "iifname br1 udp dport 8472 counter",
+        ] {
+            let mut args = vec!["nft", "add", "rule", "inet", "probe", "forward"];
+            args.extend(rule.split_whitespace());
+            router.exec(&args);
+        }
+        Underlay { router }
+    }
+
+    /// (packets with a pod address outside a tunnel, VXLAN packets).
+    fn counts(&self) -> (u64, u64) {
+        let listed = self
+            .router
+            .exec(&["nft", "-j", "list", "table", "inet", "probe"]);
+        let json: serde_json::Value = serde_json::from_str(&listed).expect("nft's JSON");
+        let counters: Vec<u64> = json["nftables"]
+            .as_array()
+            .expect("nftables")
+            .iter()
+            .filter_map(|item| item["rule"]["expr"].as_array())
+            .filter_map(|expr| expr.iter().find_map(|e| e["counter"]["packets"].as_u64()))
+            .collect();
+        assert_eq!(counters.len(), 3, "{listed}");
+        (counters[0] + counters[1], counters[2])
+    }
+}
+
+/// Packets the node's VXLAN device sent.
+fn tunnelled(node: &SimNode) -> u64 {
+    let shown = node
+        .netns
+        .exec(&["ip", "-s", "-j", "link", "show", "flatnet.vxlan"]);
+    let json: serde_json::Value = serde_json::from_str(&shown).expect("ip's JSON");
+    json[0]["stats64"]["tx"]["packets"]
+        .as_u64()
+        .expect("tx packets")
+}
+
+#[flatnet_test(root)]
+fn host_gw_cannot_reach_a_node_on_another_subnet() {
+    let cluster = Cluster::started(&split_specs(), &["--routing", "direct"]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    // The kernel refuses a next hop that is not on a connected subnet: the
+    // route is missing, reported, and n3's pods unreachable.
+    assert!(
+        !route_lines(n1)
+            .iter()
+            .any(|l| l.starts_with("10.244.3.0/24")),
+        "{:?}",
+        route_lines(n1)
+    );
+    assert!(
+        metric(&n1.metrics(), "flatnet_peer_routes_missing").is_some_and(|n| n >= 1.0),
+        "the missing route is not reported"
+    );
+    let (a, c) = (n1.pod(), n3.pod());
+    assert!(
+        tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1000).is_err(),
+        "n1 reached n3's pod without a tunnel"
+    );
+    assert!(
+        !n1.has_link("flatnet.vxlan"),
+        "a VXLAN device with --routing direct"
+    );
+}
+
+#[flatnet_test(root)]
+fn auto_routes_the_shared_segment_and_tunnels_to_the_other_subnet() {
+    let cluster = Cluster::started(&split_specs(), &[]);
+    let (n1, n2, n3) = (cluster.node("n1"), cluster.node("n2"), cluster.node("n3"));
+    // n1 -> n2 direct; n1 -> n3 and n3 -> both through the VXLAN device.
+    assert_eq!(
+        route_of(n1, "10.244.2.0/24")
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>(),
+        ["10.244.2.0/24", "via", "172.30.0.2"]
+    );
+    for (node, cidr, peer) in [
+        (n1, "10.244.3.0/24", "172.30.1.3"),
+        (n3, "10.244.1.0/24", "172.30.0.1"),
+        (n3, "10.244.2.0/24", "172.30.0.2"),
+    ] {
+        let line = route_of(node, cidr);
+        for part in [
+            "encap ip id 1".to_string(),
+            format!("dst {peer}"),
+            "dev flatnet.vxlan".into(),
+        ] {
+            assert!(
+                line.contains(&part),
+                "{}: {line} lacks {part}",
+                node.spec.name
+            );
+        }
+    }
+    // The pods' MTU leaves room for VXLAN's 50 bytes.
+    for node in [n1, n2, n3] {
+        assert_eq!(
+            node.conflist()["plugins"][0]["mtu"],
+            1450,
+            "{}",
+            node.spec.name
+        );
+    }
+    let underlay = Underlay::watch(&cluster._switch);
+    let (a, b, c) = (n1.pod(), n2.pod(), n3.pod());
+    // n1 -> n2 is host-gw on the shared segment: nothing tunnelled.
+    let sent = tunnelled(n1);
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 16).expect("n1 -> n2");
+    assert_eq!(tunnelled(n1), sent, "n1 -> n2 went through the tunnel");
+    for (from, to, what) in [
+        (&a, &c, "n1 -> n3"),
+        (&c, &a, "n3 -> n1"),
+        (&b, &c, "n2 -> n3"),
+        (&a, &b, "n1 -> n2"),
+    ] {
+        tcp_echo(Some(&to.netns), to.ip, Some(&from.netns), 4 << 20)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    // A full-size datagram at the pods' MTU crosses the tunnel.
+    let source = udp_source(&a.netns, a.ip, &c.netns, c.ip, 1450 - 28);
+    assert_eq!(source, std::net::IpAddr::V4(a.ip));
+    assert!(tunnelled(n1) > sent, "n1 -> n3 did not use the tunnel");
+    // Between the segments only VXLAN: no pod address outside the tunnel.
+    let (bare, vxlan) = underlay.counts();
+    assert_eq!(bare, 0, "pod addresses crossed the router unencapsulated");
+    assert!(vxlan > 100, "the router saw {vxlan} VXLAN packets");
+}
+
+#[flatnet_test(root)]
+fn vxlan_mode_tunnels_every_peer() {
+    let cluster = Cluster::started(&split_specs(), &["--routing", "vxlan"]);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let line = route_of(n1, "10.244.2.0/24");
+    assert!(
+        line.contains("dst 172.30.0.2") && line.contains("dev flatnet.vxlan"),
+        "{line}"
+    );
+    // Tunnelled CIDRs are the stack's to route: not in the fast path's map.
+    assert!(n1.remote_cidrs().is_empty(), "{:?}", n1.remote_cidrs());
+    let (a, b) = (n1.pod(), n2.pod());
+    tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 20).expect("n1 -> n2 through VXLAN");
+}
