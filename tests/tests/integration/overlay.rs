@@ -208,4 +208,22 @@ fn vxlan_mode_tunnels_every_peer() {
     assert!(n1.remote_cidrs().is_empty(), "{:?}", n1.remote_cidrs());
     let (a, b) = (n1.pod(), n2.pod());
     tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 20).expect("n1 -> n2 through VXLAN");
+    // n2 leaves: its tunnelled route and its next hop's neighbour entry go.
+    let next_hop = || {
+        n1.netns
+            .exec(&["ip", "neigh", "show", "dev", "flatnet.vxlan"])
+            .contains("10.244.2.0 ")
+    };
+    assert!(next_hop(), "no neighbour entry for n2's next hop");
+    let without_n2: Vec<NodeSpec> = split_specs()
+        .into_iter()
+        .filter(|spec| spec.name != "n2")
+        .collect();
+    cluster.write_peers(&without_n2);
+    wait_until("n1 to forget n2", SETTLE, || {
+        !route_lines(n1)
+            .iter()
+            .any(|l| l.starts_with("10.244.2.0/24"))
+            && !next_hop()
+    });
 }

@@ -6,6 +6,7 @@ pub mod carrier;
 pub mod file_source;
 pub mod kube_source;
 pub mod routes;
+pub mod tunnel;
 
 use std::future::Future;
 use std::net::IpAddr;

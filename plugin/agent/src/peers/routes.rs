@@ -13,14 +13,15 @@ use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteIp6Tunnel, RouteIp6TunnelFlags, RouteIpTunnel,
-    RouteIpTunnelFlags, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
-    RouteVia,
+    RouteAddress, RouteAttribute, RouteIp6Tunnel, RouteIpTunnel, RouteLwTunnelEncap, RouteMessage,
+    RouteProtocol, RouteVia,
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use crate::error::{AgentError, Result};
-use crate::peers::carrier::{vtep_mac, vxlan_gateway};
+use crate::peers::carrier::vxlan_gateway;
+pub use crate::peers::tunnel::Tunnel;
+use crate::peers::tunnel::encap;
 use crate::peers::{Carrier, PeerRoute};
 use flatnet_datapath::netlink::errno;
 
@@ -40,13 +41,6 @@ pub struct InstalledRoute {
     pub oif: Option<u32>,
     /// Where it encapsulates to (an IP tunnel route's `dst`).
     pub encap_dst: Option<IpAddr>,
-}
-
-/// The VXLAN device tunnelled routes go through, and their VNI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tunnel {
-    pub index: u32,
-    pub vni: u32,
 }
 
 impl InstalledRoute {
@@ -81,7 +75,7 @@ pub struct SyncOutcome {
     pub failures: Vec<String>,
 }
 
-fn route_err(context: String, err: rtnetlink::Error) -> AgentError {
+pub(super) fn route_err(context: String, err: rtnetlink::Error) -> AgentError {
     let reason = match errno(&err) {
         Some(code) => std::io::Error::from_raw_os_error(code).to_string(),
         None => err.to_string(),
@@ -91,7 +85,7 @@ fn route_err(context: String, err: rtnetlink::Error) -> AgentError {
 
 /// An rtnetlink connection for the node's routes.
 pub struct Routes {
-    handle: Handle,
+    pub(super) handle: Handle,
 }
 
 impl Routes {
@@ -161,13 +155,8 @@ impl Routes {
             Carrier::Vxlan => {
                 let tunnel =
                     tunnel.ok_or_else(|| route_error("the VXLAN device is not set up".into()))?;
-                let next_hop = vxlan_gateway(route.cidr);
-                self.handle
-                    .neighbours()
-                    .add(tunnel.index, next_hop)
-                    .link_layer_address(&vtep_mac(route.via))
-                    .replace()
-                    .execute()
+                let next_hop = self
+                    .write_next_hop(route, tunnel)
                     .await
                     .map_err(|e| route_err(format!("{}: its next hop", context()), e))?;
                 let mut message = builder
@@ -257,6 +246,11 @@ impl Routes {
                 Ok(()) => outcome.removed.push(stale.cidr),
                 Err(e) => outcome.failures.push(e.to_string()),
             }
+        }
+        if let Some(tunnel) = tunnel
+            && let Err(e) = self.prune_next_hops(wanted, tunnel).await
+        {
+            outcome.failures.push(e.to_string());
         }
         Ok(outcome)
     }
@@ -350,30 +344,6 @@ fn installed(msg: &RouteMessage, family: AddressFamily) -> Option<InstalledRoute
         oif,
         encap_dst,
     })
-}
-
-/// The attributes that make a route encapsulate to `peer` with `vni`
-/// (`encap ip id VNI dst PEER`; `ip6` for an IPv6 underlay).
-fn encap(peer: IpAddr, vni: u32) -> [RouteAttribute; 2] {
-    let id = u64::from(vni);
-    match peer {
-        IpAddr::V4(v4) => [
-            RouteAttribute::EncapType(RouteLwEnCapType::Ip),
-            RouteAttribute::Encap(vec![
-                RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(id)),
-                RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(v4)),
-                RouteLwTunnelEncap::Ip(RouteIpTunnel::Flags(RouteIpTunnelFlags::Key)),
-            ]),
-        ],
-        IpAddr::V6(v6) => [
-            RouteAttribute::EncapType(RouteLwEnCapType::Ip6),
-            RouteAttribute::Encap(vec![
-                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(id)),
-                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)),
-                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Key)),
-            ]),
-        ],
-    }
 }
 
 fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
