@@ -227,3 +227,28 @@ fn vxlan_mode_tunnels_every_peer() {
             && !next_hop()
     });
 }
+
+#[flatnet_test(root)]
+fn ipv6_pods_cross_the_tunnel_over_an_ipv4_underlay() {
+    let mut specs = Cluster::numbered(3, true);
+    let n3 = specs.pop().expect("n3").on_segment(1);
+    specs.push(n3);
+    let cluster = Cluster::started(&specs, &[]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    // The tunnel ends at n3's preferred address, IPv4: IPv6 pods ride it.
+    let line = n1
+        .netns
+        .exec(&["ip", "-6", "route", "show", "proto", ROUTE_PROTO])
+        .lines()
+        .find(|l| l.starts_with("fd44:0:0:3::/64"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(
+        line.contains("dst 172.30.1.3") && line.contains("dev flatnet.vxlan"),
+        "n1's IPv6 route to n3: {line:?}"
+    );
+    let (a, c) = (n1.pod(), n3.pod());
+    let (a6, c6) = (a.ip6.expect("a's IPv6"), c.ip6.expect("c's IPv6"));
+    tcp_echo(Some(&c.netns), c6, Some(&a.netns), 1 << 20).expect("n1 -> n3 over IPv6");
+    tcp_echo(Some(&a.netns), a6, Some(&c.netns), 1 << 20).expect("n3 -> n1 over IPv6");
+}
