@@ -42,18 +42,33 @@ impl Delegate {
     /// Starts the plugin for `command` and hands it its stdin; the caller
     /// does other work while it runs, then `wait`s for the answer.
     pub fn start(&self, command: Command, stdin: &[u8]) -> Result<Running> {
-        let mut child = Process::new(&self.path)
-            .env("CNI_COMMAND", command.as_str())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                Error::Delegate(format!(
-                    "cannot run IPAM plugin {}: {e}",
-                    self.path.display()
-                ))
-            })?;
+        let spawn = || {
+            Process::new(&self.path)
+                .env("CNI_COMMAND", command.as_str())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        };
+        // "Text file busy": the binary is still open for writing somewhere
+        // (an installer's copy, or its fd inherited by a process forked in
+        // that instant). libcni retries this too; it passes at once.
+        let mut tries = 0;
+        let mut child = loop {
+            match spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TEXT_BUSY_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(TEXT_BUSY_WAIT);
+                }
+                other => break other,
+            }
+        }
+        .map_err(|e| {
+            Error::Delegate(format!(
+                "cannot run IPAM plugin {}: {e}",
+                self.path.display()
+            ))
+        })?;
         if let Some(mut input) = child.stdin.take() {
             // A configuration fits in the pipe; dropping `input` closes it.
             // A plugin that exits without reading it is judged by its exit status.
@@ -66,6 +81,11 @@ impl Delegate {
         })
     }
 }
+
+/// How often, and how far apart, a plugin that is "text file busy" is
+/// started again (2 s in all).
+const TEXT_BUSY_TRIES: u32 = 40;
+const TEXT_BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A delegated plugin that is running.
 pub struct Running {
@@ -162,6 +182,26 @@ mod tests {
         let out = delegate.run(Command::Add, b"{\"a\":1}\n").unwrap().unwrap();
         assert_eq!(out["cmd"], "ADD");
         assert_eq!(out["in"]["a"], 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_plugin_still_open_for_writing_is_started_once_it_is_closed() {
+        let dir = tempdir("busy");
+        script(&dir, "busy", r#"printf '{"ok":true}'"#);
+        // A writer holds the binary open (ETXTBSY for exec) for a while.
+        let writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("busy"))
+            .unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(writer);
+        });
+        let delegate = Delegate::find("busy", std::slice::from_ref(&dir)).unwrap();
+        let out = delegate.run(Command::Add, b"{}\n").unwrap().unwrap();
+        assert_eq!(out["ok"], true);
+        closer.join().unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 

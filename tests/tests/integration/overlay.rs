@@ -3,6 +3,8 @@
 //! adjacency to them. host-gw cannot reach n3; VXLAN between node
 //! addresses can, decided per peer in `auto` mode.
 
+use std::time::Duration;
+
 use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::metric;
 use flatnet_tests::*;
@@ -66,6 +68,8 @@ impl<'a> Underlay<'a> {
             "oifname br1 ip saddr 10.244.0.0/16 counter",
             "iifname br1 ip saddr 10.244.0.0/16 counter",
             "iifname br1 udp dport 8472 counter",
+            // VXLAN's VNI: 24 bits, 4 bytes into the UDP payload.
+            "iifname br1 udp dport 8472 @th,96,24 1 counter",
         ] {
             let mut args = vec!["nft", "add", "rule", "inet", "probe", "forward"];
             args.extend(rule.split_whitespace());
@@ -74,8 +78,9 @@ impl<'a> Underlay<'a> {
         Underlay { router }
     }
 
-    /// (packets with a pod address outside a tunnel, VXLAN packets).
-    fn counts(&self) -> (u64, u64) {
+    /// (packets with a pod address outside a tunnel, VXLAN packets, those
+    /// of them with VNI 1).
+    fn counts(&self) -> (u64, u64, u64) {
         let listed = self
             .router
             .exec(&["nft", "-j", "list", "table", "inet", "probe"]);
@@ -87,8 +92,8 @@ impl<'a> Underlay<'a> {
             .filter_map(|item| item["rule"]["expr"].as_array())
             .filter_map(|expr| expr.iter().find_map(|e| e["counter"]["packets"].as_u64()))
             .collect();
-        assert_eq!(counters.len(), 3, "{listed}");
-        (counters[0] + counters[1], counters[2])
+        assert_eq!(counters.len(), 4, "{listed}");
+        (counters[0] + counters[1], counters[2], counters[3])
     }
 }
 
@@ -190,9 +195,10 @@ fn auto_routes_the_shared_segment_and_tunnels_to_the_other_subnet() {
     assert_eq!(source, std::net::IpAddr::V4(a.ip));
     assert!(tunnelled(n1) > sent, "n1 -> n3 did not use the tunnel");
     // Between the segments only VXLAN: no pod address outside the tunnel.
-    let (bare, vxlan) = underlay.counts();
+    let (bare, vxlan, vni_1) = underlay.counts();
     assert_eq!(bare, 0, "pod addresses crossed the router unencapsulated");
     assert!(vxlan > 100, "the router saw {vxlan} VXLAN packets");
+    assert_eq!(vni_1, vxlan, "VXLAN packets with another VNI than 1");
 }
 
 #[flatnet_test(root)]
@@ -251,4 +257,25 @@ fn ipv6_pods_cross_the_tunnel_over_an_ipv4_underlay() {
     let (a6, c6) = (a.ip6.expect("a's IPv6"), c.ip6.expect("c's IPv6"));
     tcp_echo(Some(&c.netns), c6, Some(&a.netns), 1 << 20).expect("n1 -> n3 over IPv6");
     tcp_echo(Some(&a.netns), a6, Some(&c.netns), 1 << 20).expect("n3 -> n1 over IPv6");
+}
+
+#[flatnet_test(root)]
+fn a_tunnelled_stream_survives_agent_restarts() {
+    let cluster = Cluster::started(&split_specs(), &[]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    let (a, c) = (n1.pod(), n3.pod());
+    let routes_before = (route_lines(n1), route_lines(n3));
+    let (sent, received) = stream_during(&c.netns, c.ip, &a.netns, || {
+        for node in [n1, n3] {
+            node.stop_agent();
+            // The device and its routes carry the stream without the agent.
+            std::thread::sleep(Duration::from_millis(300));
+            node.start_agent(&cluster.file());
+            node.wait_ready();
+        }
+    });
+    assert_eq!(sent, received, "bytes were lost across agent restarts");
+    assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
+    // A restarted agent finds its device and routes as they were.
+    assert_eq!((route_lines(n1), route_lines(n3)), routes_before);
 }
