@@ -279,3 +279,40 @@ fn a_tunnelled_stream_survives_agent_restarts() {
     // A restarted agent finds its device and routes as they were.
     assert_eq!((route_lines(n1), route_lines(n3)), routes_before);
 }
+
+#[flatnet_test(root)]
+fn a_peer_that_changes_its_address_is_tunnelled_to_at_the_new_one() {
+    let specs = split_specs();
+    let cluster = Cluster::started(&specs, &[]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    let (a, c) = (n1.pod(), n3.pod());
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 16).expect("n1 -> n3 before");
+    // n3 is re-addressed on its segment (172.30.1.3 -> 172.30.1.33), and
+    // the node list says so.
+    let mut moved = specs.clone();
+    moved[2].index = 33;
+    // (The old address first: deleting a primary address takes its
+    // secondaries along; the route through the router goes with it.)
+    for command in [
+        format!("ip addr del {}/24 dev up0", specs[2].address()),
+        format!("ip addr add {}/24 dev up0", moved[2].address()),
+        "ip route replace 172.30.0.0/16 via 172.30.1.254".to_string(),
+    ] {
+        n3.netns
+            .exec(&command.split_whitespace().collect::<Vec<_>>());
+    }
+    cluster.write_peers(&moved);
+    // Within a reconcile: n1's tunnel ends at the new address, n3's device
+    // answers to the MAC derived from it (and, since a MAC change flushes
+    // the device's neighbours, n3 writes its next hops again).
+    wait_until("n1 to tunnel to n3's new address", SETTLE, || {
+        route_of(n1, "10.244.3.0/24").contains("dst 172.30.1.33")
+    });
+    wait_until("n3's device to take its new MAC", SETTLE, || {
+        n3.netns
+            .exec(&["ip", "link", "show", "flatnet.vxlan"])
+            .contains("0e:66:ac:1e:01:21")
+    });
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 16).expect("n1 -> n3 after the move");
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 16).expect("n3 -> n1 after the move");
+}
