@@ -316,3 +316,21 @@ fn a_peer_that_changes_its_address_is_tunnelled_to_at_the_new_one() {
     tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 16).expect("n1 -> n3 after the move");
     tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 16).expect("n3 -> n1 after the move");
 }
+
+/// Pods given more MTU than the tunnel has (`--mtu 1500` over VXLAN's
+/// 1450): a full-size packet gets an ICMP "too big" back from the node, the
+/// pod learns the path's MTU, and a TCP stream crosses (no black hole).
+#[flatnet_test(root)]
+fn a_packet_too_big_for_the_tunnel_gets_too_big_back_to_the_pod() {
+    let cluster = Cluster::started(&split_specs(), &["--mtu", "1500"]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    assert_eq!(n1.conflist()["plugins"][0]["mtu"], 1500);
+    let (a, c) = (n1.pod(), n3.pod());
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 20)
+        .expect("n1 -> n3 past the tunnel's MTU");
+    let cached = a.netns.exec(&["ip", "route", "get", &c.ip.to_string()]);
+    assert!(
+        cached.contains("mtu 1450"),
+        "pod a learnt no path MTU to n3's pod: {cached}"
+    );
+}
