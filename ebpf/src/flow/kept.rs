@@ -21,9 +21,6 @@ const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
 /// flow is not there, else from conntrack (`judge`), remembered.
 #[inline(always)]
 pub(super) fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
-    if crate::variant::without(flatnet_common::cost_variant::NO_FLOW) {
-        return Flow::Clear;
-    }
     if !ask_again && let Some(known) = FLOWS.get_ptr(key) {
         // SAFETY: a valid map value for the program's run; read once.
         return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
@@ -49,7 +46,7 @@ pub(super) fn udp_flows_kept() -> bool {
 /// (`UDP_FLOWS`), else conntrack's, asked every time and written nowhere.
 #[inline(always)]
 pub(super) fn judge_udp(key: &FlowKey, judge: impl FnOnce() -> Flow) -> Flow {
-    if udp_flows_kept() || crate::variant::without(flatnet_common::cost_variant::NO_FLOW) {
+    if udp_flows_kept() {
         judge_cached(key, false, judge)
     } else {
         judge()

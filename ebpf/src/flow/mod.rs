@@ -177,6 +177,9 @@ fn transport<T: Tuple>(
     key: impl Fn(&Ports) -> FlowKey,
     tuple: impl Fn(&Ports) -> T,
 ) -> Flow {
+    if crate::variant::without(flatnet_common::cost_variant::NO_FLOW) {
+        return Flow::Clear;
+    }
     if proto == IPPROTO_TCP {
         let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
             return Flow::Opaque;
