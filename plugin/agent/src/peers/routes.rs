@@ -224,17 +224,6 @@ impl Routes {
                 continue;
             }
             if existing.iter().any(|r| r.is(route, tunnel)) {
-                // The kernel flushes a device's neighbours, permanent ones
-                // too, when its MAC changes (this node's address did): a
-                // tunnelled route in place gets its next hop written again.
-                if let (Carrier::Vxlan, Some(tunnel)) = (route.carrier, tunnel)
-                    && let Err(e) = self.write_next_hop(route, tunnel).await
-                {
-                    let reason = route_err(format!("{cidr}: its next hop"), e).to_string();
-                    outcome.missing.push(reason.clone());
-                    outcome.failures.push(reason);
-                    continue;
-                }
                 outcome.in_place.push(route.clone());
                 continue;
             }
@@ -258,10 +247,8 @@ impl Routes {
                 Err(e) => outcome.failures.push(e.to_string()),
             }
         }
-        if let Some(tunnel) = tunnel
-            && let Err(e) = self.prune_next_hops(wanted, tunnel).await
-        {
-            outcome.failures.push(e.to_string());
+        if let Some(tunnel) = tunnel {
+            self.sync_next_hops(&mut outcome, tunnel).await;
         }
         Ok(outcome)
     }

@@ -15,8 +15,9 @@ use rtnetlink::packet_route::route::{
     RouteLwEnCapType, RouteLwTunnelEncap,
 };
 
+use crate::error::Result;
 use crate::peers::carrier::{vtep_mac, vxlan_gateway};
-use crate::peers::routes::Routes;
+use crate::peers::routes::{Routes, SyncOutcome, route_err};
 use crate::peers::{Carrier, PeerRoute};
 
 /// The VXLAN device tunnelled routes go through, and their VNI.
@@ -45,44 +46,81 @@ impl Routes {
         Ok(next_hop)
     }
 
-    /// Removes the device's permanent neighbour entries that no tunnelled
-    /// route of `wanted` uses (their peer left or is routed directly now).
-    pub(super) async fn prune_next_hops(
-        &self,
-        wanted: &[PeerRoute],
-        tunnel: Tunnel,
-    ) -> crate::error::Result<()> {
-        let used: BTreeSet<IpAddr> = wanted
+    /// Makes the device's permanent neighbour entries exactly the next
+    /// hops of the tunnelled routes in place, from one listing: a missing
+    /// or wrong one is written (the kernel flushes a device's neighbours,
+    /// permanent ones too, when its MAC changes, as when this node's
+    /// address did), one no route uses is removed (its peer left or is
+    /// routed directly now). A next hop that cannot be written makes its
+    /// route missing.
+    pub(super) async fn sync_next_hops(&self, outcome: &mut SyncOutcome, tunnel: Tunnel) {
+        let present = match self.next_hops(tunnel).await {
+            Ok(present) => present,
+            Err(e) => {
+                outcome.failures.push(e.to_string());
+                return;
+            }
+        };
+        let mut kept = BTreeSet::new();
+        let mut failed = Vec::new();
+        for route in outcome
+            .in_place
             .iter()
             .filter(|r| r.carrier == Carrier::Vxlan)
-            .map(|r| vxlan_gateway(r.cidr))
-            .collect();
-        let mut stale: Vec<NeighbourMessage> = Vec::new();
+        {
+            let next_hop = vxlan_gateway(route.cidr);
+            kept.insert(next_hop);
+            let right = present
+                .iter()
+                .any(|(ip, mac, _)| *ip == next_hop && *mac == vtep_mac(route.via));
+            if !right && let Err(e) = self.write_next_hop(route, tunnel).await {
+                failed.push((
+                    route.cidr,
+                    route_err(format!("{}: its next hop", route.cidr), e),
+                ));
+            }
+        }
+        for (cidr, error) in failed {
+            outcome.in_place.retain(|r| r.cidr != cidr);
+            outcome.missing.push(error.to_string());
+            outcome.failures.push(error.to_string());
+        }
+        for (ip, _, entry) in present {
+            if kept.contains(&ip) {
+                continue;
+            }
+            match self.handle.neighbours().del(entry).execute().await {
+                Ok(()) => tracing::info!(next_hop = %ip, "stale tunnel next hop removed"),
+                Err(e) => outcome
+                    .failures
+                    .push(route_err(format!("removing the tunnel next hop {ip}"), e).to_string()),
+            }
+        }
+    }
+
+    /// The device's permanent neighbour entries: (address, MAC, entry).
+    async fn next_hops(&self, tunnel: Tunnel) -> Result<Vec<(IpAddr, Vec<u8>, NeighbourMessage)>> {
+        let mut found = Vec::new();
         let mut entries = self.handle.neighbours().get().execute();
         while let Some(entry) = entries
             .try_next()
             .await
-            .map_err(|e| super::routes::route_err("listing neighbours".into(), e))?
+            .map_err(|e| route_err("listing neighbours".into(), e))?
         {
-            let ours = entry.header.ifindex == tunnel.index
-                && entry.header.state == NeighbourState::Permanent;
-            if ours && destination(&entry).is_some_and(|ip| !used.contains(&ip)) {
-                stale.push(entry);
+            if entry.header.ifindex != tunnel.index
+                || entry.header.state != NeighbourState::Permanent
+            {
+                continue;
+            }
+            let mac = entry.attributes.iter().find_map(|attr| match attr {
+                NeighbourAttribute::LinkLayerAddress(mac) => Some(mac.clone()),
+                _ => None,
+            });
+            if let (Some(ip), Some(mac)) = (destination(&entry), mac) {
+                found.push((ip, mac, entry));
             }
         }
-        for entry in stale {
-            let ip = destination(&entry);
-            match self.handle.neighbours().del(entry).execute().await {
-                Ok(()) => tracing::info!(next_hop = ?ip, "stale tunnel next hop removed"),
-                Err(e) => {
-                    return Err(super::routes::route_err(
-                        format!("removing the tunnel next hop {ip:?}"),
-                        e,
-                    ));
-                }
-            }
-        }
-        Ok(())
+        Ok(found)
     }
 }
 

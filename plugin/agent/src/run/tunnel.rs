@@ -56,7 +56,7 @@ impl Agent {
                 name: VXLAN_DEVICE,
                 port: self.args.vxlan_port,
                 mac: vtep_mac(endpoint),
-                mtu: uplink_mtu - vxlan_overhead(endpoint.is_ipv6()),
+                mtu: uplink_mtu.saturating_sub(vxlan_overhead(endpoint.is_ipv6())),
             })
             .await?;
         Ok(Some(Tunnel {
@@ -83,7 +83,7 @@ impl Agent {
         }
         match (self.args.routing, tunnel_endpoint(me)) {
             (RoutingMode::Direct, _) | (_, Err(_)) => uplink_mtu,
-            (_, Ok(endpoint)) => uplink_mtu - vxlan_overhead(endpoint.is_ipv6()),
+            (_, Ok(endpoint)) => uplink_mtu.saturating_sub(vxlan_overhead(endpoint.is_ipv6())),
         }
     }
 }
