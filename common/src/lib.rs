@@ -117,7 +117,8 @@ pub const GLOBAL_UDP_FLOWS: &str = "UDP_FLOWS";
 
 /// A measurement's load-time setting (a u32, `cost_variant`): 0 in every
 /// load flatnet makes, so the verifier prunes the cut-down paths from the
-/// programs it runs (a known constant's untaken branch is dead code).
+/// programs it runs (a known constant's untaken branch is dead code; the
+/// constant's load at each check site stays: keep the sites few).
 pub const GLOBAL_COST_VARIANT: &str = "COST_VARIANT";
 
 /// `from_pod` cut down, to measure where a packet's nanoseconds go
