@@ -44,6 +44,11 @@ impl Daemon {
         Ok(())
     }
 
+    /// How the daemon ended, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Waits until `ready` holds, failing early when the daemon exits.
     pub fn wait_ready(
         &mut self,
@@ -94,9 +99,19 @@ impl Drop for Daemon {
     }
 }
 
-/// The last `lines` lines of a log file.
+/// The last `lines` lines of a log file, or why there are none: a log that
+/// cannot be read or is empty says so instead of printing nothing.
 pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => return format!("(cannot read the log: {e})"),
+    };
+    if bytes.is_empty() {
+        return "(the log is empty)".to_string();
+    }
+    // Daemons log what they are given (image names, runtime errors): not
+    // always UTF-8.
+    let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

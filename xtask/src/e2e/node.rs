@@ -328,27 +328,47 @@ conntrack:
     }
 
     fn start_kubelet(&mut self, bin: &Path) -> anyhow::Result<()> {
-        let mut cmd = self.host.command(bin.join("kubelet"));
-        cmd.args([
-            "--config=/etc/kubernetes/kubelet.yaml",
-            "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
-            "--container-runtime=remote",
-            &format!("--container-runtime-endpoint=unix://{SOCKET}"),
-            &format!("--hostname-override={}", self.name),
-            &format!("--node-ip={}", self.address),
-            "--v=1",
-        ])
-        // kubelet 1.20's in-tree ECR credential provider asks the EC2
-        // metadata address at start.
-        .env("AWS_EC2_METADATA_DISABLED", "true");
-        let mut daemon = Daemon::start(&self.host, "kubelet", cmd, &self.logs)?;
-        daemon.wait_ready(Duration::from_secs(60), "healthz", || {
-            self.host
-                .run("curl", &["-sf", "http://127.0.0.1:10248/healthz"])
-                .is_ok()
-        })?;
-        self.kubelet = Some(daemon);
-        Ok(())
+        // kubeadm's kubelet.service restarts kubelet whenever it exits
+        // (Restart=always): kubelet 1.20 exits 255 on a fatal error at start
+        // and relies on that. The node does the same, a few times, with the
+        // log of each exit printed; an exit after start stays an error.
+        let mut attempt = 1;
+        loop {
+            let mut cmd = self.host.command(bin.join("kubelet"));
+            cmd.args([
+                "--config=/etc/kubernetes/kubelet.yaml",
+                "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
+                "--container-runtime=remote",
+                &format!("--container-runtime-endpoint=unix://{SOCKET}"),
+                &format!("--hostname-override={}", self.name),
+                &format!("--node-ip={}", self.address),
+                "--v=1",
+            ])
+            // kubelet 1.20's in-tree ECR credential provider asks the EC2
+            // metadata address at start.
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+            let mut daemon = Daemon::start(&self.host, "kubelet", cmd, &self.logs)?;
+            let started = daemon.wait_ready(Duration::from_secs(60), "healthz", || {
+                self.host
+                    .run("curl", &["-sf", "http://127.0.0.1:10248/healthz"])
+                    .is_ok()
+            });
+            match started {
+                Ok(()) => {
+                    self.kubelet = Some(daemon);
+                    return Ok(());
+                }
+                Err(e) if attempt < KUBELET_STARTS && daemon.exited().is_some() => {
+                    println!(
+                        "e2e: {}: {e:#}\ne2e: starting kubelet again, as its systemd unit would",
+                        self.name
+                    );
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub fn start_kube_proxy(&mut self, bin: &Path) -> anyhow::Result<()> {
@@ -404,6 +424,10 @@ impl Drop for Node {
         self.stop();
     }
 }
+
+/// How many times kubelet is started before its exits at start fail the
+/// run.
+const KUBELET_STARTS: u32 = 3;
 
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
 
