@@ -11,10 +11,12 @@ mod flows;
 mod map_specs;
 mod policy;
 mod services;
+mod tunnel;
 pub use flows::*;
 pub use map_specs::*;
 pub use policy::*;
 pub use services::*;
+pub use tunnel::*;
 
 /// Maximum number of local pods per network (entries of `ENDPOINTS_V4`).
 pub const MAX_ENDPOINTS: u32 = 16384;
@@ -83,6 +85,10 @@ pub const PROG_TO_POD: &str = "to_pod";
 /// tc classifier on the node's uplink: traffic from other nodes for local
 /// pods goes straight into them.
 pub const PROG_FROM_UPLINK: &str = "from_uplink";
+/// tc classifier at the ingress of the node's VXLAN device: decapsulated
+/// packets from a tunnelled node's pods checked against the tunnel's outer
+/// source and handed straight into local pods.
+pub const PROG_FROM_TUNNEL: &str = "from_tunnel";
 /// tc classifier at the egress of the node's uplink: what the host stack
 /// sends to other nodes makes its flow lose a "clear" verdict in `FLOWS`
 /// (the fast path's own packets, marked, pass untouched).
@@ -207,9 +213,11 @@ pub const ENDPOINT_F_SHAPED_INGRESS: u32 = 1;
 pub type RemoteCidrV4 = [u8; 4];
 pub type RemoteCidrV6 = [u8; 16];
 
-/// The node that owns a remote pod CIDR. The datapath only needs to know
-/// that the CIDR is another node's (it asks the kernel's FIB for the way
-/// there); the node's address is kept for people reading the map.
+/// The node that owns a remote pod CIDR. Routed directly, the datapath only
+/// needs to know that the CIDR is another node's (it asks the kernel's FIB
+/// for the way there); tunnelled (`REMOTE_F_TUNNEL`), the node's address
+/// is the tunnel's far end and the only outer source its pods' packets may
+/// arrive from.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RemoteNode {
@@ -217,7 +225,7 @@ pub struct RemoteNode {
     pub node_address: [u8; 16],
     /// `AF_INET` (2) or `AF_INET6` (10): the family of `node_address`.
     pub family: u32,
-    /// No flags defined yet.
+    /// `REMOTE_F_*` bits.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<RemoteNode>() == 24);
@@ -332,8 +340,17 @@ pub mod action {
     /// A policy drop whose event did not fit in `POLICY_EVENTS` (no reader,
     /// or one too slow): the drop itself is counted as `POLICY_DENIED`.
     pub const POLICY_EVENTS_LOST: u32 = 12;
+    /// A pod's packet for a tunnelled node's pod CIDR, encapsulated by the
+    /// datapath (tunnel key set, sent into the VXLAN device).
+    pub const TO_TUNNEL: u32 = 13;
+    /// A packet that arrived through the tunnel, handed from the VXLAN
+    /// device straight into a local pod with `bpf_redirect_peer`.
+    pub const TUNNEL_TO_POD: u32 = 14;
+    /// Dropped at the VXLAN device: an inner source in a pod CIDR that is
+    /// not the sending node's (another node's, or a local pod's address).
+    pub const TUNNEL_SOURCE_REFUSED: u32 = 15;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 16;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -350,6 +367,9 @@ pub mod action {
         "shaped_to_stack",
         "policy_denied",
         "policy_events_lost",
+        "to_tunnel",
+        "tunnel_to_pod",
+        "tunnel_source_refused",
     ];
 }
 
@@ -386,6 +406,8 @@ mod pod {
     unsafe impl aya::Pod for super::RemoteNode {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PodSources {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TunnelConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowKey {}
     // SAFETY: as above.

@@ -116,6 +116,7 @@ pub mod maps {
     );
     pub const SERVICE_REVNAT: MapSpec =
         MapSpec::new::<RevNatKey, RevNat>(MAP_SERVICE_REVNAT, MapKind::LruHash, MAX_SERVICE_REVNAT);
+    pub const TUNNEL: MapSpec = MapSpec::new::<u32, TunnelConfig>(MAP_TUNNEL, MapKind::Array, 1);
     pub const SERVICE_AFFINITY: MapSpec = MapSpec::new::<AffinityKey, Affinity>(
         MAP_SERVICE_AFFINITY,
         MapKind::LruHash,
@@ -124,7 +125,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 20] = [
+pub const MAP_SPECS: [MapSpec; 21] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -145,4 +146,5 @@ pub const MAP_SPECS: [MapSpec; 20] = [
     maps::SERVICE_BACKENDS,
     maps::SERVICE_REVNAT,
     maps::SERVICE_AFFINITY,
+    maps::TUNNEL,
 ];

@@ -28,6 +28,7 @@ mod pod;
 mod policy;
 mod remote;
 mod services;
+mod tunnel;
 mod uplink;
 mod variant;
 
@@ -46,8 +47,9 @@ use aya_ebpf::{
 use core::mem::size_of;
 use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, FAST_PATH_MARK, Ipv4Key,
-    Ipv6Key, NO_COUNTER_SLOT, PodSources, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
-    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, action, maps, preferred_slot,
+    Ipv6Key, NO_COUNTER_SLOT, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode,
+    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
+    action, maps, preferred_slot,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use neighbours::arp;
@@ -58,7 +60,8 @@ use network_types::{
 };
 use pod::{Sender, frame};
 use remote::route_to_remote;
-use uplink::{Uplink, uplink_to_pod};
+use tunnel::TunnelSource;
+use uplink::{Arrival, Uplink, uplink_to_pod};
 
 // The maps, each sized by and checked against its spec in
 // `flatnet_common::maps` (the loader checks pinned maps against the same).
@@ -118,6 +121,11 @@ static REMOTE_CIDRS_V6: LpmTrie<
 > = LpmTrie::new();
 const _: () = assert!(maps::REMOTE_CIDRS_V6.holds::<Key<RemoteCidrV6>, RemoteNode>());
 
+/// The node's VXLAN device (entry 0; all zero: none), written by the agent.
+#[btf_map]
+static TUNNEL: Array<TunnelConfig, { maps::TUNNEL.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::TUNNEL.holds::<u32, TunnelConfig>());
+
 /// Whether `from_uplink` may hand packets to pods: set by the loader (1 in
 /// tc mode, 0 in XDP mode; see `flatnet_common::GLOBAL_UPLINK_TO_PODS`).
 /// XDP mode sends every packet for another node through the host stack, so
@@ -149,6 +157,9 @@ enum Decision {
     Bounce,
     /// To another node's pod: routed by the caller, or passed to the stack.
     Remote,
+    /// To a pod of a node reached through the VXLAN tunnel: encapsulated by
+    /// the caller, or passed to the stack (which routes it into the tunnel).
+    Tunnel,
     /// To another node's pod, of a kind only the stack may judge.
     RemoteToStack,
     /// To the host stack, where a qdisc shapes the sender's or the
@@ -204,6 +215,19 @@ pub fn from_pod(ctx: TcContext) -> i32 {
                 TC_NEXT
             }
         },
+        Decision::Tunnel => match tunnel::send(&ctx) {
+            Some(verdict) => {
+                // Past `to_uplink` at the device's egress untouched.
+                // SAFETY: as above.
+                unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
+                count(action::TO_TUNNEL, ctx.len());
+                verdict
+            }
+            None => {
+                count(action::REMOTE_PASSED, ctx.len());
+                TC_NEXT
+            }
+        },
     }
 }
 
@@ -216,12 +240,40 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
         return TC_NEXT;
     }
+    deliver(&ctx, Arrival::Uplink, action::FROM_UPLINK)
+}
+
+/// tc ingress of the node's VXLAN device: a decapsulated packet whose
+/// inner source is a pod CIDR address of another node than the one that
+/// sent it is dropped (whatever it is for); one from the sending node's
+/// pod for a local pod goes straight into the pod; the rest is the host's.
+#[classifier]
+pub fn from_tunnel(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
+        return TC_NEXT;
+    }
+    match tunnel::source(&ctx) {
+        TunnelSource::PeerPod => deliver(&ctx, Arrival::Tunnel, action::TUNNEL_TO_POD),
+        TunnelSource::Refused => {
+            count(action::TUNNEL_SOURCE_REFUSED, ctx.len());
+            TC_ACT_SHOT as i32
+        }
+        TunnelSource::Other => TC_NEXT,
+    }
+}
+
+/// A packet from another node's pod straight into the local pod it is
+/// for, unless the host must see it (`uplink_to_pod`) or the pod's ingress
+/// policy refuses it; `delivered`: the `STATS` action it counts as.
+#[inline(always)]
+fn deliver(ctx: &TcContext, arrival: Arrival, delivered: u32) -> i32 {
     // SAFETY: a read of a constant the loader set (frozen .rodata).
     if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } == 0 {
         return TC_NEXT;
     }
     let len = ctx.len();
-    let (host_ifindex, slot) = match uplink_to_pod(&ctx, ctx.data(), ctx.data_end()) {
+    let (host_ifindex, slot) = match uplink_to_pod(ctx, ctx.data(), ctx.data_end(), arrival) {
         Uplink::ToPod { host_ifindex, slot } => (host_ifindex, slot),
         Uplink::ToStack(what) => {
             count(what, len);
@@ -238,7 +290,7 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
     // SAFETY: plain helper call; a stale ifindex makes the kernel drop the
     // frame (with flags 0 the helper itself never fails).
     let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
-    count(action::FROM_UPLINK, len);
+    count(delivered, len);
     count_pod(slot, Direction::Rx, len);
     verdict
 }
@@ -276,8 +328,8 @@ pub fn to_pod(ctx: TcContext) -> i32 {
     }
 }
 
-/// tc egress of the node's uplink: a packet the host stack sends to
-/// another node makes its flow lose a "clear" verdict (`flow`); the fast
+/// tc egress of the node's uplink and of its VXLAN device: a packet the
+/// host stack sends to another node makes its flow lose a "clear" verdict (`flow`); the fast
 /// path's own packets (marked by `from_pod`) pass with the mark cleared.
 #[classifier]
 pub fn to_uplink(ctx: TcContext) -> i32 {
@@ -330,8 +382,9 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
         // which hands the frame to its peer, the destination pod.
         Decision::ToPod { host_ifindex, .. } => (unsafe { bpf_redirect(host_ifindex, 0) }) as u32,
         Decision::Bounce => xdp_action::XDP_TX,
-        // bpf_redirect_neigh is tc-only: the stack routes it in XDP mode.
-        Decision::Remote => {
+        // bpf_redirect_neigh and tunnel keys are tc-only: the stack routes
+        // (and encapsulates) it in XDP mode.
+        Decision::Remote | Decision::Tunnel => {
             count(action::REMOTE_PASSED, end.saturating_sub(start) as u32);
             xdp_action::XDP_PASS
         }
@@ -411,7 +464,7 @@ fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u3
             count_pod(slot, Direction::Rx, len);
         }
         // Counted by the program that routes it.
-        Decision::Bounce | Decision::Remote => {}
+        Decision::Bounce | Decision::Remote | Decision::Tunnel => {}
     }
     decision
 }

@@ -83,19 +83,28 @@ pub(crate) fn owned_by<const N: usize>(
 /// register the verifier knows to be uninitialised, and it refuses that.
 pub(crate) struct Target {
     local: bool,
+    /// A remote pod reached through the VXLAN device (`REMOTE_F_TUNNEL`).
+    tunnel: bool,
     peer: Endpoint,
 }
 
 impl Target {
     #[inline(always)]
     fn pod(peer: Endpoint) -> Self {
-        Target { local: true, peer }
+        Target {
+            local: true,
+            tunnel: false,
+            peer,
+        }
     }
 
     #[inline(always)]
-    fn remote() -> Self {
+    fn remote(node: &RemoteNode) -> Self {
+        // SAFETY: a valid map value for the program's run; one field read once.
+        let flags = unsafe { core::ptr::read_volatile(&node.flags) };
         Target {
             local: false,
+            tunnel: flags & REMOTE_F_TUNNEL != 0,
             peer: Endpoint::default(),
         }
     }
@@ -138,8 +147,10 @@ pub(crate) fn ipv4(
         // Addressed to the sending pod itself: nothing to shortcut.
         Some(peer) if peer.host_ifindex == ingress => return Decision::Pass,
         Some(peer) => Target::pod(peer),
-        None if REMOTE_CIDRS_V4.get(&Key::new(32, dst)).is_some() => Target::remote(),
-        None => return Decision::Pass,
+        None => match REMOTE_CIDRS_V4.get(&Key::new(32, dst)) {
+            Some(node) => Target::remote(node),
+            None => return Decision::Pass,
+        },
     };
     fast_path(flow::ipv4(ct, start, end, ip), target, eth, sender)
 }
@@ -165,6 +176,7 @@ pub(crate) fn fast_path(
             Decision::Shaped
         }
         (Flow::Clear, true) => to_pod(eth, target.peer),
+        (Flow::Clear, false) if target.tunnel => Decision::Tunnel,
         (Flow::Clear, false) => Decision::Remote,
     }
 }
@@ -283,8 +295,10 @@ pub(crate) fn ipv6(
     let target = match unsafe { ENDPOINTS_V6.get(dst) }.map(snapshot) {
         Some(peer) if peer.host_ifindex == ingress => return Decision::Pass,
         Some(peer) => Target::pod(peer),
-        None if REMOTE_CIDRS_V6.get(&Key::new(128, dst)).is_some() => Target::remote(),
-        None => return Decision::Pass,
+        None => match REMOTE_CIDRS_V6.get(&Key::new(128, dst)) {
+            Some(node) => Target::remote(node),
+            None => return Decision::Pass,
+        },
     };
     fast_path(flow::ipv6(ct, start, end, header), target, eth, sender)
 }

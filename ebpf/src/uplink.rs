@@ -3,6 +3,17 @@
 
 use crate::*;
 
+/// Where a frame came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// The uplink: from a pod of a directly routed node if its source lies
+    /// in a remote pod CIDR that is not tunnelled.
+    Uplink,
+    /// The VXLAN device, its inner source already checked against the
+    /// tunnel's outer source (`tunnel::source`): a pod of the sending node.
+    Tunnel,
+}
+
 /// Where a frame from the uplink goes.
 pub(crate) enum Uplink {
     /// Into the local pod behind host veth `host_ifindex` (`slot`: its
@@ -20,7 +31,12 @@ pub(crate) enum Uplink {
 /// replies go through the stack, so the stack must see this direction as
 /// well, or its conntrack would see half a flow (and call the rest INVALID).
 #[inline(always)]
-pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Uplink {
+pub(crate) fn uplink_to_pod(
+    ct: &impl Conntrack,
+    start: usize,
+    end: usize,
+    arrival: Arrival,
+) -> Uplink {
     let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
         return Uplink::Pass;
     };
@@ -37,7 +53,9 @@ pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Up
                 return Uplink::Pass;
             };
             // An expiring packet is the stack's: it answers with ICMP.
-            if ip.ttl <= 1 || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)).is_none() {
+            if ip.ttl <= 1
+                || !from_peer_pod(arrival, || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)))
+            {
                 return Uplink::Pass;
             }
             if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
@@ -59,7 +77,9 @@ pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Up
             let Some(peer) = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot) else {
                 return Uplink::Pass;
             };
-            if ip.hop_limit <= 1 || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)).is_none() {
+            if ip.hop_limit <= 1
+                || !from_peer_pod(arrival, || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)))
+            {
                 return Uplink::Pass;
             }
             if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
@@ -87,5 +107,21 @@ pub(crate) fn uplink_to_pod(ct: &impl Conntrack, start: usize, end: usize) -> Up
     Uplink::ToPod {
         host_ifindex: peer.host_ifindex,
         slot: peer.counter_slot,
+    }
+}
+
+/// Whether a frame's source is another node's pod the fast path may take
+/// from where it arrived: through the tunnel, checked already; on the
+/// uplink, a directly routed node's (a tunnelled node's pods arrive
+/// encapsulated, or the stack judges them).
+#[inline(always)]
+fn from_peer_pod<'a>(arrival: Arrival, node: impl FnOnce() -> Option<&'a RemoteNode>) -> bool {
+    match arrival {
+        Arrival::Tunnel => true,
+        Arrival::Uplink => match node() {
+            None => false,
+            // SAFETY: a valid map value for the program's run; one field read once.
+            Some(node) => (unsafe { core::ptr::read_volatile(&node.flags) } & REMOTE_F_TUNNEL) == 0,
+        },
     }
 }

@@ -213,13 +213,18 @@ impl SimNode {
             .success()
     }
 
+    /// The fast path's remote CIDRs: "CIDR via NODE" routed directly,
+    /// "CIDR vxlan NODE" tunnelled.
     pub fn remote_cidrs(&self) -> Vec<String> {
         let mut cidrs: Vec<String> = self
             .datapath()
             .remote_cidrs()
             .expect("remote CIDRs")
             .into_iter()
-            .map(|(cidr, via)| format!("{cidr} via {via}"))
+            .map(|entry| match entry.tunnelled {
+                true => format!("{} vxlan {}", entry.cidr, entry.node),
+                false => format!("{} via {}", entry.cidr, entry.node),
+            })
             .collect();
         cidrs.sort();
         cidrs

@@ -80,6 +80,10 @@ pub async fn uninstall(args: Args) -> Result<()> {
             "remote-CIDR map",
             datapath.set_remote_cidrs(&[]).map_err(AgentError::from),
         );
+        note(
+            "tunnel map",
+            datapath.set_tunnel(None).map_err(AgentError::from),
+        );
         // Off every socket of the node first: ClusterIPs go back to
         // kube-proxy's rules.
         note(
@@ -248,16 +252,17 @@ async fn remove_uplink_filters(handle: &Handle) -> Result<()> {
     Ok(())
 }
 
-/// Unpins the agent's uplink links: with the pin gone and no process
-/// holding it, the kernel takes `from_uplink` off the uplink.
+/// Unpins the agent's uplink and VXLAN device links: with the pin gone and
+/// no process holding it, the kernel takes the program off the device.
 fn unpin_uplink_links(datapath: &Datapath) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(datapath.links_dir()) else {
         return Ok(());
     };
     for entry in entries.filter_map(|e| e.ok()) {
-        if entry.file_name().to_string_lossy().starts_with("uplink-") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("uplink-") || name.starts_with("tunnel-") {
             remove_if_present(&entry.path())?;
-            tracing::info!(pin = %entry.path().display(), "from_uplink's link removed");
+            tracing::info!(pin = %entry.path().display(), "the agent's link removed");
         }
     }
     Ok(())

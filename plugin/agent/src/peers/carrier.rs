@@ -83,14 +83,16 @@ pub fn vxlan_overhead(underlay_v6: bool) -> u32 {
 /// derives its peers' from their addresses, so nothing is annotated: the
 /// inner frames a peer sends are addressed to this device's MAC.
 pub fn vtep_mac(address: IpAddr) -> [u8; 6] {
-    let tail = match address {
-        IpAddr::V4(v4) => v4.octets(),
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            [o[12], o[13], o[14], o[15]]
+    // The datapath derives it from the same bytes (`flatnet_common::vtep_mac`).
+    let (bytes, family) = match address {
+        IpAddr::V4(v4) => {
+            let mut bytes = [0u8; 16];
+            bytes[..4].copy_from_slice(&v4.octets());
+            (bytes, flatnet_common::AF_INET_VALUE)
         }
+        IpAddr::V6(v6) => (v6.octets(), flatnet_common::AF_INET6_VALUE),
     };
-    [0x0e, 0x66, tail[0], tail[1], tail[2], tail[3]]
+    flatnet_common::vtep_mac(&bytes, family)
 }
 
 /// The next hop of a tunnelled route to `cidr`: its network address, on

@@ -11,7 +11,7 @@ use crate::peers::routes::Routes;
 use crate::peers::{self, Carrier, Node, Plan, Routing};
 use crate::reclaim::Reclaimer;
 use flatnet::config::NetConf;
-use flatnet_datapath::bpf::{self, DATAPATH_ID, Datapath};
+use flatnet_datapath::bpf::{self, DATAPATH_ID, Datapath, RemoteCidr};
 use flatnet_datapath::masquerade;
 use flatnet_datapath::netlink::{Forwarding, IPV6_FORWARD, Netlink, read_sysctl};
 use flatnet_datapath::node::ensure_datapath;
@@ -193,13 +193,16 @@ impl Agent {
         }
         // Only CIDRs whose route is in place: the fast path forwards by the
         // FIB, which would otherwise send them by whatever route is there.
-        // Tunnelled CIDRs take the stack's route (its encapsulation is not
-        // the fast path's yet).
-        let remote: Vec<(IpNetwork, std::net::IpAddr)> = outcome
+        // A tunnelled one's route is in place only with the device there;
+        // its entry names the tunnel's far end.
+        let remote: Vec<RemoteCidr> = outcome
             .in_place
             .iter()
-            .filter(|r| r.carrier == Carrier::Direct)
-            .map(|r| (r.cidr, r.via))
+            .map(|r| RemoteCidr {
+                cidr: r.cidr,
+                node: r.via,
+                tunnelled: r.carrier == Carrier::Vxlan,
+            })
             .collect();
         self.datapath.set_remote_cidrs(&remote)?;
         self.sync_no_masquerade(plan).await?;

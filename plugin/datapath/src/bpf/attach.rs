@@ -79,6 +79,10 @@ pub enum LinkRole {
     /// `to_pod` at tcx egress of a pod's host veth (named by that veth):
     /// on every pod's veth where tcx exists.
     ToPod,
+    /// `from_tunnel` at tcx ingress of the node's VXLAN device.
+    Tunnel,
+    /// `to_uplink` at tcx egress of the node's VXLAN device.
+    TunnelEgress,
 }
 
 impl LinkRole {
@@ -89,13 +93,17 @@ impl LinkRole {
             LinkRole::Uplink => "uplink",
             LinkRole::UplinkEgress => "uplink-out",
             LinkRole::ToPod => "egress",
+            LinkRole::Tunnel => "tunnel",
+            LinkRole::TunnelEgress => "tunnel-out",
         }
     }
 
     /// The tcx hook of the role's program.
     fn tc_attach_type(self) -> TcAttachType {
         match self {
-            LinkRole::ToPod | LinkRole::UplinkEgress => TcAttachType::Egress,
+            LinkRole::ToPod | LinkRole::UplinkEgress | LinkRole::TunnelEgress => {
+                TcAttachType::Egress
+            }
             _ => TcAttachType::Ingress,
         }
     }
@@ -126,7 +134,10 @@ impl Datapath {
 
     /// Where the link of `role` for device `name` is pinned.
     pub fn link_path(&self, role: LinkRole, name: &str) -> PathBuf {
-        self.links_dir().join(format!("{}-{name}", role.prefix()))
+        // Device names may hold dots (flatnet.vxlan, VLANs), which bpffs
+        // refuses.
+        self.links_dir()
+            .join(format!("{}-{}", role.prefix(), super::pin_name(name)))
     }
 
     /// Puts this build's tc `program` at tcx ingress (egress for
@@ -271,6 +282,15 @@ impl Datapath {
             return Ok(());
         }
         self.attach_tc_link(PROG_TO_POD, LinkRole::ToPod, ifname)
+    }
+
+    /// Unpins the links of `roles` named `name` (a device that is gone or
+    /// no longer the datapath's).
+    pub fn unpin_links(&self, roles: &[LinkRole], name: &str) -> Result<()> {
+        for role in roles {
+            remove_if_there(&self.link_path(*role, name))?;
+        }
+        Ok(())
     }
 
     /// Unpins the links of the pod behind host veth `host_veth` (DEL).

@@ -18,11 +18,12 @@ use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
-    MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAPS,
-    MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_XDP,
-    PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PodSources, RemoteCidrV4,
-    RemoteCidrV6, RemoteNode, SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID,
-    SOURCES_PER_FAMILY, action, preferred_slot,
+    MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAP_TUNNEL,
+    MAPS, MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD,
+    PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD,
+    PROG_TO_UPLINK, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode,
+    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
+    action, preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -59,6 +60,7 @@ pub use host_veth::{
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
+pub use remote::RemoteCidr;
 pub use services::{SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key};
 pub use sources::sources_of;
 pub use variant::CostVariant;
@@ -128,13 +130,20 @@ pub fn pin_root_for(configured: Option<&Path>) -> Result<PathBuf> {
 /// are the same in both modes.
 pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
     match mode {
-        DatapathMode::Tc => &[PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD, PROG_TO_UPLINK],
+        DatapathMode::Tc => &[
+            PROG_FROM_POD,
+            PROG_FROM_UPLINK,
+            PROG_TO_POD,
+            PROG_TO_UPLINK,
+            PROG_FROM_TUNNEL,
+        ],
         DatapathMode::Xdp => &[
             PROG_FROM_POD_XDP,
             PROG_POD_XDP_PASS,
             PROG_FROM_UPLINK,
             PROG_TO_POD,
             PROG_TO_UPLINK,
+            PROG_FROM_TUNNEL,
         ],
     }
 }
@@ -338,7 +347,13 @@ mod tests {
     fn each_mode_names_its_programs() {
         assert_eq!(
             programs(DatapathMode::Tc),
-            [PROG_FROM_POD, PROG_FROM_UPLINK, PROG_TO_POD, PROG_TO_UPLINK]
+            [
+                PROG_FROM_POD,
+                PROG_FROM_UPLINK,
+                PROG_TO_POD,
+                PROG_TO_UPLINK,
+                PROG_FROM_TUNNEL
+            ]
         );
         assert_eq!(
             programs(DatapathMode::Xdp),
@@ -347,7 +362,8 @@ mod tests {
                 PROG_POD_XDP_PASS,
                 PROG_FROM_UPLINK,
                 PROG_TO_POD,
-                PROG_TO_UPLINK
+                PROG_TO_UPLINK,
+                PROG_FROM_TUNNEL
             ]
         );
     }

@@ -1,4 +1,5 @@
-//! Other nodes' pod CIDRs (the LPM tries the agent keeps).
+//! Other nodes' pod CIDRs (the LPM tries the agent keeps) and the node's
+//! VXLAN device (`TUNNEL`).
 
 use super::*;
 
@@ -6,6 +7,16 @@ use super::*;
 pub(super) const FAMILY_INET: u32 = libc::AF_INET as u32;
 
 pub(super) const FAMILY_INET6: u32 = libc::AF_INET6 as u32;
+
+/// One entry of the remote-CIDR tries: a pod CIDR, the node it is on, and
+/// whether that node is reached through the VXLAN tunnel (`node` is then
+/// the tunnel's far end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteCidr {
+    pub cidr: IpNetwork,
+    pub node: IpAddr,
+    pub tunnelled: bool,
+}
 
 impl Datapath {
     pub(super) fn remote_v4(&self) -> Result<LpmTrie<MapData, RemoteCidrV4, RemoteNode>> {
@@ -18,57 +29,86 @@ impl Datapath {
             .map_err(|e| Error::bpf(format!("opening {MAP_REMOTE_CIDRS_V6}"), e))
     }
 
-    /// Other nodes' pod CIDRs the fast path knows, with the node's address.
-    pub fn remote_cidrs(&self) -> Result<Vec<(IpNetwork, IpAddr)>> {
+    /// Other nodes' pod CIDRs the fast path knows.
+    pub fn remote_cidrs(&self) -> Result<Vec<RemoteCidr>> {
         let mut found = Vec::new();
         for entry in self.remote_v4()?.iter() {
             let (key, node) = entry.map_err(|e| Error::bpf("listing remote CIDRs", e))?;
-            found.push((
+            found.push(remote_cidr(
                 remote_network(key.prefix_len(), &key.data())?,
-                node_address(&node),
+                &node,
             ));
         }
         for entry in self.remote_v6()?.iter() {
             let (key, node) = entry.map_err(|e| Error::bpf("listing remote CIDRs", e))?;
-            found.push((
+            found.push(remote_cidr(
                 remote_network(key.prefix_len(), &key.data())?,
-                node_address(&node),
+                &node,
             ));
         }
         Ok(found)
     }
 
-    /// Makes the remote-CIDR tries hold exactly `wanted` (CIDR -> node
-    /// address): new and changed entries first, then the ones no longer
-    /// wanted, so a CIDR that stays never misses a packet. Entries already
-    /// right are not written again (the agent calls this at every pass).
-    pub fn set_remote_cidrs(&self, wanted: &[(IpNetwork, IpAddr)]) -> Result<()> {
-        let current: std::collections::HashMap<IpNetwork, IpAddr> =
+    /// Makes the remote-CIDR tries hold exactly `wanted`: new and changed
+    /// entries first, then the ones no longer wanted, so a CIDR that stays
+    /// never misses a packet. Entries already right are not written again
+    /// (the agent calls this at every pass).
+    pub fn set_remote_cidrs(&self, wanted: &[RemoteCidr]) -> Result<()> {
+        let current: std::collections::HashSet<RemoteCidr> =
             self.remote_cidrs()?.into_iter().collect();
-        let wanted: std::collections::HashMap<IpNetwork, IpAddr> = wanted
+        let wanted: std::collections::HashMap<IpNetwork, RemoteCidr> = wanted
             .iter()
-            .map(|(cidr, node)| (crate::util::normalized(*cidr), *node))
+            .map(|entry| {
+                let cidr = crate::util::normalized(entry.cidr);
+                (cidr, RemoteCidr { cidr, ..*entry })
+            })
             .collect();
         let mut v4 = self.remote_v4()?;
         let mut v6 = self.remote_v6()?;
-        for (cidr, node) in &wanted {
-            if current.get(cidr) == Some(node) {
+        for (cidr, entry) in &wanted {
+            if current.contains(entry) {
                 continue;
             }
-            let value = remote_node(*node);
+            let value = remote_node(entry.node, entry.tunnelled);
             match cidr {
                 IpNetwork::V4(net) => v4.insert(&remote_key_v4(net), value, 0),
                 IpNetwork::V6(net) => v6.insert(&remote_key_v6(net), value, 0),
             }
             .map_err(|e| Error::bpf(format!("inserting remote CIDR {cidr}"), e))?;
         }
-        for cidr in current.keys().filter(|cidr| !wanted.contains_key(cidr)) {
-            ignore_missing(match cidr {
-                IpNetwork::V4(net) => v4.remove(&remote_key_v4(net)),
-                IpNetwork::V6(net) => v6.remove(&remote_key_v6(net)),
+        for entry in current.iter().filter(|e| !wanted.contains_key(&e.cidr)) {
+            ignore_missing(match entry.cidr {
+                IpNetwork::V4(net) => v4.remove(&remote_key_v4(&net)),
+                IpNetwork::V6(net) => v6.remove(&remote_key_v6(&net)),
             })?;
         }
         Ok(())
+    }
+
+    /// The node's VXLAN device as the datapath knows it (None: no device,
+    /// tunnelled CIDRs take the stack's routes).
+    pub fn tunnel(&self) -> Result<Option<TunnelConfig>> {
+        let config = self
+            .tunnel_map()?
+            .get(&0, 0)
+            .map_err(|e| Error::bpf(format!("reading {MAP_TUNNEL}"), e))?;
+        Ok((config.ifindex != 0).then_some(config))
+    }
+
+    /// Points the fast path at the node's VXLAN device, or (None) at none.
+    pub fn set_tunnel(&self, config: Option<TunnelConfig>) -> Result<()> {
+        let config = config.unwrap_or_default();
+        if self.tunnel()?.unwrap_or_default() == config {
+            return Ok(());
+        }
+        self.tunnel_map()?
+            .set(0, config, 0)
+            .map_err(|e| Error::bpf(format!("writing {MAP_TUNNEL}"), e))
+    }
+
+    fn tunnel_map(&self) -> Result<Array<MapData, TunnelConfig>> {
+        Array::try_from(Map::Array(self.open_map(MAP_TUNNEL)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_TUNNEL}"), e))
     }
 }
 
@@ -91,8 +131,11 @@ pub(super) fn remote_key_v6(net: &ipnetwork::Ipv6Network) -> LpmKey<RemoteCidrV6
     LpmKey::new(u32::from(net.prefix()), net.network().octets())
 }
 
-pub(super) fn remote_node(address: IpAddr) -> RemoteNode {
-    let mut value = RemoteNode::default();
+pub(super) fn remote_node(address: IpAddr, tunnelled: bool) -> RemoteNode {
+    let mut value = RemoteNode {
+        flags: if tunnelled { REMOTE_F_TUNNEL } else { 0 },
+        ..RemoteNode::default()
+    };
     match address {
         IpAddr::V4(v4) => {
             value.node_address[..4].copy_from_slice(&v4.octets());
@@ -104,6 +147,14 @@ pub(super) fn remote_node(address: IpAddr) -> RemoteNode {
         }
     }
     value
+}
+
+fn remote_cidr(cidr: IpNetwork, node: &RemoteNode) -> RemoteCidr {
+    RemoteCidr {
+        cidr,
+        node: node_address(node),
+        tunnelled: node.flags & REMOTE_F_TUNNEL != 0,
+    }
 }
 
 pub(super) fn node_address(node: &RemoteNode) -> IpAddr {
@@ -132,7 +183,10 @@ mod tests {
         assert!(remote_network(33, &[10, 0, 0, 0]).is_err());
         for address in ["172.31.0.2", "fd00::2"] {
             let ip: IpAddr = address.parse().unwrap();
-            assert_eq!(node_address(&remote_node(ip)), ip);
+            assert_eq!(node_address(&remote_node(ip, false)), ip);
+            let tunnelled = remote_node(ip, true);
+            assert_eq!(tunnelled.flags, REMOTE_F_TUNNEL);
+            assert!(remote_cidr("10.1.0.0/16".parse().unwrap(), &tunnelled).tunnelled);
         }
         assert_eq!(
             crate::util::normalized("10.1.2.3/16".parse().unwrap()),

@@ -12,6 +12,7 @@ use flatnet_common::{
 };
 use serde::Serialize;
 
+use super::inspect_remote::{self as remote, RemoteReport, TunnelReport};
 use crate::config::DatapathMode;
 use crate::error::Result;
 use flatnet_datapath::bpf::{DATAPATH_ID, Datapath, attach_mode, ingress_programs, programs};
@@ -29,6 +30,10 @@ pub struct NetworkReport {
     pub maps: Vec<String>,
     /// Action counters summed over CPUs: name -> (packets, bytes).
     pub counters: BTreeMap<&'static str, Counts>,
+    /// Other nodes' pod CIDRs the fast path knows (`REMOTE_CIDRS_*`).
+    pub remote: Vec<RemoteReport>,
+    /// The VXLAN device the fast path encapsulates into (`TUNNEL`).
+    pub tunnel: Option<TunnelReport>,
     pub pods: Vec<PodReport>,
 }
 
@@ -145,6 +150,8 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
             .map(|p| p.display().to_string())
             .collect(),
         counters: BTreeMap::new(),
+        remote: Vec::new(),
+        tunnel: None,
         pods: Vec::new(),
     };
     for name in datapath.pinned_programs() {
@@ -164,6 +171,9 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
                 },
             );
         }
+    }
+    if !report.maps.is_empty() {
+        (report.remote, report.tunnel) = remote::report(&datapath, host).await?;
     }
     let current_id = mode
         .filter(|m| datapath.is_loaded(*m))
@@ -266,6 +276,7 @@ pub fn render(report: &NetworkReport) -> String {
         .map(|(name, c)| format!("{name} {} pkts / {} B", c.packets, c.bytes))
         .collect();
     out.push_str(&format!("  counters: {}\n", counters.join("; ")));
+    out.push_str(&remote::render(&report.remote, report.tunnel.as_ref()));
     out.push_str(&format!(
         "  {:<34} {:<17} {:<15} {:>7} {:>10} {:>12} {:>14} {:>12} {:>14}\n",
         "POD ADDRESSES",

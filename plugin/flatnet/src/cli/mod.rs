@@ -2,6 +2,7 @@
 //! inspect, monitor and repair the datapath.
 
 pub mod inspect;
+pub mod inspect_remote;
 pub mod inspect_services;
 pub mod monitor;
 

@@ -26,15 +26,14 @@ use flatnet_common::{
     PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_TO_POD, PolicyEvent, SOURCES_F_MORE,
     action,
 };
-use flatnet_datapath::bpf::Shaping;
 use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::bpf::{RemoteCidr, Shaping};
 use flatnet_tests::frames::*;
 use flatnet_tests::test_run::{
     Outcome, ScratchDatapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_NEXT, XDP_DROP, XDP_PASS,
     XDP_REDIRECT, XDP_TX, run_tc, run_xdp,
 };
 use flatnet_tests::{Netns, flatnet_test};
-use ipnetwork::IpNetwork;
 
 mod conntrack;
 mod cost;
@@ -221,9 +220,13 @@ impl Node {
         };
         let a = pod(a_index, POD_A_MAC, HOST_A_MAC, POD_A);
         let b = pod(b_index, POD_B_MAC, HOST_B_MAC, POD_B);
-        let remote: Vec<(IpNetwork, IpAddr)> = REMOTE_CIDRS
+        let remote: Vec<RemoteCidr> = REMOTE_CIDRS
             .iter()
-            .map(|(cidr, node)| (cidr.parse().expect("CIDR"), *node))
+            .map(|(cidr, node)| RemoteCidr {
+                cidr: cidr.parse().expect("CIDR"),
+                node: *node,
+                tunnelled: false,
+            })
             .collect();
         datapath
             .set_remote_cidrs(&remote)
