@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use flatnet_common::action;
 use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::metric;
 use flatnet_tests::*;
@@ -194,6 +195,34 @@ fn auto_routes_the_shared_segment_and_tunnels_to_the_other_subnet() {
     let source = udp_source(&a.netns, a.ip, &c.netns, c.ip, 1450 - 28);
     assert_eq!(source, std::net::IpAddr::V4(a.ip));
     assert!(tunnelled(n1) > sent, "n1 -> n3 did not use the tunnel");
+    // The fast path encapsulated and delivered it, not the stack: n3's
+    // stack forwarded nothing of n1's or n2's 4 MiB.
+    for node in [n1, n2, n3] {
+        let (encapsulated, delivered) = (
+            node.packets(action::TO_TUNNEL),
+            node.packets(action::TUNNEL_TO_POD),
+        );
+        assert!(
+            encapsulated > 1000 && delivered > 1000,
+            "{}: {encapsulated} packets encapsulated, {delivered} delivered by the datapath",
+            node.spec.name
+        );
+    }
+    assert!(
+        n3.forwarded() < 100,
+        "n3's stack forwarded {} datagrams",
+        n3.forwarded()
+    );
+    for line in [
+        "10.244.3.0/24 vxlan 172.30.1.3",
+        "10.244.2.0/24 via 172.30.0.2",
+    ] {
+        assert!(
+            n1.remote_cidrs().iter().any(|l| l == line),
+            "{:?} lacks {line}",
+            n1.remote_cidrs()
+        );
+    }
     // Between the segments only VXLAN: no pod address outside the tunnel.
     let (bare, vxlan, vni_1) = underlay.counts();
     assert_eq!(bare, 0, "pod addresses crossed the router unencapsulated");
@@ -210,10 +239,19 @@ fn vxlan_mode_tunnels_every_peer() {
         line.contains("dst 172.30.0.2") && line.contains("dev flatnet.vxlan"),
         "{line}"
     );
-    // Tunnelled CIDRs are the stack's to route: not in the fast path's map.
-    assert!(n1.remote_cidrs().is_empty(), "{:?}", n1.remote_cidrs());
+    // In the fast path's map as tunnelled: their far end is the node.
+    assert_eq!(
+        n1.remote_cidrs(),
+        [
+            "10.244.2.0/24 vxlan 172.30.0.2",
+            "10.244.3.0/24 vxlan 172.30.1.3"
+        ]
+    );
     let (a, b) = (n1.pod(), n2.pod());
+    let encapsulated = n1.packets(action::TO_TUNNEL);
     tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 20).expect("n1 -> n2 through VXLAN");
+    assert!(n1.packets(action::TO_TUNNEL) > encapsulated + 100);
+    assert!(n2.packets(action::TUNNEL_TO_POD) > 100);
     // n2 leaves: its tunnelled route and its next hop's neighbour entry go.
     let next_hop = || {
         n1.netns
@@ -259,8 +297,14 @@ fn ipv6_pods_cross_the_tunnel_over_an_ipv4_underlay() {
     tcp_echo(Some(&a.netns), a6, Some(&c.netns), 1 << 20).expect("n3 -> n1 over IPv6");
 }
 
+/// A live TCP stream n3 -> n1 through the tunnel while both nodes' agents
+/// restart, then while both nodes' datapaths are upgraded (their programs
+/// made to look like an older build's, and `TUNNEL` missing as in builds
+/// before it: the agent of this build loads its own, moves the pods, the
+/// uplink and the VXLAN device over, and points the new map at the
+/// device). Nothing lost; afterwards the new programs carry the stream.
 #[flatnet_test(root)]
-fn a_tunnelled_stream_survives_agent_restarts() {
+fn a_tunnelled_stream_survives_agent_restarts_and_a_datapath_upgrade() {
     let cluster = Cluster::started(&split_specs(), &[]);
     let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
     let (a, c) = (n1.pod(), n3.pod());
@@ -278,6 +322,99 @@ fn a_tunnelled_stream_survives_agent_restarts() {
     assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
     // A restarted agent finds its device and routes as they were.
     assert_eq!((route_lines(n1), route_lines(n3)), routes_before);
+
+    let tunnel_program = |node: &SimNode| {
+        node.datapath()
+            .program(flatnet_common::PROG_FROM_TUNNEL)
+            .and_then(|p| p.id().map_err(Into::into))
+            .expect("from_tunnel's id")
+    };
+    let before = [tunnel_program(n1), tunnel_program(n3)];
+    let (sent, received) = stream_during(&c.netns, c.ip, &a.netns, || {
+        for node in [n1, n3] {
+            let datapath = node.datapath();
+            for name in [
+                flatnet_common::PROG_FROM_POD,
+                flatnet_common::PROG_FROM_UPLINK,
+                flatnet_common::PROG_FROM_TUNNEL,
+            ] {
+                let pinned = datapath.program_path(name);
+                let older = pinned.with_file_name(format!("{name}-000000000000"));
+                std::fs::rename(&pinned, &older).expect("age the pinned program");
+            }
+            std::fs::remove_file(datapath.map_path(flatnet_common::MAP_TUNNEL))
+                .expect("unpin TUNNEL");
+            node.stop_agent();
+            node.start_agent(&cluster.file());
+            node.wait_ready();
+        }
+    });
+    assert_eq!(sent, received, "bytes were lost across the upgrade");
+    assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
+    for (node, old) in [n1, n3].into_iter().zip(before) {
+        let new = tunnel_program(node);
+        assert_ne!(new, old, "{}: no new from_tunnel", node.spec.name);
+        let attached: Vec<u32> = node
+            .netns
+            .run(|| tc_hooks("flatnet.vxlan"))
+            .into_iter()
+            .map(|hook| hook.program_id)
+            .collect();
+        assert!(
+            attached.contains(&new) && !attached.contains(&old),
+            "{}: the VXLAN device runs {attached:?}, not {new}",
+            node.spec.name
+        );
+    }
+    let (encapsulated, delivered) = (
+        n3.packets(action::TO_TUNNEL),
+        n1.packets(action::TUNNEL_TO_POD),
+    );
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 20).expect("n3 -> n1 after");
+    assert!(n3.packets(action::TO_TUNNEL) > encapsulated + 100);
+    assert!(n1.packets(action::TUNNEL_TO_POD) > delivered + 100);
+}
+
+/// A node can only send from its own pod CIDR through the tunnel: n3's
+/// stack sends (through its VXLAN device, outer source n3's address)
+/// packets claiming n2's pod CIDR and n1's own pod's address; n1 drops
+/// them at its device and counts them, while n3's own pods get through.
+#[flatnet_test(root)]
+fn a_node_cannot_send_other_pods_addresses_through_the_tunnel() {
+    let cluster = Cluster::started(&split_specs(), &[]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    let (a, c) = (n1.pod(), n3.pod());
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 16).expect("n3's pod -> n1's pod");
+    let refused = n1.packets(action::TUNNEL_SOURCE_REFUSED);
+    assert_eq!(refused, 0, "n1 refused n3's own pod");
+    // n3's node sends from addresses that are not its pods': another
+    // node's pod CIDR (n2's), and n1's pod itself. Its route to n1's CIDR
+    // is the tunnel's, so the packets leave encapsulated from n3.
+    let unused_in_n1 = "10.244.1.200";
+    for spoofed in ["10.244.2.77".to_string(), a.ip.to_string()] {
+        n3.netns
+            .exec(&["ip", "addr", "add", &format!("{spoofed}/32"), "dev", "lo"]);
+        let target = if spoofed == a.ip.to_string() {
+            unused_in_n1.to_string()
+        } else {
+            a.ip.to_string()
+        };
+        // No answer comes back: only the count of what n1 refused matters.
+        let _ = n3
+            .netns
+            .command(&[
+                "ping", "-c", "5", "-i", "0.05", "-W", "1", "-I", &spoofed, &target,
+            ])
+            .output();
+        n3.netns
+            .exec(&["ip", "addr", "del", &format!("{spoofed}/32"), "dev", "lo"]);
+    }
+    assert_eq!(
+        n1.packets(action::TUNNEL_SOURCE_REFUSED),
+        10,
+        "n1 did not refuse exactly the 10 spoofed packets"
+    );
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 16).expect("n3's pod -> n1's pod after");
 }
 
 #[flatnet_test(root)]

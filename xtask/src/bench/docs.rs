@@ -40,6 +40,8 @@ pub struct Results {
     services: Option<Value>,
     cri: Option<Value>,
     program_cost: Option<Value>,
+    /// Pods on two nodes over VXLAN (overlay.json).
+    overlay: Option<Value>,
     /// One report per Services mode, in file-name order.
     e2e: Vec<Value>,
 }
@@ -111,6 +113,7 @@ impl Results {
         services: Option<&str>,
         cri: Option<&str>,
         program_cost: Option<&str>,
+        overlay: Option<&str>,
         e2e: &[String],
     ) -> anyhow::Result<Self> {
         let bench: Value = serde_json::from_str(bench).context("bench.json is not JSON")?;
@@ -146,6 +149,7 @@ impl Results {
             program_cost: program_cost
                 .map(|t| json(t, "program-cost.json"))
                 .transpose()?,
+            overlay: overlay.map(|t| json(t, "overlay.json")).transpose()?,
             e2e: e2e
                 .iter()
                 .map(|t| json(t, "an e2e-<mode>.json"))
@@ -175,6 +179,7 @@ impl Results {
             read("services.json").as_deref(),
             read("cri.json").as_deref(),
             read("program-cost.json").as_deref(),
+            read("overlay.json").as_deref(),
             &e2e,
         )
     }
@@ -247,6 +252,18 @@ impl Results {
             .as_ref()
             .map(super::socket_services::table)
             .unwrap_or_default()
+    }
+
+    fn overlay(&self) -> String {
+        let Some(overlay) = &self.overlay else {
+            return "No overlay run in `results/` (overlay.json is missing).\n".into();
+        };
+        format!(
+            "{} round(s), {} s per measurement.\n\n{}",
+            overlay["rounds"],
+            overlay["seconds"],
+            super::overlay::table(overlay)
+        )
     }
 
     fn cri(&self) -> String {
@@ -348,6 +365,7 @@ impl Results {
             ("variants", super::variants::table(&self.rounds)),
             ("services_summary", self.services_summary()),
             ("services_tables", self.services_tables()),
+            ("overlay", self.overlay()),
             ("cri", self.cri()),
             ("program_cost", self.program_cost()),
             ("e2e", self.e2e()),
@@ -453,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_fixture_gives_its_table() -> anyhow::Result<()> {
-        let results = Results::parse(&fixture_bench(), None, None, None, &[])?;
+        let results = Results::parse(&fixture_bench(), None, None, None, None, &[])?;
         let section = results.readme_section();
         assert!(section.starts_with(
             "2030-01-02 03:04 UTC, commit abc1234; 2 cores; 1 interleaved round(s), 3 s per data-plane measurement.\n\n| metric | bridge |"

@@ -7,6 +7,7 @@ mod control;
 mod cri;
 pub mod docs;
 mod gso;
+mod overlay;
 mod paths;
 mod pingpong;
 mod policy;
@@ -636,6 +637,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     )?;
     std::fs::write(out_dir.join("services.md"), &services_table)?;
     socket_services::chart(&services, &out_dir.join("services.png"))?;
+    nothing_left()?;
+    heading("bench: pods on two nodes over VXLAN, flatnet against flannel's vxlan backend");
+    let overlay = overlay::run(&bin, if args.smoke { 1 } else { rounds }, seconds)?;
+    println!("{}", overlay::table(&overlay));
+    std::fs::write(
+        out_dir.join("overlay.json"),
+        serde_json::to_string_pretty(&overlay)? + "\n",
+    )?;
     nothing_left()?;
     heading("bench: from_pod's cost per frame kind (BPF_PROG_TEST_RUN, kernel-timed)");
     let cost = program_cost::run(&bin, if args.smoke { 1 } else { 5 })?;

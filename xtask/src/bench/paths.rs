@@ -115,6 +115,33 @@ impl Pair {
         Ok(pair)
     }
 
+    /// Two pods another process attached (the overlay bench's simulated
+    /// nodes), named by their namespaces: servers started here, the
+    /// namespaces deleted with the pair (the other process's DEL then finds
+    /// them gone, as a runtime's late DEL may).
+    pub fn existing(
+        label: &'static str,
+        (a, ip_a): (&str, &str),
+        (b, ip_b): (&str, &str),
+    ) -> anyhow::Result<Self> {
+        let mut pair = Pair {
+            label,
+            a: Netns {
+                name: a.to_string(),
+            },
+            b: Netns {
+                name: b.to_string(),
+            },
+            ip_a: ip_a.to_string(),
+            ip_b: ip_b.to_string(),
+            host_veth_a: String::new(),
+            plugin: None,
+            servers: Vec::new(),
+        };
+        pair.start_servers()?;
+        Ok(pair)
+    }
+
     fn start_servers(&mut self) -> anyhow::Result<()> {
         let quiet = |mut cmd: Command| cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
         let iperf = pinned(
