@@ -7,6 +7,11 @@ pub(crate) const AF_INET: u8 = 2;
 
 pub(crate) const AF_INET6: u8 = 10;
 
+/// `bpf_check_mtu`'s BPF_MTU_CHK_SEGS: a GSO packet is judged by its
+/// segments (without it every GSO packet passes).
+pub(crate) const MTU_CHECK_SEGMENTS: u64 =
+    aya_ebpf::bindings::bpf_check_mtu_flags::BPF_MTU_CHK_SEGS as u64;
+
 /// Traffic class and flow label of the first IPv6 header word (network order).
 pub(crate) const IPV6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
 
@@ -68,11 +73,18 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
     if found == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         // The way out and the next hop are known, the next hop's MAC not
         // yet: bpf_redirect_neigh resolves it as the stack would. The FIB
-        // checks the MTU only on SUCCESS, so it is checked here (GSO-aware).
+        // checks the MTU only on SUCCESS, so it is checked here (a GSO packet by its segments).
         let mut mtu_len: u32 = 0;
         // SAFETY: the skb pointer and a u32 the helper writes the MTU to.
-        let fits =
-            unsafe { bpf_check_mtu(ctx.skb.skb as *mut _, params.ifindex, &mut mtu_len, 0, 0) };
+        let fits = unsafe {
+            bpf_check_mtu(
+                ctx.skb.skb as *mut _,
+                params.ifindex,
+                &mut mtu_len,
+                0,
+                MTU_CHECK_SEGMENTS,
+            )
+        };
         if fits != i64::from(BPF_MTU_CHK_RET_SUCCESS) {
             return None;
         }

@@ -8,7 +8,7 @@ use aya_ebpf::bindings::{BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, bpf_tunnel_key}
 use aya_ebpf::helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key};
 use flatnet_common::{AF_INET_VALUE, AF_INET6_VALUE, vtep_mac};
 
-use crate::remote::words;
+use crate::remote::{MTU_CHECK_SEGMENTS, words};
 use crate::*;
 
 /// Sends a pod's packet for a tunnelled node's pod into the VXLAN device,
@@ -55,11 +55,21 @@ pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
         return None;
     }
     let skb = ctx.skb.skb;
-    // GSO-aware, against the device's MTU (the pods' MTU under `auto`).
+    // Against the device's MTU; a GSO packet by its segments (without
+    // BPF_MTU_CHK_SEGS the helper lets every GSO packet through, and the
+    // device would fragment the outer packet instead of the stack's ICMP
+    // "too big" telling the pod).
     let mut mtu_len: u32 = 0;
     // SAFETY: the skb pointer and a u32 the helper writes the MTU to.
-    if unsafe { bpf_check_mtu(skb as *mut _, config.ifindex, &mut mtu_len, 0, 0) }
-        != i64::from(BPF_MTU_CHK_RET_SUCCESS)
+    if unsafe {
+        bpf_check_mtu(
+            skb as *mut _,
+            config.ifindex,
+            &mut mtu_len,
+            0,
+            MTU_CHECK_SEGMENTS,
+        )
+    } != i64::from(BPF_MTU_CHK_RET_SUCCESS)
     {
         return None;
     }
