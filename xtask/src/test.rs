@@ -126,6 +126,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             smoke: true,
             out: None,
             program_cost: false,
+            overlay: false,
             before: None,
         })?;
     }

@@ -259,7 +259,9 @@ impl Results {
             return "No overlay run in `results/` (overlay.json is missing).\n".into();
         };
         format!(
-            "{} round(s), {} s per measurement.\n\n{}",
+            "{}, commit {}; {} round(s), {} s per measurement.\n\n{}",
+            overlay["date"].as_str().unwrap_or("?"),
+            overlay["commit"].as_str().unwrap_or("?"),
             overlay["rounds"],
             overlay["seconds"],
             super::overlay::table(overlay)

@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// program-cost.json and docs/benchmarks.md, for work on the datapath.
     #[arg(long)]
     pub program_cost: bool,
+    /// Only the overlay section (pods on two nodes over VXLAN, flatnet
+    /// against flannel's vxlan backend; `--rounds`, `--seconds`): into
+    /// overlay.json and docs/benchmarks.md.
+    #[arg(long)]
+    pub overlay: bool,
     /// An earlier commit whose build is measured beside this one's, in the
     /// same rounds (the before/after table).
     #[arg(long, value_name = "REV")]
@@ -288,6 +293,9 @@ const BIG_TCP: u32 = 524_280;
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.program_cost {
         return program_cost_only(args.out.as_deref());
+    }
+    if args.overlay {
+        return overlay_only(args);
     }
     let _forwarding = util::SavedForwarding::now();
     let (rounds, seconds, sequential, concurrent) = if args.smoke {
@@ -640,11 +648,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     nothing_left()?;
     heading("bench: pods on two nodes over VXLAN, flatnet against flannel's vxlan backend");
     let overlay = overlay::run(&bin, if args.smoke { 1 } else { rounds }, seconds)?;
-    println!("{}", overlay::table(&overlay));
-    std::fs::write(
-        out_dir.join("overlay.json"),
-        serde_json::to_string_pretty(&overlay)? + "\n",
-    )?;
+    overlay::write(&overlay, &out_dir)?;
     nothing_left()?;
     heading("bench: from_pod's cost per frame kind (BPF_PROG_TEST_RUN, kernel-timed)");
     let cost = program_cost::run(&bin, if args.smoke { 1 } else { 5 })?;
@@ -694,6 +698,28 @@ fn program_cost_only(out: Option<&Path>) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&cost)? + "\n",
     )?;
     if out.is_none() {
+        docs::write(&util::root())?;
+    }
+    Ok(())
+}
+
+/// `--overlay`: the overlay section alone, on the release build.
+fn overlay_only(args: &BenchArgs) -> anyhow::Result<()> {
+    let _forwarding = util::SavedForwarding::now();
+    util::build(true, crate::install::BINARIES)?;
+    let bin = util::binary(true, "flatnet")?
+        .parent()
+        .map(PathBuf::from)
+        .context("the built plugin has no parent directory")?;
+    heading("bench: pods on two nodes over VXLAN, flatnet against flannel's vxlan backend");
+    let overlay = overlay::run(&bin, args.rounds.max(1), args.seconds.max(1))?;
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| util::root().join("results"));
+    overlay::write(&overlay, &out_dir)?;
+    nothing_left()?;
+    if args.out.is_none() {
         docs::write(&util::root())?;
     }
     Ok(())

@@ -85,7 +85,17 @@ pub fn run(plugin_dir: &Path, rounds: usize, seconds: u32) -> anyhow::Result<Val
                 )
             })
             .collect();
-        Ok(json!({ "rounds": rounds, "seconds": seconds, "paths": paths }))
+        Ok(json!({
+            "date": util::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
+                .unwrap_or_default()
+                .trim(),
+            "commit": util::output(Command::new("git").args(["describe", "--always", "--dirty"]))
+                .unwrap_or_default()
+                .trim(),
+            "rounds": rounds,
+            "seconds": seconds,
+            "paths": paths,
+        }))
     })();
     // Closing its stdin makes the holder remove everything.
     drop(holder.stdin.take());
@@ -98,6 +108,17 @@ pub fn run(plugin_dir: &Path, rounds: usize, seconds: u32) -> anyhow::Result<Val
         "the overlay bench's holder failed: {status}"
     );
     Ok(measured)
+}
+
+/// Prints the table and writes overlay.json into `out_dir`.
+pub fn write(results: &Value, out_dir: &Path) -> anyhow::Result<()> {
+    println!("{}", table(results));
+    std::fs::create_dir_all(out_dir)?;
+    std::fs::write(
+        out_dir.join("overlay.json"),
+        serde_json::to_string_pretty(results)? + "\n",
+    )?;
+    Ok(())
 }
 
 /// The per-round values of `metric` on `label`.
