@@ -290,6 +290,14 @@ fn conf(
 /// flatnet's `bigTcp` default: the GSO/GRO size of the tuned veth pair.
 const BIG_TCP: u32 = 524_280;
 
+/// What the bench builds: the plugins, and the agent the overlay
+/// section's nodes run.
+const BENCH_BINARIES: [&str; 3] = [
+    crate::install::BINARIES[0],
+    crate::install::BINARIES[1],
+    util::AGENT_PACKAGE,
+];
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.program_cost {
         return program_cost_only(args.out.as_deref());
@@ -312,7 +320,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // tested (its numbers mean nothing, and CI is spared a release build);
     // a real run measures the release build users deploy.
     let release = !args.smoke;
-    util::build(release, crate::install::BINARIES)?;
+    // The agent too: the overlay section's simulated nodes run it.
+    util::build(release, &BENCH_BINARIES)?;
     let policy_fixture = policy::build_fixture()?;
     let variant_fixture = variants::build_fixture()?;
     let bin = util::binary(release, "flatnet")?
@@ -706,7 +715,7 @@ fn program_cost_only(out: Option<&Path>) -> anyhow::Result<()> {
 /// `--overlay`: the overlay section alone, on the release build.
 fn overlay_only(args: &BenchArgs) -> anyhow::Result<()> {
     let _forwarding = util::SavedForwarding::now();
-    util::build(true, crate::install::BINARIES)?;
+    util::build(true, &BENCH_BINARIES)?;
     let bin = util::binary(true, "flatnet")?
         .parent()
         .map(PathBuf::from)
