@@ -311,6 +311,7 @@ mod tests {
             pin_root: std::path::PathBuf::from("/sys/fs/bpf/flatnet"),
             portmap: true,
             bandwidth: true,
+            big_tcp: None,
         };
         let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
         assert!(is_agents_conflist(&list, "pods"));

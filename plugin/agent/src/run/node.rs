@@ -232,6 +232,7 @@ impl Agent {
             pin_root: self.args.pin_root.clone(),
             portmap: self.args.chain_portmap,
             bandwidth: self.args.chain_bandwidth,
+            big_tcp: self.pods_gso_size(uplink).await?,
         };
         let list = install::render_conflist(&spec, &me.pod_cidrs)?;
         let text = serde_json::to_string_pretty(&list)

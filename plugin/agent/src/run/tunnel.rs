@@ -129,6 +129,21 @@ impl Agent {
             .unwrap_or(1500))
     }
 
+    /// The largest GSO packet pods may send: what the uplink and (unless
+    /// `--routing direct`) the VXLAN device take (`install::pods_gso_size`).
+    pub(super) async fn pods_gso_size(&self, uplink: u32) -> Result<Option<u32>> {
+        let mut devices = Vec::new();
+        if let Some(link) = self.host.link_by_index(uplink).await? {
+            devices.push(link.gso);
+        }
+        if self.args.routing != RoutingMode::Direct
+            && let Some(link) = self.host.link_by_name(VXLAN_DEVICE).await?
+        {
+            devices.push(link.gso);
+        }
+        Ok(crate::install::pods_gso_size(&devices))
+    }
+
     /// The pods' MTU: `--mtu`, else the uplink's, less VXLAN's overhead
     /// unless `--routing direct` (with `auto`, any peer may be tunnelled).
     pub(super) fn pod_mtu(&self, uplink_mtu: u32, me: &Node) -> u32 {

@@ -202,6 +202,7 @@ impl Node {
             // where they stay in the node's own namespace.
             portmap: own_netns,
             bandwidth: true,
+            big_tcp: None,
         };
         let list = render_conflist(&spec, &cidrs).expect("the agent's conflist");
         node.write_conf("10-flatnet.conflist", &list);
