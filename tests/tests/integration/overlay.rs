@@ -308,6 +308,66 @@ fn ipv6_pods_cross_the_tunnel_over_an_ipv4_underlay() {
 /// before it: the agent of this build loads its own, moves the pods, the
 /// uplink and the VXLAN device over, and points the new map at the
 /// device). Nothing lost; afterwards the new programs carry the stream.
+/// Dual-stack nodes listed IPv6 first: the tunnel's underlay is IPv6
+/// (outer IPv6 with a UDP checksum, 70 bytes of overhead: pods' MTU 1430),
+/// and both families' pods cross it, on the fast path.
+#[flatnet_test(root)]
+fn pods_cross_the_tunnel_over_an_ipv6_underlay() {
+    let mut specs = Cluster::numbered(3, true);
+    let n3 = specs.pop().expect("n3").on_segment(1);
+    specs.push(n3);
+    let mut cluster = Cluster::new(&specs);
+    for node in &mut cluster.nodes {
+        node.agent_flags = vec!["--routing".into(), "vxlan".into()];
+    }
+    // The peer file with each node's IPv6 address first: its preferred one.
+    let mut text = String::from("nodes:\n");
+    for spec in &specs {
+        text.push_str(&format!(
+            "  - name: {}\n    addresses: ['{}', {}]\n    podCIDRs: [{}, '{}']\n",
+            spec.name,
+            spec.address6(),
+            spec.address(),
+            spec.pod_cidr.as_deref().expect("a pod CIDR"),
+            spec.pod_cidr6()
+        ));
+    }
+    std::fs::write(&cluster.peer_file, text).expect("peer file");
+    for node in &cluster.nodes {
+        node.start_agent(&cluster.file());
+    }
+    for node in &cluster.nodes {
+        node.wait_ready();
+    }
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    let line = route_of(n1, "10.244.3.0/24");
+    assert!(
+        line.contains("encap ip6") && line.contains("dst fd30:0:0:1::3"),
+        "n1's route to n3: {line}"
+    );
+    assert_eq!(n1.conflist()["plugins"][0]["mtu"], 1430);
+    let (a, c) = (n1.pod(), n3.pod());
+    let (a6, c6) = (a.ip6.expect("a's IPv6"), c.ip6.expect("c's IPv6"));
+    let encapsulated = n1.bytes(action::TO_TUNNEL);
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 20).expect("n1 -> n3, IPv4 pods");
+    tcp_echo(Some(&a.netns), a6, Some(&c.netns), 1 << 20).expect("n3 -> n1, IPv6 pods");
+    tcp_echo(Some(&c.netns), c6, Some(&a.netns), 1 << 20).expect("n1 -> n3, IPv6 pods");
+    assert!(n1.bytes(action::TO_TUNNEL) > encapsulated + (3 << 20));
+    assert!(n3.bytes(action::TUNNEL_TO_POD) > 3 << 20);
+    // A datagram at the pods' MTU crosses whole.
+    let source = udp_source(&a.netns, a.ip, &c.netns, c.ip, 1430 - 28);
+    assert_eq!(source, std::net::IpAddr::V4(a.ip));
+    // The stack's own encap routes carry the same (the agents stopped, the
+    // datapath's device forgotten: every packet takes the routes).
+    n1.stop_agent();
+    n3.stop_agent();
+    n1.datapath().set_tunnel(None).expect("clear TUNNEL");
+    n3.datapath().set_tunnel(None).expect("clear TUNNEL");
+    let passed = n1.packets(action::REMOTE_PASSED);
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 16).expect("n1 -> n3 through the routes");
+    assert!(n1.packets(action::REMOTE_PASSED) > passed);
+}
+
 #[flatnet_test(root)]
 fn a_tunnelled_stream_survives_agent_restarts_and_a_datapath_upgrade() {
     let cluster = Cluster::started(&split_specs(), &[]);

@@ -134,7 +134,9 @@ fn destination(entry: &NeighbourMessage) -> Option<IpAddr> {
 }
 
 /// The attributes that make a route encapsulate to `peer` with `vni`
-/// (`encap ip id VNI dst PEER`; `ip6` for an IPv6 underlay).
+/// (`encap ip id VNI dst PEER`; `ip6 ... csum` for an IPv6 underlay: a
+/// zero UDP checksum over IPv6 is dropped by the receiving device, RFC
+/// 6935, as the datapath's tunnel key also asks for one).
 pub(super) fn encap(peer: IpAddr, vni: u32) -> [RouteAttribute; 2] {
     let id = u64::from(vni);
     match peer {
@@ -151,7 +153,9 @@ pub(super) fn encap(peer: IpAddr, vni: u32) -> [RouteAttribute; 2] {
             RouteAttribute::Encap(vec![
                 RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(id)),
                 RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)),
-                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Key)),
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(
+                    RouteIp6TunnelFlags::Key | RouteIp6TunnelFlags::Checksum,
+                )),
             ]),
         ],
     }

@@ -5,10 +5,11 @@ use super::*;
 
 /// A NodePort Service whose backend is on n1, reached from a pod on n1
 /// (n1's address), and from a pod on n2 (n1's address, and n2's own,
-/// which sends it on to n1).
-#[flatnet_test(root, cases(iptables(Mode::Iptables), nftables(Mode::Nftables)))]
-fn nodeport(mode: Mode) {
-    let services = ServiceCluster::new(mode, 2);
+/// which sends it on to n1); also with the nodes tunnelled (`--routing
+/// vxlan`: n2's stack sends the translated packets into the tunnel).
+#[flatnet_test(root, cases(iptables(Mode::Iptables, &[]), nftables(Mode::Nftables, &[]), vxlan_iptables(Mode::Iptables, &["--routing", "vxlan"]), vxlan_nftables(Mode::Nftables, &["--routing", "vxlan"])))]
+fn nodeport(mode: Mode, flags: &[&str]) {
+    let services = ServiceCluster::flagged(mode, 2, flags);
     let (n1, n2) = (services.node("n1"), services.node("n2"));
     let backend = n1.pod();
     let (near, far) = (n1.pod(), n2.pod());
