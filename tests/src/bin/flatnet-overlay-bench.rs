@@ -13,8 +13,11 @@
 //!   `local`, MTU the uplink's less 50) holding the node's subnet's .0
 //!   address, and per peer a route via the peer's .0 onlink, a permanent
 //!   neighbour entry with the peer device's MAC and a permanent FDB entry
-//!   sending that MAC to the peer's address; forwarding on; the host stack
-//!   carries every packet.
+//!   sending that MAC to the peer's address; flanneld's iptables rules as
+//!   its DaemonSet runs it (`--ip-masq`: the FLANNEL-POSTRTG masquerade
+//!   chain, which puts the node's traffic under conntrack, and the
+//!   FLANNEL-FWD accept chain); forwarding on; the host stack carries every
+//!   packet.
 //!
 //! Prints one JSON line, `{"paths": [{"label", "a", "b", "ip_a", "ip_b"}]}`
 //! (pod namespaces and addresses), then holds everything until its stdin
@@ -92,6 +95,7 @@ impl Flannel {
                 "dev",
                 FLANNEL_DEVICE,
             ]);
+            flannel_rules(node, &subnet)?;
             pods.push(pod(node, &subnet, &ipam_dir)?);
         }
         for node in &cluster.nodes {
@@ -126,6 +130,44 @@ impl Flannel {
             ipam_dir,
         })
     }
+}
+
+/// The network all flannel nodes' subnets are in.
+const FLANNEL_NETWORK: &str = "10.245.0.0/16";
+
+/// What flanneld (`--ip-masq`) puts in a node's iptables: its masquerade
+/// chain, in the order flannel writes it, and its forward chain.
+fn flannel_rules(node: &SimNode, subnet: &str) -> anyhow::Result<()> {
+    let network = FLANNEL_NETWORK;
+    let own = format!("{subnet}.0/24");
+    let rules = format!(
+        "*nat\n\
+         :FLANNEL-POSTRTG - [0:0]\n\
+         -A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG\n\
+         -A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 -m comment --comment \"flanneld masq\" -j RETURN\n\
+         -A FLANNEL-POSTRTG -s {own} -d {network} -m comment --comment \"flanneld masq\" -j RETURN\n\
+         -A FLANNEL-POSTRTG -s {network} -d {own} -m comment --comment \"flanneld masq\" -j RETURN\n\
+         -A FLANNEL-POSTRTG ! -s {network} -d {own} -m comment --comment \"flanneld masq\" -j RETURN\n\
+         -A FLANNEL-POSTRTG -s {network} ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully\n\
+         -A FLANNEL-POSTRTG ! -s {network} -d {network} -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully\n\
+         COMMIT\n\
+         *filter\n\
+         :FLANNEL-FWD - [0:0]\n\
+         -A FORWARD -m comment --comment \"flanneld forward\" -j FLANNEL-FWD\n\
+         -A FLANNEL-FWD -s {network} -m comment --comment \"flanneld forward\" -j ACCEPT\n\
+         -A FLANNEL-FWD -d {network} -m comment --comment \"flanneld forward\" -j ACCEPT\n\
+         COMMIT\n"
+    );
+    let out = flatnet_tests::run_with_stdin(
+        &mut node.netns.command(&["iptables-restore", "--noflush"]),
+        rules.as_bytes(),
+    );
+    ensure!(
+        out.success(),
+        "flannel's rules on {}: {out:?}",
+        node.spec.name
+    );
+    Ok(())
 }
 
 /// The first three octets of a flannel node's subnet (10.245.<index>.0/24).

@@ -391,7 +391,7 @@ fn a_tunnelled_stream_survives_agent_restarts_and_a_datapath_upgrade() {
     let tunnel_program = |node: &SimNode| {
         node.datapath()
             .program(flatnet_common::PROG_FROM_TUNNEL)
-            .and_then(|p| p.id().map_err(Into::into))
+            .and_then(|p| p.id())
             .expect("from_tunnel's id")
     };
     let before = [tunnel_program(n1), tunnel_program(n3)];
