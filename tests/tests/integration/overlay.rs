@@ -368,6 +368,27 @@ fn pods_cross_the_tunnel_over_an_ipv6_underlay() {
     assert!(n1.packets(action::REMOTE_PASSED) > passed);
 }
 
+/// XDP mode: `from_pod_xdp` cannot set a tunnel key, so the host stack
+/// carries tunnelled packets over the same device and routes (and
+/// `from_tunnel` hands everything to it): the fallback path, both ways.
+#[flatnet_test(root)]
+fn xdp_mode_leaves_the_tunnel_to_the_stack() {
+    let cluster = Cluster::started(&split_specs(), &["--datapath", "xdp"]);
+    let (n1, n3) = (cluster.node("n1"), cluster.node("n3"));
+    let (a, c) = (n1.pod(), n3.pod());
+    tcp_echo(Some(&c.netns), c.ip, Some(&a.netns), 1 << 20).expect("n1 -> n3 in XDP mode");
+    tcp_echo(Some(&a.netns), a.ip, Some(&c.netns), 1 << 20).expect("n3 -> n1 in XDP mode");
+    for node in [n1, n3] {
+        assert_eq!(node.packets(action::TO_TUNNEL), 0, "{}", node.spec.name);
+        assert_eq!(node.packets(action::TUNNEL_TO_POD), 0, "{}", node.spec.name);
+        assert!(
+            node.bytes(action::REMOTE_PASSED) > 1 << 20,
+            "{}: the stack did not carry it",
+            node.spec.name
+        );
+    }
+}
+
 #[flatnet_test(root)]
 fn a_tunnelled_stream_survives_agent_restarts_and_a_datapath_upgrade() {
     let cluster = Cluster::started(&split_specs(), &[]);
