@@ -92,15 +92,7 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
         return None;
     }
     // Only now, when the packet is surely forwarded here, is it changed.
-    if family == AF_INET {
-        let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
-        // SAFETY: bounds checked by `header_at`; the frame is writable.
-        decrement_ttl(unsafe { &mut *ip });
-    } else {
-        let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
-        // SAFETY: as above.
-        unsafe { (*ip).hop_limit -= 1 };
-    }
+    take_hop(start, end, family == AF_INET)?;
     if found == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         // The FIB resolved the next hop's MAC too: write the frame as the
         // stack would and send it, without a second neighbour lookup.
@@ -134,6 +126,23 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
         )
     };
     Some(verdict as i32)
+}
+
+/// One routing hop on a packet the datapath forwards itself (to another
+/// node, or into the tunnel): IPv4's TTL (checksum patched) or IPv6's hop
+/// limit less one. None: the header is not there.
+#[inline(always)]
+pub(crate) fn take_hop(start: usize, end: usize, ipv4: bool) -> Option<()> {
+    if ipv4 {
+        let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: bounds checked by `header_at`; the frame is writable.
+        decrement_ttl(unsafe { &mut *ip });
+    } else {
+        let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+        // SAFETY: as above.
+        unsafe { (*ip).hop_limit -= 1 };
+    }
+    Some(())
 }
 
 /// An IPv6 address as the four 32-bit words the FIB helper takes.

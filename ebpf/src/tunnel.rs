@@ -8,7 +8,7 @@ use aya_ebpf::bindings::{BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, bpf_tunnel_key}
 use aya_ebpf::helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key};
 use flatnet_common::{AF_INET_VALUE, AF_INET6_VALUE, vtep_mac};
 
-use crate::remote::{MTU_CHECK_SEGMENTS, words};
+use crate::remote::{MTU_CHECK_SEGMENTS, take_hop, words};
 use crate::*;
 
 /// Sends a pod's packet for a tunnelled node's pod into the VXLAN device,
@@ -96,15 +96,7 @@ pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
     // Only now, when the packet surely goes into the tunnel, is it changed.
     let (start, end) = (ctx.data(), ctx.data_end());
     let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
-    if ether_type == ETH_P_IP {
-        let ip: *mut Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
-        // SAFETY: bounds checked by `header_at`; the frame is writable.
-        decrement_ttl(unsafe { &mut *ip });
-    } else {
-        let ip: *mut Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
-        // SAFETY: as above.
-        unsafe { (*ip).hop_limit -= 1 };
-    }
+    take_hop(start, end, ether_type == ETH_P_IP)?;
     // SAFETY: bounds checked above; the frame is writable.
     unsafe {
         (*eth).dst_addr = vtep_mac(&node.node_address, node.family);
