@@ -187,6 +187,23 @@ pub fn build_debug() -> anyhow::Result<()> {
     ]))
 }
 
+/// `cargo test` of the integration suite alone, selecting what
+/// [`build_debug`] builds so that it reuses that build (a `-p flatnet-tests`
+/// selection would unify features differently and compile the whole graph a
+/// second time, doubling the target folder).
+pub fn integration_test() -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "flatnet-ebpf",
+        "--test",
+        "integration",
+    ]);
+    cmd
+}
+
 /// The triple rustc builds for by default, e.g. `x86_64-unknown-linux-gnu`.
 pub fn host_triple() -> anyhow::Result<String> {
     let info = output(Command::new("rustc").arg("-vV"))?;

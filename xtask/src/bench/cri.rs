@@ -15,8 +15,8 @@ const TEST: &str = "run_pod_sandbox_latency_flatnet_vs_bridge";
 
 /// {"flatnet_median_ms", "bridge_median_ms", "runs", "runtime", ...}.
 pub fn run_pod_sandbox(plugin_dir: &Path) -> anyhow::Result<Value> {
-    let output = util::cargo()
-        .args(["test", "-p", "flatnet-tests", "--test", "integration", "--"])
+    let output = util::integration_test()
+        .arg("--")
         .args([
             "--ignored",
             "--exact",

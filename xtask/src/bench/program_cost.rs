@@ -18,8 +18,8 @@ const TEST: &str = "programs::cost::program_cost_per_frame";
 /// One run of the measuring test: (case, ns per run) in its order.
 fn measure_once(plugin_dir: &Path) -> anyhow::Result<Vec<(String, f64)>> {
     let out = std::env::temp_dir().join(format!("flatnet-program-cost-{}", std::process::id()));
-    let output = util::cargo()
-        .args(["test", "-p", "flatnet-tests", "--test", "integration", "--"])
+    let output = util::integration_test()
+        .arg("--")
         .args(["--ignored", "--exact", TEST])
         .env("FLATNET_BIN_DIR", plugin_dir)
         .env("FLATNET_REQUIRE_ROOT", "1")
