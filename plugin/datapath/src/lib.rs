@@ -3,7 +3,8 @@
 //! (`netlink`: links, addresses, routes, neighbours, qdiscs, sysctls),
 //! network namespaces (`netns`), the node's locks (`lock`), masquerade
 //! rules (`masquerade`), and a network's life on a node (`node`: loading
-//! the datapath on first use, rebuilding it, releasing it when empty).
+//! the datapath on first use, rebuilding it, releasing it when empty), and
+//! connected sockets destroyed through sock_diag (`sockets`).
 //!
 //! It knows nothing of CNI: its [`Error`] keeps the underlying errors as
 //! sources, and the plugin maps them to CNI codes at the verb boundary.
@@ -16,6 +17,7 @@ mod mode;
 pub mod netlink;
 pub mod netns;
 pub mod node;
+pub mod sockets;
 pub mod trace;
 pub mod util;
 

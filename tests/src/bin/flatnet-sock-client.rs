@@ -3,13 +3,19 @@
 //! be a process of its own, put in the test's cgroup before it makes its
 //! socket, and in the pod's network namespace.
 //!
-//! Usage: flatnet-sock-client <cgroup dir> <netns path> tcp|tcp-slow|udp <address:port> <payload>
+//! Usage: flatnet-sock-client <cgroup dir> <netns path> tcp|tcp-slow|udp|udp-resolver <address:port> <payload>
 //! (`tcp-slow`: the payload's bytes one every 100 ms, a connection that
 //! lives while something else happens.)
 //! Prints one JSON line: {"answer", "peer"} (tcp: what getpeername() says;
 //! udp: the source recvfrom() reported), or {"error", "errno"}.
+//!
+//! `udp-resolver`: a DNS client as nginx's or envoy's resolver is, one
+//! *connected* UDP socket asked again and again (every 50 ms, for as many
+//! seconds as the payload says), made anew only when a call on it fails.
+//! Prints a JSON line per query as it goes: {"answer", "peer"},
+//! {"error", "errno"} or {"timeout": true}.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -70,11 +76,55 @@ fn udp(to: SocketAddr, payload: &[u8]) -> serde_json::Value {
     }
 }
 
+fn udp_resolver(to: SocketAddr, seconds: u64) {
+    let bind: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
+    let connect = || -> std::io::Result<UdpSocket> {
+        let socket = UdpSocket::bind(bind)?;
+        socket.connect(to)?;
+        socket.set_read_timeout(Some(Duration::from_millis(300)))?;
+        Ok(socket)
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(seconds);
+    let mut socket = None;
+    let mut out = std::io::stdout().lock();
+    while std::time::Instant::now() < end {
+        let exchange = (|| -> std::io::Result<(String, String)> {
+            if socket.is_none() {
+                socket = Some(connect()?);
+            }
+            let connected = socket.as_ref().unwrap();
+            connected.send(b"query")?;
+            let mut buf = [0u8; 512];
+            let n = connected.recv(&mut buf)?;
+            let peer = connected.peer_addr()?.to_string();
+            Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), peer))
+        })();
+        let line = match exchange {
+            Ok((answer, peer)) => json!({"answer": answer, "peer": peer}),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                json!({"timeout": true})
+            }
+            Err(e) => {
+                // A resolver's answer to a failed socket: a new one.
+                socket = None;
+                error(e)
+            }
+        };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [cgroup, netns, protocol, to, payload] = args.as_slice() else {
         eprintln!(
-            "usage: flatnet-sock-client <cgroup dir> <netns path> tcp|udp <address:port> <payload>"
+            "usage: flatnet-sock-client <cgroup dir> <netns path> tcp|tcp-slow|udp|udp-resolver <address:port> <payload>"
         );
         std::process::exit(2);
     };
@@ -103,8 +153,12 @@ fn main() {
         "tcp" => tcp(to, payload.as_bytes(), false),
         "tcp-slow" => tcp(to, payload.as_bytes(), true),
         "udp" => udp(to, payload.as_bytes()),
+        "udp-resolver" => {
+            udp_resolver(to, payload.parse().unwrap_or(5));
+            return;
+        }
         other => {
-            eprintln!("{other}: tcp, tcp-slow or udp");
+            eprintln!("{other}: tcp, tcp-slow, udp or udp-resolver");
             std::process::exit(2);
         }
     };

@@ -492,3 +492,224 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
         node.datapath().detach_services().unwrap();
     }
 }
+
+/// A `udp-resolver` client running in the background and the JSON lines
+/// it printed so far, each with when it was read.
+struct Resolver {
+    child: std::process::Child,
+    lines: Arc<std::sync::Mutex<Vec<(std::time::Instant, Value)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Resolver {
+    fn start(cgroup: &Path, netns: &Netns, to: SocketAddr, seconds: u64) -> Self {
+        let mut child = client_command(cgroup, netns, "udp-resolver", to, &seconds.to_string())
+            .spawn()
+            .expect("the resolver client");
+        let stdout = child.stdout.take().expect("its stdout");
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reader = {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stdout)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    let value: Value = serde_json::from_str(&line).expect("a JSON line");
+                    lines
+                        .lock()
+                        .unwrap()
+                        .push((std::time::Instant::now(), value));
+                }
+            })
+        };
+        Resolver {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    fn answers(&self) -> Vec<String> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .filter_map(|(_, line)| line["answer"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Every line, once the client has ended.
+    fn finish(mut self) -> Vec<(std::time::Instant, Value)> {
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        std::mem::take(&mut *self.lines.lock().unwrap())
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--services ebpf`: a backend that leaves its Service takes the local
+/// clients' sockets to it along. A DNS-like client holds one connected UDP
+/// socket to a ClusterIP (as nginx's resolver does) and a TCP connection
+/// runs through the same Service; its only backend is then replaced by
+/// another while the old pod still answers (a pod being deleted serves
+/// until it is gone). Both sockets are destroyed: the resolver's next call
+/// fails (ECONNABORTED or EDESTADDRREQ), its new socket reaches the new
+/// backend, and the
+/// TCP connection ends with an error. A socket connected to the old pod's
+/// own address is not the Service's and keeps working.
+#[flatnet_test(root)]
+fn sockets_to_a_departed_backend_are_destroyed() {
+    use flatnet_tests::cluster::*;
+    use flatnet_tests::kube_stub::{ApiStub, Kind};
+    use std::time::Instant;
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let mut cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
+    cluster.nodes[0].agent_flags = vec![
+        "--services".into(),
+        "ebpf".into(),
+        "--services-cgroup".into(),
+        cgroup.0.display().to_string(),
+    ];
+    let stub = ApiStub::from_fixture();
+    let _served = cluster.start_agents_on_api(&stub);
+    let cp = cluster.node("cp-1");
+    let client_pod = cp.pod();
+    blackhole_services(&client_pod.netns);
+    let (old, new) = (cp.pod(), cp.pod());
+    let _servers = [
+        Backend::start(&old.netns, "old"),
+        Backend::start(&new.netns, "new"),
+    ];
+    let cluster_ip = Ipv4Addr::new(10, 96, 9, 53);
+    let slice = |endpoint: Ipv4Addr| {
+        serde_json::json!({
+            "metadata": {"namespace": "default", "name": "dns-1",
+                         "labels": {"kubernetes.io/service-name": "dns"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"},
+                      {"name": "http", "port": BACKEND_PORT, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [endpoint.to_string()], "nodeName": "cp-1",
+                           "conditions": {"ready": true}}]
+        })
+    };
+    stub.add(
+        Kind::Service,
+        serde_json::json!({
+            "metadata": {"namespace": "default", "name": "dns"},
+            "spec": {"type": "ClusterIP", "clusterIP": cluster_ip.to_string(),
+                     "clusterIPs": [cluster_ip.to_string()],
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
+                               {"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}]}
+        }),
+    );
+    stub.add(Kind::EndpointSlice, slice(old.ip));
+    let udp_key = service_key(cluster_ip.into(), 53, UDP);
+    let backend_on_cp = || {
+        cp.datapath()
+            .service_backends(&udp_key)
+            .unwrap()
+            .and_then(|set| set.first().map(flatnet_datapath::bpf::backend_address))
+    };
+    wait_until("the old backend in cp-1's maps", SETTLE, || {
+        backend_on_cp() == Some(SocketAddr::from((old.ip, BACKEND_PORT)))
+    });
+
+    let resolver = Resolver::start(
+        &cgroup.0,
+        &client_pod.netns,
+        SocketAddr::from((cluster_ip, 53)),
+        8,
+    );
+    let direct = Resolver::start(
+        &cgroup.0,
+        &client_pod.netns,
+        SocketAddr::from((old.ip, BACKEND_PORT)),
+        8,
+    );
+    let tcp = live_client(
+        &cgroup.0,
+        &client_pod.netns,
+        SocketAddr::from((cluster_ip, 80)),
+        "a-connection-through-the-service-to-the-old-backend",
+    );
+    wait_until(
+        "the resolver's answers from the old backend",
+        SETTLE,
+        || resolver.answers().len() >= 3 && direct.answers().len() >= 3,
+    );
+    assert!(
+        resolver.answers().iter().all(|a| a == "old"),
+        "{:?}",
+        resolver.answers()
+    );
+
+    let changed = Instant::now();
+    stub.modify(Kind::EndpointSlice, "default/dns-1", |s| {
+        *s = slice(new.ip);
+    });
+    wait_until("the new backend in cp-1's maps", SETTLE, || {
+        backend_on_cp() == Some(SocketAddr::from((new.ip, BACKEND_PORT)))
+    });
+    wait_until(
+        "the resolver's answers from the new backend",
+        SETTLE,
+        || resolver.answers().last().map(String::as_str) == Some("new"),
+    );
+    eprintln!(
+        "EndpointSlice change to the resolver's first answer from the new backend: {:?}",
+        changed.elapsed()
+    );
+
+    let lines = resolver.finish();
+    let events: Vec<&Value> = lines
+        .iter()
+        .filter(|(at, _)| *at >= changed)
+        .map(|(_, line)| line)
+        .collect();
+    // ECONNABORTED when the call was waiting on the socket as it was
+    // destroyed; EDESTADDRREQ when it came after (the kernel disconnects a
+    // destroyed UDP socket).
+    let aborted = events
+        .iter()
+        .position(|line| {
+            [libc::ECONNABORTED, libc::EDESTADDRREQ]
+                .map(i64::from)
+                .contains(&line["errno"].as_i64().unwrap_or_default())
+        })
+        .unwrap_or_else(|| panic!("the resolver's socket was never destroyed: {events:?}"));
+    assert!(
+        events[aborted + 1..]
+            .iter()
+            .all(|line| line["answer"] == "new" || line.get("timeout").is_some()),
+        "after its socket was destroyed the resolver reached only the new backend: {events:?}"
+    );
+    let tcp = live_answer(tcp);
+    assert!(
+        tcp["answer"].is_null() && tcp["errno"].is_i64(),
+        "the TCP connection to the old backend went on: {tcp}"
+    );
+    let direct = direct.finish();
+    assert!(
+        direct
+            .iter()
+            .all(|(_, line)| line["answer"] == "old" || line.get("timeout").is_some()),
+        "a socket connected to the pod's own address was touched: {direct:?}"
+    );
+    let page = cp.metrics();
+    assert!(
+        page.contains("flatnet_service_sockets_destroyed_total 2"),
+        "the resolver's socket and the TCP connection, nothing else: {page}"
+    );
+    cluster.nodes[0].stop_agent();
+    cluster.nodes[0].datapath().detach_services().unwrap();
+}

@@ -9,12 +9,20 @@
 //! affinity changed are rewritten, each under a fresh backend-set id, so a
 //! Service never has a moment without backends (see the datapath's
 //! `put_service`).
+//!
+//! A backend that leaves a frontend takes its clients' sockets with it: the
+//! TCP connections and connected UDP sockets that the socket programs sent
+//! to it for that frontend (`SERVICE_REVNAT` knows which) are destroyed in
+//! every network namespace, so their next call fails and the client
+//! connects again, to a live backend. A socket that named the backend pod's
+//! address itself is left alone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use flatnet_datapath::bpf::{Datapath, service_backend, service_key};
+use flatnet_datapath::sockets::{self, Connected};
 
 use crate::metrics::AgentMetrics;
 use crate::services::Frontend;
@@ -81,6 +89,25 @@ pub fn steps<'a>(
     gone.chain(changed).collect()
 }
 
+/// (frontend, backend) pairs of `written` that `desired` no longer has:
+/// the backend left the frontend, or the frontend is gone.
+pub fn departed(
+    written: &BTreeMap<FrontendKey, Target>,
+    desired: &BTreeMap<FrontendKey, Target>,
+) -> BTreeSet<(FrontendKey, SocketAddr)> {
+    written
+        .iter()
+        .flat_map(|(key, target)| {
+            let staying = desired.get(key).map_or(&[][..], |t| t.backends.as_slice());
+            target
+                .backends
+                .iter()
+                .filter(move |backend| !staying.contains(backend))
+                .map(move |backend| (*key, *backend))
+        })
+        .collect()
+}
+
 /// The Service maps of this node and what this agent knows is in them.
 pub struct ServiceSync {
     datapath: Datapath,
@@ -124,6 +151,7 @@ impl ServiceSync {
     /// tried again at the next update.
     pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>) {
         let start = Instant::now();
+        let departed = departed(&self.written, desired);
         for step in steps(&self.written, desired) {
             let outcome = match step {
                 Step::Delete(key) => self
@@ -166,6 +194,42 @@ impl ServiceSync {
         self.metrics
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
+        self.close_departed(&departed);
+    }
+
+    /// Destroys the local clients' sockets that the socket programs sent
+    /// to a backend in `departed` for its frontend there.
+    fn close_departed(&self, departed: &BTreeSet<(FrontendKey, SocketAddr)>) {
+        let peers: BTreeSet<(u8, SocketAddr)> = departed
+            .iter()
+            .map(|((_, _, protocol), backend)| (*protocol, *backend))
+            .collect();
+        let datapath = &self.datapath;
+        let condemn =
+            |socket: &Connected| match datapath.socket_frontend(socket.cookie, socket.peer) {
+                Ok(Some(frontend)) => departed.contains(&(
+                    (frontend.ip(), frontend.port(), socket.protocol),
+                    socket.peer,
+                )),
+                _ => false,
+            };
+        let outcome = sockets::destroy_connected(&peers, &condemn);
+        for socket in &outcome.sockets {
+            // The LRU would age it out; a destroyed socket needs no record.
+            let _ = datapath.forget_socket(socket.cookie, socket.peer);
+            tracing::info!(
+                protocol = socket.protocol,
+                local = %socket.local,
+                backend = %socket.peer,
+                "destroyed a socket whose Service backend left"
+            );
+        }
+        self.metrics
+            .service_sockets_destroyed
+            .inc_by(outcome.sockets.len() as u64);
+        for failure in &outcome.failures {
+            tracing::warn!(error = %failure, "cannot search a network namespace for sockets to destroy");
+        }
     }
 }
 
@@ -210,6 +274,22 @@ mod tests {
             state[&(ip("fd96::a"), 80, 6)].backends,
             vec!["[fd00::1]:8080".parse::<SocketAddr>().unwrap()]
         );
+    }
+
+    #[test]
+    fn backends_that_leave_or_lose_their_frontend_have_departed() {
+        let both = desired(&[frontend(&[("10.0.0.1", 53), ("10.0.0.2", 53)], None)]);
+        let one = desired(&[frontend(&[("10.0.0.2", 53)], None)]);
+        let backend = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            departed(&both, &one),
+            BTreeSet::from([((ip("10.96.0.10"), 80, 6), backend("10.0.0.1:53"))])
+        );
+        // Joining is no departure; nothing changed, nothing departed.
+        assert!(departed(&one, &both).is_empty());
+        assert!(departed(&both, &both).is_empty());
+        // The Service deleted: every backend departed from it.
+        assert_eq!(departed(&both, &BTreeMap::new()).len(), 2);
     }
 
     #[test]

@@ -11,10 +11,10 @@ use std::net::{IpAddr, SocketAddr};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    BackendKey, MAP_SERVICE_BACKENDS, MAP_SERVICES, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6,
-    PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4,
-    PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6, ServiceBackend,
-    ServiceKey, ServiceValue,
+    BackendKey, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, PROG_SERVICE_CONNECT4,
+    PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6,
+    PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6,
+    RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -174,6 +174,32 @@ impl Datapath {
         delete_set(&mut sets, previous)
     }
 
+    fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {
+        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_SERVICE_REVNAT)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_SERVICE_REVNAT}"), e))
+    }
+
+    /// The frontend a socket (its cookie) asked for when connect() or
+    /// sendmsg() sent it to `backend` instead; None for a socket that went
+    /// to `backend` by its own address (or whose record the LRU dropped).
+    pub fn socket_frontend(&self, cookie: u64, backend: SocketAddr) -> Result<Option<SocketAddr>> {
+        let key = revnat_key(cookie, backend);
+        match self.revnat()?.get(&key, 0) {
+            Ok(original) => Ok(Some(SocketAddr::new(
+                address_of(&original.address, key.family),
+                u16::from_be_bytes(original.port),
+            ))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::bpf(format!("reading {MAP_SERVICE_REVNAT}"), e)),
+        }
+    }
+
+    /// Forgets what `socket_frontend` answers for (`cookie`, `backend`):
+    /// the socket was destroyed.
+    pub fn forget_socket(&self, cookie: u64, backend: SocketAddr) -> Result<()> {
+        ignore_missing(self.revnat()?.remove(&revnat_key(cookie, backend)))
+    }
+
     /// Where the link of socket program `program` is pinned.
     pub fn service_link_path(&self, program: &str) -> PathBuf {
         self.links_dir().join(format!("cgroup-{program}"))
@@ -243,6 +269,17 @@ impl Datapath {
             remove_if_there(&self.service_link_path(name))?;
         }
         Ok(())
+    }
+}
+
+fn revnat_key(cookie: u64, backend: SocketAddr) -> RevNatKey {
+    let (address, family) = address_bytes(backend.ip());
+    RevNatKey {
+        cookie,
+        address,
+        port: backend.port().to_be_bytes(),
+        family,
+        _pad: [0; 5],
     }
 }
 
