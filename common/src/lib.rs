@@ -58,6 +58,9 @@ pub const MAP_SERVICE_REVNAT: &str = "SERVICE_REVNAT";
 /// sessionAffinity ClientIP: the backend each client (network namespace)
 /// was given for a frontend, and when it last used it.
 pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
+/// The node addresses NodePorts answer on: a frontend keyed by the
+/// unspecified address stands for all of them.
+pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -444,4 +447,6 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Affinity {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::NodePortAddress {}
 }

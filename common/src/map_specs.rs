@@ -122,10 +122,12 @@ pub mod maps {
         MapKind::LruHash,
         MAX_SERVICE_AFFINITY,
     );
+    pub const NODEPORT_ADDRS: MapSpec =
+        MapSpec::new::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS, MapKind::Hash, MAX_NODEPORT_ADDRS);
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 21] = [
+pub const MAP_SPECS: [MapSpec; 22] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -147,4 +149,5 @@ pub const MAP_SPECS: [MapSpec; 21] = [
     maps::SERVICE_REVNAT,
     maps::SERVICE_AFFINITY,
     maps::TUNNEL,
+    maps::NODEPORT_ADDRS,
 ];

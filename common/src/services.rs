@@ -9,6 +9,21 @@ pub const MAX_SERVICES: u32 = 65536;
 pub const MAX_SERVICE_BACKENDS: u32 = 262144;
 pub const MAX_SERVICE_REVNAT: u32 = 65536;
 pub const MAX_SERVICE_AFFINITY: u32 = 65536;
+/// Node addresses NodePorts answer on (every node's, both families).
+pub const MAX_NODEPORT_ADDRS: u32 = 16384;
+
+/// A node address a NodePort answers on (IPv4 in the first 4 bytes). A
+/// NodePort's frontend has the unspecified address of its family: one
+/// entry per NodePort, not one per NodePort and node address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodePortAddress {
+    pub address: [u8; 16],
+    /// 4 or 6.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<NodePortAddress>() == 20);
 
 /// A client of a frontend with sessionAffinity: its network namespace
 /// (a pod's, or the host's: one client IP each) and the frontend.

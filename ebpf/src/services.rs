@@ -13,6 +13,12 @@
 //! from is satisfied. A frontend without backends refuses connect() with
 //! ECONNREFUSED, as kube-proxy's REJECT does, and sendmsg() with EPERM.
 //!
+//! A NodePort's frontend has the unspecified address of its family: a
+//! destination that is no frontend but one of `NODEPORT_ADDRS` (every
+//! node's addresses) is looked up again as that wildcard, so a NodePort
+//! costs one entry whatever the number of nodes, and the second lookup is
+//! paid only by connections to a node address.
+//!
 //! sessionAffinity ClientIP: a client is a network namespace (a pod, one
 //! address; or the host), keyed by its cookie in `SERVICE_AFFINITY` with
 //! the backend it was given; it keeps that backend while it connects again
@@ -31,8 +37,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use flatnet_common::{
-    Affinity, AffinityKey, BackendKey, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
-    maps,
+    Affinity, AffinityKey, BackendKey, NodePortAddress, RevNat, RevNatKey, ServiceBackend,
+    ServiceKey, ServiceValue, maps,
 };
 
 /// Frontends: (ClusterIP, port, protocol) -> where its backends are.
@@ -72,6 +78,16 @@ static SERVICE_AFFINITY: LruHashMap<
     { maps::SERVICE_AFFINITY.max_entries as usize },
 > = LruHashMap::new();
 const _: () = assert!(maps::SERVICE_AFFINITY.holds::<AffinityKey, Affinity>());
+
+/// The node addresses NodePorts answer on.
+#[btf_map]
+static NODEPORT_ADDRS: HashMap<
+    NodePortAddress,
+    u32,
+    { maps::NODEPORT_ADDRS.max_entries as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+const _: () = assert!(maps::NODEPORT_ADDRS.holds::<NodePortAddress, u32>());
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -140,14 +156,13 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     let peer = read_peer(addr, family);
     // SAFETY: a field of the context, read once.
     let protocol = unsafe { core::ptr::read_volatile(&(*addr).protocol) } as u8;
-    let key = ServiceKey {
+    let mut key = ServiceKey {
         address: peer.address,
         port: peer.port,
         protocol,
         family,
     };
-    // SAFETY: the value is copied at once.
-    let Some(frontend) = (unsafe { SERVICES.get(&key) }).copied() else {
+    let Some(frontend) = frontend_at(&mut key) else {
         return PROCEED;
     };
     if frontend.count == 0 {
@@ -186,6 +201,26 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     // source as the backend's.
     let _ = SERVICE_REVNAT.insert(&revnat_key, &original, 0);
     PROCEED
+}
+
+/// The frontend at `key`'s address, or, at a node address, the NodePort
+/// at its port (`key` then holds the wildcard, as affinity keys it).
+#[inline(always)]
+fn frontend_at(key: &mut ServiceKey) -> Option<ServiceValue> {
+    // SAFETY: the value is copied at once.
+    if let Some(frontend) = unsafe { SERVICES.get(&*key) } {
+        return Some(*frontend);
+    }
+    let node = NodePortAddress {
+        address: key.address,
+        family: key.family,
+        _pad: [0; 3],
+    };
+    // SAFETY: only the presence is read.
+    unsafe { NODEPORT_ADDRS.get(&node) }?;
+    key.address = [0; 16];
+    // SAFETY: the value is copied at once.
+    unsafe { SERVICES.get(&*key) }.copied()
 }
 
 /// Which of `frontend`'s backends this call gets: at random, or with

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use flatnet_common::PIN_ROOT;
+use ipnetwork::IpNetwork;
 
 use flatnet_datapath::DatapathMode;
 
@@ -211,8 +212,10 @@ pub struct Args {
     /// Who load-balances ClusterIP traffic: `kube-proxy` (its rules), or
     /// `ebpf` (with `--peer-source kubernetes`: this agent watches Services
     /// and EndpointSlices and flatnet's socket programs choose a backend at
-    /// connect() and sendmsg(); NodePort, LoadBalancer and externalIPs
-    /// stay kube-proxy's).
+    /// connect() and sendmsg() for ClusterIPs, and for this node's pods and
+    /// the node itself also for externalIPs, load-balancer IPs and NodePorts
+    /// on every node address; traffic from outside the node to a NodePort
+    /// or an external address stays kube-proxy's).
     #[arg(
         long,
         env = "FLATNET_SERVICES",
@@ -225,6 +228,12 @@ pub struct Args {
     /// (default: the root of the cgroup v2 mount: every process of the node).
     #[arg(long, env = "FLATNET_SERVICES_CGROUP")]
     pub services_cgroup: Option<PathBuf>,
+
+    /// With `--services ebpf`: the node addresses NodePorts are served on,
+    /// as CIDRs (kube-proxy's `--nodeport-addresses`), comma-separated;
+    /// default every InternalIP of every node.
+    #[arg(long, env = "FLATNET_NODEPORT_ADDRESSES", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<IpNetwork>,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `flatnet=debug`.
     #[arg(long, env = "FLATNET_LOG", default_value = "info")]

@@ -713,3 +713,113 @@ fn sockets_to_a_departed_backend_are_destroyed() {
     cluster.nodes[0].stop_agent();
     cluster.nodes[0].datapath().detach_services().unwrap();
 }
+
+/// `--services ebpf`: a LoadBalancer Service reached by this node's pods
+/// and by the node itself through every address kube-proxy would serve it
+/// on, rewritten at connect() like a ClusterIP: the NodePort on this
+/// node's address and on the other node's, an externalIP and the load
+/// balancer's ingress IP; getpeername() shows the address asked for. An
+/// ingress IP in `ipMode: Proxy` is the load balancer's to reach and is
+/// left alone (the client pod's blackhole route refuses it).
+#[flatnet_test(root)]
+fn node_ports_and_external_addresses_at_the_socket() {
+    use flatnet_tests::cluster::*;
+    use flatnet_tests::kube_stub::{ApiStub, Kind};
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let mut cluster = Cluster::new(&specs(&[
+        ("cp-1", 1, Some("10.244.0.0/24")),
+        ("worker-1", 2, Some("10.244.1.0/24")),
+    ]));
+    for node in &mut cluster.nodes {
+        node.agent_flags = vec![
+            "--services".into(),
+            "ebpf".into(),
+            "--services-cgroup".into(),
+            cgroup.0.display().to_string(),
+        ];
+    }
+    let stub = ApiStub::from_fixture();
+    let _served = cluster.start_agents_on_api(&stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let client_pod = cp.pod();
+    blackhole_services(&client_pod.netns);
+    for cidr in ["203.0.113.0/24", "198.51.100.0/24"] {
+        client_pod
+            .netns
+            .exec(&["ip", "route", "add", "blackhole", cidr]);
+    }
+    let (local, remote) = (cp.pod(), worker.pod());
+    let _servers = [
+        Backend::start(&local.netns, "local"),
+        Backend::start(&remote.netns, "remote"),
+    ];
+    let mut service = api_service("lb", Ipv4Addr::new(10, 96, 9, 80));
+    service["spec"]["type"] = "LoadBalancer".into();
+    service["spec"]["externalIPs"] = serde_json::json!(["203.0.113.10"]);
+    service["spec"]["ports"][0]["nodePort"] = 30080.into();
+    service["status"] = serde_json::json!({"loadBalancer": {"ingress": [
+        {"ip": "198.51.100.7"}, {"ip": "198.51.100.8", "ipMode": "Proxy"}]}});
+    stub.add(Kind::Service, service);
+    stub.add(
+        Kind::EndpointSlice,
+        api_slice("lb", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
+    );
+    let (cp_address, worker_address) = (cp.spec.address(), worker.spec.address());
+    // One entry for the NodePort (the wildcard) and the node addresses.
+    let node_port_key = service_key(Ipv4Addr::UNSPECIFIED.into(), 30080, TCP);
+    wait_until(
+        "cp-1's agent to serve the NodePort on both nodes",
+        SETTLE,
+        || {
+            let addresses = cp.datapath().nodeport_addresses().unwrap();
+            cp.datapath()
+                .service_backends(&node_port_key)
+                .unwrap()
+                .is_some_and(|set| set.len() == 2)
+                && addresses.contains(&cp_address.into())
+                && addresses.contains(&worker_address.into())
+        },
+    );
+
+    let reached = |netns: &Netns, to: SocketAddr| -> BTreeSet<String> {
+        (0..12)
+            .map(|_| {
+                let (answer, peer) = client(&cgroup.0, netns, "tcp", to)
+                    .unwrap_or_else(|e| panic!("connect to {to}: {e:?}"));
+                assert_eq!(peer, to, "getpeername() after connecting to {to}");
+                answer
+            })
+            .collect()
+    };
+    let both = BTreeSet::from(["local".to_string(), "remote".to_string()]);
+    for to in [
+        SocketAddr::from((cp_address, 30080)),
+        SocketAddr::from((worker_address, 30080)),
+        SocketAddr::from(([203, 0, 113, 10], 80)),
+        SocketAddr::from(([198, 51, 100, 7], 80)),
+    ] {
+        assert_eq!(reached(&client_pod.netns, to), both, "a pod to {to}");
+    }
+    // The node itself, to its own address's NodePort.
+    assert_eq!(
+        reached(&cp.netns, SocketAddr::from((cp_address, 30080))),
+        both,
+        "the node to its own NodePort"
+    );
+    // Not rewritten: the Proxy-mode ingress IP and the Service port on a
+    // node address.
+    for to in [
+        SocketAddr::from(([198, 51, 100, 8], 80)),
+        SocketAddr::from((worker_address, 80)),
+    ] {
+        assert!(
+            client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
+            "{to} was rewritten"
+        );
+    }
+    for node in &cluster.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
+    }
+}

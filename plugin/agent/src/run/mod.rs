@@ -278,6 +278,8 @@ pub struct Agent {
     policy: Option<Enforcer>,
     /// With `--services ebpf` and the Kubernetes peer source.
     services: Option<ServiceSync>,
+    /// Every node's addresses NodePorts are served on (`--nodeport-addresses`).
+    nodeport_addresses: Vec<IpAddr>,
 }
 
 /// NetworkPolicy on this node: what was written.

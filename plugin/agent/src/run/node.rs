@@ -100,6 +100,7 @@ impl Agent {
             objects: None,
             policy: None,
             services: None,
+            nodeport_addresses: Vec::new(),
         })
     }
 
@@ -149,6 +150,13 @@ impl Agent {
         // A leaked address is not the node's setup: readiness stays as is.
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
             reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
+        }
+        // NodePorts follow the nodes' addresses.
+        let nodeport_addresses =
+            crate::services::nodeport_addresses(nodes, &self.args.nodeport_addresses);
+        if nodeport_addresses != self.nodeport_addresses {
+            self.nodeport_addresses = nodeport_addresses;
+            self.sync_services();
         }
         // Policy: the node's addresses, and pods whose ADD was in flight.
         if let (Some(enforcer), Some(me)) = (self.policy.as_mut(), plan.me.as_ref()) {

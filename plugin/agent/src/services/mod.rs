@@ -41,6 +41,8 @@ pub struct FrontendPort {
     pub name: String,
     pub protocol: Protocol,
     pub port: u16,
+    /// type NodePort or LoadBalancer: the port on every node address.
+    pub node_port: Option<u16>,
     /// (address, target port) of the chosen endpoints, sorted; both
     /// families (a ClusterIP uses those of its own).
     pub backends: Vec<(IpAddr, u16)>,
@@ -53,6 +55,11 @@ pub struct Frontend<'a> {
     pub name: &'a str,
     /// Sorted, both families.
     pub cluster_ips: Vec<IpAddr>,
+    /// `spec.externalIPs` and the load balancer's ingress IPs
+    /// (`status.loadBalancer.ingress[].ip`, unless its `ipMode` is `Proxy`:
+    /// then traffic must go through the load balancer), sorted: each
+    /// serves the Service's ports as a ClusterIP does.
+    pub external_ips: Vec<IpAddr>,
     /// sessionAffinity ClientIP: how long a client keeps its backend.
     pub affinity: Option<Duration>,
     pub ports: Vec<FrontendPort>,
@@ -117,6 +124,25 @@ pub fn frontends<'a>(
             if cluster_ips.is_empty() {
                 return None;
             }
+            let ingress = service
+                .status
+                .as_ref()
+                .and_then(|status| status.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|ingress| ingress.ip_mode.as_deref() != Some("Proxy"))
+                .filter_map(|ingress| ingress.ip.as_deref());
+            let external_ips: Vec<IpAddr> = spec
+                .external_ips
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .chain(ingress)
+                .filter_map(|ip| ip.parse().ok())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
             let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
                 let seconds = spec
                     .session_affinity_config
@@ -145,6 +171,7 @@ pub fn frontends<'a>(
                         name: port_name,
                         protocol,
                         port: u16::try_from(port.port).ok()?,
+                        node_port: port.node_port.and_then(|p| u16::try_from(p).ok()),
                         backends,
                     })
                 })
@@ -153,10 +180,26 @@ pub fn frontends<'a>(
                 namespace,
                 name,
                 cluster_ips,
+                external_ips,
                 affinity,
                 ports,
             })
         })
+        .collect()
+}
+
+/// The addresses of `nodes` NodePorts are served on: each node's
+/// (InternalIPs), only those in `only` when it names CIDRs; sorted.
+pub fn nodeport_addresses(
+    nodes: &[crate::peers::Node],
+    only: &[ipnetwork::IpNetwork],
+) -> Vec<IpAddr> {
+    nodes
+        .iter()
+        .flat_map(|node| node.addresses.iter().copied())
+        .filter(|address| only.is_empty() || only.iter().any(|cidr| cidr.contains(*address)))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect()
 }
 
@@ -390,6 +433,48 @@ mod tests {
         }
         let plain = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
         assert_eq!(frontends(&[&plain], &slices, "n1").len(), 1);
+    }
+
+    #[test]
+    fn external_ips_load_balancer_ips_and_node_ports() {
+        let mut lb = service(json!({
+            "type": "LoadBalancer", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+            "externalIPs": ["203.0.113.10", "not-an-address"],
+            "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]
+        }));
+        lb.status = serde_json::from_value(json!({"loadBalancer": {"ingress": [
+            {"ip": "198.51.100.7"}, {"ip": "198.51.100.8", "ipMode": "Proxy"},
+            {"hostname": "lb.example"}
+        ]}}))
+        .unwrap();
+        let web = &one(&lb, &[])[0];
+        // The Proxy-mode ingress is the load balancer's to reach.
+        assert_eq!(
+            web.external_ips,
+            vec![ip("198.51.100.7"), ip("203.0.113.10")]
+        );
+        assert_eq!(web.ports[0].node_port, Some(30080));
+        let plain = service(json!({"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}));
+        assert_eq!(one(&plain, &[])[0].ports[0].node_port, None);
+    }
+
+    #[test]
+    fn node_ports_on_every_node_address_or_those_asked_for() {
+        let node = |name: &str, addresses: &[&str]| crate::peers::Node {
+            name: name.into(),
+            addresses: addresses.iter().map(|a| ip(a)).collect(),
+            pod_cidrs: Vec::new(),
+        };
+        let nodes = [
+            node("a", &["172.30.0.2", "fd30::2"]),
+            node("b", &["192.168.5.3"]),
+        ];
+        assert_eq!(
+            nodeport_addresses(&nodes, &[]),
+            vec![ip("172.30.0.2"), ip("192.168.5.3"), ip("fd30::2")]
+        );
+        let only: Vec<ipnetwork::IpNetwork> = vec!["172.30.0.0/16".parse().unwrap()];
+        assert_eq!(nodeport_addresses(&nodes, &only), vec![ip("172.30.0.2")]);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! address itself is left alone.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
 
 use flatnet_datapath::bpf::{Datapath, service_backend, service_key};
@@ -38,22 +38,48 @@ pub struct Target {
     pub affinity_secs: u32,
 }
 
-/// The state the maps should hold for `frontends`: each ClusterIP's port
-/// with the backends of its family (none: connect() refused).
-pub fn desired(frontends: &[Frontend<'_>]) -> BTreeMap<FrontendKey, Target> {
+/// The state the maps should hold for `frontends`: each ClusterIP's and
+/// external IP's port, and each NodePort as the unspecified address of
+/// each family `node_addresses` has (the datapath's wildcard for "any node
+/// address", see `NODEPORT_ADDRS`), with the backends of its family (none:
+/// connect() refused). Clients at the socket are all inside the cluster
+/// (this node's pods and the node itself), so every address leads to the
+/// Service's cluster-wide backends, as kube-proxy sends in-cluster traffic
+/// to an external address (`externalTrafficPolicy` is about traffic from
+/// outside).
+pub fn desired(
+    frontends: &[Frontend<'_>],
+    node_addresses: &[IpAddr],
+) -> BTreeMap<FrontendKey, Target> {
+    let wildcards: BTreeSet<IpAddr> = node_addresses
+        .iter()
+        .map(|ip| match ip {
+            IpAddr::V4(_) => IpAddr::from(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::from(Ipv6Addr::UNSPECIFIED),
+        })
+        .collect();
     let mut out = BTreeMap::new();
     for frontend in frontends {
         let affinity_secs = frontend
             .affinity
             .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
         for port in &frontend.ports {
-            for ip in &frontend.cluster_ips {
+            let service_addresses = frontend
+                .cluster_ips
+                .iter()
+                .chain(&frontend.external_ips)
+                .map(|ip| (*ip, port.port));
+            let node_ports = port
+                .node_port
+                .into_iter()
+                .flat_map(|node_port| wildcards.iter().map(move |ip| (*ip, node_port)));
+            for (ip, listening) in service_addresses.chain(node_ports) {
                 let backends = port
-                    .backends_for(*ip)
+                    .backends_for(ip)
                     .map(|(address, target)| SocketAddr::new(*address, *target))
                     .collect();
                 out.insert(
-                    (*ip, port.port, port.protocol.number()),
+                    (ip, listening, port.protocol.number()),
                     Target {
                         backends,
                         affinity_secs,
@@ -113,6 +139,8 @@ pub struct ServiceSync {
     datapath: Datapath,
     metrics: AgentMetrics,
     written: BTreeMap<FrontendKey, Target>,
+    /// What `NODEPORT_ADDRS` holds.
+    node_addresses: BTreeSet<IpAddr>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
 }
@@ -138,19 +166,23 @@ impl ServiceSync {
                 },
             );
         }
+        let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
         tracing::info!(frontends = written.len(), "Service maps adopted");
         Ok(ServiceSync {
             datapath,
             metrics,
             written,
+            node_addresses,
             next_id,
         })
     }
 
-    /// Makes the maps hold `desired`; a failed step is logged, counted and
-    /// tried again at the next update.
-    pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>) {
+    /// Makes the maps hold `desired`, NodePorts answering on
+    /// `node_addresses`; a failed step is logged, counted and tried again at
+    /// the next update.
+    pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>, node_addresses: &[IpAddr]) {
         let start = Instant::now();
+        self.update_node_addresses(node_addresses);
         let departed = departed(&self.written, desired);
         for step in steps(&self.written, desired) {
             let outcome = match step {
@@ -195,6 +227,34 @@ impl ServiceSync {
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
         self.close_departed(&departed);
+    }
+
+    /// New node addresses first: a NodePort frontend put after them is
+    /// served on all of them at once.
+    fn update_node_addresses(&mut self, node_addresses: &[IpAddr]) {
+        let wanted: BTreeSet<IpAddr> = node_addresses.iter().copied().collect();
+        let added = wanted
+            .difference(&self.node_addresses)
+            .map(|ip| (*ip, true));
+        let gone = self
+            .node_addresses
+            .difference(&wanted)
+            .map(|ip| (*ip, false));
+        let changes: Vec<(IpAddr, bool)> = added.chain(gone).collect();
+        for (address, on) in changes {
+            match self.datapath.set_nodeport_address(address, on) {
+                Ok(()) if on => {
+                    self.node_addresses.insert(address);
+                }
+                Ok(()) => {
+                    self.node_addresses.remove(&address);
+                }
+                Err(e) => {
+                    self.metrics.service_errors.inc();
+                    tracing::warn!(error = %e, %address, "cannot write a NodePort address");
+                }
+            }
+        }
     }
 
     /// Destroys the local clients' sockets that the socket programs sent
@@ -250,19 +310,59 @@ mod tests {
             namespace: "ns",
             name: "web",
             cluster_ips: vec![ip("10.96.0.10"), ip("fd96::a")],
+            external_ips: Vec::new(),
             affinity: affinity.map(Duration::from_secs),
             ports: vec![FrontendPort {
                 name: String::new(),
                 protocol: Protocol::Tcp,
                 port: 80,
+                node_port: None,
                 backends: backends.iter().map(|(a, p)| (ip(a), *p)).collect(),
             }],
         }
     }
 
+    fn cluster_ips_only(frontends: &[Frontend<'_>]) -> BTreeMap<FrontendKey, Target> {
+        desired(frontends, &[])
+    }
+
+    #[test]
+    fn node_ports_external_and_load_balancer_ips_lead_to_the_same_backends() {
+        let mut web = frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], None);
+        web.external_ips = vec![ip("198.51.100.7"), ip("2001:db8::7")];
+        web.ports[0].node_port = Some(30080);
+        let nodes = [ip("172.30.0.1"), ip("172.30.0.2"), ip("fd30::1")];
+        let state = desired(&[web], &nodes);
+        // One NodePort entry per family, whatever the number of nodes.
+        let v4 = vec!["10.0.0.1:8080".parse::<SocketAddr>().unwrap()];
+        let v6 = vec!["[fd00::1]:8080".parse::<SocketAddr>().unwrap()];
+        for (address, port, backends) in [
+            ("10.96.0.10", 80, &v4),
+            ("198.51.100.7", 80, &v4),
+            ("0.0.0.0", 30080, &v4),
+            ("fd96::a", 80, &v6),
+            ("2001:db8::7", 80, &v6),
+            ("::", 30080, &v6),
+        ] {
+            assert_eq!(
+                &state[&(ip(address), port, 6)].backends,
+                backends,
+                "{address}"
+            );
+        }
+        assert_eq!(state.len(), 6);
+        // No node address of a family: no NodePort entry of it.
+        let mut v4_only = frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], None);
+        v4_only.ports[0].node_port = Some(30080);
+        let v4_nodes = desired(&[v4_only], &[ip("172.30.0.1")]);
+        assert!(v4_nodes.contains_key(&(ip("0.0.0.0"), 30080, 6)));
+        assert!(!v4_nodes.contains_key(&(ip("::"), 30080, 6)));
+    }
+
     #[test]
     fn each_cluster_ip_gets_the_backends_of_its_family() {
-        let state = desired(&[frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], Some(60))]);
+        let state =
+            cluster_ips_only(&[frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], Some(60))]);
         assert_eq!(
             state[&(ip("10.96.0.10"), 80, 6)],
             Target {
@@ -278,8 +378,8 @@ mod tests {
 
     #[test]
     fn backends_that_leave_or_lose_their_frontend_have_departed() {
-        let both = desired(&[frontend(&[("10.0.0.1", 53), ("10.0.0.2", 53)], None)]);
-        let one = desired(&[frontend(&[("10.0.0.2", 53)], None)]);
+        let both = cluster_ips_only(&[frontend(&[("10.0.0.1", 53), ("10.0.0.2", 53)], None)]);
+        let one = cluster_ips_only(&[frontend(&[("10.0.0.2", 53)], None)]);
         let backend = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(
             departed(&both, &one),
@@ -294,11 +394,11 @@ mod tests {
 
     #[test]
     fn only_changed_frontends_are_written() {
-        let before = desired(&[frontend(&[("10.0.0.1", 8080)], None)]);
+        let before = cluster_ips_only(&[frontend(&[("10.0.0.1", 8080)], None)]);
         // Nothing changed: nothing to do (an agent restart).
         assert!(steps(&before, &before).is_empty());
         // One backend more: only the IPv4 frontend is put again.
-        let after = desired(&[frontend(&[("10.0.0.1", 8080), ("10.0.0.2", 8080)], None)]);
+        let after = cluster_ips_only(&[frontend(&[("10.0.0.1", 8080), ("10.0.0.2", 8080)], None)]);
         let planned = steps(&before, &after);
         assert_eq!(planned.len(), 1);
         assert!(matches!(planned[0], Step::Put((a, 80, 6), _) if a == ip("10.96.0.10")));

@@ -11,10 +11,10 @@ use std::net::{IpAddr, SocketAddr};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    BackendKey, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, PROG_SERVICE_CONNECT4,
-    PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6,
-    PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6,
-    RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    BackendKey, MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES,
+    NodePortAddress, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4,
+    PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4,
+    PROG_SERVICE_SENDMSG6, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -172,6 +172,36 @@ impl Datapath {
         ignore_missing(frontends.remove(key))?;
         let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
         delete_set(&mut sets, previous)
+    }
+
+    /// The node addresses NodePorts answer on (none when the maps are not
+    /// pinned).
+    pub fn nodeport_addresses(&self) -> Result<Vec<IpAddr>> {
+        if !self.map_path(MAP_NODEPORT_ADDRS).exists() {
+            return Ok(Vec::new());
+        }
+        let map = self.hash_map::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS)?;
+        map.keys()
+            .map(|key| key.map(|key| address_of(&key.address, key.family)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::bpf(format!("reading {MAP_NODEPORT_ADDRS}"), e))
+    }
+
+    /// Makes NodePorts answer on `address` too (or no longer).
+    pub fn set_nodeport_address(&self, address: IpAddr, on: bool) -> Result<()> {
+        let mut map = self.hash_map::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS)?;
+        let (bytes, family) = address_bytes(address);
+        let key = NodePortAddress {
+            address: bytes,
+            family,
+            _pad: [0; 3],
+        };
+        if on {
+            map.insert(key, 1, 0)
+                .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_ADDRS}"), e))
+        } else {
+            ignore_missing(map.remove(&key))
+        }
     }
 
     fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {

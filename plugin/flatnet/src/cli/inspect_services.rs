@@ -13,6 +13,9 @@ pub struct ServicesReport {
     /// The socket programs attached through their pinned links.
     pub attached: bool,
     pub frontends: Vec<FrontendReport>,
+    /// The node addresses NodePorts answer on (a NodePort's frontend has
+    /// the unspecified address: "any of these").
+    pub nodeport_addresses: Vec<std::net::IpAddr>,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -57,10 +60,13 @@ pub fn report(network: &str) -> Result<ServicesReport> {
         });
     }
     frontends.sort();
+    let mut nodeport_addresses = datapath.nodeport_addresses()?;
+    nodeport_addresses.sort();
     Ok(ServicesReport {
         network: network.to_string(),
         attached: datapath.services_attached(),
         frontends,
+        nodeport_addresses,
     })
 }
 
@@ -76,6 +82,17 @@ pub fn render(report: &ServicesReport) -> String {
         },
         report.frontends.len()
     );
+    if !report.nodeport_addresses.is_empty() {
+        let addresses: Vec<String> = report
+            .nodeport_addresses
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        out.push_str(&format!(
+            "  NodePorts (0.0.0.0 / [::] below) answer on {}\n",
+            addresses.join(", ")
+        ));
+    }
     for f in &report.frontends {
         let backends: Vec<String> = f.backends.iter().map(ToString::to_string).collect();
         let target = if backends.is_empty() {
