@@ -823,3 +823,102 @@ fn node_ports_and_external_addresses_at_the_socket() {
         node.datapath().detach_services().unwrap();
     }
 }
+
+/// Through the Datapath API, both families: a NodePort is one wildcard
+/// frontend (the unspecified address) that answers on the addresses in
+/// `NODEPORT_ADDRS` only, and a connected UDP socket sent to a backend for
+/// a ClusterIP is found and destroyed through sock_diag
+/// (`flatnet_datapath::sockets`, what the agent runs when a backend
+/// leaves), after which the client's new socket reaches the new backend.
+#[flatnet_test(root)]
+fn node_port_wildcard_and_socket_destruction_in_both_families() {
+    let net = Network::dual_stack("tc");
+    let client_pod = net.pod();
+    blackhole_services(&client_pod.netns);
+    for (family, cidr) in [("-4", "192.0.2.0/24"), ("-6", "2001:db8::/64")] {
+        client_pod
+            .netns
+            .exec(&["ip", family, "route", "add", "blackhole", cidr]);
+    }
+    let pods: Vec<Pod> = (0..2).map(|_| net.pod()).collect();
+    let _backends = [
+        Backend::start(&pods[0].netns, "b0"),
+        Backend::start(&pods[1].netns, "b1"),
+    ];
+    let datapath = net.datapath();
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    datapath.attach_services(&cgroup.0).unwrap();
+
+    for v6 in [false, true] {
+        let (node, not_a_node, any, cluster_ip): (IpAddr, IpAddr, IpAddr, IpAddr) = if v6 {
+            (
+                "2001:db8::10".parse().unwrap(),
+                "2001:db8::11".parse().unwrap(),
+                Ipv6Addr::UNSPECIFIED.into(),
+                "fd96::35".parse().unwrap(),
+            )
+        } else {
+            (
+                Ipv4Addr::new(192, 0, 2, 10).into(),
+                Ipv4Addr::new(192, 0, 2, 11).into(),
+                Ipv4Addr::UNSPECIFIED.into(),
+                Ipv4Addr::new(10, 96, 7, 53).into(),
+            )
+        };
+        let backend = |i: usize| SocketAddr::new(pods[i].address(v6), BACKEND_PORT);
+
+        // The NodePort: the wildcard frontend, served on `node` only.
+        let node_port_key = service_key(any, 30080, TCP);
+        datapath
+            .put_service(&node_port_key, 10, &[service_backend(backend(0))], 0)
+            .unwrap();
+        datapath.set_nodeport_address(node, true).unwrap();
+        assert!(datapath.nodeport_addresses().unwrap().contains(&node));
+        let to = SocketAddr::new(node, 30080);
+        let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", to)
+            .unwrap_or_else(|e| panic!("v6 {v6}: connect to {to}: {e:?}"));
+        assert_eq!((answer.as_str(), peer), ("b0", to), "v6 {v6}");
+        let elsewhere = SocketAddr::new(not_a_node, 30080);
+        assert!(
+            client(&cgroup.0, &client_pod.netns, "tcp", elsewhere).is_err(),
+            "v6 {v6}: {elsewhere} is no node address but was rewritten"
+        );
+        datapath.set_nodeport_address(node, false).unwrap();
+        assert!(
+            client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
+            "v6 {v6}: {to} was rewritten after it stopped being a node address"
+        );
+        datapath.delete_service(&node_port_key).unwrap();
+
+        // A resolver's connected UDP socket, sent to b0 for the ClusterIP.
+        let dns = SocketAddr::new(cluster_ip, 53);
+        let udp_key = service_key(cluster_ip, 53, UDP);
+        datapath
+            .put_service(&udp_key, 11, &[service_backend(backend(0))], 0)
+            .unwrap();
+        let resolver = Resolver::start(&cgroup.0, &client_pod.netns, dns, 6);
+        wait_until(
+            "the resolver's first answers",
+            Duration::from_secs(10),
+            || resolver.answers().len() >= 2,
+        );
+        assert!(resolver.answers().iter().all(|a| a == "b0"), "v6 {v6}");
+        datapath
+            .put_service(&udp_key, 12, &[service_backend(backend(1))], 0)
+            .unwrap();
+        let peers = BTreeSet::from([(UDP, backend(0))]);
+        let condemn = |socket: &flatnet_datapath::sockets::Connected| matches!(datapath.socket_frontend(socket.cookie, socket.peer), Ok(Some(f)) if f == dns);
+        let destroyed = flatnet_datapath::sockets::destroy_connected(&peers, &condemn);
+        assert!(destroyed.failures.is_empty(), "v6 {v6}: {destroyed:?}");
+        assert_eq!(destroyed.sockets.len(), 1, "v6 {v6}: {destroyed:?}");
+        assert_eq!(destroyed.sockets[0].peer, backend(0), "v6 {v6}");
+        wait_until(
+            "the resolver's answers from b1",
+            Duration::from_secs(10),
+            || resolver.answers().last().map(String::as_str) == Some("b1"),
+        );
+        drop(resolver);
+        datapath.delete_service(&udp_key).unwrap();
+    }
+    datapath.detach_services().unwrap();
+}
