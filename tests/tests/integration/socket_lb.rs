@@ -710,6 +710,12 @@ fn sockets_to_a_departed_backend_are_destroyed() {
         page.contains("flatnet_service_sockets_destroyed_total 2"),
         "the resolver's socket and the TCP connection, nothing else: {page}"
     );
+    // How long the search took, for the record.
+    for line in cp.agent_log().lines() {
+        if line.contains("searched for sockets") {
+            eprintln!("{line}");
+        }
+    }
     cluster.nodes[0].stop_agent();
     cluster.nodes[0].datapath().detach_services().unwrap();
 }

@@ -260,6 +260,9 @@ impl ServiceSync {
     /// Destroys the local clients' sockets that the socket programs sent
     /// to a backend in `departed` for its frontend there.
     fn close_departed(&self, departed: &BTreeSet<(FrontendKey, SocketAddr)>) {
+        if departed.is_empty() {
+            return;
+        }
         let peers: BTreeSet<(u8, SocketAddr)> = departed
             .iter()
             .map(|((_, _, protocol), backend)| (*protocol, *backend))
@@ -273,7 +276,15 @@ impl ServiceSync {
                 )),
                 _ => false,
             };
+        let searching = Instant::now();
         let outcome = sockets::destroy_connected(&peers, &condemn);
+        tracing::info!(
+            departed = departed.len(),
+            namespaces = outcome.namespaces_searched,
+            destroyed = outcome.sockets.len(),
+            elapsed_ms = searching.elapsed().as_secs_f64() * 1e3,
+            "searched for sockets to backends that left"
+        );
         for socket in &outcome.sockets {
             // The LRU would age it out; a destroyed socket needs no record.
             let _ = datapath.forget_socket(socket.cookie, socket.peer);
