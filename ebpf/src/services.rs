@@ -16,8 +16,9 @@
 //! A NodePort's frontend has the unspecified address of its family: a
 //! destination that is no frontend but one of `NODEPORT_ADDRS` (every
 //! node's addresses) is looked up again as that wildcard, so a NodePort
-//! costs one entry whatever the number of nodes, and the second lookup is
-//! paid only by connections to a node address.
+//! costs one entry whatever the number of nodes. The price: every call to
+//! a destination that is no frontend looks `NODEPORT_ADDRS` up too (one
+//! more hash lookup per connect() and per unconnected UDP sendmsg()).
 //!
 //! sessionAffinity ClientIP: a client is a network namespace (a pod, one
 //! address; or the host), keyed by its cookie in `SERVICE_AFFINITY` with

@@ -248,12 +248,9 @@ pub fn destroy_connected(
     for namespace in process_namespaces() {
         let searched = std::thread::scope(|scope| {
             scope
-                .spawn(|| {
-                    // The thread stays in the namespace: it ends here.
-                    nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(|e| Error::kernel("entering a process's network namespace", e))?;
-                    destroy_here(peers, condemn)
-                })
+                // A thread of its own: the caller's thread never changes
+                // namespace, whatever happens here.
+                .spawn(|| netns::within(&namespace, || destroy_here(peers, condemn))?)
                 .join()
         });
         outcome.namespaces_searched += 1;

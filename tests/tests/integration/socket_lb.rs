@@ -317,6 +317,29 @@ fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
     })
 }
 
+/// A simulated cluster of `nodes` whose agents run `--services ebpf` with
+/// the socket programs on `cgroup`, following `stub`; ready.
+fn ebpf_services_cluster(
+    nodes: &[(&str, u8, Option<&str>)],
+    cgroup: &TestCgroup,
+    stub: &flatnet_tests::kube_stub::ApiStub,
+) -> (
+    flatnet_tests::cluster::Cluster,
+    Vec<flatnet_tests::kube_stub::ServedStub>,
+) {
+    let mut cluster = flatnet_tests::cluster::Cluster::new(&flatnet_tests::cluster::specs(nodes));
+    for node in &mut cluster.nodes {
+        node.agent_flags = vec![
+            "--services".into(),
+            "ebpf".into(),
+            "--services-cgroup".into(),
+            cgroup.0.display().to_string(),
+        ];
+    }
+    let served = cluster.start_agents_on_api(stub);
+    (cluster, served)
+}
+
 /// `--services ebpf`: two simulated nodes whose agents follow the API
 /// stub's Services and EndpointSlices and attach the socket programs to the
 /// test's cgroup. A client pod on cp-1 reaches a Service whose backends are
@@ -329,20 +352,15 @@ fn the_agent_keeps_the_service_maps_from_the_api() {
     use std::time::Instant;
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
-    let mut cluster = Cluster::new(&specs(&[
-        ("cp-1", 1, Some("10.244.0.0/24")),
-        ("worker-1", 2, Some("10.244.1.0/24")),
-    ]));
-    for node in &mut cluster.nodes {
-        node.agent_flags = vec![
-            "--services".into(),
-            "ebpf".into(),
-            "--services-cgroup".into(),
-            cgroup.0.display().to_string(),
-        ];
-    }
     let stub = ApiStub::from_fixture();
-    let served = cluster.start_agents_on_api(&stub);
+    let (cluster, served) = ebpf_services_cluster(
+        &[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ],
+        &cgroup,
+        &stub,
+    );
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let client_pod = cp.pod();
     blackhole_services(&client_pod.netns);
@@ -573,15 +591,9 @@ fn sockets_to_a_departed_backend_are_destroyed() {
     use std::time::Instant;
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
-    let mut cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
-    cluster.nodes[0].agent_flags = vec![
-        "--services".into(),
-        "ebpf".into(),
-        "--services-cgroup".into(),
-        cgroup.0.display().to_string(),
-    ];
     let stub = ApiStub::from_fixture();
-    let _served = cluster.start_agents_on_api(&stub);
+    let (cluster, _served) =
+        ebpf_services_cluster(&[("cp-1", 1, Some("10.244.0.0/24"))], &cgroup, &stub);
     let cp = cluster.node("cp-1");
     let client_pod = cp.pod();
     blackhole_services(&client_pod.netns);
@@ -733,20 +745,15 @@ fn node_ports_and_external_addresses_at_the_socket() {
     use flatnet_tests::kube_stub::{ApiStub, Kind};
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
-    let mut cluster = Cluster::new(&specs(&[
-        ("cp-1", 1, Some("10.244.0.0/24")),
-        ("worker-1", 2, Some("10.244.1.0/24")),
-    ]));
-    for node in &mut cluster.nodes {
-        node.agent_flags = vec![
-            "--services".into(),
-            "ebpf".into(),
-            "--services-cgroup".into(),
-            cgroup.0.display().to_string(),
-        ];
-    }
     let stub = ApiStub::from_fixture();
-    let _served = cluster.start_agents_on_api(&stub);
+    let (cluster, _served) = ebpf_services_cluster(
+        &[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ],
+        &cgroup,
+        &stub,
+    );
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let client_pod = cp.pod();
     blackhole_services(&client_pod.netns);
