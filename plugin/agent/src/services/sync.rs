@@ -121,10 +121,16 @@ pub fn departed(
     written: &BTreeMap<FrontendKey, Target>,
     desired: &BTreeMap<FrontendKey, Target>,
 ) -> BTreeSet<(FrontendKey, SocketAddr)> {
+    // Unchanged frontends (most, at every update) are skipped whole; a
+    // changed one is compared as a set, not backend by backend.
     written
         .iter()
+        .filter(|(key, target)| desired.get(key) != Some(*target))
         .flat_map(|(key, target)| {
-            let staying = desired.get(key).map_or(&[][..], |t| t.backends.as_slice());
+            let staying: BTreeSet<&SocketAddr> = desired
+                .get(key)
+                .map(|t| t.backends.iter().collect())
+                .unwrap_or_default();
             target
                 .backends
                 .iter()
