@@ -61,6 +61,10 @@ pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
 /// The node addresses NodePorts answer on: a frontend keyed by the
 /// unspecified address stands for all of them.
 pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
+/// Which protocols' NodePorts listen on each port number (`nodeport_port`
+/// bits): read before `NODEPORT_ADDRS`, so only calls to a NodePort's port
+/// pay a hash lookup of the node address.
+pub const MAP_NODEPORT_PORTS: &str = "NODEPORT_PORTS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";

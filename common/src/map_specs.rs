@@ -124,10 +124,12 @@ pub mod maps {
     );
     pub const NODEPORT_ADDRS: MapSpec =
         MapSpec::new::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS, MapKind::Hash, MAX_NODEPORT_ADDRS);
+    pub const NODEPORT_PORTS: MapSpec =
+        MapSpec::new::<u32, u32>(MAP_NODEPORT_PORTS, MapKind::Array, NODEPORT_PORT_COUNT);
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 22] = [
+pub const MAP_SPECS: [MapSpec; 23] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -150,4 +152,5 @@ pub const MAP_SPECS: [MapSpec; 22] = [
     maps::SERVICE_AFFINITY,
     maps::TUNNEL,
     maps::NODEPORT_ADDRS,
+    maps::NODEPORT_PORTS,
 ];

@@ -12,6 +12,27 @@ pub const MAX_SERVICE_AFFINITY: u32 = 65536;
 /// Node addresses NodePorts answer on (every node's, both families).
 pub const MAX_NODEPORT_ADDRS: u32 = 16384;
 
+/// Entries of `NODEPORT_PORTS`: one per port number.
+pub const NODEPORT_PORT_COUNT: u32 = 65536;
+
+/// Bits of a `NODEPORT_PORTS` entry: a NodePort of the protocol listens on
+/// this port number.
+pub mod nodeport_port {
+    pub const TCP: u32 = 1;
+    pub const UDP: u32 = 2;
+    pub const SCTP: u32 = 4;
+
+    /// The bit of IP protocol `protocol` (0: a protocol Services do not have).
+    pub const fn bit(protocol: u8) -> u32 {
+        match protocol {
+            6 => TCP,
+            17 => UDP,
+            132 => SCTP,
+            _ => 0,
+        }
+    }
+}
+
 /// A node address a NodePort answers on (IPv4 in the first 4 bytes). A
 /// NodePort's frontend has the unspecified address of its family: one
 /// entry per NodePort, not one per NodePort and node address.

@@ -16,9 +16,10 @@
 //! A NodePort's frontend has the unspecified address of its family: a
 //! destination that is no frontend but one of `NODEPORT_ADDRS` (every
 //! node's addresses) is looked up again as that wildcard, so a NodePort
-//! costs one entry whatever the number of nodes. The price: every call to
-//! a destination that is no frontend looks `NODEPORT_ADDRS` up too (one
-//! more hash lookup per connect() and per unconnected UDP sendmsg()).
+//! costs one entry whatever the number of nodes. A call to a destination
+//! that is no frontend first reads its port's `NODEPORT_PORTS` entry (an
+//! array read, which the JIT inlines); only on a port a NodePort of the
+//! protocol has does it look `NODEPORT_ADDRS` up (a hash lookup).
 //!
 //! sessionAffinity ClientIP: a client is a network namespace (a pod, one
 //! address; or the host), keyed by its cookie in `SERVICE_AFFINITY` with
@@ -29,7 +30,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr},
-    btf_maps::{HashMap, LruHashMap},
+    btf_maps::{Array, HashMap, LruHashMap},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
@@ -39,7 +40,7 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     Affinity, AffinityKey, BackendKey, NodePortAddress, RevNat, RevNatKey, ServiceBackend,
-    ServiceKey, ServiceValue, maps,
+    ServiceKey, ServiceValue, maps, nodeport_port,
 };
 
 /// Frontends: (ClusterIP, port, protocol) -> where its backends are.
@@ -89,6 +90,11 @@ static NODEPORT_ADDRS: HashMap<
     { BPF_F_NO_PREALLOC as usize },
 > = HashMap::new();
 const _: () = assert!(maps::NODEPORT_ADDRS.holds::<NodePortAddress, u32>());
+
+/// Which protocols' NodePorts listen on each port number.
+#[btf_map]
+static NODEPORT_PORTS: Array<u32, { maps::NODEPORT_PORTS.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::NODEPORT_PORTS.holds::<u32, u32>());
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -211,6 +217,12 @@ fn frontend_at(key: &mut ServiceKey) -> Option<ServiceValue> {
     // SAFETY: the value is copied at once.
     if let Some(frontend) = unsafe { SERVICES.get(&*key) } {
         return Some(*frontend);
+    }
+    let port = u32::from(u16::from_be_bytes(key.port));
+    // SAFETY: a valid map value for the program's run; read once.
+    let listening = unsafe { core::ptr::read_volatile(NODEPORT_PORTS.get_ptr(port)?) };
+    if listening & nodeport_port::bit(key.protocol) == 0 {
+        return None;
     }
     let node = NodePortAddress {
         address: key.address,

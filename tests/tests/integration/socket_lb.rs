@@ -880,7 +880,8 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
         };
         let backend = |i: usize| SocketAddr::new(pods[i].address(v6), BACKEND_PORT);
 
-        // The NodePort: the wildcard frontend, served on `node` only.
+        // The NodePort: the wildcard frontend, served on `node` only, and
+        // only once its port is marked as a TCP NodePort's.
         let node_port_key = service_key(any, 30080, TCP);
         datapath
             .put_service(&node_port_key, 10, &[service_backend(backend(0))], 0)
@@ -888,6 +889,20 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
         datapath.set_nodeport_address(node, true).unwrap();
         assert!(datapath.nodeport_addresses().unwrap().contains(&node));
         let to = SocketAddr::new(node, 30080);
+        datapath
+            .set_nodeport_port(30080, flatnet_common::nodeport_port::UDP)
+            .unwrap();
+        assert!(
+            client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
+            "v6 {v6}: {to} was rewritten though only a UDP NodePort has its port"
+        );
+        datapath
+            .set_nodeport_port(30080, flatnet_common::nodeport_port::TCP)
+            .unwrap();
+        assert_eq!(
+            datapath.nodeport_port_bits().unwrap(),
+            vec![(30080, flatnet_common::nodeport_port::TCP)]
+        );
         let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", to)
             .unwrap_or_else(|e| panic!("v6 {v6}: connect to {to}: {e:?}"));
         assert_eq!((answer.as_str(), peer), ("b0", to), "v6 {v6}");
@@ -902,6 +917,7 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
             "v6 {v6}: {to} was rewritten after it stopped being a node address"
         );
         datapath.delete_service(&node_port_key).unwrap();
+        datapath.set_nodeport_port(30080, 0).unwrap();
 
         // A resolver's connected UDP socket, sent to b0 for the ClusterIP.
         let dns = SocketAddr::new(cluster_ip, 53);

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
 
+use flatnet_common::nodeport_port;
 use flatnet_datapath::bpf::{Datapath, service_backend, service_key};
 use flatnet_datapath::sockets::{self, Connected};
 
@@ -91,6 +92,18 @@ pub fn desired(
     out
 }
 
+/// The `NODEPORT_PORTS` bits of each port number the NodePorts of
+/// `desired` (its unspecified-address frontends) listen on.
+pub fn nodeport_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, u32> {
+    let mut ports = BTreeMap::new();
+    for (address, port, protocol) in desired.keys() {
+        if address.is_unspecified() {
+            *ports.entry(*port).or_default() |= nodeport_port::bit(*protocol);
+        }
+    }
+    ports
+}
+
 /// One change to the maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step<'a> {
@@ -140,6 +153,13 @@ pub fn departed(
         .collect()
 }
 
+/// Which way a map entry's bits change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Gained,
+    Lost,
+}
+
 /// The Service maps of this node and what this agent knows is in them.
 pub struct ServiceSync {
     datapath: Datapath,
@@ -147,6 +167,8 @@ pub struct ServiceSync {
     written: BTreeMap<FrontendKey, Target>,
     /// What `NODEPORT_ADDRS` holds.
     node_addresses: BTreeSet<IpAddr>,
+    /// What `NODEPORT_PORTS` holds (ports without a bit left out).
+    nodeport_ports: BTreeMap<u16, u32>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
 }
@@ -173,12 +195,14 @@ impl ServiceSync {
             );
         }
         let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
+        let nodeport_ports = datapath.nodeport_port_bits()?.into_iter().collect();
         tracing::info!(frontends = written.len(), "Service maps adopted");
         Ok(ServiceSync {
             datapath,
             metrics,
             written,
             node_addresses,
+            nodeport_ports,
             next_id,
         })
     }
@@ -189,6 +213,12 @@ impl ServiceSync {
     pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>, node_addresses: &[IpAddr]) {
         let start = Instant::now();
         self.update_node_addresses(node_addresses);
+        // A port's bits gained before the NodePorts on it are put, lost
+        // after they are deleted: a bit without its frontend only costs a
+        // call the address lookup, a frontend without its bit would not
+        // answer.
+        let ports = nodeport_ports(desired);
+        self.update_nodeport_ports(&ports, Change::Gained);
         let departed = departed(&self.written, desired);
         for step in steps(&self.written, desired) {
             let outcome = match step {
@@ -232,7 +262,42 @@ impl ServiceSync {
         self.metrics
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
+        self.update_nodeport_ports(&ports, Change::Lost);
         self.close_departed(&departed);
+    }
+
+    /// Writes the ports whose bits `wanted` changes the `change` way (a
+    /// port that gains a bit counts as gained).
+    fn update_nodeport_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
+        let ports: BTreeSet<u16> = wanted
+            .keys()
+            .chain(self.nodeport_ports.keys())
+            .copied()
+            .collect();
+        for port in ports {
+            let had = self.nodeport_ports.get(&port).copied().unwrap_or(0);
+            let bits = wanted.get(&port).copied().unwrap_or(0);
+            let this_change = if bits & !had != 0 {
+                Change::Gained
+            } else {
+                Change::Lost
+            };
+            if bits == had || this_change != change {
+                continue;
+            }
+            match self.datapath.set_nodeport_port(port, bits) {
+                Ok(()) if bits == 0 => {
+                    self.nodeport_ports.remove(&port);
+                }
+                Ok(()) => {
+                    self.nodeport_ports.insert(port, bits);
+                }
+                Err(e) => {
+                    self.metrics.service_errors.inc();
+                    tracing::warn!(error = %e, port, "cannot write a NodePort's port");
+                }
+            }
+        }
     }
 
     /// New node addresses first: a NodePort frontend put after them is
@@ -374,6 +439,29 @@ mod tests {
         let v4_nodes = desired(&[v4_only], &[ip("172.30.0.1")]);
         assert!(v4_nodes.contains_key(&(ip("0.0.0.0"), 30080, 6)));
         assert!(!v4_nodes.contains_key(&(ip("::"), 30080, 6)));
+    }
+
+    #[test]
+    fn nodeport_ports_mark_each_protocol_of_each_node_port() {
+        let mut tcp = frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], None);
+        tcp.ports[0].node_port = Some(30080);
+        let mut udp = tcp.clone();
+        udp.ports[0].protocol = Protocol::Udp;
+        let mut other = frontend(&[("10.0.0.2", 53)], None);
+        other.ports[0].node_port = Some(30053);
+        other.ports[0].protocol = Protocol::Udp;
+        let nodes = [ip("172.30.0.1"), ip("fd30::1")];
+        let ports = nodeport_ports(&desired(&[tcp, udp, other], &nodes));
+        assert_eq!(
+            ports,
+            BTreeMap::from([
+                (30053, nodeport_port::UDP),
+                (30080, nodeport_port::TCP | nodeport_port::UDP)
+            ])
+        );
+        // ClusterIP ports (80 here) are no NodePort's.
+        let cluster_only = frontend(&[("10.0.0.1", 8080)], None);
+        assert!(nodeport_ports(&desired(&[cluster_only], &nodes)).is_empty());
     }
 
     #[test]

@@ -11,10 +11,11 @@ use std::net::{IpAddr, SocketAddr};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    BackendKey, MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES,
-    NodePortAddress, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4,
-    PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4,
-    PROG_SERVICE_SENDMSG6, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    BackendKey, MAP_NODEPORT_ADDRS, MAP_NODEPORT_PORTS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT,
+    MAP_SERVICES, NodePortAddress, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6,
+    PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4,
+    PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6, RevNat, RevNatKey,
+    ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -202,6 +203,38 @@ impl Datapath {
         } else {
             ignore_missing(map.remove(&key))
         }
+    }
+
+    fn nodeport_ports(&self) -> Result<Array<MapData, u32>> {
+        Array::try_from(Map::Array(self.open_map(MAP_NODEPORT_PORTS)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_NODEPORT_PORTS}"), e))
+    }
+
+    /// Every port number NodePorts listen on, with its `nodeport_port`
+    /// bits (none when the maps are not pinned). Reads all 65,536 entries:
+    /// for an agent's start, not for every update.
+    pub fn nodeport_port_bits(&self) -> Result<Vec<(u16, u32)>> {
+        if !self.map_path(MAP_NODEPORT_PORTS).exists() {
+            return Ok(Vec::new());
+        }
+        let ports = self.nodeport_ports()?;
+        let mut listening = Vec::new();
+        for port in 0..=u16::MAX {
+            let bits = ports
+                .get(&u32::from(port), 0)
+                .map_err(|e| Error::bpf(format!("reading {MAP_NODEPORT_PORTS}"), e))?;
+            if bits != 0 {
+                listening.push((port, bits));
+            }
+        }
+        Ok(listening)
+    }
+
+    /// Sets which protocols' NodePorts listen on `port` (0: none).
+    pub fn set_nodeport_port(&self, port: u16, bits: u32) -> Result<()> {
+        self.nodeport_ports()?
+            .set(u32::from(port), bits, 0)
+            .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_PORTS}"), e))
     }
 
     fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {
