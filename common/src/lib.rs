@@ -9,11 +9,13 @@ use core::mem::size_of;
 
 mod flows;
 mod map_specs;
+mod nat;
 mod policy;
 mod services;
 mod tunnel;
 pub use flows::*;
 pub use map_specs::*;
+pub use nat::*;
 pub use policy::*;
 pub use services::*;
 pub use tunnel::*;
@@ -61,10 +63,15 @@ pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
 /// The node addresses NodePorts answer on: a frontend keyed by the
 /// unspecified address stands for all of them.
 pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
-/// Which protocols' NodePorts listen on each port number (`nodeport_port`
-/// bits): read before `NODEPORT_ADDRS`, so only calls to a NodePort's port
-/// pay a hash lookup of the node address.
-pub const MAP_NODEPORT_PORTS: &str = "NODEPORT_PORTS";
+/// The ports outside clients reach frontends on (`nat::external_port`
+/// bits by port number), and the uplink's translation of each such flow:
+/// forward (by the client's tuple) and reverse (by the backend's reply).
+pub const MAP_EXTERNAL_PORTS: &str = "EXTERNAL_PORTS";
+pub const MAP_NAT_FORWARD: &str = "NAT_FORWARD";
+pub const MAP_NAT_REVERSE: &str = "NAT_REVERSE";
+/// `from_pod`'s tail call: entry 0 is `nodeport_reply` (pinned, so that the
+/// entry lives on after the loader exits).
+pub const MAP_NODEPORT_CALLS: &str = "NODEPORT_CALLS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
@@ -100,6 +107,31 @@ pub const PROG_FROM_TUNNEL: &str = "from_tunnel";
 /// sends to other nodes makes its flow lose a "clear" verdict in `FLOWS`
 /// (the fast path's own packets, marked, pass untouched).
 pub const PROG_TO_UPLINK: &str = "to_uplink";
+/// tc classifier `from_pod` tail-calls (through `NODEPORT_CALLS`) for a
+/// pod's packet it hands to the stack: a local backend's reply of a flow
+/// the uplink translated goes back to the client. A program of its own so
+/// that its stack is not added to `from_pod`'s.
+pub const PROG_NODEPORT_REPLY: &str = "nodeport_reply";
+/// tc classifier `from_uplink` tail-calls for a packet to a port a
+/// frontend outside clients reach listens on (or a translated flow's node
+/// port): translated to a backend, or a reply translated back.
+pub const PROG_NODEPORT_IN: &str = "nodeport_in";
+/// tc classifier `nodeport_in` tail-calls for a packet that was not the
+/// NodePort path's after all: `from_uplink`'s own work.
+pub const PROG_UPLINK_DELIVER: &str = "uplink_deliver";
+
+/// Indices of `NODEPORT_CALLS`.
+pub mod nodeport_call {
+    pub const REPLY: u32 = 0;
+    pub const IN: u32 = 1;
+    pub const UPLINK_DELIVER: u32 = 2;
+    /// The programs, by index.
+    pub const PROGRAMS: [&str; 3] = [
+        super::PROG_NODEPORT_REPLY,
+        super::PROG_NODEPORT_IN,
+        super::PROG_UPLINK_DELIVER,
+    ];
+}
 
 /// `skb->mark` of a packet `from_pod` redirects to another node, from the
 /// redirect to `to_uplink`, which clears it: no netfilter hook lies between
@@ -356,8 +388,20 @@ pub mod action {
     /// Dropped at the VXLAN device: an inner source in a pod CIDR that is
     /// not the sending node's (another node's, or a local pod's address).
     pub const TUNNEL_SOURCE_REFUSED: u32 = 15;
+    /// A packet from outside for a NodePort or external address,
+    /// translated to a backend on this node and handed into it.
+    pub const NODEPORT_TO_POD: u32 = 16;
+    /// The same, to a backend on another node: sent out of the uplink with
+    /// the node's address as its source.
+    pub const NODEPORT_TO_NODE: u32 = 17;
+    /// A backend's reply of such a flow, translated back and sent out to
+    /// the client.
+    pub const NODEPORT_REPLIED: u32 = 18;
+    /// Dropped: `externalTrafficPolicy: Local` and no backend on this
+    /// node, or no free node port for the source translation.
+    pub const NODEPORT_DROPPED: u32 = 19;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 20;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -377,6 +421,10 @@ pub mod action {
         "to_tunnel",
         "tunnel_to_pod",
         "tunnel_source_refused",
+        "nodeport_to_pod",
+        "nodeport_to_node",
+        "nodeport_replied",
+        "nodeport_dropped",
     ];
 }
 
@@ -453,4 +501,10 @@ mod pod {
     unsafe impl aya::Pod for super::Affinity {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::NodePortAddress {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::NatKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::NatForward {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::NatReverse {}
 }

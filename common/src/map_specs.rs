@@ -14,6 +14,8 @@ pub enum MapKind {
     LpmTrie,
     /// A ring buffer: no key or value, `max_entries` is its size in bytes.
     RingBuf,
+    /// Programs to tail-call, by index.
+    ProgArray,
 }
 
 /// One map of the datapath: what the eBPF side declares (its statics take
@@ -124,12 +126,21 @@ pub mod maps {
     );
     pub const NODEPORT_ADDRS: MapSpec =
         MapSpec::new::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS, MapKind::Hash, MAX_NODEPORT_ADDRS);
-    pub const NODEPORT_PORTS: MapSpec =
-        MapSpec::new::<u32, u32>(MAP_NODEPORT_PORTS, MapKind::Array, NODEPORT_PORT_COUNT);
+    pub const EXTERNAL_PORTS: MapSpec =
+        MapSpec::new::<u32, u32>(MAP_EXTERNAL_PORTS, MapKind::Array, EXTERNAL_PORT_COUNT);
+    pub const NAT_FORWARD: MapSpec =
+        MapSpec::new::<NatKey, NatForward>(MAP_NAT_FORWARD, MapKind::LruHash, MAX_NAT_FLOWS);
+    pub const NAT_REVERSE: MapSpec =
+        MapSpec::new::<NatKey, NatReverse>(MAP_NAT_REVERSE, MapKind::LruHash, MAX_NAT_FLOWS);
+    pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
+        MAP_NODEPORT_CALLS,
+        MapKind::ProgArray,
+        nodeport_call::PROGRAMS.len() as u32,
+    );
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 23] = [
+pub const MAP_SPECS: [MapSpec; 26] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -152,5 +163,8 @@ pub const MAP_SPECS: [MapSpec; 23] = [
     maps::SERVICE_AFFINITY,
     maps::TUNNEL,
     maps::NODEPORT_ADDRS,
-    maps::NODEPORT_PORTS,
+    maps::EXTERNAL_PORTS,
+    maps::NAT_FORWARD,
+    maps::NAT_REVERSE,
+    maps::NODEPORT_CALLS,
 ];

@@ -12,27 +12,6 @@ pub const MAX_SERVICE_AFFINITY: u32 = 65536;
 /// Node addresses NodePorts answer on (every node's, both families).
 pub const MAX_NODEPORT_ADDRS: u32 = 16384;
 
-/// Entries of `NODEPORT_PORTS`: one per port number.
-pub const NODEPORT_PORT_COUNT: u32 = 65536;
-
-/// Bits of a `NODEPORT_PORTS` entry: a NodePort of the protocol listens on
-/// this port number.
-pub mod nodeport_port {
-    pub const TCP: u32 = 1;
-    pub const UDP: u32 = 2;
-    pub const SCTP: u32 = 4;
-
-    /// The bit of IP protocol `protocol` (0: a protocol Services do not have).
-    pub const fn bit(protocol: u8) -> u32 {
-        match protocol {
-            6 => TCP,
-            17 => UDP,
-            132 => SCTP,
-            _ => 0,
-        }
-    }
-}
-
 /// A node address a NodePort answers on (IPv4 in the first 4 bytes). A
 /// NodePort's frontend has the unspecified address of its family: one
 /// entry per NodePort, not one per NodePort and node address.
@@ -84,15 +63,26 @@ const _: () = assert!(size_of::<ServiceKey>() == 20);
 /// Where a frontend's backends are: `count` of them in
 /// `SERVICE_BACKENDS` under (`id`, 0..count). `count` 0: the Service has no
 /// endpoint, connect() is refused. `affinity_secs`: sessionAffinity
-/// ClientIP's timeout (0: none).
+/// ClientIP's timeout (0: none). Clients outside the node (a NodePort or
+/// external address, `FRONTEND_F_EXTERNAL`) choose among the first
+/// `external_count` backends: all of them, or with `externalTrafficPolicy:
+/// Local` (`FRONTEND_F_KEEP_CLIENT`) those on this node, which come first.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ServiceValue {
     pub id: u32,
     pub count: u32,
     pub affinity_secs: u32,
-    pub _pad: u32,
+    pub external_count: u16,
+    pub flags: u16,
 }
+
+/// `ServiceValue::flags`: outside clients may reach this frontend (a
+/// NodePort, an externalIP, a load-balancer IP).
+pub const FRONTEND_F_EXTERNAL: u16 = 1;
+/// `externalTrafficPolicy: Local`: outside clients keep their address and
+/// reach only this node's backends.
+pub const FRONTEND_F_KEEP_CLIENT: u16 = 2;
 
 /// Backend `index` of the backend set `id`.
 #[repr(C)]

@@ -24,6 +24,7 @@
 mod flow;
 mod kfunc;
 mod neighbours;
+mod nodeport;
 mod pod;
 mod policy;
 mod remote;
@@ -49,7 +50,7 @@ use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, FAST_PATH_MARK, Ipv4Key,
     Ipv6Key, NO_COUNTER_SLOT, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode,
     SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
-    action, maps, preferred_slot,
+    action, maps, nodeport_call, preferred_slot,
 };
 use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
 use neighbours::arp;
@@ -189,11 +190,17 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     let ingress = unsafe { (*ctx.skb.skb).ifindex };
     let sender = sender(ingress, ctx.len());
     match decide(&ctx, ctx.data(), ctx.data_end(), sender, ctx.len()) {
-        Decision::Pass
-        | Decision::Translated
-        | Decision::Tracked
-        | Decision::RemoteToStack
-        | Decision::Shaped => TC_NEXT,
+        // A backend's reply to a client outside, of a flow the uplink
+        // translated, goes back the way it came (`nodeport_reply`); the
+        // stack takes what that program does not, as it takes the rest.
+        Decision::Pass => {
+            // SAFETY: a tail call; on failure (no entry) it returns here.
+            unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+            TC_NEXT
+        }
+        Decision::Translated | Decision::Tracked | Decision::RemoteToStack | Decision::Shaped => {
+            TC_NEXT
+        }
         Decision::Drop | Decision::Denied => TC_ACT_SHOT as i32,
         // SAFETY: plain helper call; a stale ifindex makes the kernel drop
         // the frame (with flags 0 the helper itself never fails).
@@ -202,7 +209,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
-        Decision::Remote => match route_to_remote(&ctx, ingress) {
+        Decision::Remote => match route_to_remote(&ctx, ingress, 0) {
             Some(verdict) => {
                 // Past `to_uplink` untouched: not the stack's packet.
                 // SAFETY: the context pointer is valid; `mark` is writable in tc.
@@ -231,6 +238,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     }
 }
 
+/// Tail-called by `from_pod` for a packet it hands to the stack: a local
+/// backend's reply of a flow the uplink translated goes back to the client.
+#[classifier]
+pub fn nodeport_reply(ctx: TcContext) -> i32 {
+    nodeport::reply_from_pod(&ctx).unwrap_or(TC_NEXT)
+}
+
 /// tc ingress of the node's uplink: a packet from another node (or from
 /// anywhere) for a local pod goes straight into the pod; the rest is the
 /// host's.
@@ -240,6 +254,34 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
         return TC_NEXT;
     }
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } != 0
+        && nodeport::candidate(ctx.data(), ctx.data_end())
+    {
+        // SAFETY: a tail call; on failure (no entry) it returns here.
+        unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::IN) };
+    }
+    deliver(&ctx, Arrival::Uplink, action::FROM_UPLINK)
+}
+
+/// Tail-called by `from_uplink` for a packet to a port of the NodePort
+/// path's: translated and sent on, or, not the path's after all, on to
+/// `from_uplink`'s own work (`uplink_deliver`).
+#[classifier]
+pub fn nodeport_in(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    let uplink = unsafe { (*ctx.skb.skb).ifindex };
+    if let Some(verdict) = nodeport::from_outside(&ctx, uplink) {
+        return verdict;
+    }
+    // SAFETY: a tail call; on failure (no entry) it returns here.
+    unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::UPLINK_DELIVER) };
+    TC_NEXT
+}
+
+/// `from_uplink`'s work for a packet `nodeport_in` did not take.
+#[classifier]
+pub fn uplink_deliver(ctx: TcContext) -> i32 {
     deliver(&ctx, Arrival::Uplink, action::FROM_UPLINK)
 }
 

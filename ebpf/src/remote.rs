@@ -19,9 +19,11 @@ pub(crate) const IPV6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
 /// (the agent's route via that node), with the next hop's MAC the FIB
 /// found, or, when it has none yet, resolved by `bpf_redirect_neigh`.
 /// None: the host stack must take it (no route, forwarding off, TTL
-/// expiring, too big for the way out).
+/// expiring, too big for the way out). `lookup_flags`: 0 routes the packet
+/// as forwarded from `ingress`; `BPF_FIB_LOOKUP_OUTPUT` as sent by the node
+/// itself out of `ingress` (a packet the NodePort path gave a node source).
 #[inline(always)]
-pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
+pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32, lookup_flags: u32) -> Option<i32> {
     let (start, end) = (ctx.data(), ctx.data_end());
     let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
@@ -67,7 +69,7 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32) -> Option<i32> {
             ctx.skb.skb as *mut _,
             &mut params,
             size_of::<bpf_fib_lookup>() as i32,
-            0,
+            lookup_flags,
         )
     };
     if found == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {

@@ -17,9 +17,9 @@
 //! destination that is no frontend but one of `NODEPORT_ADDRS` (every
 //! node's addresses) is looked up again as that wildcard, so a NodePort
 //! costs one entry whatever the number of nodes. A call to a destination
-//! that is no frontend first reads its port's `NODEPORT_PORTS` entry (an
-//! array read, which the JIT inlines); only on a port a NodePort of the
-//! protocol has does it look `NODEPORT_ADDRS` up (a hash lookup).
+//! that is no frontend reads its port's `EXTERNAL_PORTS` entry (an array
+//! read) and looks `NODEPORT_ADDRS` up only on a port a NodePort of the
+//! protocol has.
 //!
 //! sessionAffinity ClientIP: a client is a network namespace (a pod, one
 //! address; or the host), keyed by its cookie in `SERVICE_AFFINITY` with
@@ -30,7 +30,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr},
-    btf_maps::{Array, HashMap, LruHashMap},
+    btf_maps::{HashMap, LruHashMap},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
@@ -40,12 +40,12 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     Affinity, AffinityKey, BackendKey, NodePortAddress, RevNat, RevNatKey, ServiceBackend,
-    ServiceKey, ServiceValue, maps, nodeport_port,
+    ServiceKey, ServiceValue, maps,
 };
 
 /// Frontends: (ClusterIP, port, protocol) -> where its backends are.
 #[btf_map]
-static SERVICES: HashMap<
+pub(crate) static SERVICES: HashMap<
     ServiceKey,
     ServiceValue,
     { maps::SERVICES.max_entries as usize },
@@ -55,7 +55,7 @@ const _: () = assert!(maps::SERVICES.holds::<ServiceKey, ServiceValue>());
 
 /// Backend sets: (set id, index) -> backend.
 #[btf_map]
-static SERVICE_BACKENDS: HashMap<
+pub(crate) static SERVICE_BACKENDS: HashMap<
     BackendKey,
     ServiceBackend,
     { maps::SERVICE_BACKENDS.max_entries as usize },
@@ -83,18 +83,13 @@ const _: () = assert!(maps::SERVICE_AFFINITY.holds::<AffinityKey, Affinity>());
 
 /// The node addresses NodePorts answer on.
 #[btf_map]
-static NODEPORT_ADDRS: HashMap<
+pub(crate) static NODEPORT_ADDRS: HashMap<
     NodePortAddress,
     u32,
     { maps::NODEPORT_ADDRS.max_entries as usize },
     { BPF_F_NO_PREALLOC as usize },
 > = HashMap::new();
 const _: () = assert!(maps::NODEPORT_ADDRS.holds::<NodePortAddress, u32>());
-
-/// Which protocols' NodePorts listen on each port number.
-#[btf_map]
-static NODEPORT_PORTS: Array<u32, { maps::NODEPORT_PORTS.max_entries as usize }> = Array::new();
-const _: () = assert!(maps::NODEPORT_PORTS.holds::<u32, u32>());
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -218,10 +213,7 @@ fn frontend_at(key: &mut ServiceKey) -> Option<ServiceValue> {
     if let Some(frontend) = unsafe { SERVICES.get(&*key) } {
         return Some(*frontend);
     }
-    let port = u32::from(u16::from_be_bytes(key.port));
-    // SAFETY: a valid map value for the program's run; read once.
-    let listening = unsafe { core::ptr::read_volatile(NODEPORT_PORTS.get_ptr(port)?) };
-    if listening & nodeport_port::bit(key.protocol) == 0 {
+    if !crate::nodeport::nodeport_listens(u16::from_be_bytes(key.port), key.protocol) {
         return None;
     }
     let node = NodePortAddress {
@@ -250,6 +242,18 @@ fn backend_index(ctx: &SockAddrContext, key: &ServiceKey, frontend: &ServiceValu
         frontend: *key,
         _pad: 0,
     };
+    affinity_index(client, frontend, frontend.count)
+}
+
+/// One of the first `choices` (at least one) of `frontend`'s backends for
+/// `client`: with sessionAffinity the one it had while still fresh and
+/// among them, else (and recorded for next time) one at random.
+#[inline(always)]
+pub(crate) fn affinity_index(client: AffinityKey, frontend: &ServiceValue, choices: u32) -> u32 {
+    if frontend.affinity_secs == 0 {
+        // SAFETY: plain helper call.
+        return unsafe { bpf_get_prandom_u32() } % choices;
+    }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let timeout_ns = u64::from(frontend.affinity_secs) * 1_000_000_000;
@@ -257,13 +261,13 @@ fn backend_index(ctx: &SockAddrContext, key: &ServiceKey, frontend: &ServiceValu
     let index = match unsafe { SERVICE_AFFINITY.get(&client) }.copied() {
         Some(given)
             if given.id == frontend.id
-                && given.index < frontend.count
+                && given.index < choices
                 && now.saturating_sub(given.last_ns) < timeout_ns =>
         {
             given.index
         }
         // SAFETY: plain helper call.
-        _ => (unsafe { bpf_get_prandom_u32() }) % frontend.count,
+        _ => (unsafe { bpf_get_prandom_u32() }) % choices,
     };
     let given = Affinity {
         id: frontend.id,

@@ -171,16 +171,23 @@ pub(crate) fn frame_allowed(
 /// Whether the packet's source is one of the node's own addresses.
 #[inline(always)]
 fn is_local(key: &PolicyFlowKey) -> bool {
-    let address: LocalAddrKey = if key.family == 4 {
-        let s = &key.src;
+    is_node_address(&key.src, key.family)
+}
+
+/// Whether `address` (IPv4 in the first 4 bytes when `family` is 4) is one
+/// of the node's own.
+#[inline(always)]
+pub(crate) fn is_node_address(address: &[u8; 16], family: u8) -> bool {
+    let key: LocalAddrKey = if family == 4 {
+        let s = address;
         [
             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, s[0], s[1], s[2], s[3],
         ]
     } else {
-        key.src
+        *address
     };
     // SAFETY: only whether there is an entry is read.
-    unsafe { LOCAL_ADDRS.get(address) }.is_some()
+    unsafe { LOCAL_ADDRS.get(key) }.is_some()
 }
 
 /// What the sending pod's egress policy says of its frame, and, when the

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use flatnet_datapath::bpf::{service_backend, service_key};
+use flatnet_datapath::bpf::{Outside, service_backend, service_key};
 use flatnet_tests::Network;
 use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
@@ -274,7 +274,7 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
                 .copied()
                 .map(service_backend)
                 .collect();
-            datapath.put_service(&key, i as u32 + 1, &backends, 0)?;
+            datapath.put_service(&key, i as u32 + 1, &backends, 0, Outside::No)?;
         }
         let start = Instant::now();
         kube_proxy(Mode::Iptables)
@@ -296,7 +296,13 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         // One EndpointSlice change: the measured Service's set replaced.
         let key = service_key(IpAddr::V4(measured), PORT, 6);
         let start = Instant::now();
-        datapath.put_service(&key, count as u32 + 1, &[service_backend(backend)], 0)?;
+        datapath.put_service(
+            &key,
+            count as u32 + 1,
+            &[service_backend(backend)],
+            0,
+            Outside::No,
+        )?;
         let map_update_us = start.elapsed().as_secs_f64() * 1e6;
         for port in &ports {
             datapath.delete_service(&service_key(port.cluster_ip, PORT, 6))?;

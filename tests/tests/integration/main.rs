@@ -19,6 +19,7 @@ mod masquerade;
 mod modes;
 mod monitor;
 mod netpol;
+mod nodeport;
 mod overlay;
 mod podman;
 mod policy_latency;

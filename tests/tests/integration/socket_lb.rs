@@ -19,14 +19,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use flatnet_datapath::bpf::{service_backend, service_key};
+use flatnet_common::external_port;
+use flatnet_datapath::bpf::{Outside, service_backend, service_key};
 use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::*;
 use serde_json::Value;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
-const BACKEND_PORT: u16 = 8080;
+pub(crate) const BACKEND_PORT: u16 = 8080;
 
 /// Servers in a pod answering each TCP connection (after reading it to its
 /// end) and each UDP datagram with `name`; stopped on drop.
@@ -180,7 +181,9 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
             .map(|p| service_backend(backend_of(p)))
             .collect();
         let tcp_key = service_key(cluster_ip, 80, TCP);
-        datapath.put_service(&tcp_key, 1, &all, 0).unwrap();
+        datapath
+            .put_service(&tcp_key, 1, &all, 0, Outside::No)
+            .unwrap();
 
         // Three backends: every connection reaches one, all are used, and
         // the application sees the ClusterIP as its peer.
@@ -209,7 +212,9 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
 
         // sessionAffinity ClientIP (60 s): the client pod keeps the backend
         // it was given.
-        datapath.put_service(&tcp_key, 5, &all, 60).unwrap();
+        datapath
+            .put_service(&tcp_key, 5, &all, 60, Outside::No)
+            .unwrap();
         let answers: BTreeSet<String> = (0..10)
             .map(|_| {
                 client(&cgroup.0, &client_pod.netns, "tcp", frontend)
@@ -222,7 +227,13 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         // The set replaced by one backend: every new connection goes there,
         // and the old set is gone from the map.
         datapath
-            .put_service(&tcp_key, 2, &[service_backend(backend_of(&pods[1]))], 0)
+            .put_service(
+                &tcp_key,
+                2,
+                &[service_backend(backend_of(&pods[1]))],
+                0,
+                Outside::No,
+            )
             .unwrap();
         for _ in 0..10 {
             let (answer, _) = client(&cgroup.0, &client_pod.netns, "tcp", frontend).unwrap();
@@ -237,7 +248,9 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         );
 
         // No endpoint: connect() is refused, as kube-proxy's REJECT does.
-        datapath.put_service(&tcp_key, 3, &[], 0).unwrap();
+        datapath
+            .put_service(&tcp_key, 3, &[], 0, Outside::No)
+            .unwrap();
         let refused = client(&cgroup.0, &client_pod.netns, "tcp", frontend);
         assert_eq!(
             refused.as_ref().err().and_then(|(_, errno)| *errno),
@@ -251,7 +264,13 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
         let dns = SocketAddr::new(cluster_ip, 53);
         let udp_key = service_key(cluster_ip, 53, UDP);
         datapath
-            .put_service(&udp_key, 4, &[service_backend(backend_of(&pods[2]))], 0)
+            .put_service(
+                &udp_key,
+                4,
+                &[service_backend(backend_of(&pods[2]))],
+                0,
+                Outside::No,
+            )
             .unwrap();
         let (answer, from) = client(&cgroup.0, &client_pod.netns, "udp", dns)
             .unwrap_or_else(|e| panic!("v6 {v6}: UDP to {dns}: {e:?}"));
@@ -273,6 +292,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
                 BACKEND_PORT,
             ))],
             0,
+            Outside::No,
         )
         .unwrap();
     let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", hairpin).unwrap();
@@ -290,7 +310,7 @@ fn cluster_ips_are_rewritten_to_backends_at_the_socket() {
 
 /// A Service as the stub serves it, ClusterIP `ip`, one port "http" (80,
 /// TCP) to the named target port "http".
-fn api_service(name: &str, ip: Ipv4Addr) -> Value {
+pub(crate) fn api_service(name: &str, ip: Ipv4Addr) -> Value {
     serde_json::json!({
         "metadata": {"namespace": "default", "name": name},
         "spec": {"type": "ClusterIP", "clusterIP": ip.to_string(), "clusterIPs": [ip.to_string()],
@@ -300,7 +320,7 @@ fn api_service(name: &str, ip: Ipv4Addr) -> Value {
 
 /// Its EndpointSlice: "http" is `BACKEND_PORT` on the pods; each endpoint
 /// (address, node) ready.
-fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
+pub(crate) fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
     let endpoints: Vec<Value> = endpoints
         .iter()
         .map(|(ip, node)| {
@@ -319,7 +339,7 @@ fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
 
 /// A simulated cluster of `nodes` whose agents run `--services ebpf` with
 /// the socket programs on `cgroup`, following `stub`; ready.
-fn ebpf_services_cluster(
+pub(crate) fn ebpf_services_cluster(
     nodes: &[(&str, u8, Option<&str>)],
     cgroup: &TestCgroup,
     stub: &flatnet_tests::kube_stub::ApiStub,
@@ -884,24 +904,30 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
         // only once its port is marked as a TCP NodePort's.
         let node_port_key = service_key(any, 30080, TCP);
         datapath
-            .put_service(&node_port_key, 10, &[service_backend(backend(0))], 0)
+            .put_service(
+                &node_port_key,
+                10,
+                &[service_backend(backend(0))],
+                0,
+                Outside::No,
+            )
             .unwrap();
         datapath.set_nodeport_address(node, true).unwrap();
         assert!(datapath.nodeport_addresses().unwrap().contains(&node));
         let to = SocketAddr::new(node, 30080);
         datapath
-            .set_nodeport_port(30080, flatnet_common::nodeport_port::UDP)
+            .set_external_port(30080, external_port::NODEPORT_UDP)
             .unwrap();
         assert!(
             client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
             "v6 {v6}: {to} was rewritten though only a UDP NodePort has its port"
         );
         datapath
-            .set_nodeport_port(30080, flatnet_common::nodeport_port::TCP)
+            .set_external_port(30080, external_port::NODEPORT_TCP)
             .unwrap();
         assert_eq!(
-            datapath.nodeport_port_bits().unwrap(),
-            vec![(30080, flatnet_common::nodeport_port::TCP)]
+            datapath.external_port_bits().unwrap(),
+            vec![(30080, external_port::NODEPORT_TCP)]
         );
         let (answer, peer) = client(&cgroup.0, &client_pod.netns, "tcp", to)
             .unwrap_or_else(|e| panic!("v6 {v6}: connect to {to}: {e:?}"));
@@ -917,13 +943,13 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
             "v6 {v6}: {to} was rewritten after it stopped being a node address"
         );
         datapath.delete_service(&node_port_key).unwrap();
-        datapath.set_nodeport_port(30080, 0).unwrap();
+        datapath.set_external_port(30080, 0).unwrap();
 
         // A resolver's connected UDP socket, sent to b0 for the ClusterIP.
         let dns = SocketAddr::new(cluster_ip, 53);
         let udp_key = service_key(cluster_ip, 53, UDP);
         datapath
-            .put_service(&udp_key, 11, &[service_backend(backend(0))], 0)
+            .put_service(&udp_key, 11, &[service_backend(backend(0))], 0, Outside::No)
             .unwrap();
         let resolver = Resolver::start(&cgroup.0, &client_pod.netns, dns, 6);
         wait_until(
@@ -933,7 +959,7 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
         );
         assert!(resolver.answers().iter().all(|a| a == "b0"), "v6 {v6}");
         datapath
-            .put_service(&udp_key, 12, &[service_backend(backend(1))], 0)
+            .put_service(&udp_key, 12, &[service_backend(backend(1))], 0, Outside::No)
             .unwrap();
         let peers = BTreeSet::from([(UDP, backend(0))]);
         let condemn = |socket: &flatnet_datapath::sockets::Connected| matches!(datapath.socket_frontend(socket.cookie, socket.peer), Ok(Some(f)) if f == dns);

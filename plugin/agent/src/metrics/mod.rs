@@ -28,7 +28,11 @@
 //! - With `--services ebpf`: `flatnet_services`, `flatnet_service_backends`,
 //!   `flatnet_service_update_seconds`, `flatnet_service_errors_total`,
 //!   `flatnet_service_sockets_destroyed_total` (TCP connections and
-//!   connected UDP sockets whose backend left their Service).
+//!   connected UDP sockets whose backend left their Service),
+//!   `flatnet_nat_flows` and `flatnet_nat_flows_max` (flows from outside
+//!   the node that the uplink translated, as the last collection counted
+//!   them, and what the table holds: its pressure),
+//!   `flatnet_nat_expired_total` (idle ones collected).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,6 +79,9 @@ pub struct AgentMetrics {
     pub service_update: ComputeSeconds,
     pub service_errors: Counter,
     pub service_sockets_destroyed: Counter,
+    pub nat_flows: Gauge,
+    pub nat_flows_max: Gauge,
+    pub nat_expired: Counter,
     /// 0 for each feature that is down (`network_policy`, ...), 1 when up.
     pub feature_ready: Family<FeatureLabel, Gauge>,
     /// Why the agent is not ready, for `/readyz` (not a metric).
@@ -223,6 +230,21 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "flatnet_service_sockets_destroyed",
         "Connected sockets of local clients destroyed because their Service backend left (--services ebpf)",
         agent.service_sockets_destroyed.clone(),
+    );
+    registry.register(
+        "flatnet_nat_flows",
+        "Flows from outside the node to a NodePort or external address that the uplink program translated, at the last collection (--services ebpf)",
+        agent.nat_flows.clone(),
+    );
+    registry.register(
+        "flatnet_nat_flows_max",
+        "Flows the translation table holds; past it the least recently used is forgotten",
+        agent.nat_flows_max.clone(),
+    );
+    registry.register(
+        "flatnet_nat_expired",
+        "Idle translated flows the agent collected",
+        agent.nat_expired.clone(),
     );
     registry.register_collector(Box::new(DatapathCollector {
         datapath: datapath.clone(),

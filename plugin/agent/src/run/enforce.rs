@@ -114,6 +114,14 @@ impl Agent {
         )?)
     }
 
+    /// `--services ebpf`: forgets the uplink's translated flows that went
+    /// idle.
+    pub(super) fn collect_nat(&self) {
+        if self.services.is_some() {
+            crate::services::nat::collect(&self.datapath, &self.metrics);
+        }
+    }
+
     /// Brings the Service maps up to date with the watched Services and
     /// EndpointSlices.
     pub(super) fn sync_services(&mut self) {

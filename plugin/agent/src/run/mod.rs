@@ -151,6 +151,7 @@ pub async fn run(args: Args) -> Result<()> {
                 if let Some(nodes) = nodes {
                     agent.reconcile(&nodes, false).await;
                 }
+                agent.collect_nat();
             }
             changed = policy_change(&mut policy_rx) => {
                 if changed.is_err() {

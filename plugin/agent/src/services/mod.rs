@@ -11,6 +11,7 @@
 //! `targetPort` is resolved per endpoint, as the slice controller did), each
 //! endpoint address on that slice port.
 
+pub mod nat;
 pub mod sync;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,6 +47,9 @@ pub struct FrontendPort {
     /// (address, target port) of the chosen endpoints, sorted; both
     /// families (a ClusterIP uses those of its own).
     pub backends: Vec<(IpAddr, u16)>,
+    /// Those of this node's endpoints that `externalTrafficPolicy: Local`
+    /// would use (chosen as above among this node's), sorted.
+    pub local_backends: Vec<(IpAddr, u16)>,
 }
 
 /// A Service with ClusterIPs (not headless, not ExternalName).
@@ -62,6 +66,9 @@ pub struct Frontend<'a> {
     pub external_ips: Vec<IpAddr>,
     /// sessionAffinity ClientIP: how long a client keeps its backend.
     pub affinity: Option<Duration>,
+    /// `externalTrafficPolicy: Local`: clients outside the cluster reach
+    /// only this node's endpoints and keep their address.
+    pub external_local: bool,
     pub ports: Vec<FrontendPort>,
 }
 
@@ -165,6 +172,7 @@ pub fn frontends<'a>(
                 .filter_map(|port| {
                     let protocol = Protocol::from_kube(port.protocol.as_deref())?;
                     let port_name = port.name.clone().unwrap_or_default();
+                    let local_backends = backends(slices, &port_name, protocol, Some(node));
                     let backends =
                         backends(slices, &port_name, protocol, local_only.then_some(node));
                     Some(FrontendPort {
@@ -173,6 +181,7 @@ pub fn frontends<'a>(
                         port: u16::try_from(port.port).ok()?,
                         node_port: port.node_port.and_then(|p| u16::try_from(p).ok()),
                         backends,
+                        local_backends,
                     })
                 })
                 .collect();
@@ -182,6 +191,7 @@ pub fn frontends<'a>(
                 cluster_ips,
                 external_ips,
                 affinity,
+                external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
                 ports,
             })
         })

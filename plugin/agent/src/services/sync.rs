@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
 
-use flatnet_common::nodeport_port;
-use flatnet_datapath::bpf::{Datapath, service_backend, service_key};
+use flatnet_common::external_port;
+use flatnet_datapath::bpf::{Datapath, Outside, service_backend, service_key};
 use flatnet_datapath::sockets::{self, Connected};
 
 use crate::metrics::AgentMetrics;
@@ -31,12 +31,14 @@ use crate::services::Frontend;
 /// A frontend: ClusterIP, port and IP protocol number.
 pub type FrontendKey = (IpAddr, u16, u8);
 
-/// What a frontend leads to: its backends (in map order) and
-/// sessionAffinity ClientIP's timeout in seconds (0: none).
+/// What a frontend leads to: its backends (in map order),
+/// sessionAffinity ClientIP's timeout in seconds (0: none), and who
+/// outside the node reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub backends: Vec<SocketAddr>,
     pub affinity_secs: u32,
+    pub outside: Outside,
 }
 
 /// The state the maps should hold for `frontends`: each ClusterIP's and
@@ -47,7 +49,9 @@ pub struct Target {
 /// (this node's pods and the node itself), so every address leads to the
 /// Service's cluster-wide backends, as kube-proxy sends in-cluster traffic
 /// to an external address (`externalTrafficPolicy` is about traffic from
-/// outside).
+/// outside). Clients outside the node reach NodePorts and external
+/// addresses through the uplink program: with `externalTrafficPolicy:
+/// Local` only this node's backends, listed first.
 pub fn desired(
     frontends: &[Frontend<'_>],
     node_addresses: &[IpAddr],
@@ -65,25 +69,40 @@ pub fn desired(
             .affinity
             .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
         for port in &frontend.ports {
-            let service_addresses = frontend
+            let cluster_ips = frontend
                 .cluster_ips
                 .iter()
-                .chain(&frontend.external_ips)
-                .map(|ip| (*ip, port.port));
+                .map(|ip| (*ip, port.port, false));
+            let external_ips = frontend
+                .external_ips
+                .iter()
+                .map(|ip| (*ip, port.port, true));
             let node_ports = port
                 .node_port
                 .into_iter()
-                .flat_map(|node_port| wildcards.iter().map(move |ip| (*ip, node_port)));
-            for (ip, listening) in service_addresses.chain(node_ports) {
-                let backends = port
+                .flat_map(|node_port| wildcards.iter().map(move |ip| (*ip, node_port, true)));
+            for (ip, listening, reached) in cluster_ips.chain(external_ips).chain(node_ports) {
+                let mut backends: Vec<SocketAddr> = port
                     .backends_for(ip)
                     .map(|(address, target)| SocketAddr::new(*address, *target))
                     .collect();
+                let outside = match (reached, frontend.external_local) {
+                    (false, _) => Outside::No,
+                    (true, false) => Outside::Cluster,
+                    (true, true) => {
+                        let here =
+                            |b: &SocketAddr| port.local_backends.contains(&(b.ip(), b.port()));
+                        backends.sort_by_key(|b| !here(b));
+                        let local = backends.iter().filter(|b| here(b)).count();
+                        Outside::Local(u16::try_from(local).unwrap_or(u16::MAX))
+                    }
+                };
                 out.insert(
                     (ip, listening, port.protocol.number()),
                     Target {
                         backends,
                         affinity_secs,
+                        outside,
                     },
                 );
             }
@@ -92,14 +111,21 @@ pub fn desired(
     out
 }
 
-/// The `NODEPORT_PORTS` bits of each port number the NodePorts of
-/// `desired` (its unspecified-address frontends) listen on.
-pub fn nodeport_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, u32> {
+/// The `EXTERNAL_PORTS` bits of each port that frontends outside clients
+/// reach listen on: a NodePort's (the wildcard address) or an external
+/// address's, per protocol.
+pub fn external_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, u32> {
     let mut ports = BTreeMap::new();
-    for (address, port, protocol) in desired.keys() {
-        if address.is_unspecified() {
-            *ports.entry(*port).or_default() |= nodeport_port::bit(*protocol);
+    for ((address, port, protocol), target) in desired {
+        if target.outside == Outside::No {
+            continue;
         }
+        let bit = if address.is_unspecified() {
+            external_port::nodeport_bit(*protocol)
+        } else {
+            external_port::address_bit(*protocol)
+        };
+        *ports.entry(*port).or_default() |= bit;
     }
     ports
 }
@@ -167,8 +193,8 @@ pub struct ServiceSync {
     written: BTreeMap<FrontendKey, Target>,
     /// What `NODEPORT_ADDRS` holds.
     node_addresses: BTreeSet<IpAddr>,
-    /// What `NODEPORT_PORTS` holds (ports without a bit left out).
-    nodeport_ports: BTreeMap<u16, u32>,
+    /// What `EXTERNAL_PORTS` holds (ports with no bit left out).
+    external_ports: BTreeMap<u16, u32>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
 }
@@ -191,18 +217,19 @@ impl ServiceSync {
                 Target {
                     backends,
                     affinity_secs: value.affinity_secs,
+                    outside: Outside::of(&value),
                 },
             );
         }
         let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
-        let nodeport_ports = datapath.nodeport_port_bits()?.into_iter().collect();
+        let external_ports = datapath.external_port_bits()?.into_iter().collect();
         tracing::info!(frontends = written.len(), "Service maps adopted");
         Ok(ServiceSync {
             datapath,
             metrics,
             written,
             node_addresses,
-            nodeport_ports,
+            external_ports,
             next_id,
         })
     }
@@ -213,12 +240,12 @@ impl ServiceSync {
     pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>, node_addresses: &[IpAddr]) {
         let start = Instant::now();
         self.update_node_addresses(node_addresses);
-        // A port's bits gained before the NodePorts on it are put, lost
+        // A port's bits gained before the frontends on it are put, lost
         // after they are deleted: a bit without its frontend only costs a
-        // call the address lookup, a frontend without its bit would not
+        // call or packet a lookup, a frontend without its bit would not
         // answer.
-        let ports = nodeport_ports(desired);
-        self.update_nodeport_ports(&ports, Change::Gained);
+        let ports = external_ports(desired);
+        self.update_external_ports(&ports, Change::Gained);
         let departed = departed(&self.written, desired);
         for step in steps(&self.written, desired) {
             let outcome = match step {
@@ -243,6 +270,7 @@ impl ServiceSync {
                             id,
                             &backends,
                             target.affinity_secs,
+                            target.outside,
                         )
                         .map(|()| {
                             self.written.insert(key, target.clone());
@@ -262,20 +290,20 @@ impl ServiceSync {
         self.metrics
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
-        self.update_nodeport_ports(&ports, Change::Lost);
+        self.update_external_ports(&ports, Change::Lost);
         self.close_departed(&departed);
     }
 
     /// Writes the ports whose bits `wanted` changes the `change` way (a
     /// port that gains a bit counts as gained).
-    fn update_nodeport_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
+    fn update_external_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
         let ports: BTreeSet<u16> = wanted
             .keys()
-            .chain(self.nodeport_ports.keys())
+            .chain(self.external_ports.keys())
             .copied()
             .collect();
         for port in ports {
-            let had = self.nodeport_ports.get(&port).copied().unwrap_or(0);
+            let had = self.external_ports.get(&port).copied().unwrap_or(0);
             let bits = wanted.get(&port).copied().unwrap_or(0);
             let this_change = if bits & !had != 0 {
                 Change::Gained
@@ -285,16 +313,16 @@ impl ServiceSync {
             if bits == had || this_change != change {
                 continue;
             }
-            match self.datapath.set_nodeport_port(port, bits) {
+            match self.datapath.set_external_port(port, bits) {
                 Ok(()) if bits == 0 => {
-                    self.nodeport_ports.remove(&port);
+                    self.external_ports.remove(&port);
                 }
                 Ok(()) => {
-                    self.nodeport_ports.insert(port, bits);
+                    self.external_ports.insert(port, bits);
                 }
                 Err(e) => {
                     self.metrics.service_errors.inc();
-                    tracing::warn!(error = %e, port, "cannot write a NodePort's port");
+                    tracing::warn!(error = %e, port, "cannot write an external port");
                 }
             }
         }
@@ -394,12 +422,14 @@ mod tests {
             cluster_ips: vec![ip("10.96.0.10"), ip("fd96::a")],
             external_ips: Vec::new(),
             affinity: affinity.map(Duration::from_secs),
+            external_local: false,
             ports: vec![FrontendPort {
                 name: String::new(),
                 protocol: Protocol::Tcp,
                 port: 80,
                 node_port: None,
                 backends: backends.iter().map(|(a, p)| (ip(a), *p)).collect(),
+                local_backends: Vec::new(),
             }],
         }
     }
@@ -442,26 +472,55 @@ mod tests {
     }
 
     #[test]
-    fn nodeport_ports_mark_each_protocol_of_each_node_port() {
+    fn external_ports_mark_each_protocol_of_each_node_port_and_external_address() {
         let mut tcp = frontend(&[("10.0.0.1", 8080), ("fd00::1", 8080)], None);
         tcp.ports[0].node_port = Some(30080);
+        tcp.external_ips = vec![ip("198.51.100.7")];
         let mut udp = tcp.clone();
         udp.ports[0].protocol = Protocol::Udp;
+        udp.external_ips.clear();
         let mut other = frontend(&[("10.0.0.2", 53)], None);
         other.ports[0].node_port = Some(30053);
         other.ports[0].protocol = Protocol::Udp;
         let nodes = [ip("172.30.0.1"), ip("fd30::1")];
-        let ports = nodeport_ports(&desired(&[tcp, udp, other], &nodes));
+        let ports = external_ports(&desired(&[tcp, udp, other], &nodes));
         assert_eq!(
             ports,
             BTreeMap::from([
-                (30053, nodeport_port::UDP),
-                (30080, nodeport_port::TCP | nodeport_port::UDP)
+                (80, external_port::ADDRESS_TCP),
+                (30053, external_port::NODEPORT_UDP),
+                (
+                    30080,
+                    external_port::NODEPORT_TCP | external_port::NODEPORT_UDP
+                )
             ])
         );
-        // ClusterIP ports (80 here) are no NodePort's.
+        // ClusterIP ports (80 here) alone are no outside client's.
         let cluster_only = frontend(&[("10.0.0.1", 8080)], None);
-        assert!(nodeport_ports(&desired(&[cluster_only], &nodes)).is_empty());
+        assert!(external_ports(&desired(&[cluster_only], &nodes)).is_empty());
+    }
+
+    #[test]
+    fn external_traffic_policy_local_lists_this_nodes_backends_first() {
+        let mut web = frontend(&[("10.0.0.1", 8080), ("10.0.0.2", 8080)], None);
+        web.ports[0].node_port = Some(30080);
+        web.external_local = true;
+        web.ports[0].local_backends = vec![(ip("10.0.0.2"), 8080)];
+        let state = desired(&[web.clone()], &[ip("172.30.0.1")]);
+        let node_port = &state[&(ip("0.0.0.0"), 30080, 6)];
+        assert_eq!(
+            node_port.backends,
+            vec![
+                "10.0.0.2:8080".parse::<SocketAddr>().unwrap(),
+                "10.0.0.1:8080".parse().unwrap()
+            ]
+        );
+        assert_eq!(node_port.outside, Outside::Local(1));
+        // The ClusterIP keeps its order and is no outside client's.
+        assert_eq!(state[&(ip("10.96.0.10"), 80, 6)].outside, Outside::No);
+        web.external_local = false;
+        let state = desired(&[web], &[ip("172.30.0.1")]);
+        assert_eq!(state[&(ip("0.0.0.0"), 30080, 6)].outside, Outside::Cluster);
     }
 
     #[test]
@@ -472,7 +531,8 @@ mod tests {
             state[&(ip("10.96.0.10"), 80, 6)],
             Target {
                 backends: vec!["10.0.0.1:8080".parse().unwrap()],
-                affinity_secs: 60
+                affinity_secs: 60,
+                outside: Outside::No,
             }
         );
         assert_eq!(

@@ -112,6 +112,11 @@ impl Datapath {
                 )
             })?;
         }
+        if mode == DatapathMode::Tc {
+            for (index, program) in (0..).zip(flatnet_common::nodeport_call::PROGRAMS) {
+                set_tail_call(&mut ebpf, MAP_NODEPORT_CALLS, index, program)?;
+            }
+        }
         self.fill_missing_sources()
     }
 
@@ -170,6 +175,27 @@ impl Datapath {
     }
 }
 
+/// Points entry `index` of program array `map` at loaded program
+/// `program` (the pinned array keeps it; the entry of an older build's is
+/// replaced, and its programs tail-call this one from then on).
+fn set_tail_call(ebpf: &mut Ebpf, map: &str, index: u32, program: &str) -> Result<()> {
+    let fd = ebpf
+        .program(program)
+        .ok_or_else(|| Error::Datapath(format!("the eBPF object has no program {program}")))?
+        .fd()
+        .map_err(|e| Error::bpf(format!("the fd of {program}"), e))?
+        .try_clone()
+        .map_err(|e| Error::io(format!("duplicating the fd of {program}"), e))?;
+    let mut calls = aya::maps::ProgramArray::try_from(
+        ebpf.map_mut(map)
+            .ok_or_else(|| Error::Datapath(format!("the eBPF object has no map {map}")))?,
+    )
+    .map_err(|e| Error::bpf(format!("opening {map}"), e))?;
+    calls
+        .set(index, &fd, 0)
+        .map_err(|e| Error::bpf(format!("writing {map}"), e))
+}
+
 /// What is wrong with a pinned map, measured against `spec`; None when it
 /// is fit for this build's programs.
 fn layout_problem(spec: &MapSpec, info: &MapInfo) -> Option<String> {
@@ -189,6 +215,7 @@ fn layout_problem(spec: &MapSpec, info: &MapInfo) -> Option<String> {
         Ok(MapType::PerCpuArray) => Some(MapKind::PerCpuArray),
         Ok(MapType::LpmTrie) => Some(MapKind::LpmTrie),
         Ok(MapType::RingBuf) => Some(MapKind::RingBuf),
+        Ok(MapType::ProgramArray) => Some(MapKind::ProgArray),
         _ => None,
     };
     if kind != Some(spec.kind) {
@@ -253,6 +280,7 @@ mod tests {
                 t if t == BPF_MAP_TYPE_PERCPU_ARRAY as u32 => MapKind::PerCpuArray,
                 t if t == BPF_MAP_TYPE_LPM_TRIE as u32 => MapKind::LpmTrie,
                 t if t == BPF_MAP_TYPE_RINGBUF as u32 => MapKind::RingBuf,
+                t if t == BPF_MAP_TYPE_PROG_ARRAY as u32 => MapKind::ProgArray,
                 other => panic!("{}: unexpected map type {other}", spec.name),
             };
             assert_eq!(kind, spec.kind, "{}", spec.name);

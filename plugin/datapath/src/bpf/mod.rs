@@ -18,12 +18,13 @@ use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
-    MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAP_TUNNEL,
-    MAPS, MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD,
-    PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_POD_XDP_PASS, PROG_TO_POD,
-    PROG_TO_UPLINK, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode,
-    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
-    action, preferred_slot,
+    MAP_NODEPORT_CALLS, MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS,
+    MAP_STATS, MAP_TUNNEL, MAPS, MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT,
+    PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_NODEPORT_IN,
+    PROG_NODEPORT_REPLY, PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PROG_UPLINK_DELIVER,
+    PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig, action,
+    preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -41,6 +42,7 @@ mod flows;
 mod host_veth;
 pub mod kfunc;
 mod load;
+mod nat;
 mod policy;
 mod remote;
 mod services;
@@ -57,11 +59,14 @@ pub use host_veth::{
     attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_pod_to_tcx, move_to_tcx,
     prepare_pod_for_xdp,
 };
+pub use nat::{NatCounts, NatFlow};
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
 pub use remote::RemoteCidr;
-pub use services::{SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key};
+pub use services::{
+    Outside, SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key,
+};
 pub use sources::sources_of;
 pub use variant::CostVariant;
 
@@ -136,6 +141,9 @@ pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
             PROG_TO_POD,
             PROG_TO_UPLINK,
             PROG_FROM_TUNNEL,
+            PROG_NODEPORT_REPLY,
+            PROG_NODEPORT_IN,
+            PROG_UPLINK_DELIVER,
         ],
         DatapathMode::Xdp => &[
             PROG_FROM_POD_XDP,
@@ -352,7 +360,10 @@ mod tests {
                 PROG_FROM_UPLINK,
                 PROG_TO_POD,
                 PROG_TO_UPLINK,
-                PROG_FROM_TUNNEL
+                PROG_FROM_TUNNEL,
+                PROG_NODEPORT_REPLY,
+                PROG_NODEPORT_IN,
+                PROG_UPLINK_DELIVER
             ]
         );
         assert_eq!(

@@ -11,11 +11,11 @@ use std::net::{IpAddr, SocketAddr};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    BackendKey, MAP_NODEPORT_ADDRS, MAP_NODEPORT_PORTS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT,
-    MAP_SERVICES, NodePortAddress, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6,
-    PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4,
-    PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6, RevNat, RevNatKey,
-    ServiceBackend, ServiceKey, ServiceValue,
+    BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, MAP_NODEPORT_ADDRS,
+    MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, NodePortAddress, PROG_SERVICE_CONNECT4,
+    PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6,
+    PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6,
+    RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -32,6 +32,48 @@ pub const SERVICE_PROGRAMS: [&str; 8] = [
     PROG_SERVICE_GETPEERNAME4,
     PROG_SERVICE_GETPEERNAME6,
 ];
+
+/// Whether clients outside the node reach a frontend (a NodePort, an
+/// externalIP, a load-balancer IP: the uplink program serves them), and
+/// which of its backends serve them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Outside {
+    /// A ClusterIP: only clients at the socket (pods, the node).
+    #[default]
+    No,
+    /// All backends; the client's source translated to the node address
+    /// (`externalTrafficPolicy: Cluster`).
+    Cluster,
+    /// The first this many backends (this node's, listed first); the
+    /// client's address kept (`externalTrafficPolicy: Local`).
+    Local(u16),
+}
+
+impl Outside {
+    /// `ServiceValue`'s (`external_count`, `flags`) for a frontend of
+    /// `count` backends.
+    fn fields(self, count: u32) -> (u16, u16) {
+        match self {
+            Outside::No => (0, 0),
+            Outside::Cluster => (
+                u16::try_from(count).unwrap_or(u16::MAX),
+                FRONTEND_F_EXTERNAL,
+            ),
+            Outside::Local(local) => (local, FRONTEND_F_EXTERNAL | FRONTEND_F_KEEP_CLIENT),
+        }
+    }
+
+    /// What a frontend's map value says.
+    pub fn of(value: &ServiceValue) -> Self {
+        if value.flags & FRONTEND_F_EXTERNAL == 0 {
+            Outside::No
+        } else if value.flags & FRONTEND_F_KEEP_CLIENT != 0 {
+            Outside::Local(value.external_count)
+        } else {
+            Outside::Cluster
+        }
+    }
+}
 
 /// IPv4 in the first 4 bytes, as the maps hold addresses; and the family.
 fn address_bytes(address: IpAddr) -> ([u8; 16], u8) {
@@ -67,7 +109,7 @@ pub fn service_backend(backend: SocketAddr) -> ServiceBackend {
     }
 }
 
-fn address_of(bytes: &[u8; 16], family: u8) -> IpAddr {
+pub(super) fn address_of(bytes: &[u8; 16], family: u8) -> IpAddr {
     if family == 4 {
         IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
     } else {
@@ -130,13 +172,14 @@ impl Datapath {
     /// Points `key`'s frontend at `backends`, written first under set `id`
     /// (one no other frontend uses, and not the frontend's current one);
     /// then the set the frontend had is deleted. No backends: connect() to
-    /// it is refused.
+    /// it is refused. `outside`: who outside the node reaches it.
     pub fn put_service(
         &self,
         key: &ServiceKey,
         id: u32,
         backends: &[ServiceBackend],
         affinity_secs: u32,
+        outside: Outside,
     ) -> Result<()> {
         let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
         for (index, backend) in backends.iter().enumerate() {
@@ -149,11 +192,13 @@ impl Datapath {
         let previous = frontends.get(key, 0).ok();
         let count = u32::try_from(backends.len())
             .map_err(|_| Error::Datapath("too many backends".into()))?;
+        let (external_count, flags) = outside.fields(count);
         let value = ServiceValue {
             id,
             count,
             affinity_secs,
-            _pad: 0,
+            external_count,
+            flags,
         };
         frontends
             .insert(key, value, 0)
@@ -203,38 +248,6 @@ impl Datapath {
         } else {
             ignore_missing(map.remove(&key))
         }
-    }
-
-    fn nodeport_ports(&self) -> Result<Array<MapData, u32>> {
-        Array::try_from(Map::Array(self.open_map(MAP_NODEPORT_PORTS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_NODEPORT_PORTS}"), e))
-    }
-
-    /// Every port number NodePorts listen on, with its `nodeport_port`
-    /// bits (none when the maps are not pinned). Reads all 65,536 entries:
-    /// for an agent's start, not for every update.
-    pub fn nodeport_port_bits(&self) -> Result<Vec<(u16, u32)>> {
-        if !self.map_path(MAP_NODEPORT_PORTS).exists() {
-            return Ok(Vec::new());
-        }
-        let ports = self.nodeport_ports()?;
-        let mut listening = Vec::new();
-        for port in 0..=u16::MAX {
-            let bits = ports
-                .get(&u32::from(port), 0)
-                .map_err(|e| Error::bpf(format!("reading {MAP_NODEPORT_PORTS}"), e))?;
-            if bits != 0 {
-                listening.push((port, bits));
-            }
-        }
-        Ok(listening)
-    }
-
-    /// Sets which protocols' NodePorts listen on `port` (0: none).
-    pub fn set_nodeport_port(&self, port: u16, bits: u32) -> Result<()> {
-        self.nodeport_ports()?
-            .set(u32::from(port), bits, 0)
-            .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_PORTS}"), e))
     }
 
     fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {

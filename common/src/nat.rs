@@ -1,0 +1,98 @@
+//! NodePort, externalIPs and load-balancer IPs for clients outside the
+//! node: the ports such frontends listen on, and the translation table of
+//! each flow the uplink program translated (both directions).
+
+use crate::*;
+
+/// Flows translated at once (`NAT_FORWARD` and `NAT_REVERSE` entries each).
+pub const MAX_NAT_FLOWS: u32 = 131072;
+/// Entries of `EXTERNAL_PORTS`: one per port number.
+pub const EXTERNAL_PORT_COUNT: u32 = 65536;
+/// The node ports source-translated flows are given (network order on the
+/// wire): above Linux's default ephemeral range (32768-60999), so that the
+/// node's own connections do not take them.
+pub const NAT_PORT_MIN: u16 = 61000;
+pub const NAT_PORT_MAX: u16 = 65535;
+
+/// Bits of an `EXTERNAL_PORTS` entry: a NodePort of the protocol listens on
+/// this port (on the node addresses of `NODEPORT_ADDRS`), or an external
+/// address (externalIP, load-balancer IP) does (its `SERVICES` entry then
+/// says which).
+pub mod external_port {
+    pub const NODEPORT_TCP: u32 = 1;
+    pub const NODEPORT_UDP: u32 = 2;
+    pub const NODEPORT_SCTP: u32 = 4;
+    pub const ADDRESS_TCP: u32 = 1 << 8;
+    pub const ADDRESS_UDP: u32 = 2 << 8;
+    pub const ADDRESS_SCTP: u32 = 4 << 8;
+
+    /// The NodePort bit of IP protocol `protocol` (0: none we serve).
+    pub const fn nodeport_bit(protocol: u8) -> u32 {
+        match protocol {
+            6 => NODEPORT_TCP,
+            17 => NODEPORT_UDP,
+            132 => NODEPORT_SCTP,
+            _ => 0,
+        }
+    }
+
+    /// The external-address bit of IP protocol `protocol`.
+    pub const fn address_bit(protocol: u8) -> u32 {
+        nodeport_bit(protocol) << 8
+    }
+}
+
+/// A flow as a packet names it (IPv4 in the first 4 bytes of each address;
+/// ports in network order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub src_port: [u8; 2],
+    pub dst_port: [u8; 2],
+    pub protocol: u8,
+    /// 4 or 6.
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<NatKey>() == 40);
+
+/// A flow from outside to a frontend: the backend it was given, and the
+/// node port its source was translated to (0: the client's address kept,
+/// `externalTrafficPolicy: Local`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatForward {
+    pub backend: [u8; 16],
+    pub backend_port: [u8; 2],
+    pub nat_port: [u8; 2],
+    /// `NAT_F_*`.
+    pub flags: u32,
+    /// When a packet of the flow last passed (monotonic ns, refreshed at
+    /// most once a second).
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<NatForward>() == 32);
+
+/// A reply of a translated flow, keyed by how the backend addresses it: it
+/// leaves from the frontend to the client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NatReverse {
+    pub client: [u8; 16],
+    pub frontend: [u8; 16],
+    pub client_port: [u8; 2],
+    pub frontend_port: [u8; 2],
+    /// The uplink the flow came in by: the replies' way out is looked up
+    /// there.
+    pub ifindex: u32,
+    /// `NAT_F_*`.
+    pub flags: u32,
+    pub _pad: u32,
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<NatReverse>() == 56);
+
+/// A TCP flow that saw a FIN or RST: collected after a short timeout.
+pub const NAT_F_CLOSING: u32 = 1;

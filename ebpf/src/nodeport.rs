@@ -1,0 +1,645 @@
+//! NodePort, externalIPs and load-balancer IPs for clients outside the
+//! node, at the uplink's tc ingress (kube-proxy's KUBE-NODEPORTS and
+//! KUBE-EXT chains, in BPF).
+//!
+//! A flow's first packet to a frontend outside clients may reach (a port in
+//! `EXTERNAL_PORTS`; a NodePort on one of this node's addresses that
+//! `NODEPORT_ADDRS` lists, or an externalIP or load-balancer IP) is given a
+//! backend: at random, or the client address's with sessionAffinity. Its
+//! destination becomes the backend; with `externalTrafficPolicy: Cluster`
+//! its source becomes the node address it came to, on a free port of
+//! `NAT_PORT_MIN..=NAT_PORT_MAX`, as kube-proxy masquerades, so the reply
+//! comes back here; with `Local` only this node's backends serve it and the
+//! client's address is kept. `NAT_FORWARD` keeps the flow's translation by
+//! the client's tuple, `NAT_REVERSE` the way back by the reply's, so every
+//! later packet takes the same backend and every reply is translated back
+//! (source: the frontend; destination: the client) and sent out of the
+//! uplink the flow came by. A backend on this node gets the packet straight
+//! (`bpf_redirect_peer`, its ingress policy judged first); one on another
+//! node through the FIB's route or the tunnel. The node's agent collects
+//! idle flows (`flatnet_agent::nat`); both tables are LRU, so a full one
+//! forgets its oldest flow rather than refuse a new one.
+//!
+//! The path runs in programs of its own that `from_uplink` and `from_pod`
+//! tail-call (`NODEPORT_CALLS`), and keeps its structures in a per-CPU
+//! scratch area (`NODEPORT_SCRATCH`): a program and the functions it calls
+//! may use 512 bytes of stack in all, which `from_uplink`'s own frame and
+//! these would pass.
+//!
+//! The host stack sees none of these packets, in either direction: its
+//! conntrack and netfilter never meet the flow (as with the fast path's
+//! pod-to-pod flows), so a translated flow needs no `FLOWS` verdict.
+//! Handled: TCP and UDP over IPv4 without options or fragments, and over
+//! IPv6 with no extension header; the rest goes to the stack.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_NOEXIST},
+    btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
+    helpers::generated::{bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::btf_map,
+    programs::TcContext,
+};
+use flatnet_common::{
+    AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, NAT_F_CLOSING,
+    NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress, ServiceKey,
+    ServiceValue, external_port, maps, nodeport_call,
+};
+
+use crate::remote::{take_hop, words};
+use crate::services::{SERVICE_BACKENDS, SERVICES, affinity_index};
+use crate::*;
+
+/// Which protocols' frontends listen on each port (`external_port` bits).
+#[btf_map]
+static EXTERNAL_PORTS: Array<u32, { maps::EXTERNAL_PORTS.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::EXTERNAL_PORTS.holds::<u32, u32>());
+
+/// The NodePort path's programs, for `from_pod` and `from_uplink` to
+/// tail-call (`nodeport_call` indices).
+#[btf_map]
+pub(crate) static NODEPORT_CALLS: ProgramArray<{ maps::NODEPORT_CALLS.max_entries as usize }> =
+    ProgramArray::new();
+const _: () = assert!(maps::NODEPORT_CALLS.holds::<u32, u32>());
+
+/// Translated flows by the client's tuple.
+#[btf_map]
+static NAT_FORWARD: LruHashMap<NatKey, NatForward, { maps::NAT_FORWARD.max_entries as usize }> =
+    LruHashMap::new();
+const _: () = assert!(maps::NAT_FORWARD.holds::<NatKey, NatForward>());
+
+/// Translated flows by their replies' tuple.
+#[btf_map]
+static NAT_REVERSE: LruHashMap<NatKey, NatReverse, { maps::NAT_REVERSE.max_entries as usize }> =
+    LruHashMap::new();
+const _: () = assert!(maps::NAT_REVERSE.holds::<NatKey, NatReverse>());
+
+/// What the path works on for the packet at hand, per CPU (a program runs
+/// to its end on one CPU).
+#[repr(C)]
+pub(crate) struct Scratch {
+    /// The packet's flow.
+    key: NatKey,
+    /// A new flow's reply tuple.
+    reply: NatKey,
+    forward: NatForward,
+    reverse: NatReverse,
+    /// Where the packet's transport header starts.
+    l4: u32,
+    /// A TCP FIN or RST.
+    closing: u32,
+}
+
+#[btf_map]
+static NODEPORT_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// Free node ports tried for a new flow before it is dropped.
+const NAT_PORT_TRIES: u32 = 8;
+/// A flow's `last_ns` is written at most this often.
+const REFRESH_NS: u64 = 1_000_000_000;
+
+/// Whether a NodePort of IP protocol `protocol` listens on `port` (host
+/// order): an array read, before any hash lookup of a node address.
+#[inline(always)]
+pub(crate) fn nodeport_listens(port: u16, protocol: u8) -> bool {
+    EXTERNAL_PORTS
+        .get_ptr(u32::from(port))
+        .is_some_and(|listening| {
+            // SAFETY: a valid map value for the program's run; read once.
+            let listening = unsafe { core::ptr::read_volatile(listening) };
+            listening & external_port::nodeport_bit(protocol) != 0
+        })
+}
+
+/// `from_uplink`'s question, asked before anything else: may the packet
+/// be the NodePort path's (a TCP or UDP destination port that a frontend
+/// outside clients reach listens on, or one translated flows are given)?
+/// Headers read in place, nothing kept: `from_uplink`'s stack is full.
+#[inline(always)]
+pub(crate) fn candidate(start: usize, end: usize) -> bool {
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return false;
+    };
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let (protocol, l4) = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
+                return false;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            if ip.vihl != 0x45 || u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
+                return false;
+            }
+            (ip.proto, EthHdr::LEN + Ipv4Hdr::LEN)
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
+                return false;
+            };
+            // SAFETY: bounds checked by `header_at`.
+            (unsafe { (*ip).next_hdr }, EthHdr::LEN + Ipv6Hdr::LEN)
+        }
+        _ => return false,
+    };
+    if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
+        return false;
+    }
+    let Ok(ports) = header_at::<[u8; 4]>(start, end, l4) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    let port = u16::from_be_bytes(unsafe { [(*ports)[2], (*ports)[3]] });
+    if port >= NAT_PORT_MIN {
+        return true;
+    }
+    EXTERNAL_PORTS
+        .get_ptr(u32::from(port))
+        .is_some_and(|listening| {
+            // SAFETY: a valid map value for the program's run; read once.
+            let listening = unsafe { core::ptr::read_volatile(listening) };
+            listening
+                & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
+                != 0
+        })
+}
+
+/// This CPU's scratch area.
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    // SAFETY: per-CPU: no other program uses this CPU's entry while this
+    // one runs.
+    NODEPORT_SCRATCH.get_ptr_mut(0).map(|s| unsafe { &mut *s })
+}
+
+/// Reads the packet's flow into `s`, if it is one the path serves.
+#[inline(always)]
+fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let eth: *const EthHdr = header_at(start, end, 0).ok()?;
+    let key = &mut s.key;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let l4 = match u16::from_be(unsafe { (*eth).ether_type }) {
+        ETH_P_IP => {
+            let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            // Options or a fragment: the stack's.
+            if ip.vihl != 0x45 || u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
+                return None;
+            }
+            key.src = [0; 16];
+            key.dst = [0; 16];
+            key.src[..4].copy_from_slice(&ip.src_addr);
+            key.dst[..4].copy_from_slice(&ip.dst_addr);
+            key.protocol = ip.proto;
+            key.family = 4;
+            EthHdr::LEN + Ipv4Hdr::LEN
+        }
+        ETH_P_IPV6 => {
+            let ip: *const Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let ip = unsafe { &*ip };
+            key.src = ip.src_addr;
+            key.dst = ip.dst_addr;
+            key.protocol = ip.next_hdr;
+            key.family = 6;
+            EthHdr::LEN + Ipv6Hdr::LEN
+        }
+        _ => return None,
+    };
+    key._pad = [0; 2];
+    s.closing = match key.protocol {
+        IPPROTO_TCP => {
+            let flags: *const u8 = header_at(start, end, l4 + 13).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            u32::from(unsafe { *flags } & (TCP_FIN | TCP_RST) != 0)
+        }
+        IPPROTO_UDP => 0,
+        _ => return None,
+    };
+    let ports: *const [u8; 4] = header_at(start, end, l4).ok()?;
+    // SAFETY: bounds checked by `header_at`.
+    let ports = unsafe { *ports };
+    key.src_port = [ports[0], ports[1]];
+    key.dst_port = [ports[2], ports[3]];
+    s.l4 = l4 as u32;
+    Some(())
+}
+
+/// `nodeport_in` (tail-called by `from_uplink`): a packet from outside for
+/// a frontend, or a reply of a flow translated here, is translated and
+/// sent on. None: not the NodePort path's.
+#[inline(always)]
+pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
+    let s = scratch()?;
+    parse(ctx, s)?;
+    let port = u16::from_be_bytes(s.key.dst_port);
+    if port >= NAT_PORT_MIN {
+        if let Some(reply) = NAT_REVERSE.get_ptr_mut(&s.key) {
+            return Some(reply_out(ctx, s, reply));
+        }
+    }
+    // SAFETY: a valid map value for the program's run; read once.
+    let listening = unsafe { core::ptr::read_volatile(EXTERNAL_PORTS.get_ptr(u32::from(port))?) };
+    let protocol = s.key.protocol;
+    if listening & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
+        == 0
+    {
+        return None;
+    }
+    match NAT_FORWARD.get_ptr_mut(&s.key) {
+        Some(known) => refresh_forward(s, known),
+        None => match new_flow(s, listening, uplink) {
+            FlowStart::Started => {}
+            FlowStart::NotOurs => return None,
+            FlowStart::Dropped => {
+                count(action::NODEPORT_DROPPED, ctx.len());
+                return Some(TC_ACT_SHOT as i32);
+            }
+        },
+    }
+    Some(to_backend(ctx, s, uplink))
+}
+
+/// A known flow's translation into `s.forward`, its last use refreshed.
+#[inline(never)]
+fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
+    // SAFETY: a valid map value for the program's run; read once.
+    s.forward = unsafe { core::ptr::read_volatile(known) };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let closing = s.closing != 0;
+    if now.wrapping_sub(s.forward.last_ns) > REFRESH_NS || (closing && s.forward.flags == 0) {
+        s.forward.last_ns = now;
+        if closing {
+            s.forward.flags |= NAT_F_CLOSING;
+        }
+        // SAFETY: as above; racing writers only write a time or a flag.
+        unsafe {
+            core::ptr::write_volatile(&mut (*known).last_ns, now);
+            core::ptr::write_volatile(&mut (*known).flags, s.forward.flags);
+        }
+    }
+}
+
+/// What became of a flow's first packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FlowStart {
+    /// Given a backend: `s.forward` holds the translation, recorded both ways.
+    Started,
+    /// For no frontend outside clients reach (the stack's; a frontend
+    /// without endpoints, too: nothing listens there, so the stack
+    /// refuses it, as kube-proxy's REJECT).
+    NotOurs,
+    /// Dropped: `externalTrafficPolicy: Local` without a backend here, or
+    /// no free node port.
+    Dropped,
+}
+
+/// The frontend a new flow's first packet is for and the backend it
+/// gets; its translation recorded both ways.
+#[inline(never)]
+fn new_flow(s: &mut Scratch, listening: u32, uplink: u32) -> FlowStart {
+    let flow = &s.key;
+    let mut key = ServiceKey {
+        address: flow.dst,
+        port: flow.dst_port,
+        protocol: flow.protocol,
+        family: flow.family,
+    };
+    let Some(frontend) = frontend_for(&mut key, listening) else {
+        return FlowStart::NotOurs;
+    };
+    if frontend.flags & FRONTEND_F_EXTERNAL == 0 || frontend.count == 0 {
+        return FlowStart::NotOurs;
+    }
+    let choices = u32::from(frontend.external_count).min(frontend.count);
+    if choices == 0 {
+        return FlowStart::Dropped;
+    }
+    let index = affinity_index(client_of(&flow.src, &key), &frontend, choices);
+    let backend_key = BackendKey {
+        id: frontend.id,
+        index,
+    };
+    // SAFETY: the value is copied at once.
+    let Some(backend) = (unsafe { SERVICE_BACKENDS.get(&backend_key) }).copied() else {
+        return FlowStart::NotOurs;
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    s.reverse = NatReverse {
+        client: flow.src,
+        frontend: flow.dst,
+        client_port: flow.src_port,
+        frontend_port: flow.dst_port,
+        ifindex: uplink,
+        flags: 0,
+        _pad: 0,
+        last_ns: now,
+    };
+    // The reply's tuple: from the backend to the client, or, translated,
+    // to the node address on the port found free for it.
+    s.reply = NatKey {
+        src: backend.address,
+        dst: flow.src,
+        src_port: backend.port,
+        dst_port: flow.src_port,
+        protocol: flow.protocol,
+        family: flow.family,
+        _pad: [0; 2],
+    };
+    let nat_port = if frontend.flags & FRONTEND_F_KEEP_CLIENT != 0 {
+        // A failed write only leaves the replies untranslated.
+        let _ = NAT_REVERSE.insert(&s.reply, &s.reverse, 0);
+        [0; 2]
+    } else {
+        s.reply.dst = s.key.dst;
+        match free_port(s) {
+            Some(port) => port,
+            None => return FlowStart::Dropped,
+        }
+    };
+    s.forward = NatForward {
+        backend: backend.address,
+        backend_port: backend.port,
+        nat_port,
+        flags: 0,
+        last_ns: now,
+    };
+    if NAT_FORWARD.insert(&s.key, &s.forward, 0).is_err() {
+        let _ = NAT_REVERSE.remove(&s.reply);
+        return FlowStart::Dropped;
+    }
+    FlowStart::Started
+}
+
+/// The frontend at the packet's destination: an external address's own
+/// entry, or on one of this node's NodePort addresses the NodePort (`key`
+/// then holds the wildcard, as affinity keys it).
+#[inline(always)]
+fn frontend_for(key: &mut ServiceKey, listening: u32) -> Option<ServiceValue> {
+    if listening & external_port::address_bit(key.protocol) != 0 {
+        // SAFETY: the value is copied at once.
+        if let Some(frontend) = unsafe { SERVICES.get(&*key) } {
+            return Some(*frontend);
+        }
+    }
+    if listening & external_port::nodeport_bit(key.protocol) == 0 {
+        return None;
+    }
+    let node = NodePortAddress {
+        address: key.address,
+        family: key.family,
+        _pad: [0; 3],
+    };
+    // SAFETY: only the presence is read.
+    unsafe { crate::services::NODEPORT_ADDRS.get(&node) }?;
+    if !policy::is_node_address(&key.address, key.family) {
+        return None;
+    }
+    key.address = [0; 16];
+    // SAFETY: the value is copied at once.
+    unsafe { SERVICES.get(&*key) }.copied()
+}
+
+/// sessionAffinity's key of an outside client: its address, in a space of
+/// its own (the top bit set; socket clients are network namespace cookies,
+/// which count up from 1). IPv6 addresses are folded into 63 bits.
+#[inline(always)]
+fn client_of(address: &[u8; 16], frontend: &ServiceKey) -> AffinityKey {
+    let mut high = [0u8; 8];
+    let mut low = [0u8; 8];
+    high.copy_from_slice(&address[..8]);
+    low.copy_from_slice(&address[8..]);
+    AffinityKey {
+        netns_cookie: (u64::from_ne_bytes(high) ^ u64::from_ne_bytes(low)) | (1 << 63),
+        frontend: *frontend,
+        _pad: 0,
+    }
+}
+
+/// Writes `s.reverse` under `s.reply` with a node port nobody has for the
+/// same backend and node address; the port, or None when the tries ran out.
+#[inline(always)]
+fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
+    let span = u32::from(NAT_PORT_MAX - NAT_PORT_MIN) + 1;
+    for _ in 0..NAT_PORT_TRIES {
+        // SAFETY: plain helper call.
+        let offset = unsafe { bpf_get_prandom_u32() } % span;
+        let port = (u32::from(NAT_PORT_MIN) + offset) as u16;
+        s.reply.dst_port = port.to_be_bytes();
+        if NAT_REVERSE
+            .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            return Some(s.reply.dst_port);
+        }
+    }
+    None
+}
+
+/// A flow's packet translated to its backend (`s.forward`) and sent there.
+#[inline(never)]
+fn to_backend(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> i32 {
+    if rewrite(ctx, s, End::Destination).is_none() {
+        return TC_ACT_SHOT as i32;
+    }
+    if s.forward.nat_port != [0; 2] && rewrite(ctx, s, End::NatSource).is_none() {
+        return TC_ACT_SHOT as i32;
+    }
+    let backend = &s.forward.backend;
+    let local = if s.key.family == 4 {
+        let address = [backend[0], backend[1], backend[2], backend[3]];
+        // SAFETY: copied at once, before any update can reuse the slot.
+        unsafe { ENDPOINTS_V4.get(address) }.map(snapshot)
+    } else {
+        // SAFETY: as above.
+        unsafe { ENDPOINTS_V6.get(*backend) }.map(snapshot)
+    };
+    match local {
+        Some(peer) => into_pod(ctx, &peer, s.key.family == 4),
+        None => to_node(ctx, uplink),
+    }
+}
+
+/// A translated packet into the local backend pod `peer`, as the stack
+/// would route it (TTL, MACs), its ingress policy judged first.
+#[inline(never)]
+fn into_pod(ctx: &TcContext, peer: &Endpoint, ipv4: bool) -> i32 {
+    let len = ctx.len();
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let Ok(eth) = header_at::<EthHdr>(start, end, 0) else {
+        return TC_ACT_SHOT as i32;
+    };
+    if take_hop(start, end, ipv4).is_none() {
+        return TC_ACT_SHOT as i32;
+    }
+    // SAFETY: bounds checked by `header_at`; the frame is writable.
+    unsafe {
+        (*eth).dst_addr = peer.pod_mac;
+        (*eth).src_addr = peer.host_mac;
+    }
+    if !policy::ingress_allowed(start, end, peer.counter_slot, len) {
+        count(action::POLICY_DENIED, len);
+        return TC_ACT_SHOT as i32;
+    }
+    count(action::NODEPORT_TO_POD, len);
+    count_pod(peer.counter_slot, Direction::Rx, len);
+    // SAFETY: plain helper call; a stale ifindex makes the kernel drop it.
+    (unsafe { bpf_redirect_peer(peer.host_ifindex, 0) }) as i32
+}
+
+/// A translated packet to its backend on another node: into the tunnel
+/// when that node's pod CIDR is tunnelled, else by the FIB's route out of
+/// the uplink, as the node would send it.
+#[inline(never)]
+fn to_node(ctx: &TcContext, uplink: u32) -> i32 {
+    let len = ctx.len();
+    let sent =
+        tunnel::send(ctx).or_else(|| route_to_remote(ctx, uplink, BPF_FIB_LOOKUP_OUTPUT as u32));
+    match sent {
+        Some(verdict) => {
+            // SAFETY: the context pointer is valid; `mark` is writable in tc.
+            unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
+            count(action::NODEPORT_TO_NODE, len);
+            verdict
+        }
+        None => {
+            count(action::NODEPORT_DROPPED, len);
+            TC_ACT_SHOT as i32
+        }
+    }
+}
+
+/// `nodeport_reply` (tail-called by `from_pod`): a local backend's packet
+/// that is a reply of a translated flow goes back to the client. None: not
+/// one.
+#[inline(always)]
+pub(crate) fn reply_from_pod(ctx: &TcContext) -> Option<i32> {
+    let s = scratch()?;
+    parse(ctx, s)?;
+    let reply = NAT_REVERSE.get_ptr_mut(&s.key)?;
+    Some(reply_out(ctx, s, reply))
+}
+
+/// A reply translated back (from the frontend, to the client) and sent out
+/// of the uplink its flow came in by.
+#[inline(never)]
+fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
+    // SAFETY: a valid map value for the program's run; read once.
+    s.reverse = unsafe { core::ptr::read_volatile(known) };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let closing = s.closing != 0;
+    if now.wrapping_sub(s.reverse.last_ns) > REFRESH_NS || (closing && s.reverse.flags == 0) {
+        if closing {
+            s.reverse.flags |= NAT_F_CLOSING;
+        }
+        // SAFETY: as above; racing writers only write a time or a flag.
+        unsafe {
+            core::ptr::write_volatile(&mut (*known).last_ns, now);
+            core::ptr::write_volatile(&mut (*known).flags, s.reverse.flags);
+        }
+    }
+    if rewrite(ctx, s, End::FrontendSource).is_none()
+        || rewrite(ctx, s, End::ClientDestination).is_none()
+    {
+        return TC_ACT_SHOT as i32;
+    }
+    let len = ctx.len();
+    match route_to_remote(ctx, s.reverse.ifindex, BPF_FIB_LOOKUP_OUTPUT as u32) {
+        Some(verdict) => {
+            // SAFETY: the context pointer is valid; `mark` is writable in tc.
+            unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
+            count(action::NODEPORT_REPLIED, len);
+            verdict
+        }
+        None => {
+            count(action::NODEPORT_DROPPED, len);
+            TC_ACT_SHOT as i32
+        }
+    }
+}
+
+/// Which end of a packet a rewrite changes, and to what (in the scratch
+/// area).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Destination: the flow's backend (`s.forward`).
+    Destination,
+    /// Source: the node address the flow came to, on its node port.
+    NatSource,
+    /// A reply's source: the frontend (`s.reverse`).
+    FrontendSource,
+    /// A reply's destination: the client (`s.reverse`).
+    ClientDestination,
+}
+
+/// Sets one end of the packet as `end` says, the IPv4 header's checksum and
+/// the transport checksum (its pseudo-header) patched. None: a helper
+/// refused (the packet is then dropped).
+#[inline(never)]
+fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
+    let (address, port, source) = match end {
+        End::Destination => (&s.forward.backend, s.forward.backend_port, false),
+        End::NatSource => (&s.key.dst, s.forward.nat_port, true),
+        End::FrontendSource => (&s.reverse.frontend, s.reverse.frontend_port, true),
+        End::ClientDestination => (&s.reverse.client, s.reverse.client_port, false),
+    };
+    let ipv4 = s.key.family == 4;
+    let l4 = s.l4 as usize;
+    let address_at = EthHdr::LEN
+        + match (ipv4, source) {
+            (true, true) => 12,
+            (true, false) => 16,
+            (false, true) => 8,
+            (false, false) => 24,
+        };
+    let port_at = l4 + if source { 0 } else { 2 };
+    let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
+        (l4 + 16, 0)
+    } else {
+        // A UDP checksum of 0 (none, over IPv4) stays 0.
+        (l4 + 6, u64::from(BPF_F_MARK_MANGLED_0))
+    };
+    let pseudo = u64::from(BPF_F_PSEUDO_HDR) | mangled_zero;
+    if ipv4 {
+        let old: u32 = ctx.load(address_at).ok()?;
+        let new = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
+        if old != new {
+            ctx.l4_csum_replace(checksum_at, u64::from(old), u64::from(new), pseudo | 4)
+                .ok()?;
+            ctx.l3_csum_replace(EthHdr::LEN + 10, u64::from(old), u64::from(new), 4)
+                .ok()?;
+            ctx.store(address_at, &new, 0).ok()?;
+        }
+    } else {
+        let mut old: [u32; 4] = ctx.load(address_at).ok()?;
+        let mut new = words(*address);
+        if old != new {
+            // SAFETY: two 16-byte buffers on the stack, as the sizes say.
+            let diff = unsafe { bpf_csum_diff(old.as_mut_ptr(), 16, new.as_mut_ptr(), 16, 0) };
+            ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
+                .ok()?;
+            ctx.store(address_at, &new, 0).ok()?;
+        }
+    }
+    let old_port: u16 = ctx.load(port_at).ok()?;
+    let new_port = u16::from_ne_bytes(port);
+    if old_port != new_port {
+        ctx.l4_csum_replace(
+            checksum_at,
+            u64::from(old_port),
+            u64::from(new_port),
+            mangled_zero | 2,
+        )
+        .ok()?;
+        ctx.store(port_at, &new_port, 0).ok()?;
+    }
+    Some(())
+}

@@ -1,0 +1,151 @@
+//! NodePort, externalIPs and load-balancer IPs for clients outside the
+//! node: the ports their frontends listen on (`EXTERNAL_PORTS`), and the
+//! uplink program's per-flow translations (`NAT_FORWARD`, `NAT_REVERSE`),
+//! which the agent collects when idle.
+
+use std::net::SocketAddr;
+
+use aya::maps::Array;
+use flatnet_common::{
+    MAP_EXTERNAL_PORTS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, NAT_F_CLOSING, NatForward, NatKey,
+    NatReverse,
+};
+
+use super::services::address_of;
+use super::*;
+
+/// One translated flow, as `flatnet inspect` and the collector see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatFlow {
+    pub protocol: u8,
+    pub client: SocketAddr,
+    pub frontend: SocketAddr,
+    pub backend: SocketAddr,
+    /// The node port the client's source became (None: the client's
+    /// address kept).
+    pub nat_port: Option<u16>,
+    /// A TCP FIN or RST passed.
+    pub closing: bool,
+    /// When a packet last passed, either way (monotonic ns).
+    pub last_ns: u64,
+    forward_key: NatKey,
+    reverse_key: NatKey,
+}
+
+/// How many entries each translation table holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NatCounts {
+    pub forward: usize,
+    pub reverse: usize,
+}
+
+fn socket(address: &[u8; 16], port: [u8; 2], family: u8) -> SocketAddr {
+    SocketAddr::new(address_of(address, family), u16::from_be_bytes(port))
+}
+
+impl Datapath {
+    fn external_ports(&self) -> Result<Array<MapData, u32>> {
+        Array::try_from(Map::Array(self.open_map(MAP_EXTERNAL_PORTS)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_EXTERNAL_PORTS}"), e))
+    }
+
+    fn nat_forward(&self) -> Result<HashMap<MapData, NatKey, NatForward>> {
+        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_NAT_FORWARD)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_NAT_FORWARD}"), e))
+    }
+
+    fn nat_reverse(&self) -> Result<HashMap<MapData, NatKey, NatReverse>> {
+        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_NAT_REVERSE)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_NAT_REVERSE}"), e))
+    }
+
+    /// Every port with frontends outside clients reach, and its
+    /// `external_port` bits (none when the maps are not pinned).
+    pub fn external_port_bits(&self) -> Result<Vec<(u16, u32)>> {
+        if !self.map_path(MAP_EXTERNAL_PORTS).exists() {
+            return Ok(Vec::new());
+        }
+        let ports = self.external_ports()?;
+        let mut listening = Vec::new();
+        for port in 0..=u16::MAX {
+            let bits = ports
+                .get(&u32::from(port), 0)
+                .map_err(|e| Error::bpf(format!("reading {MAP_EXTERNAL_PORTS}"), e))?;
+            if bits != 0 {
+                listening.push((port, bits));
+            }
+        }
+        Ok(listening)
+    }
+
+    /// Sets `port`'s `external_port` bits (0: nothing listens there).
+    pub fn set_external_port(&self, port: u16, bits: u32) -> Result<()> {
+        self.external_ports()?
+            .set(u32::from(port), bits, 0)
+            .map_err(|e| Error::bpf(format!("writing {MAP_EXTERNAL_PORTS}"), e))
+    }
+
+    /// Every flow the uplink program translated, with its last use taken
+    /// from both directions.
+    pub fn nat_flows(&self) -> Result<Vec<NatFlow>> {
+        if !self.map_path(MAP_NAT_FORWARD).exists() {
+            return Ok(Vec::new());
+        }
+        let reverse = self.nat_reverse()?;
+        let mut flows = Vec::new();
+        for entry in self.nat_forward()?.iter() {
+            let (key, forward) =
+                entry.map_err(|e| Error::bpf(format!("reading {MAP_NAT_FORWARD}"), e))?;
+            let reverse_key = NatKey {
+                src: forward.backend,
+                dst: if forward.nat_port == [0; 2] {
+                    key.src
+                } else {
+                    key.dst
+                },
+                src_port: forward.backend_port,
+                dst_port: if forward.nat_port == [0; 2] {
+                    key.src_port
+                } else {
+                    forward.nat_port
+                },
+                protocol: key.protocol,
+                family: key.family,
+                _pad: [0; 2],
+            };
+            let back = reverse.get(&reverse_key, 0).ok();
+            let (back_ns, back_flags) = back.map_or((0, 0), |r| (r.last_ns, r.flags));
+            flows.push(NatFlow {
+                protocol: key.protocol,
+                client: socket(&key.src, key.src_port, key.family),
+                frontend: socket(&key.dst, key.dst_port, key.family),
+                backend: socket(&forward.backend, forward.backend_port, key.family),
+                nat_port: (forward.nat_port != [0; 2])
+                    .then(|| u16::from_be_bytes(forward.nat_port)),
+                closing: (forward.flags | back_flags) & NAT_F_CLOSING != 0,
+                last_ns: forward.last_ns.max(back_ns),
+                forward_key: key,
+                reverse_key,
+            });
+        }
+        Ok(flows)
+    }
+
+    /// Forgets a translated flow, both ways.
+    pub fn forget_nat_flow(&self, flow: &NatFlow) -> Result<()> {
+        ignore_missing(self.nat_forward()?.remove(&flow.forward_key))?;
+        ignore_missing(self.nat_reverse()?.remove(&flow.reverse_key))
+    }
+
+    /// How many entries the translation tables hold (both 0 when the maps
+    /// are not pinned).
+    pub fn nat_counts(&self) -> Result<NatCounts> {
+        if !self.map_path(MAP_NAT_FORWARD).exists() {
+            return Ok(NatCounts::default());
+        }
+        Ok(NatCounts {
+            forward: self.nat_forward()?.keys().count(),
+            reverse: self.nat_reverse()?.keys().count(),
+        })
+    }
+}

@@ -1,0 +1,294 @@
+//! NodePorts for clients outside the cluster, served by the uplink program
+//! with kube-proxy absent (`--services ebpf`): the flow translated to a
+//! backend on this node or another, its replies translated back, and
+//! `externalTrafficPolicy` as kube-proxy applies it. The outside client is
+//! the simulated underlay's switch namespace, given an address on the
+//! nodes' segment: a host on the same network as the nodes, as a load
+//! balancer or a user's machine would be.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flatnet_common::{action, external_port};
+use flatnet_datapath::bpf::{Outside, service_key};
+use flatnet_tests::cgroup::TestCgroup;
+use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::{ApiStub, Kind};
+use flatnet_tests::*;
+
+use crate::socket_lb::{BACKEND_PORT, api_service, api_slice, ebpf_services_cluster};
+
+const NODE_PORT: u16 = 30080;
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
+
+/// TCP and UDP servers in a pod answering with their name and the source
+/// address they saw ("local 172.30.0.1"); stopped on drop.
+struct Echo {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Echo {
+    fn start(netns: &Netns, name: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let bind = SocketAddr::from((Ipv4Addr::UNSPECIFIED, BACKEND_PORT));
+        let (tcp, udp) = netns.run(|| {
+            (
+                TcpListener::bind(bind).expect("tcp bind"),
+                UdpSocket::bind(bind).expect("udp bind"),
+            )
+        });
+        tcp.set_nonblocking(true).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let tcp_thread = {
+            let (stop, name) = (stop.clone(), name.to_string());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((mut conn, peer)) => {
+                            conn.set_nonblocking(false).unwrap();
+                            conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                            let mut request = Vec::new();
+                            let _ = conn.read_to_end(&mut request);
+                            let _ = conn.write_all(format!("{name} {}", peer.ip()).as_bytes());
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            })
+        };
+        let udp_thread = {
+            let (stop, name) = (stop.clone(), name.to_string());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                        let _ = udp.send_to(format!("{name} {}", peer.ip()).as_bytes(), peer);
+                    }
+                }
+            })
+        };
+        Echo {
+            stop,
+            threads: vec![tcp_thread, udp_thread],
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One TCP exchange from `netns` with `to`: the answer ("name source").
+fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
+    netns.run(|| {
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+        conn.write_all(b"request")?;
+        conn.shutdown(Shutdown::Write)?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok(answer)
+    })
+}
+
+/// One UDP exchange from `netns` with `to`: the answer and where it came
+/// from.
+fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
+    netns.run(|| {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        socket.send_to(b"request", to)?;
+        let mut buf = [0u8; 512];
+        let (len, from) = socket.recv_from(&mut buf)?;
+        Ok((String::from_utf8_lossy(&buf[..len]).into_owned(), from))
+    })
+}
+
+/// `count` TCP answers from `netns` to `to`, as a set.
+fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> {
+    (0..count)
+        .map(|_| tcp_ask(netns, to).unwrap_or_else(|e| panic!("TCP to {to}: {e}")))
+        .collect()
+}
+
+/// kube-proxy absent: a client outside the cluster reaches a NodePort on
+/// either node. With `externalTrafficPolicy: Cluster` each node spreads
+/// the flows over both backends (the one on the node straight into the
+/// pod, the other's out of the uplink), the backends see the node's
+/// address as the source (kube-proxy's masquerade) and the replies come
+/// back from the NodePort, TCP and UDP; the uplink program counts each
+/// way and the translation table holds the flows. With `Local`, each node
+/// serves only its own backend and the client's address is kept. A port
+/// that is no NodePort's is left to the node (refused).
+#[flatnet_test(root)]
+fn clients_outside_reach_node_ports_through_the_uplink() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, served) = ebpf_services_cluster(
+        &[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ],
+        &cgroup,
+        &stub,
+    );
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    outside.exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
+    let (local, remote) = (cp.pod(), worker.pod());
+    let _servers = [
+        Echo::start(&local.netns, "local"),
+        Echo::start(&remote.netns, "remote"),
+    ];
+    let mut service = api_service("np", Ipv4Addr::new(10, 96, 9, 30));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(udp_port);
+    stub.add(Kind::Service, service);
+    let mut slice = api_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    slice["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    stub.add(Kind::EndpointSlice, slice);
+    let wildcard = Ipv4Addr::UNSPECIFIED.into();
+    let serving = |node: &SimNode, outside_mode: Outside| {
+        let datapath = node.datapath();
+        let ports = datapath.external_port_bits().unwrap();
+        ports.contains(&(
+            NODE_PORT,
+            external_port::NODEPORT_TCP | external_port::NODEPORT_UDP,
+        )) && [6, 17].into_iter().all(|protocol| {
+            datapath
+                .service_frontends()
+                .unwrap()
+                .iter()
+                .any(|(key, value)| {
+                    *key == service_key(wildcard, NODE_PORT, protocol)
+                        && value.count == 2
+                        && Outside::of(value) == outside_mode
+                })
+        })
+    };
+    wait_until("both agents to serve the NodePort", SETTLE, || {
+        serving(cp, Outside::Cluster) && serving(worker, Outside::Cluster)
+    });
+
+    let cp_port = SocketAddr::from((cp.spec.address(), NODE_PORT));
+    let worker_port = SocketAddr::from((worker.spec.address(), NODE_PORT));
+    // Cluster: both backends through either node, the node's address seen.
+    for (node, to) in [(cp, cp_port), (worker, worker_port)] {
+        let seen_from = node.spec.address();
+        assert_eq!(
+            tcp_answers(outside, to, 16),
+            BTreeSet::from([format!("local {seen_from}"), format!("remote {seen_from}")]),
+            "TCP from outside to {to}"
+        );
+        let answers: BTreeSet<String> = (0..16)
+            .map(|_| {
+                let (answer, from) =
+                    udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP to {to}: {e}"));
+                assert_eq!(from, to, "a UDP answer's source");
+                answer
+            })
+            .collect();
+        assert_eq!(
+            answers,
+            BTreeSet::from([format!("local {seen_from}"), format!("remote {seen_from}")]),
+            "UDP from outside to {to}"
+        );
+    }
+    for what in [
+        action::NODEPORT_TO_POD,
+        action::NODEPORT_TO_NODE,
+        action::NODEPORT_REPLIED,
+    ] {
+        assert!(
+            cp.packets(what) > 0,
+            "cp-1 counted no {}",
+            action::NAMES[what as usize]
+        );
+    }
+    let flows = cp.datapath().nat_flows().unwrap();
+    assert!(
+        flows
+            .iter()
+            .any(|f| f.frontend == cp_port && f.nat_port.is_some()),
+        "cp-1's translation table: {flows:?}"
+    );
+    // Not a NodePort: the node's own (nothing listens, refused).
+    assert!(
+        tcp_ask(
+            outside,
+            SocketAddr::from((cp.spec.address(), NODE_PORT + 1))
+        )
+        .is_err()
+    );
+
+    // A live connection outlives cp-1's agent: the tables are pinned. The
+    // restarted agent's collection counts the flows and forgets none of
+    // these (none is idle past its timeout).
+    let live = outside.run(|| {
+        let mut conn = TcpStream::connect_timeout(&cp_port, Duration::from_secs(2)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        conn.write_all(b"before").unwrap();
+        conn
+    });
+    cp.stop_agent();
+    cp.start_agent(&Peers::Api(served[0].url.clone()));
+    cp.wait_ready();
+    let mut live = live;
+    live.write_all(b" after the restart").unwrap();
+    live.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    live.read_to_string(&mut answer).unwrap();
+    assert!(answer.ends_with(&cp.spec.address().to_string()), "{answer}");
+    wait_until("cp-1's agent to count the translated flows", SETTLE, || {
+        let page = cp.metrics();
+        kube_stub::metric(&page, "flatnet_nat_flows").is_some_and(|n| n >= flows.len() as f64)
+            && kube_stub::metric(&page, "flatnet_nat_flows_max")
+                == Some(f64::from(flatnet_common::MAX_NAT_FLOWS))
+            && kube_stub::metric(&page, "flatnet_nat_expired_total") == Some(0.0)
+    });
+
+    // Local: each node's own backend, the client's address kept.
+    stub.modify(Kind::Service, "default/np", |service| {
+        service["spec"]["externalTrafficPolicy"] = "Local".into();
+    });
+    wait_until(
+        "both agents to keep clients on local backends",
+        SETTLE,
+        || serving(cp, Outside::Local(1)) && serving(worker, Outside::Local(1)),
+    );
+    for (to, name) in [(cp_port, "local"), (worker_port, "remote")] {
+        assert_eq!(
+            tcp_answers(outside, to, 8),
+            BTreeSet::from([format!("{name} {OUTSIDE}")]),
+            "TCP from outside to {to}, externalTrafficPolicy Local"
+        );
+        let (answer, from) = udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP to {to}: {e}"));
+        assert_eq!((answer, from), (format!("{name} {OUTSIDE}"), to));
+    }
+    for node in &cluster.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
+    }
+}
