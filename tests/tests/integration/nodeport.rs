@@ -20,7 +20,9 @@ use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 
-use crate::socket_lb::{BACKEND_PORT, api_service, api_slice, ebpf_services_cluster};
+use crate::socket_lb::{
+    BACKEND_PORT, api_service, api_slice, ebpf_services_cluster, ebpf_services_cluster_of,
+};
 
 const NODE_PORT: u16 = 30080;
 const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
@@ -35,7 +37,9 @@ struct Echo {
 impl Echo {
     fn start(netns: &Netns, name: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let bind = SocketAddr::from((Ipv4Addr::UNSPECIFIED, BACKEND_PORT));
+        // Both families on one socket each (IPV6_V6ONLY off, Linux's
+        // default); an IPv4 peer shows as ::ffff:a.b.c.d, printed as IPv4.
+        let bind = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, BACKEND_PORT));
         let (tcp, udp) = netns.run(|| {
             (
                 TcpListener::bind(bind).expect("tcp bind"),
@@ -52,10 +56,13 @@ impl Echo {
                     match tcp.accept() {
                         Ok((mut conn, peer)) => {
                             conn.set_nonblocking(false).unwrap();
-                            conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                            // Long enough for a connection held across an
+                            // agent restart on a loaded machine.
+                            conn.set_read_timeout(Some(Duration::from_secs(15)))
+                                .unwrap();
                             let mut request = Vec::new();
                             let _ = conn.read_to_end(&mut request);
-                            let _ = conn.write_all(format!("{name} {}", peer.ip()).as_bytes());
+                            let _ = conn.write_all(format!("{name} {}", plain(peer)).as_bytes());
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(5)),
                     }
@@ -68,7 +75,7 @@ impl Echo {
                 let mut buf = [0u8; 512];
                 while !stop.load(Ordering::Relaxed) {
                     if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                        let _ = udp.send_to(format!("{name} {}", peer.ip()).as_bytes(), peer);
+                        let _ = udp.send_to(format!("{name} {}", plain(peer)).as_bytes(), peer);
                     }
                 }
             })
@@ -89,6 +96,16 @@ impl Drop for Echo {
     }
 }
 
+/// A peer's address as its own family prints it.
+fn plain(peer: SocketAddr) -> std::net::IpAddr {
+    match peer.ip() {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// One TCP exchange from `netns` with `to`: the answer ("name source").
 fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
     netns.run(|| {
@@ -106,13 +123,33 @@ fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
 /// from.
 fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
     netns.run(|| {
-        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        let socket = if to.is_ipv4() {
+            UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?
+        } else {
+            UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?
+        };
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         socket.send_to(b"request", to)?;
         let mut buf = [0u8; 512];
         let (len, from) = socket.recv_from(&mut buf)?;
         Ok((String::from_utf8_lossy(&buf[..len]).into_owned(), from))
     })
+}
+
+/// A health check's GET from `netns` to `to`: the status and the JSON body.
+fn health_check(netns: &Netns, to: SocketAddr) -> Option<(u16, serde_json::Value)> {
+    let reply = netns.run(|| -> std::io::Result<String> {
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply)?;
+        Ok(reply)
+    });
+    let reply = reply.ok()?;
+    let status = reply.split(' ').nth(1)?.parse().ok()?;
+    let body = reply.split("\r\n\r\n").nth(1)?;
+    Some((status, serde_json::from_str(body).ok()?))
 }
 
 /// `count` TCP answers from `netns` to `to`, as a set.
@@ -248,7 +285,8 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
     // these (none is idle past its timeout).
     let live = outside.run(|| {
         let mut conn = TcpStream::connect_timeout(&cp_port, Duration::from_secs(2)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
         conn.write_all(b"before").unwrap();
         conn
     });
@@ -256,10 +294,13 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
     cp.start_agent(&Peers::Api(served[0].url.clone()));
     cp.wait_ready();
     let mut live = live;
-    live.write_all(b" after the restart").unwrap();
-    live.shutdown(Shutdown::Write).unwrap();
+    live.write_all(b" after the restart")
+        .expect("the live connection after the restart");
+    live.shutdown(Shutdown::Write)
+        .expect("the live connection after the restart");
     let mut answer = String::new();
-    live.read_to_string(&mut answer).unwrap();
+    live.read_to_string(&mut answer)
+        .expect("the live connection's answer");
     assert!(answer.ends_with(&cp.spec.address().to_string()), "{answer}");
     wait_until("cp-1's agent to count the translated flows", SETTLE, || {
         let page = cp.metrics();
@@ -286,6 +327,184 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
         );
         let (answer, from) = udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP to {to}: {e}"));
         assert_eq!((answer, from), (format!("{name} {OUTSIDE}"), to));
+    }
+
+    assert!(
+        cp.datapath()
+            .nat_flows()
+            .unwrap()
+            .iter()
+            .any(|f| f.protocol == 17 && f.backend == SocketAddr::from((local.ip, BACKEND_PORT))),
+        "cp-1 holds no UDP flow to its own backend"
+    );
+
+    // healthCheckNodePort (a LoadBalancer with Local): each node says how
+    // many endpoints it has; a node left without one says 503 and drops
+    // what outside clients still send it, as kube-proxy does.
+    const HEALTH_PORT: u16 = 32000;
+    stub.modify(Kind::Service, "default/np", |service| {
+        service["spec"]["type"] = "LoadBalancer".into();
+        service["spec"]["healthCheckNodePort"] = HEALTH_PORT.into();
+    });
+    let health = |node: &SimNode| {
+        health_check(
+            outside,
+            SocketAddr::from((node.spec.address(), HEALTH_PORT)),
+        )
+    };
+    wait_until("both nodes' health checks to answer", SETTLE, || {
+        [cp, worker].iter().all(|node| {
+            health(node).is_some_and(|(status, body)| status == 200 && body["localEndpoints"] == 1)
+        })
+    });
+    let (_, body) = health(cp).unwrap();
+    assert_eq!(body["service"]["name"], "np");
+    stub.modify(Kind::EndpointSlice, "default/np-1", |slice| {
+        slice["endpoints"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|e| e["nodeName"] == "worker-1");
+    });
+    wait_until("cp-1's health check to fail", SETTLE, || {
+        health(cp).is_some_and(|(status, body)| status == 503 && body["localEndpoints"] == 0)
+    });
+    // Its UDP flows to the backend that left are forgotten (kube-proxy
+    // clears their conntrack entries); TCP flows end with their connections.
+    let local_backend = SocketAddr::from((local.ip, BACKEND_PORT));
+    wait_until(
+        "cp-1 to forget UDP flows to the departed backend",
+        SETTLE,
+        || {
+            !cp.datapath()
+                .nat_flows()
+                .unwrap()
+                .iter()
+                .any(|f| f.protocol == 17 && f.backend == local_backend)
+        },
+    );
+    assert!(
+        tcp_ask(outside, cp_port).is_err(),
+        "cp-1 served an outside client with no endpoint of its own"
+    );
+    assert!(cp.packets(action::NODEPORT_DROPPED) > 0);
+    assert_eq!(
+        tcp_answers(outside, worker_port, 4),
+        BTreeSet::from([format!("remote {OUTSIDE}")])
+    );
+    for node in &cluster.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
+    }
+    // The health check servers stop with their agent.
+    assert!(health(cp).is_none());
+}
+
+/// The same over IPv6, kube-proxy absent: dual-stack nodes (their Node
+/// objects given an IPv6 InternalIP and pod CIDR), a dual-stack NodePort
+/// Service, an outside client at fd30::64. Through either node's IPv6
+/// address both backends answer, TCP and UDP, each seeing that node's IPv6
+/// address; the uplink counts both ways on cp-1.
+#[flatnet_test(root)]
+fn clients_outside_reach_node_ports_over_ipv6() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let mut specs = flatnet_tests::cluster::specs(&[
+        ("cp-1", 1, Some("10.244.0.0/24")),
+        ("worker-1", 2, Some("10.244.1.0/24")),
+    ]);
+    for spec in &mut specs {
+        spec.dual_stack = true;
+        let (address6, cidr6) = (spec.address6().to_string(), spec.pod_cidr6());
+        let cidr4 = spec.pod_cidr.clone().unwrap();
+        stub.modify(Kind::Node, &spec.name, |node| {
+            node["status"]["addresses"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"type": "InternalIP", "address": address6}));
+            node["spec"]["podCIDR"] = cidr4.clone().into();
+            node["spec"]["podCIDRs"] = serde_json::json!([cidr4, cidr6]);
+        });
+    }
+    let (cluster, _served) = ebpf_services_cluster_of(&specs, &cgroup, &stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    outside.exec(&["ip", "addr", "add", "fd30::64/64", "dev", "br0", "nodad"]);
+    let (local, remote) = (cp.pod(), worker.pod());
+    let (local6, remote6) = (
+        local.ip6.expect("a dual-stack pod"),
+        remote.ip6.expect("a dual-stack pod"),
+    );
+    let _servers = [
+        Echo::start(&local.netns, "local"),
+        Echo::start(&remote.netns, "remote"),
+    ];
+    let mut service = api_service("np6", Ipv4Addr::new(10, 96, 9, 31));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["clusterIPs"] = serde_json::json!(["10.96.9.31", "fd96::9:31"]);
+    service["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
+    service["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(udp_port);
+    stub.add(Kind::Service, service);
+    let mut slice = api_slice("np6", &[]);
+    slice["metadata"]["name"] = "np6-v6".into();
+    slice["addressType"] = "IPv6".into();
+    slice["endpoints"] = serde_json::json!([
+        {"addresses": [local6.to_string()], "nodeName": "cp-1", "conditions": {"ready": true}},
+        {"addresses": [remote6.to_string()], "nodeName": "worker-1", "conditions": {"ready": true}},
+    ]);
+    slice["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    stub.add(Kind::EndpointSlice, slice);
+    let wildcard = std::net::Ipv6Addr::UNSPECIFIED.into();
+    wait_until("both agents to serve the IPv6 NodePort", SETTLE, || {
+        [cp, worker].iter().all(|node| {
+            [6, 17].into_iter().all(|protocol| {
+                node.datapath()
+                    .service_backends(&service_key(wildcard, NODE_PORT, protocol))
+                    .unwrap()
+                    .is_some_and(|set| set.len() == 2)
+            })
+        })
+    });
+    for node in [cp, worker] {
+        let to = SocketAddr::from((node.spec.address6(), NODE_PORT));
+        let seen_from = node.spec.address6();
+        let both = BTreeSet::from([format!("local {seen_from}"), format!("remote {seen_from}")]);
+        assert_eq!(
+            tcp_answers(outside, to, 16),
+            both,
+            "TCP from outside to {to}"
+        );
+        let answers: BTreeSet<String> = (0..16)
+            .map(|_| {
+                let (answer, from) =
+                    udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP to {to}: {e}"));
+                assert_eq!(from, to, "a UDP answer's source");
+                answer
+            })
+            .collect();
+        assert_eq!(answers, both, "UDP from outside to {to}");
+    }
+    for what in [
+        action::NODEPORT_TO_POD,
+        action::NODEPORT_TO_NODE,
+        action::NODEPORT_REPLIED,
+    ] {
+        assert!(
+            cp.packets(what) > 0,
+            "cp-1 counted no {}",
+            action::NAMES[what as usize]
+        );
     }
     for node in &cluster.nodes {
         node.stop_agent();

@@ -347,7 +347,19 @@ pub(crate) fn ebpf_services_cluster(
     flatnet_tests::cluster::Cluster,
     Vec<flatnet_tests::kube_stub::ServedStub>,
 ) {
-    let mut cluster = flatnet_tests::cluster::Cluster::new(&flatnet_tests::cluster::specs(nodes));
+    ebpf_services_cluster_of(&flatnet_tests::cluster::specs(nodes), cgroup, stub)
+}
+
+/// `ebpf_services_cluster` of nodes as `specs` describe them.
+pub(crate) fn ebpf_services_cluster_of(
+    specs: &[flatnet_tests::cluster::NodeSpec],
+    cgroup: &TestCgroup,
+    stub: &flatnet_tests::kube_stub::ApiStub,
+) -> (
+    flatnet_tests::cluster::Cluster,
+    Vec<flatnet_tests::kube_stub::ServedStub>,
+) {
+    let mut cluster = flatnet_tests::cluster::Cluster::new(specs);
     for node in &mut cluster.nodes {
         node.agent_flags = vec![
             "--services".into(),

@@ -132,6 +132,8 @@ impl Agent {
         let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
         let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        sync.health
+            .update(crate::services::health::checks(&frontends));
         sync.update(
             &service_sync::desired(&frontends, &self.nodeport_addresses),
             &self.nodeport_addresses,

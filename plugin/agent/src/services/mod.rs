@@ -11,6 +11,7 @@
 //! `targetPort` is resolved per endpoint, as the slice controller did), each
 //! endpoint address on that slice port.
 
+pub mod health;
 pub mod nat;
 pub mod sync;
 
@@ -69,6 +70,10 @@ pub struct Frontend<'a> {
     /// `externalTrafficPolicy: Local`: clients outside the cluster reach
     /// only this node's endpoints and keep their address.
     pub external_local: bool,
+    /// `spec.healthCheckNodePort` (a LoadBalancer with
+    /// `externalTrafficPolicy: Local`): where load balancers ask whether
+    /// this node has endpoints.
+    pub health_check_node_port: Option<u16>,
     pub ports: Vec<FrontendPort>,
 }
 
@@ -192,6 +197,10 @@ pub fn frontends<'a>(
                 external_ips,
                 affinity,
                 external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+                health_check_node_port: spec
+                    .health_check_node_port
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|p| *p != 0),
                 ports,
             })
         })

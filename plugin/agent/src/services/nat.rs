@@ -5,14 +5,18 @@
 //! table holds live flows, and the LRU only ever evicts under real load.
 //! The tables are pinned, so flows live through an agent restart and a
 //! datapath upgrade; the next agent's first pass collects what went idle
-//! meanwhile.
+//! meanwhile. A UDP flow whose backend left its Service is forgotten at
+//! once, as kube-proxy clears such conntrack entries.
 
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use flatnet_common::MAX_NAT_FLOWS;
 use flatnet_datapath::bpf::Datapath;
 
 use crate::metrics::AgentMetrics;
+use crate::services::sync::FrontendKey;
 
 /// An established TCP flow's idle timeout (kube-proxy's
 /// `--conntrack-tcp-timeout-established` default).
@@ -37,6 +41,52 @@ fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| Duration::from(t).as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// Whether a translated flow (`protocol`, to `frontend`, sent to
+/// `backend`) is a UDP flow whose backend left that frontend (`departed`
+/// pairs are the sync's: a wildcard frontend is a NodePort on any node
+/// address): kube-proxy deletes such flows' conntrack entries, so the
+/// client's next datagram picks a live backend. TCP flows stay, as with
+/// kube-proxy: they end with their connection.
+pub fn udp_departed(
+    protocol: u8,
+    frontend: SocketAddr,
+    backend: SocketAddr,
+    departed: &BTreeSet<(FrontendKey, SocketAddr)>,
+) -> bool {
+    protocol == 17
+        && departed.iter().any(|((address, port, proto), gone)| {
+            *proto == protocol
+                && *gone == backend
+                && *port == frontend.port()
+                && (address.is_unspecified() || *address == frontend.ip())
+        })
+}
+
+/// Forgets the UDP flows whose backend left their frontend.
+pub fn forget_departed(
+    datapath: &Datapath,
+    metrics: &AgentMetrics,
+    departed: &BTreeSet<(FrontendKey, SocketAddr)>,
+) {
+    if departed.is_empty() {
+        return;
+    }
+    let Ok(flows) = datapath.nat_flows() else {
+        return;
+    };
+    for flow in flows
+        .iter()
+        .filter(|f| udp_departed(f.protocol, f.frontend, f.backend, departed))
+    {
+        match datapath.forget_nat_flow(flow) {
+            Ok(()) => {
+                metrics.nat_expired.inc();
+            }
+            Err(e) => tracing::warn!(error = %e, ?flow, "cannot forget a translated flow"),
+        }
+    }
 }
 
 /// One collection pass: idle flows forgotten, the table's use counted.
@@ -86,5 +136,19 @@ mod tests {
         // UDP: two minutes, closing or not (it has no FIN).
         assert!(!expired(17, false, minute));
         assert!(expired(17, false, Duration::from_secs(121)));
+    }
+
+    #[test]
+    fn only_udp_flows_to_a_departed_backend_of_their_frontend_are_forgotten() {
+        let backend: SocketAddr = "10.244.1.5:8080".parse().unwrap();
+        let node_port: SocketAddr = "172.30.0.1:30080".parse().unwrap();
+        let departed = BTreeSet::from([(("0.0.0.0".parse().unwrap(), 30080, 17), backend)]);
+        assert!(udp_departed(17, node_port, backend, &departed));
+        // TCP stays; another backend, another port stay.
+        assert!(!udp_departed(6, node_port, backend, &departed));
+        let other: SocketAddr = "10.244.1.6:8080".parse().unwrap();
+        assert!(!udp_departed(17, node_port, other, &departed));
+        let other_port: SocketAddr = "172.30.0.1:30081".parse().unwrap();
+        assert!(!udp_departed(17, other_port, backend, &departed));
     }
 }

@@ -193,6 +193,8 @@ pub struct ServiceSync {
     written: BTreeMap<FrontendKey, Target>,
     /// What `NODEPORT_ADDRS` holds.
     node_addresses: BTreeSet<IpAddr>,
+    /// The `healthCheckNodePort` servers.
+    pub health: crate::services::health::HealthServers,
     /// What `EXTERNAL_PORTS` holds (ports with no bit left out).
     external_ports: BTreeMap<u16, u32>,
     /// The next backend-set id: above every id in the maps at start.
@@ -229,6 +231,7 @@ impl ServiceSync {
             metrics,
             written,
             node_addresses,
+            health: Default::default(),
             external_ports,
             next_id,
         })
@@ -292,6 +295,7 @@ impl ServiceSync {
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
         self.update_external_ports(&ports, Change::Lost);
         self.close_departed(&departed);
+        crate::services::nat::forget_departed(&self.datapath, &self.metrics, &departed);
     }
 
     /// Writes the ports whose bits `wanted` changes the `change` way (a
@@ -423,6 +427,7 @@ mod tests {
             external_ips: Vec::new(),
             affinity: affinity.map(Duration::from_secs),
             external_local: false,
+            health_check_node_port: None,
             ports: vec![FrontendPort {
                 name: String::new(),
                 protocol: Protocol::Tcp,
