@@ -1,11 +1,12 @@
 //! `flatnet inspect --services`: the Service frontends a network's socket
-//! programs balance (`--services ebpf`), each with its backends, and
-//! whether the programs are attached.
+//! programs balance (`--services ebpf`), each with its backends and who
+//! outside the node reaches it, whether the programs are attached, and the
+//! flows from outside the uplink program translated.
 
 use serde::Serialize;
 
 use crate::error::Result;
-use flatnet_datapath::bpf::{Datapath, backend_address, frontend_of};
+use flatnet_datapath::bpf::{Datapath, Outside, backend_address, frontend_of};
 
 #[derive(Debug, Serialize)]
 pub struct ServicesReport {
@@ -16,6 +17,19 @@ pub struct ServicesReport {
     /// The node addresses NodePorts answer on (a NodePort's frontend has
     /// the unspecified address: "any of these").
     pub nodeport_addresses: Vec<std::net::IpAddr>,
+    /// Flows from outside the node the uplink program translated.
+    pub translated_flows: Vec<FlowReport>,
+}
+
+/// One translated flow: the client, the frontend it asked for, its
+/// backend, and the node port its source became (None: kept).
+#[derive(Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FlowReport {
+    pub protocol: &'static str,
+    pub client: std::net::SocketAddr,
+    pub frontend: std::net::SocketAddr,
+    pub backend: std::net::SocketAddr,
+    pub nat_port: Option<u16>,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,6 +41,10 @@ pub struct FrontendReport {
     pub affinity_secs: u32,
     /// The backend set's id in `SERVICE_BACKENDS`.
     pub set: u32,
+    /// Clients outside the node: "no", "cluster" (all backends, source
+    /// translated) or "local" (this node's first `local_backends`).
+    pub outside: &'static str,
+    pub local_backends: u16,
     pub backends: Vec<std::net::SocketAddr>,
 }
 
@@ -56,17 +74,39 @@ pub fn report(network: &str) -> Result<ServicesReport> {
             protocol: protocol_name(protocol),
             affinity_secs: value.affinity_secs,
             set: value.id,
+            outside: match Outside::of(&value) {
+                Outside::No => "no",
+                Outside::Cluster => "cluster",
+                Outside::Local(_) => "local",
+            },
+            local_backends: match Outside::of(&value) {
+                Outside::Local(n) => n,
+                _ => 0,
+            },
             backends,
         });
     }
     frontends.sort();
     let mut nodeport_addresses = datapath.nodeport_addresses()?;
     nodeport_addresses.sort();
+    let mut translated_flows: Vec<FlowReport> = datapath
+        .nat_flows()?
+        .iter()
+        .map(|flow| FlowReport {
+            protocol: protocol_name(flow.protocol),
+            client: flow.client,
+            frontend: flow.frontend,
+            backend: flow.backend,
+            nat_port: flow.nat_port,
+        })
+        .collect();
+    translated_flows.sort();
     Ok(ServicesReport {
         network: network.to_string(),
         attached: datapath.services_attached(),
         frontends,
         nodeport_addresses,
+        translated_flows,
     })
 }
 
@@ -105,11 +145,74 @@ pub fn render(report: &ServicesReport) -> String {
         } else {
             String::new()
         };
+        let outside = match f.outside {
+            "cluster" => " [outside clients: all, source translated]".to_string(),
+            "local" => format!(" [outside clients: the first {} (local)]", f.local_backends),
+            _ => String::new(),
+        };
         let frontend = std::net::SocketAddr::new(f.cluster_ip, f.port);
         out.push_str(&format!(
-            "  {frontend}/{}{affinity} -> {target}\n",
+            "  {frontend}/{}{affinity}{outside} -> {target}\n",
             f.protocol
         ));
     }
+    out.push_str(&format!(
+        "  {} flow(s) from outside translated\n",
+        report.translated_flows.len()
+    ));
+    for flow in &report.translated_flows {
+        let nat = flow
+            .nat_port
+            .map_or_else(|| "client kept".to_string(), |p| format!("node port {p}"));
+        out.push_str(&format!(
+            "    {} {} -> {} -> {} ({nat})\n",
+            flow.protocol, flow.client, flow.frontend, flow.backend
+        ));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_human_form_says_who_outside_reaches_a_frontend_and_lists_translated_flows() {
+        let report = ServicesReport {
+            network: "pods".into(),
+            attached: true,
+            frontends: vec![FrontendReport {
+                cluster_ip: "0.0.0.0".parse().unwrap(),
+                port: 30080,
+                protocol: "TCP",
+                affinity_secs: 0,
+                set: 3,
+                outside: "local",
+                local_backends: 1,
+                backends: vec!["10.244.0.5:8080".parse().unwrap()],
+            }],
+            nodeport_addresses: vec!["172.30.0.1".parse().unwrap()],
+            translated_flows: vec![FlowReport {
+                protocol: "TCP",
+                client: "172.30.0.100:40000".parse().unwrap(),
+                frontend: "172.30.0.1:30080".parse().unwrap(),
+                backend: "10.244.0.5:8080".parse().unwrap(),
+                nat_port: None,
+            }],
+        };
+        let text = render(&report);
+        assert!(
+            text.contains(
+                "0.0.0.0:30080/TCP [outside clients: the first 1 (local)] -> 10.244.0.5:8080"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("1 flow(s) from outside translated"), "{text}");
+        assert!(
+            text.contains(
+                "TCP 172.30.0.100:40000 -> 172.30.0.1:30080 -> 10.244.0.5:8080 (client kept)"
+            ),
+            "{text}"
+        );
+    }
 }
