@@ -83,6 +83,9 @@ pub(crate) struct Scratch {
     reply: NatKey,
     forward: NatForward,
     reverse: NatReverse,
+    /// The flow that holds a node port a new flow wants, and its key.
+    spent: NatReverse,
+    spent_key: NatKey,
     /// Where the packet's transport header starts.
     l4: u32,
     /// A TCP FIN or RST.
@@ -97,9 +100,17 @@ const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
 /// Free node ports tried for a new flow before it is dropped.
-const NAT_PORT_TRIES: u32 = 8;
+const NAT_PORT_TRIES: u32 = 16;
 /// A flow's `last_ns` is written at most this often.
 const REFRESH_NS: u64 = 1_000_000_000;
+/// A node port held by a closed TCP flow (a FIN or RST seen), idle this
+/// long, may be given to a new flow: the agent collects such flows only
+/// at its resync, and a node port is scarce (4,536 per node address,
+/// backend and protocol).
+const TCP_CLOSED_REUSE_NS: u64 = 1_000_000_000;
+/// The same for a UDP flow idle this long (the kernel's
+/// `nf_conntrack_udp_timeout`; the agent forgets it after 120 s).
+const UDP_REUSE_NS: u64 = 30_000_000_000;
 
 /// Whether a NodePort of IP protocol `protocol` listens on `port` (host
 /// order): an array read, before any hash lookup of a node address.
@@ -273,7 +284,8 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let closing = s.closing != 0;
-    if now.wrapping_sub(s.forward.last_ns) > REFRESH_NS || (closing && s.forward.flags == 0) {
+    let closes = closing && s.forward.flags & NAT_F_CLOSING == 0;
+    if now.wrapping_sub(s.forward.last_ns) > REFRESH_NS || closes {
         s.forward.last_ns = now;
         if closing {
             s.forward.flags |= NAT_F_CLOSING;
@@ -282,6 +294,33 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
         unsafe {
             core::ptr::write_volatile(&mut (*known).last_ns, now);
             core::ptr::write_volatile(&mut (*known).flags, s.forward.flags);
+        }
+    }
+    if closes {
+        // The way back closes too: its node port may be reused once idle
+        // (`take_spent` reads the reverse entry).
+        let translated = s.forward.nat_port != [0; 2];
+        s.reply = NatKey {
+            src: s.forward.backend,
+            dst: if translated { s.key.dst } else { s.key.src },
+            src_port: s.forward.backend_port,
+            dst_port: if translated {
+                s.forward.nat_port
+            } else {
+                s.key.src_port
+            },
+            protocol: s.key.protocol,
+            family: s.key.family,
+            _pad: [0; 2],
+        };
+        if let Some(back) = NAT_REVERSE.get_ptr_mut(&s.reply) {
+            // SAFETY: a valid map value for the program's run; racing
+            // writers only write a time or a flag.
+            unsafe {
+                let flags = core::ptr::read_volatile(&(*back).flags);
+                core::ptr::write_volatile(&mut (*back).flags, flags | NAT_F_CLOSING);
+                core::ptr::write_volatile(&mut (*back).last_ns, now);
+            }
         }
     }
 }
@@ -424,7 +463,9 @@ fn client_of(address: &[u8; 16], frontend: &ServiceKey) -> AffinityKey {
 }
 
 /// Writes `s.reverse` under `s.reply` with a node port nobody has for the
-/// same backend and node address; the port, or None when the tries ran out.
+/// same backend and node address, or one a spent flow holds (closed, or
+/// idle: `spent`), which is forgotten both ways; the port, or None when
+/// the tries ran out.
 #[inline(always)]
 fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
     let span = u32::from(NAT_PORT_MAX - NAT_PORT_MIN) + 1;
@@ -436,11 +477,43 @@ fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
         if NAT_REVERSE
             .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
             .is_ok()
+            || (take_spent(s) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok())
         {
             return Some(s.reply.dst_port);
         }
     }
     None
+}
+
+/// Whether the flow holding `s.reply`'s node port is spent; if so its
+/// forward entry is forgotten (its reverse one is then overwritten).
+#[inline(always)]
+fn take_spent(s: &mut Scratch) -> bool {
+    let Some(held) = NAT_REVERSE.get_ptr(&s.reply) else {
+        return false;
+    };
+    // SAFETY: a valid map value for the program's run; read once.
+    s.spent = unsafe { core::ptr::read_volatile(held) };
+    let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
+    let spent = if s.reply.protocol == IPPROTO_TCP {
+        s.spent.flags & NAT_F_CLOSING != 0 && idle > TCP_CLOSED_REUSE_NS
+    } else {
+        idle > UDP_REUSE_NS
+    };
+    if !spent {
+        return false;
+    }
+    s.spent_key = NatKey {
+        src: s.spent.client,
+        dst: s.spent.frontend,
+        src_port: s.spent.client_port,
+        dst_port: s.spent.frontend_port,
+        protocol: s.reply.protocol,
+        family: s.reply.family,
+        _pad: [0; 2],
+    };
+    let _ = NAT_FORWARD.remove(&s.spent_key);
+    true
 }
 
 /// A flow's packet translated to its backend (`s.forward`) and sent there.
@@ -536,7 +609,8 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let closing = s.closing != 0;
-    if now.wrapping_sub(s.reverse.last_ns) > REFRESH_NS || (closing && s.reverse.flags == 0) {
+    let closes = closing && s.reverse.flags & NAT_F_CLOSING == 0;
+    if now.wrapping_sub(s.reverse.last_ns) > REFRESH_NS || closes {
         if closing {
             s.reverse.flags |= NAT_F_CLOSING;
         }

@@ -511,3 +511,83 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         node.datapath().detach_services().unwrap();
     }
 }
+
+/// Node ports are scarce (4,536 per node address, backend and protocol):
+/// a closed flow gives its own back. 6,000 short connections (each closed
+/// with a reset, as the services benchmark's client does) from outside
+/// through cp-1 to a NodePort whose one backend is on worker-1, faster than
+/// the agent collects them, all get through, and none is dropped for want
+/// of a port.
+#[flatnet_test(root)]
+fn closed_flows_give_their_node_ports_back() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, _served) = ebpf_services_cluster(
+        &[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ],
+        &cgroup,
+        &stub,
+    );
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    outside.exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
+    // A pod on cp-1 too: its ADD turns forwarding on there, as on a node
+    // that runs pods.
+    let (_bystander, remote) = (cp.pod(), worker.pod());
+    let _server = Echo::start(&remote.netns, "remote");
+    let mut service = api_service("one", Ipv4Addr::new(10, 96, 9, 32));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    stub.add(Kind::Service, service);
+    stub.add(
+        Kind::EndpointSlice,
+        api_slice("one", &[(remote.ip, "worker-1")]),
+    );
+    let key = service_key(Ipv4Addr::UNSPECIFIED.into(), NODE_PORT, 6);
+    wait_until("cp-1 to serve the NodePort", SETTLE, || {
+        cp.datapath()
+            .service_backends(&key)
+            .unwrap()
+            .is_some_and(|set| set.len() == 1)
+            && cp
+                .datapath()
+                .external_port_bits()
+                .unwrap()
+                .contains(&(NODE_PORT, external_port::NODEPORT_TCP))
+    });
+    let to = SocketAddr::from((cp.spec.address(), NODE_PORT));
+    let dropped_before = cp.packets(action::NODEPORT_DROPPED);
+    let failures = outside.run(|| {
+        let mut failures = Vec::new();
+        for i in 0..6000 {
+            let outcome = (|| -> std::io::Result<()> {
+                let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+                conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+                conn.write_all(b"x")?;
+                conn.shutdown(Shutdown::Write)?;
+                let mut answer = String::new();
+                conn.read_to_string(&mut answer)?;
+                socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO))?;
+                Ok(())
+            })();
+            if let Err(e) = outcome {
+                failures.push(format!("connection {i}: {e}"));
+            }
+        }
+        failures
+    });
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert_eq!(cp.packets(action::NODEPORT_DROPPED), dropped_before);
+    assert!(cp.packets(action::NODEPORT_TO_NODE) >= 6000);
+    for node in &cluster.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
+    }
+}
