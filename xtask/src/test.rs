@@ -127,6 +127,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             out: None,
             program_cost: false,
             overlay: false,
+            services: false,
             before: None,
         })?;
     }

@@ -59,6 +59,12 @@ pub struct BenchArgs {
     /// overlay.json and docs/benchmarks.md.
     #[arg(long)]
     pub overlay: bool,
+    /// Only the Services section (ClusterIPs at the socket and NodePorts
+    /// from outside, against kube-proxy's iptables and nftables rules, at
+    /// 10, 1,000 and 10,000 Services; `--seconds`): into services.json and
+    /// docs/benchmarks.md.
+    #[arg(long)]
+    pub services: bool,
     /// An earlier commit whose build is measured beside this one's, in the
     /// same rounds (the before/after table).
     #[arg(long, value_name = "REV")]
@@ -304,6 +310,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.overlay {
         return overlay_only(args);
+    }
+    if args.services {
+        return services_only(args);
     }
     let _forwarding = util::SavedForwarding::now();
     let (rounds, seconds, sequential, concurrent) = if args.smoke {
@@ -638,23 +647,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         (None, true) => std::env::temp_dir().join("flatnet-bench-smoke"),
         (None, false) => util::root().join("results"),
     };
-    heading("bench: Services at the socket against kube-proxy's rules");
-    let (service_seconds, service_counts): (f64, &[usize]) = if args.smoke {
-        (0.3, &[10, 100])
-    } else {
-        (f64::from(seconds), &[10, 1_000, 10_000])
-    };
-    let services = socket_services::run(&bin, service_seconds, service_counts)?;
-    let services_table = socket_services::table(&services);
-    println!("{services_table}");
-    std::fs::create_dir_all(&out_dir)?;
-    std::fs::write(
-        out_dir.join("services.json"),
-        serde_json::to_string_pretty(&services)? + "\n",
-    )?;
-    std::fs::write(out_dir.join("services.md"), &services_table)?;
-    socket_services::chart(&services, &out_dir.join("services.png"))?;
-    nothing_left()?;
+    services_section(&bin, &out_dir, args.smoke, f64::from(seconds))?;
     heading("bench: pods on two nodes over VXLAN, flatnet against flannel's vxlan backend");
     let overlay = overlay::run(&bin, if args.smoke { 1 } else { rounds }, seconds)?;
     overlay::write(&overlay, &out_dir)?;
@@ -713,6 +706,48 @@ fn program_cost_only(out: Option<&Path>) -> anyhow::Result<()> {
 }
 
 /// `--overlay`: the overlay section alone, on the release build.
+/// The Services section (ClusterIPs at the socket, NodePorts from outside,
+/// against kube-proxy) with the plugins of `bin`, into `out_dir`.
+fn services_section(bin: &Path, out_dir: &Path, smoke: bool, seconds: f64) -> anyhow::Result<()> {
+    heading(
+        "bench: Services (ClusterIP at the socket, NodePort from outside) against kube-proxy's rules",
+    );
+    let (service_seconds, service_counts): (f64, &[usize]) = if smoke {
+        (0.3, &[10, 100])
+    } else {
+        (seconds, &[10, 1_000, 10_000])
+    };
+    let services = socket_services::run(bin, service_seconds, service_counts)?;
+    let services_table = socket_services::table(&services);
+    println!("{services_table}");
+    std::fs::create_dir_all(out_dir)?;
+    std::fs::write(
+        out_dir.join("services.json"),
+        serde_json::to_string_pretty(&services)? + "\n",
+    )?;
+    std::fs::write(out_dir.join("services.md"), &services_table)?;
+    socket_services::chart(&services, &out_dir.join("services.png"))?;
+    nothing_left()
+}
+
+fn services_only(args: &BenchArgs) -> anyhow::Result<()> {
+    let _forwarding = util::SavedForwarding::now();
+    util::build(true, &BENCH_BINARIES)?;
+    let bin = util::binary(true, "flatnet")?
+        .parent()
+        .map(PathBuf::from)
+        .context("the built plugin has no parent directory")?;
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| util::root().join("results"));
+    services_section(&bin, &out_dir, false, f64::from(args.seconds.max(1)))?;
+    if args.out.is_none() {
+        docs::write(&util::root())?;
+    }
+    Ok(())
+}
+
 fn overlay_only(args: &BenchArgs) -> anyhow::Result<()> {
     let _forwarding = util::SavedForwarding::now();
     util::build(true, &BENCH_BINARIES)?;

@@ -3,8 +3,10 @@
 //! kube-proxy fixture, which xtask cannot) measures connect + 64-byte
 //! request/response to a ClusterIP with 10, 1,000 and 10,000 Services
 //! through flatnet's socket programs and through kube-proxy's iptables and
-//! nftables rules, and one update of each; xtask keeps its JSON line and
-//! renders the table.
+//! nftables rules, and one update of each; then the same counts as
+//! NodePorts reached from outside the cluster (flatnet's uplink program
+//! against kube-proxy's NodePort rules); xtask keeps its JSON line and
+//! renders the tables.
 
 use std::path::Path;
 use std::process::Command;
@@ -77,6 +79,53 @@ pub fn table(report: &Value) -> String {
             update["services"],
             number(&update["map_update_us"]),
             number(&update["iptables_restore_us"]),
+        ));
+    }
+    out.push_str(&nodeport_table(&report["nodeport"]));
+    out
+}
+
+/// The NodePort tables: a client outside the cluster to a NodePort on one
+/// node whose backend is on the other, per Service count and path; and
+/// one update (flatnet: the agent's watch to the map; kube-proxy: its rule
+/// set applied on the two nodes). Empty for a run without them.
+fn nodeport_table(nodeport: &Value) -> String {
+    let Some(rows) = nodeport["rows"].as_array() else {
+        return String::new();
+    };
+    let base = rows
+        .first()
+        .and_then(|r| r["ebpf"]["per_second"].as_f64())
+        .unwrap_or(f64::NAN);
+    let mut out = String::from(
+        "\nNodePort from outside the cluster, backend on the other node (connect + 64 B each way):\n\n\
+         | NodePort Services | flatnet eBPF conn/s | p50 us | kube-proxy iptables conn/s | p50 us | kube-proxy nftables conn/s | p50 us | eBPF / eBPF at fewest | eBPF / iptables | eBPF / nftables |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let rate = |path: &str| row[path]["per_second"].as_f64().unwrap_or(f64::NAN);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            row["services"],
+            number(&row["ebpf"]["per_second"]),
+            number(&row["ebpf"]["p50_us"]),
+            number(&row["iptables"]["per_second"]),
+            number(&row["iptables"]["p50_us"]),
+            number(&row["nftables"]["per_second"]),
+            number(&row["nftables"]["p50_us"]),
+            rate("ebpf") / base,
+            rate("ebpf") / rate("iptables"),
+            rate("ebpf") / rate("nftables"),
+        ));
+    }
+    out.push_str("\n| NodePort Services | one EndpointSlice change: flatnet agent to map (us) | kube-proxy iptables rules on two nodes (us) | kube-proxy nftables rules on two nodes (us) |\n|---:|---:|---:|---:|\n");
+    for update in nodeport["updates"].as_array().cloned().unwrap_or_default() {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            update["services"],
+            number(&update["agent_update_us"]),
+            number(&update["iptables_apply_us"]),
+            number(&update["nftables_apply_us"]),
         ));
     }
     out

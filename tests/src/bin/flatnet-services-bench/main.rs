@@ -17,6 +17,9 @@
 //! client pod of its own (rules set up once per Service count) and the
 //! paths are measured in interleaved slices, medians reported.
 //!
+//! Then the same Service counts as NodePorts, reached from outside the
+//! cluster (`nodeport.rs`).
+//!
 //! Usage: flatnet-services-bench <seconds> <count>... ; prints one JSON line.
 
 use std::io::{Read, Write};
@@ -34,6 +37,8 @@ use flatnet_tests::Network;
 use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
 use serde_json::{Value, json};
+
+mod nodeport;
 
 const PORT: u16 = 80;
 const BACKEND_PORT: u16 = 8080;
@@ -350,7 +355,9 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: flatnet-services-bench <seconds> <count>...");
     };
     let counts: Vec<usize> = counts.iter().map(|c| c.parse()).collect::<Result<_, _>>()?;
-    let report = run(seconds.parse()?, &counts)?;
+    let seconds: f64 = seconds.parse()?;
+    let mut report = run(seconds, &counts)?;
+    report["nodeport"] = nodeport::run(seconds, &counts)?;
     println!("{report}");
     Ok(())
 }
