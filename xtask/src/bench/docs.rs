@@ -244,6 +244,26 @@ impl Results {
             );
         }
         out.push('.');
+        let nodeport = services["nodeport"]["rows"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if let (Some(fewest), Some(most)) = (nodeport.first(), nodeport.last()) {
+            let itself = rate(most, "ebpf") / rate(fewest, "ebpf");
+            let iptables = rate(most, "ebpf") / rate(most, "iptables");
+            let nftables = rate(most, "ebpf") / rate(most, "nftables");
+            let _ = write!(
+                out,
+                " NodePort from outside the cluster, backend on the other node: flatnet at {} \
+                 NodePort Services was {itself:.2}x of itself at {} (target: flat, within 5%, \
+                 {}), {iptables:.2}x kube-proxy's iptables mode and {nftables:.2}x its nftables \
+                 mode (target: at least 1.2x nftables, {}).",
+                most["services"],
+                fewest["services"],
+                verdict(itself >= 0.95),
+                verdict(nftables >= 1.2),
+            );
+        }
         out
     }
 
