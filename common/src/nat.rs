@@ -96,3 +96,6 @@ const _: () = assert!(size_of::<NatReverse>() == 56);
 
 /// A TCP flow that saw a FIN or RST: collected after a short timeout.
 pub const NAT_F_CLOSING: u32 = 1;
+/// A TCP flow that saw a RST: its node port may be given to a new flow at
+/// once.
+pub const NAT_F_RESET: u32 = 2;

@@ -41,8 +41,8 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, NAT_F_CLOSING,
-    NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress, ServiceKey,
-    ServiceValue, external_port, maps, nodeport_call,
+    NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress,
+    ServiceKey, ServiceValue, external_port, maps, nodeport_call,
 };
 
 use crate::remote::{take_hop, words};
@@ -88,7 +88,8 @@ pub(crate) struct Scratch {
     spent_key: NatKey,
     /// Where the packet's transport header starts.
     l4: u32,
-    /// A TCP FIN or RST.
+    /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
+    /// with `NAT_F_RESET` for a RST.
     closing: u32,
 }
 
@@ -103,8 +104,8 @@ const TCP_RST: u8 = 0x04;
 const NAT_PORT_TRIES: u32 = 16;
 /// A flow's `last_ns` is written at most this often.
 const REFRESH_NS: u64 = 1_000_000_000;
-/// A node port held by a closed TCP flow (a FIN or RST seen), idle this
-/// long, may be given to a new flow: the agent collects such flows only
+/// A node port held by a TCP flow closed by a FIN, idle this long (one
+/// reset, at once), may be given to a new flow: the agent collects such flows only
 /// at its resync, and a node port is scarce (4,536 per node address,
 /// backend and protocol).
 const TCP_CLOSED_REUSE_NS: u64 = 1_000_000_000;
@@ -227,7 +228,14 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
         IPPROTO_TCP => {
             let flags: *const u8 = header_at(start, end, l4 + 13).ok()?;
             // SAFETY: bounds checked by `header_at`.
-            u32::from(unsafe { *flags } & (TCP_FIN | TCP_RST) != 0)
+            let flags = unsafe { *flags };
+            if flags & TCP_RST != 0 {
+                NAT_F_CLOSING | NAT_F_RESET
+            } else if flags & TCP_FIN != 0 {
+                NAT_F_CLOSING
+            } else {
+                0
+            }
         }
         IPPROTO_UDP => 0,
         _ => return None,
@@ -283,13 +291,10 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
     s.forward = unsafe { core::ptr::read_volatile(known) };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let closing = s.closing != 0;
-    let closes = closing && s.forward.flags & NAT_F_CLOSING == 0;
+    let closes = s.closing & !s.forward.flags != 0;
     if now.wrapping_sub(s.forward.last_ns) > REFRESH_NS || closes {
         s.forward.last_ns = now;
-        if closing {
-            s.forward.flags |= NAT_F_CLOSING;
-        }
+        s.forward.flags |= s.closing;
         // SAFETY: as above; racing writers only write a time or a flag.
         unsafe {
             core::ptr::write_volatile(&mut (*known).last_ns, now);
@@ -318,7 +323,7 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
             // writers only write a time or a flag.
             unsafe {
                 let flags = core::ptr::read_volatile(&(*back).flags);
-                core::ptr::write_volatile(&mut (*back).flags, flags | NAT_F_CLOSING);
+                core::ptr::write_volatile(&mut (*back).flags, flags | s.closing);
                 core::ptr::write_volatile(&mut (*back).last_ns, now);
             }
         }
@@ -496,7 +501,10 @@ fn take_spent(s: &mut Scratch) -> bool {
     s.spent = unsafe { core::ptr::read_volatile(held) };
     let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
     let spent = if s.reply.protocol == IPPROTO_TCP {
-        s.spent.flags & NAT_F_CLOSING != 0 && idle > TCP_CLOSED_REUSE_NS
+        // A reset flow is done at once; one closed by a FIN may still be
+        // finishing its handshake.
+        s.spent.flags & NAT_F_RESET != 0
+            || (s.spent.flags & NAT_F_CLOSING != 0 && idle > TCP_CLOSED_REUSE_NS)
     } else {
         idle > UDP_REUSE_NS
     };
@@ -608,12 +616,9 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
     s.reverse = unsafe { core::ptr::read_volatile(known) };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let closing = s.closing != 0;
-    let closes = closing && s.reverse.flags & NAT_F_CLOSING == 0;
+    let closes = s.closing & !s.reverse.flags != 0;
     if now.wrapping_sub(s.reverse.last_ns) > REFRESH_NS || closes {
-        if closing {
-            s.reverse.flags |= NAT_F_CLOSING;
-        }
+        s.reverse.flags |= s.closing;
         // SAFETY: as above; racing writers only write a time or a flag.
         unsafe {
             core::ptr::write_volatile(&mut (*known).last_ns, now);

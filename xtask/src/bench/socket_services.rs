@@ -22,6 +22,15 @@ const BIN: &str = "flatnet-services-bench";
 /// Runs the measurement with the plugins of `plugin_dir`.
 pub fn run(plugin_dir: &Path, seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
     util::build_debug()?;
+    // The NodePort part runs agents from the plugins' directory: a release
+    // build's agent is not static and lives beside it, not in it.
+    let agent = plugin_dir.join(util::AGENT_PACKAGE);
+    if !agent.exists() {
+        let built = util::binary(true, util::AGENT_PACKAGE)?;
+        std::os::unix::fs::symlink(&built, &agent).with_context(|| {
+            format!("linking {} into {}", built.display(), plugin_dir.display())
+        })?;
+    }
     let out = Command::new(util::target_dir(false).join(BIN))
         .arg(seconds.to_string())
         .args(counts.iter().map(ToString::to_string))

@@ -179,14 +179,18 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         )?;
         let mut rates: [Vec<f64>; 3] = Default::default();
         let mut p50s: [Vec<f64>; 3] = Default::default();
+        let mut p99s: [Vec<f64>; 3] = Default::default();
+        let dropped_before = cp.packets(flatnet_common::action::NODEPORT_DROPPED);
         for _ in 0..SLICES {
             for (i, cluster) in clusters.iter().enumerate() {
                 let to = SocketAddr::from((cluster.node("cp-1").spec.address(), measured_port));
                 let seen = measure(None, &cluster._switch.path(), to, slice)?;
                 rates[i].push(seen["per_second"].as_f64().unwrap_or(f64::NAN));
                 p50s[i].push(seen["p50_us"].as_f64().unwrap_or(f64::NAN));
+                p99s[i].push(seen["p99_us"].as_f64().unwrap_or(f64::NAN));
             }
         }
+        let dropped = cp.packets(flatnet_common::action::NODEPORT_DROPPED) - dropped_before;
         // One EndpointSlice change: the measured Service's endpoint moved.
         let name = format!("np-{}", count / 2);
         let moved = idle_backend(count + 1);
@@ -219,7 +223,7 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             row.insert(
                 name.to_string(),
                 json!({"per_second": median(&mut rates[i]), "p50_us": median(&mut p50s[i]),
-                       "slices": SLICES}),
+                       "p99_us": median(&mut p99s[i]), "slices": SLICES}),
             );
         }
         eprintln!(
@@ -228,6 +232,7 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             applied_us[0],
             applied_us[1],
         );
+        row.insert("ebpf_dropped".into(), json!(dropped));
         rows.push(Value::Object(row));
         updates.push(
             json!({"services": count, "agent_update_us": agent_update_us,
