@@ -13,6 +13,7 @@
 
 pub mod health;
 pub mod nat;
+pub mod ports;
 pub mod sync;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -21,12 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
 
-use flatnet_common::external_port;
 use flatnet_datapath::bpf::{Datapath, Outside, service_backend, service_key};
 use flatnet_datapath::sockets::{self, Connected};
 
 use crate::metrics::AgentMetrics;
 use crate::services::Frontend;
+use crate::services::ports::{self, Change, external_ports};
 
 /// A frontend: ClusterIP, port and IP protocol number.
 pub type FrontendKey = (IpAddr, u16, u8);
@@ -111,25 +111,6 @@ pub fn desired(
     out
 }
 
-/// The `EXTERNAL_PORTS` bits of each port that frontends outside clients
-/// reach listen on: a NodePort's (the wildcard address) or an external
-/// address's, per protocol.
-pub fn external_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, u32> {
-    let mut ports = BTreeMap::new();
-    for ((address, port, protocol), target) in desired {
-        if target.outside == Outside::No {
-            continue;
-        }
-        let bit = if address.is_unspecified() {
-            external_port::nodeport_bit(*protocol)
-        } else {
-            external_port::address_bit(*protocol)
-        };
-        *ports.entry(*port).or_default() |= bit;
-    }
-    ports
-}
-
 /// One change to the maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step<'a> {
@@ -177,13 +158,6 @@ pub fn departed(
                 .map(move |backend| (*key, *backend))
         })
         .collect()
-}
-
-/// Which way a map entry's bits change.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Change {
-    Gained,
-    Lost,
 }
 
 /// The Service maps of this node and what this agent knows is in them.
@@ -248,7 +222,7 @@ impl ServiceSync {
         // call or packet a lookup, a frontend without its bit would not
         // answer.
         let ports = external_ports(desired);
-        self.update_external_ports(&ports, Change::Gained);
+        self.write_ports(&ports, Change::Gained);
         let departed = departed(&self.written, desired);
         for step in steps(&self.written, desired) {
             let outcome = match step {
@@ -293,43 +267,19 @@ impl ServiceSync {
         self.metrics
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
-        self.update_external_ports(&ports, Change::Lost);
+        self.write_ports(&ports, Change::Lost);
         self.close_departed(&departed);
         crate::services::nat::forget_departed(&self.datapath, &self.metrics, &departed);
     }
 
-    /// Writes the ports whose bits `wanted` changes the `change` way (a
-    /// port that gains a bit counts as gained).
-    fn update_external_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
-        let ports: BTreeSet<u16> = wanted
-            .keys()
-            .chain(self.external_ports.keys())
-            .copied()
-            .collect();
-        for port in ports {
-            let had = self.external_ports.get(&port).copied().unwrap_or(0);
-            let bits = wanted.get(&port).copied().unwrap_or(0);
-            let this_change = if bits & !had != 0 {
-                Change::Gained
-            } else {
-                Change::Lost
-            };
-            if bits == had || this_change != change {
-                continue;
-            }
-            match self.datapath.set_external_port(port, bits) {
-                Ok(()) if bits == 0 => {
-                    self.external_ports.remove(&port);
-                }
-                Ok(()) => {
-                    self.external_ports.insert(port, bits);
-                }
-                Err(e) => {
-                    self.metrics.service_errors.inc();
-                    tracing::warn!(error = %e, port, "cannot write an external port");
-                }
-            }
-        }
+    fn write_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
+        ports::update(
+            &self.datapath,
+            &self.metrics,
+            &mut self.external_ports,
+            wanted,
+            change,
+        );
     }
 
     /// New node addresses first: a NodePort frontend put after them is
@@ -410,6 +360,8 @@ impl ServiceSync {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use flatnet_common::external_port;
 
     use super::*;
     use crate::policy::Protocol;
