@@ -730,13 +730,18 @@ fn services_section(bin: &Path, out_dir: &Path, smoke: bool, seconds: f64) -> an
     nothing_left()
 }
 
-fn services_only(args: &BenchArgs) -> anyhow::Result<()> {
-    let _forwarding = util::SavedForwarding::now();
+/// The bench binaries built for release; the plugins' directory.
+fn release_plugins() -> anyhow::Result<PathBuf> {
     util::build(true, &BENCH_BINARIES)?;
-    let bin = util::binary(true, "flatnet")?
+    util::binary(true, "flatnet")?
         .parent()
         .map(PathBuf::from)
-        .context("the built plugin has no parent directory")?;
+        .context("the built plugin has no parent directory")
+}
+
+fn services_only(args: &BenchArgs) -> anyhow::Result<()> {
+    let _forwarding = util::SavedForwarding::now();
+    let bin = release_plugins()?;
     let out_dir = args
         .out
         .clone()
@@ -750,11 +755,7 @@ fn services_only(args: &BenchArgs) -> anyhow::Result<()> {
 
 fn overlay_only(args: &BenchArgs) -> anyhow::Result<()> {
     let _forwarding = util::SavedForwarding::now();
-    util::build(true, &BENCH_BINARIES)?;
-    let bin = util::binary(true, "flatnet")?
-        .parent()
-        .map(PathBuf::from)
-        .context("the built plugin has no parent directory")?;
+    let bin = release_plugins()?;
     heading("bench: pods on two nodes over VXLAN, flatnet against flannel's vxlan backend");
     let overlay = overlay::run(&bin, args.rounds.max(1), args.seconds.max(1))?;
     let out_dir = args

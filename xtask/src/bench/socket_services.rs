@@ -52,20 +52,19 @@ fn number(value: &Value) -> String {
         .map_or_else(|| "-".into(), |v| format!("{v:.0}"))
 }
 
-/// The markdown table of a run: per Service count, connections per second
-/// and p50 (µs) of each path, flatnet against itself at the fewest
-/// Services and against each kube-proxy mode, and the update times.
-pub fn table(report: &Value) -> String {
-    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+/// Connections per second and p50 (us) of each path per Service count
+/// (`first`: the count column's name), flatnet against itself at the
+/// fewest Services and against each kube-proxy mode.
+fn rate_table(first: &str, rows: &[Value]) -> String {
     let base = rows
         .first()
         .and_then(|r| r["ebpf"]["per_second"].as_f64())
         .unwrap_or(f64::NAN);
-    let mut out = String::from(
-        "| Services | flatnet eBPF conn/s | p50 us | kube-proxy iptables conn/s | p50 us | kube-proxy nftables conn/s | p50 us | eBPF / eBPF at fewest | eBPF / iptables | eBPF / nftables |\n\
+    let mut out = format!(
+        "| {first} | flatnet eBPF conn/s | p50 us | kube-proxy iptables conn/s | p50 us | kube-proxy nftables conn/s | p50 us | eBPF / eBPF at fewest | eBPF / iptables | eBPF / nftables |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for row in &rows {
+    for row in rows {
         let rate = |path: &str| row[path]["per_second"].as_f64().unwrap_or(f64::NAN);
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
@@ -81,6 +80,15 @@ pub fn table(report: &Value) -> String {
             rate("ebpf") / rate("nftables"),
         ));
     }
+    out
+}
+
+/// The markdown table of a run: per Service count, connections per second
+/// and p50 (µs) of each path, flatnet against itself at the fewest
+/// Services and against each kube-proxy mode, and the update times.
+pub fn table(report: &Value) -> String {
+    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+    let mut out = rate_table("Services", &rows);
     out.push_str("\n| Services | one EndpointSlice change: flatnet map update (us) | kube-proxy iptables-restore of the rule set (us) |\n|---:|---:|---:|\n");
     for update in report["updates"].as_array().cloned().unwrap_or_default() {
         out.push_str(&format!(
@@ -102,31 +110,10 @@ fn nodeport_table(nodeport: &Value) -> String {
     let Some(rows) = nodeport["rows"].as_array() else {
         return String::new();
     };
-    let base = rows
-        .first()
-        .and_then(|r| r["ebpf"]["per_second"].as_f64())
-        .unwrap_or(f64::NAN);
     let mut out = String::from(
-        "\nNodePort from outside the cluster, backend on the other node (connect + 64 B each way):\n\n\
-         | NodePort Services | flatnet eBPF conn/s | p50 us | kube-proxy iptables conn/s | p50 us | kube-proxy nftables conn/s | p50 us | eBPF / eBPF at fewest | eBPF / iptables | eBPF / nftables |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\nNodePort from outside the cluster, backend on the other node (connect + 64 B each way):\n\n",
     );
-    for row in rows {
-        let rate = |path: &str| row[path]["per_second"].as_f64().unwrap_or(f64::NAN);
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
-            row["services"],
-            number(&row["ebpf"]["per_second"]),
-            number(&row["ebpf"]["p50_us"]),
-            number(&row["iptables"]["per_second"]),
-            number(&row["iptables"]["p50_us"]),
-            number(&row["nftables"]["per_second"]),
-            number(&row["nftables"]["p50_us"]),
-            rate("ebpf") / base,
-            rate("ebpf") / rate("iptables"),
-            rate("ebpf") / rate("nftables"),
-        ));
-    }
+    out.push_str(&rate_table("NodePort Services", rows));
     out.push_str("\n| NodePort Services | one EndpointSlice change: flatnet agent to map (us) | kube-proxy iptables rules on two nodes (us) | kube-proxy nftables rules on two nodes (us) |\n|---:|---:|---:|---:|\n");
     for update in nodeport["updates"].as_array().cloned().unwrap_or_default() {
         out.push_str(&format!(

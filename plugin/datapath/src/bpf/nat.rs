@@ -32,13 +32,6 @@ pub struct NatFlow {
     reverse_key: NatKey,
 }
 
-/// How many entries each translation table holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NatCounts {
-    pub forward: usize,
-    pub reverse: usize,
-}
-
 fn socket(address: &[u8; 16], port: [u8; 2], family: u8) -> SocketAddr {
     SocketAddr::new(address_of(address, family), u16::from_be_bytes(port))
 }
@@ -135,17 +128,5 @@ impl Datapath {
     pub fn forget_nat_flow(&self, flow: &NatFlow) -> Result<()> {
         ignore_missing(self.nat_forward()?.remove(&flow.forward_key))?;
         ignore_missing(self.nat_reverse()?.remove(&flow.reverse_key))
-    }
-
-    /// How many entries the translation tables hold (both 0 when the maps
-    /// are not pinned).
-    pub fn nat_counts(&self) -> Result<NatCounts> {
-        if !self.map_path(MAP_NAT_FORWARD).exists() {
-            return Ok(NatCounts::default());
-        }
-        Ok(NatCounts {
-            forward: self.nat_forward()?.keys().count(),
-            reverse: self.nat_reverse()?.keys().count(),
-        })
     }
 }
