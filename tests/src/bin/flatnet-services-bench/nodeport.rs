@@ -12,7 +12,7 @@
 //! and computation included), against applying kube-proxy's rule set on
 //! the two nodes.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -20,10 +20,10 @@ use flatnet_datapath::bpf::service_key;
 use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::cluster::{Cluster, NodeSpec, specs};
 use flatnet_tests::kube_stub::{ApiStub, Kind};
-use kube_proxy_fixture::{Mode, Protocol, ServicePort};
+use kube_proxy_fixture::{Mode, ServicePort};
 use serde_json::{Value, json};
 
-use super::{BACKEND_PORT, Echo, PORT, SLICES, cluster_ip, idle_backend, measure, median};
+use super::{BACKEND_PORT, Echo, PORT, SLICES, idle_backend, measure, median};
 
 /// NodePort number `i` (kube-proxy's range is a flag; 10,000 NodePorts do
 /// not fit in the default 30000-32767).
@@ -38,36 +38,22 @@ fn nodes() -> Vec<NodeSpec> {
     ])
 }
 
-/// `count` NodePort Services, the measured one (to `backend`) in the
-/// middle; and its NodePort.
+/// `count` NodePort Services (the ClusterIP part's Services, each given a
+/// NodePort), the measured one (to `backend`) in the middle; and its
+/// NodePort.
 fn services(count: usize, backend: SocketAddr) -> (Vec<ServicePort>, u16) {
-    let measured = count / 2;
-    let ports = (0..count)
-        .map(|i| {
-            let target = if i == measured {
-                backend
-            } else {
-                idle_backend(i)
-            };
-            let mut port = ServicePort::cluster_ip(
-                &format!("np-{i}"),
-                IpAddr::V4(cluster_ip(i)),
-                PORT,
-                Protocol::Tcp,
-                vec![target],
-            );
-            port.node_port = Some(node_port(i));
-            port
-        })
-        .collect();
-    (ports, node_port(measured))
+    let (mut ports, _) = super::services(count, backend);
+    for (i, port) in ports.iter_mut().enumerate() {
+        port.node_port = Some(node_port(i));
+    }
+    (ports, node_port(count / 2))
 }
 
 /// The API Service of `port`.
 fn api_service(port: &ServicePort) -> Value {
     let ip = port.cluster_ip.to_string();
     json!({
-        "metadata": {"namespace": "default", "name": port.name},
+        "metadata": {"namespace": port.namespace, "name": port.name},
         "spec": {"type": "NodePort", "clusterIP": ip, "clusterIPs": [ip],
                  "ports": [{"name": "http", "port": PORT, "protocol": "TCP",
                             "targetPort": BACKEND_PORT, "nodePort": port.node_port}]}
@@ -77,7 +63,7 @@ fn api_service(port: &ServicePort) -> Value {
 /// A Service's EndpointSlice: one ready endpoint on worker-1.
 fn api_slice(service: &str, endpoint: SocketAddr) -> Value {
     json!({
-        "metadata": {"namespace": "default", "name": format!("{service}-1"),
+        "metadata": {"namespace": NAMESPACE, "name": format!("{service}-1"),
                      "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": endpoint.port(), "protocol": "TCP"}],
@@ -95,6 +81,9 @@ fn wait(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> anyhow::
     }
     Ok(())
 }
+
+/// The namespace of the ClusterIP part's Services.
+const NAMESPACE: &str = "bench";
 
 const PATHS: [&str; 3] = ["ebpf", "iptables", "nftables"];
 
@@ -192,12 +181,16 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         }
         let dropped = cp.packets(flatnet_common::action::NODEPORT_DROPPED) - dropped_before;
         // One EndpointSlice change: the measured Service's endpoint moved.
-        let name = format!("np-{}", count / 2);
+        let name = format!("svc-{}", count / 2);
         let moved = idle_backend(count + 1);
         let start = Instant::now();
-        stub.modify(Kind::EndpointSlice, &format!("default/{name}-1"), |slice| {
-            *slice = api_slice(&name, moved);
-        });
+        stub.modify(
+            Kind::EndpointSlice,
+            &format!("{NAMESPACE}/{name}-1"),
+            |slice| {
+                *slice = api_slice(&name, moved);
+            },
+        );
         wait(
             "cp-1's agent to write the change",
             Duration::from_secs(60),
