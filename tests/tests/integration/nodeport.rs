@@ -152,6 +152,27 @@ fn health_check(netns: &Netns, to: SocketAddr) -> Option<(u16, serde_json::Value
     Some((status, serde_json::from_str(body).ok()?))
 }
 
+/// cp-1 and worker-1 with `--services ebpf` agents following `stub`, and
+/// the outside client's address (`OUTSIDE`) on the underlay's switch.
+fn two_nodes_and_outside(
+    cgroup: &TestCgroup,
+    stub: &ApiStub,
+) -> (Cluster, Vec<flatnet_tests::kube_stub::ServedStub>) {
+    let nodes = ebpf_services_cluster(
+        &[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ],
+        cgroup,
+        stub,
+    );
+    nodes
+        .0
+        ._switch
+        .exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
+    nodes
+}
+
 /// `count` TCP answers from `netns` to `to`, as a set.
 fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> {
     (0..count)
@@ -172,17 +193,9 @@ fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> 
 fn clients_outside_reach_node_ports_through_the_uplink() {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let (cluster, served) = ebpf_services_cluster(
-        &[
-            ("cp-1", 1, Some("10.244.0.0/24")),
-            ("worker-1", 2, Some("10.244.1.0/24")),
-        ],
-        &cgroup,
-        &stub,
-    );
+    let (cluster, served) = two_nodes_and_outside(&cgroup, &stub);
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let outside = &cluster._switch;
-    outside.exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
     let (local, remote) = (cp.pod(), worker.pod());
     let _servers = [
         Echo::start(&local.netns, "local"),
@@ -524,17 +537,9 @@ fn clients_outside_reach_node_ports_over_ipv6() {
 fn closed_flows_give_their_node_ports_back() {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let (cluster, _served) = ebpf_services_cluster(
-        &[
-            ("cp-1", 1, Some("10.244.0.0/24")),
-            ("worker-1", 2, Some("10.244.1.0/24")),
-        ],
-        &cgroup,
-        &stub,
-    );
+    let (cluster, _served) = two_nodes_and_outside(&cgroup, &stub);
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let outside = &cluster._switch;
-    outside.exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
     // A pod on cp-1 too: its ADD turns forwarding on there, as on a node
     // that runs pods.
     let (_bystander, remote) = (cp.pod(), worker.pod());
