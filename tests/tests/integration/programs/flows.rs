@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use flatnet_common::{FAST_PATH_MARK, MAX_FLOWS, PROG_TO_UPLINK, verdict};
 use flatnet_datapath::bpf::flow_key;
 use flatnet_tests::test_run::run_tc_marked;
+use nix::sched::{CpuSet, sched_setaffinity};
+use nix::unistd::Pid;
 
 use super::*;
 
@@ -146,6 +148,12 @@ fn to_uplink_takes_back_clear_answers_of_the_stacks_packets_only() {
 /// conntrack lookup, never a reply that skips the translation.
 #[flatnet_test(root)]
 fn a_full_flows_map_forgets_and_asks_conntrack_again() {
+    // A new LRU entry waits on the list of the CPU that made it until that
+    // CPU makes another; the fill below would evict around an entry the
+    // program made on the other CPU for ever (CI saw it). The program runs
+    // on the calling thread's CPU, so both share one here; a busy node's
+    // CPUs all make entries.
+    on_one_cpu();
     let node = Node::new(DatapathMode::Tc);
     let (a, b) = (&node.a, &node.b);
     let request = Tuple::new(a.ip(Family::V4), 40001, b.ip(Family::V4), BACKEND_PORT);
@@ -195,4 +203,11 @@ fn a_full_flows_map_forgets_and_asks_conntrack_again() {
         &frame,
         &[("translated_to_stack", 1)],
     );
+}
+
+/// Keeps this thread, and the namespace threads it spawns, on CPU 0.
+fn on_one_cpu() {
+    let mut cpus = CpuSet::new();
+    cpus.set(0).expect("CPU 0");
+    sched_setaffinity(Pid::from_raw(0), &cpus).expect("pinning the test to CPU 0");
 }
