@@ -17,8 +17,21 @@ pub const NAT_PORT_MAX: u16 = 65535;
 /// Bits of an `EXTERNAL_PORTS` entry: a NodePort of the protocol listens on
 /// this port (on the node addresses of `NODEPORT_ADDRS`), or an external
 /// address (externalIP, load-balancer IP) does (its `SERVICES` entry then
-/// says which).
+/// says which). The low 16 bits are the agent's (Services), the high 16
+/// the CNI plugin's (hostPorts, the same bits shifted by
+/// `HOST_PORT_SHIFT`): each writer keeps the other's half.
 pub mod external_port {
+    /// The agent's half of an entry.
+    pub const SERVICE_BITS: u32 = 0xffff;
+    /// Where the hostPort half starts.
+    pub const HOST_PORT_SHIFT: u32 = 16;
+
+    /// What listens on a port, hostPorts and Services together.
+    #[inline(always)]
+    pub const fn listening(entry: u32) -> u32 {
+        (entry | (entry >> HOST_PORT_SHIFT)) & SERVICE_BITS
+    }
+
     pub const NODEPORT_TCP: u32 = 1;
     pub const NODEPORT_UDP: u32 = 2;
     pub const NODEPORT_SCTP: u32 = 4;

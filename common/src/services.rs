@@ -83,6 +83,13 @@ pub const FRONTEND_F_EXTERNAL: u16 = 1;
 /// `externalTrafficPolicy: Local`: outside clients keep their address and
 /// reach only this node's backends.
 pub const FRONTEND_F_KEEP_CLIENT: u16 = 2;
+/// A Pod's `hostPort`, written by the CNI plugin at ADD (not the agent,
+/// which leaves such frontends alone): one backend, the pod, reached with
+/// the client's address kept, as portmap's DNAT does.
+pub const FRONTEND_F_HOST_PORT: u16 = 4;
+/// Backend-set ids of hostPort frontends (the CNI's); the agent's are
+/// below.
+pub const HOST_PORT_ID_BASE: u32 = 0x8000_0000;
 
 /// Backend `index` of the backend set `id`.
 #[repr(C)]

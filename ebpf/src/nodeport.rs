@@ -42,7 +42,7 @@ use aya_ebpf::{
 use flatnet_common::{
     AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, NAT_F_CLOSING,
     NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress,
-    ServiceKey, ServiceValue, external_port, maps, nodeport_call,
+    ServiceKey, ServiceValue, external_port, maps,
 };
 
 use crate::remote::{take_hop, words};
@@ -121,7 +121,8 @@ pub(crate) fn nodeport_listens(port: u16, protocol: u8) -> bool {
         .get_ptr(u32::from(port))
         .is_some_and(|listening| {
             // SAFETY: a valid map value for the program's run; read once.
-            let listening = unsafe { core::ptr::read_volatile(listening) };
+            let listening =
+                external_port::listening(unsafe { core::ptr::read_volatile(listening) });
             listening & external_port::nodeport_bit(protocol) != 0
         })
 }
@@ -172,7 +173,8 @@ pub(crate) fn candidate(start: usize, end: usize) -> bool {
         .get_ptr(u32::from(port))
         .is_some_and(|listening| {
             // SAFETY: a valid map value for the program's run; read once.
-            let listening = unsafe { core::ptr::read_volatile(listening) };
+            let listening =
+                external_port::listening(unsafe { core::ptr::read_volatile(listening) });
             listening
                 & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
                 != 0
@@ -263,7 +265,9 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
         }
     }
     // SAFETY: a valid map value for the program's run; read once.
-    let listening = unsafe { core::ptr::read_volatile(EXTERNAL_PORTS.get_ptr(u32::from(port))?) };
+    let listening = external_port::listening(unsafe {
+        core::ptr::read_volatile(EXTERNAL_PORTS.get_ptr(u32::from(port))?)
+    });
     let protocol = s.key.protocol;
     if listening & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
         == 0

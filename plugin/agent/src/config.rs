@@ -20,6 +20,14 @@ pub enum SourceKind {
     File,
 }
 
+/// Who serves a Pod's `hostPort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HostPortsMode {
+    Auto,
+    Portmap,
+    Ebpf,
+}
+
 /// Who load-balances ClusterIP traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ServicesMode {
@@ -35,6 +43,27 @@ pub enum ServicesMode {
 pub enum Mode {
     Tc,
     Xdp,
+}
+
+impl Args {
+    /// Whether flatnet serves hostPorts in BPF (`--host-ports`); an error
+    /// for `ebpf` where it cannot.
+    pub fn host_ports_in_bpf(&self) -> Result<bool, String> {
+        let possible = self.services == ServicesMode::Ebpf && self.datapath == Mode::Tc;
+        match self.host_ports {
+            HostPortsMode::Auto => Ok(possible),
+            HostPortsMode::Portmap => Ok(false),
+            HostPortsMode::Ebpf if possible => Ok(true),
+            HostPortsMode::Ebpf => Err(
+                "--host-ports ebpf needs --services ebpf (the socket programs serve hostPorts to pods and the node) and --datapath tc (the uplink program serves them to clients outside); use --host-ports portmap otherwise".into(),
+            ),
+        }
+    }
+
+    /// Whether the conflist chains portmap.
+    pub fn chains_portmap(&self) -> bool {
+        self.chain_portmap && !self.host_ports_in_bpf().unwrap_or(false)
+    }
 }
 
 impl From<Mode> for DatapathMode {
@@ -165,9 +194,18 @@ pub struct Args {
     pub resync_secs: f64,
 
     /// Chain the reference portmap plugin after flatnet (`portMappings`
-    /// capability, snat on): a Pod's `hostPort` works.
+    /// capability, snat on) for a Pod's `hostPort`, when hostPorts are
+    /// portmap's (`--host-ports`).
     #[arg(long, env = "FLATNET_CHAIN_PORTMAP", default_value_t = true, action = clap::ArgAction::Set)]
     pub chain_portmap: bool,
+
+    /// Who serves a Pod's `hostPort`: `portmap` (its iptables rules),
+    /// `ebpf` (flatnet declares the `portMappings` capability itself and
+    /// serves each hostPort as a frontend of its Service maps: needs
+    /// `--services ebpf` and the tc datapath), or `auto`: `ebpf` where
+    /// those hold, else `portmap`.
+    #[arg(long, env = "FLATNET_HOST_PORTS", value_enum, default_value = "auto")]
+    pub host_ports: HostPortsMode,
 
     /// Chain the reference bandwidth plugin after flatnet (`bandwidth`
     /// capability): the `kubernetes.io/ingress-bandwidth` and
@@ -277,6 +315,36 @@ mod tests {
         assert_eq!(args.peer_source, SourceKind::File);
         assert!(!args.install_binaries);
         assert_eq!(DatapathMode::from(args.datapath), DatapathMode::Xdp);
+    }
+
+    #[test]
+    fn host_ports_go_to_bpf_where_the_socket_and_uplink_programs_serve_them() {
+        let args = |extra: &[&str]| {
+            let mut all = vec!["flatnet-agent", "--node-name=n1"];
+            all.extend_from_slice(extra);
+            Args::try_parse_from(all).unwrap()
+        };
+        let kube_proxy = args(&[]);
+        assert_eq!(kube_proxy.host_ports, HostPortsMode::Auto);
+        assert_eq!(kube_proxy.host_ports_in_bpf(), Ok(false));
+        assert!(kube_proxy.chains_portmap());
+        let ebpf = args(&["--services=ebpf"]);
+        assert_eq!(ebpf.host_ports_in_bpf(), Ok(true));
+        assert!(!ebpf.chains_portmap());
+        let chosen = args(&["--services=ebpf", "--host-ports=portmap"]);
+        assert_eq!(chosen.host_ports_in_bpf(), Ok(false));
+        assert!(chosen.chains_portmap());
+        assert_eq!(
+            args(&["--services=ebpf", "--datapath=xdp"]).host_ports_in_bpf(),
+            Ok(false)
+        );
+        for refused in [
+            args(&["--host-ports=ebpf"]),
+            args(&["--host-ports=ebpf", "--services=ebpf", "--datapath=xdp"]),
+        ] {
+            let err = refused.host_ports_in_bpf().unwrap_err();
+            assert!(err.contains("--host-ports portmap"), "{err}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub use crate::{DatapathMode, Shaping};
 use flatnet_cni::config::{MTU_RANGE, check_stdin, validate_network_name};
 use flatnet_cni::env::{is_spec_name, validate_ifname};
 use flatnet_cni::error::{Error, Result};
+use flatnet_cni::port_mappings::PortMapping;
 use flatnet_cni::result::{CniResult, Dns};
 use flatnet_cni::runtime::{Mac, RuntimeOptions};
 use flatnet_cni::version::SpecVersion;
@@ -96,6 +97,9 @@ pub struct NetConf {
     /// `bigTcp`: the GSO/GRO size set on both ends of each pod's veth pair
     /// (tc datapath), or None: the kernel's 64 KiB default.
     pub big_tcp: Option<u32>,
+    /// `runtimeConfig.portMappings`: hostPorts served in BPF (flatnet's
+    /// entry declares the capability instead of chaining portmap).
+    pub port_mappings: Vec<PortMapping>,
 }
 
 impl NetConf {
@@ -183,6 +187,7 @@ impl NetConf {
             },
             pin_root: raw.pin_root,
             big_tcp,
+            port_mappings: runtime.port_mappings,
         })
     }
 

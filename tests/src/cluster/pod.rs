@@ -58,13 +58,44 @@ impl SimNode {
     /// it), added with `cni_args` as CNI_ARGS (kubelet's
     /// `K8S_POD_NAMESPACE=..;K8S_POD_NAME=..`).
     pub fn pod_in(&self, netns: Netns, cni_args: &str) -> SimPod<'_> {
+        let (container, out) = self.add(&netns, cni_args, None);
+        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        self.attached(netns, container, &out)
+    }
+
+    /// A pod with hostPorts: `port_mappings` as a runtime passes them
+    /// (`runtimeConfig.portMappings`, for a conflist whose flatnet entry
+    /// declares the capability).
+    pub fn pod_with_host_ports(&self, port_mappings: Value) -> SimPod<'_> {
+        let netns = Netns::new();
+        let (container, out) = self.add(&netns, "", Some(port_mappings));
+        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        self.attached(netns, container, &out)
+    }
+
+    /// ADD of a new container in `netns`; its ID and the plugin's output.
+    pub fn add(
+        &self,
+        netns: &Netns,
+        cni_args: &str,
+        port_mappings: Option<Value>,
+    ) -> (String, CniOutput) {
         let container = unique("cpod-");
         let mut call = CniCall::new("ADD", &container, &netns.path(), "eth0");
         call.path = self.bin_dir().display().to_string();
         call.node = Some(self.netns.path());
         call.args = cni_args.to_string();
-        let out = call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin());
-        assert!(out.success(), "ADD on {} failed: {out:?}", self.spec.name);
+        let mut stdin = self.plugin_stdin();
+        if let Some(mappings) = port_mappings {
+            let mut conf: Value = serde_json::from_slice(&stdin).expect("plugin stdin");
+            conf["runtimeConfig"] = serde_json::json!({"portMappings": mappings});
+            stdin = conf.to_string().into_bytes();
+        }
+        let out = call.run(&self.bin_dir().join("flatnet"), &stdin);
+        (container, out)
+    }
+
+    fn attached(&self, netns: Netns, container: String, out: &CniOutput) -> SimPod<'_> {
         let result = out.json();
         let addresses = result_ips(&result);
         let ip = addresses

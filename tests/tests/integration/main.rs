@@ -12,6 +12,7 @@ mod concurrency;
 mod cri;
 mod datapath;
 mod fresh_node;
+mod host_ports;
 mod hostile;
 mod ipam;
 mod lifecycle;

@@ -25,17 +25,17 @@ use crate::socket_lb::{
 };
 
 const NODE_PORT: u16 = 30080;
-const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
+pub(crate) const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
 
 /// TCP and UDP servers in a pod answering with their name and the source
 /// address they saw ("local 172.30.0.1"); stopped on drop.
-struct Echo {
+pub(crate) struct Echo {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Echo {
-    fn start(netns: &Netns, name: &str) -> Self {
+    pub(crate) fn start(netns: &Netns, name: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         // Both families on one socket each (IPV6_V6ONLY off, Linux's
         // default); an IPv4 peer shows as ::ffff:a.b.c.d, printed as IPv4.
@@ -107,7 +107,7 @@ fn plain(peer: SocketAddr) -> std::net::IpAddr {
 }
 
 /// One TCP exchange from `netns` with `to`: the answer ("name source").
-fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
+pub(crate) fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
     netns.run(|| {
         let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(3)))?;
@@ -121,7 +121,7 @@ fn tcp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<String> {
 
 /// One UDP exchange from `netns` with `to`: the answer and where it came
 /// from.
-fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
+pub(crate) fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
     netns.run(|| {
         let socket = if to.is_ipv4() {
             UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?
@@ -154,7 +154,7 @@ fn health_check(netns: &Netns, to: SocketAddr) -> Option<(u16, serde_json::Value
 
 /// cp-1 and worker-1 with `--services ebpf` agents following `stub`, and
 /// the outside client's address (`OUTSIDE`) on the underlay's switch.
-fn two_nodes_and_outside(
+pub(crate) fn two_nodes_and_outside(
     cgroup: &TestCgroup,
     stub: &ApiStub,
 ) -> (Cluster, Vec<flatnet_tests::kube_stub::ServedStub>) {

@@ -95,7 +95,7 @@ impl Drop for Backend {
 }
 
 /// What one client process saw: Ok((answer, peer)) or Err((error, errno)).
-type Seen = Result<(String, SocketAddr), (String, Option<i64>)>;
+pub(crate) type Seen = Result<(String, SocketAddr), (String, Option<i64>)>;
 
 /// `flatnet-sock-client` in `cgroup` and `netns`: `mode` (tcp, tcp-slow,
 /// udp) to `to`, sending `payload`.
@@ -127,7 +127,7 @@ fn live_answer(live: std::process::Child) -> Value {
     serde_json::from_slice(&out.stdout).expect("its JSON line")
 }
 
-fn client(cgroup: &Path, netns: &Netns, protocol: &str, to: SocketAddr) -> Seen {
+pub(crate) fn client(cgroup: &Path, netns: &Netns, protocol: &str, to: SocketAddr) -> Seen {
     let out = client_command(cgroup, netns, protocol, to, "request")
         .output()
         .expect("running flatnet-sock-client");

@@ -39,6 +39,8 @@ pub struct ConflistSpec {
     pub pin_root: PathBuf,
     /// Chain the reference portmap plugin (hostPort).
     pub portmap: bool,
+    /// flatnet serves hostPorts itself (declares `portMappings`).
+    pub host_ports_in_bpf: bool,
     /// Chain the reference bandwidth plugin (the bandwidth annotations).
     pub bandwidth: bool,
     /// The GSO size pods may send (`pods_gso_size`): `bigTcp` false at 64
@@ -108,6 +110,9 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
         "pinRoot": spec.pin_root.display().to_string(),
         "ipam": ipam,
     });
+    if spec.host_ports_in_bpf {
+        plugin["capabilities"]["portMappings"] = json!(true);
+    }
     if let Some(mtu) = spec.mtu {
         plugin["mtu"] = json!(mtu);
     }
@@ -332,6 +337,7 @@ mod tests {
             ipam_data_dir: None,
             pin_root: PathBuf::from("/sys/fs/bpf/flatnet"),
             portmap: true,
+            host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
         }
@@ -437,6 +443,16 @@ mod tests {
         };
         let list = render_conflist(&alone, &cidrs).unwrap();
         assert_eq!(list["plugins"].as_array().unwrap().len(), 1);
+        // hostPorts in BPF: flatnet takes portmap's capability.
+        let bpf = ConflistSpec {
+            portmap: false,
+            host_ports_in_bpf: true,
+            ..spec()
+        };
+        let list = render_conflist(&bpf, &cidrs).unwrap();
+        assert_eq!(list["plugins"].as_array().unwrap().len(), 2);
+        assert_eq!(list["plugins"][0]["capabilities"]["portMappings"], true);
+        assert_eq!(list["plugins"][1]["type"], "bandwidth");
         assert!(chained(false, false).is_empty());
         assert_eq!(chained(true, true), ["portmap", "bandwidth"]);
         assert_eq!(node_plugins(false, false), ["loopback"]);

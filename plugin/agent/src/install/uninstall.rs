@@ -310,6 +310,7 @@ mod tests {
             ipam_data_dir: None,
             pin_root: std::path::PathBuf::from("/sys/fs/bpf/flatnet"),
             portmap: true,
+            host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
         };

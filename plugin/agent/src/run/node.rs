@@ -38,6 +38,11 @@ impl Agent {
             datapath_id = DATAPATH_ID,
             "starting"
         );
+        if args.host_ports_in_bpf().map_err(AgentError::Config)? {
+            tracing::info!(
+                "hostPorts served in BPF: flatnet declares portMappings, portmap is not chained"
+            );
+        }
         // host-gw forwards pod traffic; the fast path's FIB lookup also
         // refuses to route when forwarding is off.
         Forwarding {
@@ -69,7 +74,7 @@ impl Agent {
         let installed = install::install_reference_plugins(
             &args.reference_plugins_from,
             &args.cni_bin_dir,
-            &install::node_plugins(args.chain_portmap, args.chain_bandwidth),
+            &install::node_plugins(args.chains_portmap(), args.chain_bandwidth),
         )?;
         if !installed.is_empty() {
             tracing::info!(
@@ -238,7 +243,8 @@ impl Agent {
             ip_masq: self.args.ip_masq,
             ipam_data_dir: self.args.ipam_data_dir.clone(),
             pin_root: self.args.pin_root.clone(),
-            portmap: self.args.chain_portmap,
+            portmap: self.args.chains_portmap(),
+            host_ports_in_bpf: self.args.host_ports_in_bpf().unwrap_or(false),
             bandwidth: self.args.chain_bandwidth,
             big_tcp: self.pods_gso_size(uplink).await?,
         };

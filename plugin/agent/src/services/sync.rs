@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
 
+use flatnet_common::{FRONTEND_F_HOST_PORT, HOST_PORT_ID_BASE, external_port};
 use flatnet_datapath::bpf::{Datapath, Outside, service_backend, service_key};
 use flatnet_datapath::sockets::{self, Connected};
 
@@ -180,7 +181,12 @@ impl ServiceSync {
     pub fn start(datapath: Datapath, metrics: AgentMetrics) -> flatnet_datapath::Result<Self> {
         let mut written = BTreeMap::new();
         let mut next_id = 1;
-        for (key, value) in datapath.service_frontends()? {
+        // Pods' hostPorts are the CNI plugin's: neither adopted nor counted.
+        let services = datapath
+            .service_frontends()?
+            .into_iter()
+            .filter(|(_, value)| value.flags & FRONTEND_F_HOST_PORT == 0);
+        for (key, value) in services {
             next_id = next_id.max(value.id.wrapping_add(1));
             let backends = datapath
                 .service_backends(&key)?
@@ -198,7 +204,12 @@ impl ServiceSync {
             );
         }
         let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
-        let external_ports = datapath.external_port_bits()?.into_iter().collect();
+        let external_ports = datapath
+            .external_port_bits()?
+            .into_iter()
+            .map(|(port, bits)| (port, bits & external_port::SERVICE_BITS))
+            .filter(|(_, bits)| *bits != 0)
+            .collect();
         tracing::info!(frontends = written.len(), "Service maps adopted");
         Ok(ServiceSync {
             datapath,
@@ -234,7 +245,8 @@ impl ServiceSync {
                     }),
                 Step::Put(key, target) => {
                     let id = self.next_id;
-                    self.next_id = self.next_id.wrapping_add(1).max(1);
+                    // Below the hostPorts' ids.
+                    self.next_id = ((self.next_id + 1) % HOST_PORT_ID_BASE).max(1);
                     let backends: Vec<_> = target
                         .backends
                         .iter()

@@ -39,6 +39,7 @@ mod bpffs;
 mod endpoints;
 mod events;
 mod flows;
+mod host_ports;
 mod host_veth;
 pub mod kfunc;
 mod load;
@@ -55,6 +56,7 @@ pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, hook_programs, i
 pub use bpffs::{bpffs_is_mounted, ensure_bpffs_at};
 pub use events::PolicyEvents;
 pub use flows::flow_key;
+pub use host_ports::HostPort;
 pub use host_veth::{
     attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_pod_to_tcx, move_to_tcx,
     prepare_pod_for_xdp,
@@ -65,7 +67,8 @@ pub use policy::{
 };
 pub use remote::RemoteCidr;
 pub use services::{
-    Outside, SERVICE_PROGRAMS, backend_address, frontend_of, service_backend, service_key,
+    Outside, SERVICE_PROGRAMS, backend_address, frontend_of, protocol_name, service_backend,
+    service_key,
 };
 pub use sources::sources_of;
 pub use variant::CostVariant;

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use aya::maps::Array;
 use flatnet_common::{
     MAP_EXTERNAL_PORTS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, NAT_F_CLOSING, NatForward, NatKey,
-    NatReverse,
+    NatReverse, external_port,
 };
 
 use super::services::address_of;
@@ -71,10 +71,22 @@ impl Datapath {
         Ok(listening)
     }
 
-    /// Sets `port`'s `external_port` bits (0: nothing listens there).
+    /// Sets the Services' `external_port` bits of `port` (0: no Service
+    /// listens there), keeping its hostPorts'.
     pub fn set_external_port(&self, port: u16, bits: u32) -> Result<()> {
-        self.external_ports()?
-            .set(u32::from(port), bits, 0)
+        let _lock = self.host_port_lock()?;
+        self.set_port_half(port, bits, external_port::SERVICE_BITS)
+    }
+
+    /// Replaces the `half` bits of `port`'s entry with `bits`; the caller
+    /// holds the lock the entry's other writer takes too.
+    pub(super) fn set_port_half(&self, port: u16, bits: u32, half: u32) -> Result<()> {
+        let mut ports = self.external_ports()?;
+        let entry = ports
+            .get(&u32::from(port), 0)
+            .map_err(|e| Error::bpf(format!("reading {MAP_EXTERNAL_PORTS}"), e))?;
+        ports
+            .set(u32::from(port), (entry & !half) | (bits & half), 0)
             .map_err(|e| Error::bpf(format!("writing {MAP_EXTERNAL_PORTS}"), e))
     }
 

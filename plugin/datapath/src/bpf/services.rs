@@ -11,11 +11,11 @@ use std::net::{IpAddr, SocketAddr};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, MAP_NODEPORT_ADDRS,
-    MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, NodePortAddress, PROG_SERVICE_CONNECT4,
-    PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6,
-    PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6,
-    RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_HOST_PORT, FRONTEND_F_KEEP_CLIENT,
+    MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, NodePortAddress,
+    PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4,
+    PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4,
+    PROG_SERVICE_SENDMSG6, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -181,15 +181,6 @@ impl Datapath {
         affinity_secs: u32,
         outside: Outside,
     ) -> Result<()> {
-        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
-        for (index, backend) in backends.iter().enumerate() {
-            let index =
-                u32::try_from(index).map_err(|_| Error::Datapath("too many backends".into()))?;
-            sets.insert(BackendKey { id, index }, backend, 0)
-                .map_err(|e| Error::bpf("writing SERVICE_BACKENDS", e))?;
-        }
-        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
-        let previous = frontends.get(key, 0).ok();
         let count = u32::try_from(backends.len())
             .map_err(|_| Error::Datapath("too many backends".into()))?;
         let (external_count, flags) = outside.fields(count);
@@ -200,10 +191,53 @@ impl Datapath {
             external_count,
             flags,
         };
+        self.put_frontend(key, backends, value)
+    }
+
+    /// `put_service` with the frontend's value given. A Service and a
+    /// Pod's hostPort on the same frontend: the one there stays (they have
+    /// different owners, the agent and the CNI plugin, who would otherwise
+    /// take turns).
+    pub(super) fn put_frontend(
+        &self,
+        key: &ServiceKey,
+        backends: &[ServiceBackend],
+        value: ServiceValue,
+    ) -> Result<()> {
+        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let previous = frontends.get(key, 0).ok();
+        if let Some(previous) = previous
+            && (previous.flags ^ value.flags) & FRONTEND_F_HOST_PORT != 0
+        {
+            let (address, port, protocol) = frontend_of(key);
+            let (there, refused) = if previous.flags & FRONTEND_F_HOST_PORT != 0 {
+                ("a Pod's hostPort", "a Service's")
+            } else {
+                ("a Service's", "a Pod's hostPort")
+            };
+            return Err(Error::Config(format!(
+                "port {port} ({}) on {address} is {there} on this node; {refused} frontend there is refused: give one of them another port",
+                protocol_name(protocol)
+            )));
+        }
+        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        for (index, backend) in backends.iter().enumerate() {
+            let index =
+                u32::try_from(index).map_err(|_| Error::Datapath("too many backends".into()))?;
+            sets.insert(
+                BackendKey {
+                    id: value.id,
+                    index,
+                },
+                backend,
+                0,
+            )
+            .map_err(|e| Error::bpf("writing SERVICE_BACKENDS", e))?;
+        }
         frontends
             .insert(key, value, 0)
             .map_err(|e| Error::bpf("writing SERVICES", e))?;
-        if let Some(previous) = previous.filter(|p| p.id != id) {
+        if let Some(previous) = previous.filter(|p| p.id != value.id) {
             delete_set(&mut sets, previous)?;
         }
         Ok(())
@@ -356,6 +390,16 @@ fn revnat_key(cookie: u64, backend: SocketAddr) -> RevNatKey {
         port: backend.port().to_be_bytes(),
         family,
         _pad: [0; 5],
+    }
+}
+
+/// An IP protocol number as Kubernetes names it.
+pub fn protocol_name(protocol: u8) -> &'static str {
+    match protocol {
+        6 => "TCP",
+        17 => "UDP",
+        132 => "SCTP",
+        _ => "other",
     }
 }
 

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use flatnet_datapath::bpf::{Datapath, Outside, backend_address, frontend_of};
+use flatnet_datapath::bpf::{Datapath, Outside, backend_address, frontend_of, protocol_name};
 
 #[derive(Debug, Serialize)]
 pub struct ServicesReport {
@@ -46,15 +46,6 @@ pub struct FrontendReport {
     pub outside: &'static str,
     pub local_backends: u16,
     pub backends: Vec<std::net::SocketAddr>,
-}
-
-fn protocol_name(number: u8) -> &'static str {
-    match number {
-        6 => "TCP",
-        17 => "UDP",
-        132 => "SCTP",
-        _ => "other",
-    }
 }
 
 pub fn report(network: &str) -> Result<ServicesReport> {

@@ -36,6 +36,8 @@ struct Done {
     policy_slot: Option<u32>,
     /// The pod's record for the agent was (being) written.
     record: bool,
+    /// The pod's hostPorts were (being) written.
+    host_ports: bool,
 }
 
 /// The pod's namespace and name, when the runtime is kubelet's (CNI_ARGS).
@@ -192,6 +194,11 @@ async fn apply(plan: &AttachmentPlan, ctx: &mut AddContext, after: &mut AfterAns
         }
         .write(&network.name, host_veth)?;
     }
+    if !plan.host_ports.is_empty() {
+        ctx.done.host_ports = true;
+        datapath.put_host_ports(host_veth, &plan.host_ports)?;
+        mark("hostPorts");
+    }
     mark("pod inserted");
     // Last, so a failed ADD leaves the switches as it found them; as the
     // reference bridge plugin does, since the host forwards whatever the
@@ -336,6 +343,13 @@ async fn rollback(conf: &NetConf, stdin: &[u8], ctx: &mut AddContext, after: &mu
         && let Some((_, name)) = &done.host_veth
     {
         PodRecord::remove(&conf.name, name);
+    }
+    if let Some(datapath) = &datapath
+        && done.host_ports
+        && let Some((_, name)) = &done.host_veth
+        && let Err(e) = datapath.remove_host_ports(name)
+    {
+        eprintln!("flatnet: rollback: {e}");
     }
     // A slot not yet recorded with the pod is given back here.
     if let Some(datapath) = &datapath

@@ -91,6 +91,8 @@ async fn teardown(
     // The agent's record of who the pod was (ADD wrote it when an agent
     // enforces NetworkPolicy).
     PodRecord::remove(&plan.network.name, &names.host_veth);
+    // Its hostPorts (ADD served them when the runtime passed portMappings).
+    datapath.remove_host_ports(&names.host_veth)?;
     mark("pod removed from the datapath");
     if let Some(link) = &host_link {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU

@@ -1,6 +1,6 @@
 //! GC (1.1.0): removes what this network holds for attachments the runtime
 //! no longer knows (`cni.dev/valid-attachments`): host veths (the pod end
-//! goes with them), datapath entries, and, through the IPAM plugin's own GC,
+//! goes with them), datapath entries, hostPorts, and, through the IPAM plugin's own GC,
 //! addresses. Goes on past individual failures and reports them together.
 //!
 //! The network's pods are the datapath's host veths (ifindex -> endpoint).
@@ -36,6 +36,9 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, stdin: &[u8], after: &mut AfterAns
     PodRecord::retain(&conf.name, |veth| valid.contains(veth));
 
     let datapath = conf.pinned_datapath()?;
+    if let Err(e) = datapath.retain_host_ports(|veth| valid.contains(veth)) {
+        failures.push(e.into());
+    }
     if datapath.map_path(MAP_HOST_VETHS).exists()
         && let Err(e) = sweep(conf, &datapath, &host, &valid, &mut failures).await
     {

@@ -5,6 +5,7 @@ pub mod add;
 pub mod check;
 pub mod del;
 pub mod gc;
+pub mod host_ports;
 pub mod plan;
 pub mod status;
 /// `open` for CNI_NETNS, with the error a runtime should see.

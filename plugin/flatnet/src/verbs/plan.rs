@@ -133,6 +133,8 @@ pub struct AttachmentPlan {
     pub forwarding: Forwarding,
     /// DNS for the result: the configuration's, else IPAM's.
     pub dns: flatnet_cni::result::Dns,
+    /// The pod's hostPorts (`runtimeConfig.portMappings`), in BPF.
+    pub host_ports: Vec<flatnet_datapath::bpf::HostPort>,
 }
 
 impl AttachmentPlan {
@@ -234,7 +236,10 @@ impl AttachmentPlan {
             });
         }
         let endpoint_addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.address.ip()).collect();
+        let host_ports =
+            super::host_ports::plan(&conf.port_mappings, &endpoint_addresses, conf.datapath)?;
         Ok(AttachmentPlan {
+            host_ports,
             network: conf.node_network(),
             shaping: conf.shaping,
             host_attach: HostAttach::choose(conf.datapath, tcx, conf.shaping),

@@ -201,6 +201,7 @@ impl Node {
             // portmap would leave its nat chains on the machine: only
             // where they stay in the node's own namespace.
             portmap: own_netns,
+            host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
         };

@@ -1,0 +1,237 @@
+//! A Pod's hostPort in BPF (`--host-ports`, `auto` with `--services
+//! ebpf`): flatnet's own entry declares `portMappings` instead of chaining
+//! portmap, and ADD serves each mapping as a frontend of the Service maps
+//! with the pod as its one backend. Reached as portmap's rules reach it:
+//! from outside the node (the uplink program; the client's address kept,
+//! as portmap's DNAT keeps it), from other pods and from the node itself,
+//! on the node's address and on loopback (the socket programs); by
+//! `hostIP` and protocol, as the upstream e2e spec "HostPort validates that
+//! there is no conflict between pods with same hostPort but different
+//! hostIP and protocol" checks. No iptables or nftables rule is made.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use flatnet_common::{FRONTEND_F_HOST_PORT, external_port};
+use flatnet_datapath::bpf::service_key;
+use flatnet_datapath::netlink::AttachmentNames;
+use flatnet_tests::cgroup::TestCgroup;
+use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::{ApiStub, Kind};
+use flatnet_tests::*;
+use serde_json::json;
+
+use crate::nodeport::{Echo, OUTSIDE, tcp_ask, two_nodes_and_outside, udp_ask};
+use crate::socket_lb::{BACKEND_PORT, Seen, api_service, client};
+
+const WEB_PORT: u16 = 30500;
+const SHARED_PORT: u16 = 30600;
+const SERVICE_PORT: u16 = 30700;
+
+/// The hostPort frontends of `port` in `node`'s maps, as (address,
+/// protocol).
+fn host_port_frontends(node: &SimNode, port: u16) -> Vec<(std::net::IpAddr, u8)> {
+    node.datapath()
+        .service_frontends()
+        .unwrap()
+        .into_iter()
+        .filter(|(_, value)| value.flags & FRONTEND_F_HOST_PORT != 0)
+        .map(|(key, _)| flatnet_datapath::bpf::frontend_of(&key))
+        .filter(|(_, number, _)| *number == port)
+        .map(|(address, _, protocol)| (address, protocol))
+        .collect()
+}
+
+/// `port`'s `EXTERNAL_PORTS` bits written for hostPorts.
+fn host_port_bits(node: &SimNode, port: u16) -> u32 {
+    node.datapath()
+        .external_port_bits()
+        .unwrap()
+        .into_iter()
+        .find(|(number, _)| *number == port)
+        .map_or(0, |(_, bits)| bits >> external_port::HOST_PORT_SHIFT)
+}
+
+fn answer_of(seen: Seen, what: &str) -> (String, SocketAddr) {
+    seen.unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
+#[flatnet_test(root)]
+fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, served) = two_nodes_and_outside(&cgroup, &stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    // flatnet takes portmap's capability; portmap is not chained.
+    let conflist = cp.conflist();
+    assert_eq!(
+        conflist["plugins"][0]["capabilities"]["portMappings"], true,
+        "{conflist}"
+    );
+    assert!(!conflist.to_string().contains("\"portmap\""), "{conflist}");
+
+    let web = cp.pod_with_host_ports(json!([
+        {"hostPort": WEB_PORT, "containerPort": BACKEND_PORT, "protocol": "tcp"},
+        {"hostPort": WEB_PORT, "containerPort": BACKEND_PORT, "protocol": "UDP", "hostIP": ""},
+    ]));
+    let _web_server = Echo::start(&web.netns, "web");
+    let loopback = Ipv4Addr::LOCALHOST.into();
+    let wildcard = Ipv4Addr::UNSPECIFIED.into();
+    let mut frontends = host_port_frontends(cp, WEB_PORT);
+    frontends.sort();
+    assert_eq!(
+        frontends,
+        [(wildcard, 6), (wildcard, 17), (loopback, 6), (loopback, 17)]
+    );
+    assert_eq!(
+        host_port_bits(cp, WEB_PORT),
+        external_port::NODEPORT_TCP
+            | external_port::NODEPORT_UDP
+            | external_port::ADDRESS_TCP
+            | external_port::ADDRESS_UDP
+    );
+    let on_node = SocketAddr::from((cp.spec.address(), WEB_PORT));
+
+    // From outside: the uplink program, the client's address kept, the
+    // UDP answer from the hostPort.
+    assert_eq!(tcp_ask(outside, on_node).unwrap(), format!("web {OUTSIDE}"));
+    assert_eq!(
+        udp_ask(outside, on_node).unwrap(),
+        (format!("web {OUTSIDE}"), on_node)
+    );
+    // From a pod on the other node: its own address seen, the socket's
+    // peer the hostPort.
+    let client_pod = worker.pod();
+    for protocol in ["tcp", "udp"] {
+        assert_eq!(
+            answer_of(
+                client(&cgroup.0, &client_pod.netns, protocol, on_node),
+                protocol
+            ),
+            (format!("web {}", client_pod.ip), on_node),
+            "{protocol} from a pod"
+        );
+    }
+    // From the node itself, on its address and on loopback.
+    for to in [on_node, SocketAddr::from((Ipv4Addr::LOCALHOST, WEB_PORT))] {
+        let (answer, peer) = answer_of(client(&cgroup.0, &cp.netns, "tcp", to), "node");
+        assert!(answer.starts_with("web "), "{to}: {answer}");
+        assert_eq!(peer, to);
+    }
+    // Nothing of portmap's in the node's netfilter rules.
+    let rules = format!(
+        "{}{}",
+        cp.netns.exec(&["iptables-save"]),
+        cp.netns.exec(&["nft", "list", "ruleset"])
+    );
+    assert!(
+        !rules.contains("HOSTPORT") && !rules.contains(&WEB_PORT.to_string()),
+        "{rules}"
+    );
+
+    // The e2e spec's three pods: one hostPort, told apart by hostIP and
+    // protocol.
+    let node_ip = cp.spec.address().to_string();
+    let by_host_ip = |protocol: &str, host_ip: &str| {
+        cp.pod_with_host_ports(json!([{"hostPort": SHARED_PORT,
+            "containerPort": BACKEND_PORT, "protocol": protocol, "hostIP": host_ip}]))
+    };
+    let pods = [
+        by_host_ip("tcp", "127.0.0.1"),
+        by_host_ip("tcp", &node_ip),
+        by_host_ip("udp", &node_ip),
+    ];
+    let _servers: Vec<Echo> = pods
+        .iter()
+        .zip(["one", "two", "three"])
+        .map(|(pod, name)| Echo::start(&pod.netns, name))
+        .collect();
+    let shared = SocketAddr::from((cp.spec.address(), SHARED_PORT));
+    let shared_loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, SHARED_PORT));
+    for (protocol, to, name) in [
+        ("tcp", shared_loopback, "one"),
+        ("tcp", shared, "two"),
+        ("udp", shared, "three"),
+    ] {
+        let (answer, _) = answer_of(client(&cgroup.0, &cp.netns, protocol, to), "node");
+        assert!(
+            answer.starts_with(&format!("{name} ")),
+            "{protocol} {to}: {answer}"
+        );
+    }
+    assert_eq!(tcp_ask(outside, shared).unwrap(), format!("two {OUTSIDE}"));
+    assert_eq!(
+        udp_ask(outside, shared).unwrap(),
+        (format!("three {OUTSIDE}"), shared)
+    );
+
+    // Taken: a fourth pod asking for the port on every address is refused
+    // with the holder named, and leaves the node as it was.
+    let records = cp.datapath().host_ports();
+    let refused_netns = Netns::new();
+    let (container, out) = cp.add(
+        &refused_netns,
+        "",
+        Some(json!([{"hostPort": SHARED_PORT, "containerPort": BACKEND_PORT}])),
+    );
+    out.assert_error(7, "is held by the pod behind");
+    let names = AttachmentNames::new(&cp.network, &container, "eth0");
+    assert!(!cp.has_link(&names.host_veth), "{} left", names.host_veth);
+    assert_eq!(cp.datapath().host_ports(), records);
+    assert_eq!(tcp_ask(outside, shared).unwrap(), format!("two {OUTSIDE}"));
+
+    // A Service's NodePort and a hostPort on the same port: the one there
+    // first stays, the other is refused (ADD) or not written (the agent).
+    let mut service = api_service("np", Ipv4Addr::new(10, 96, 9, 40));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = SERVICE_PORT.into();
+    stub.add(Kind::Service, service);
+    wait_until("cp-1's agent to write the NodePort", SETTLE, || {
+        cp.datapath()
+            .service_frontends()
+            .unwrap()
+            .iter()
+            .any(|(key, _)| *key == service_key(wildcard, SERVICE_PORT, 6))
+    });
+    let (_, out) = cp.add(
+        &Netns::new(),
+        "",
+        Some(json!([{"hostPort": SERVICE_PORT, "containerPort": BACKEND_PORT}])),
+    );
+    out.assert_error(7, "is a Service's frontend");
+    let mut on_web = api_service("on-web", Ipv4Addr::new(10, 96, 9, 41));
+    on_web["spec"]["type"] = "NodePort".into();
+    on_web["spec"]["ports"][0]["nodePort"] = WEB_PORT.into();
+    stub.add(Kind::Service, on_web);
+    wait_until("cp-1's agent to meet the hostPort", SETTLE, || {
+        cp.agent_log().contains("is a Pod's hostPort on this node")
+    });
+    assert_eq!(tcp_ask(outside, on_node).unwrap(), format!("web {OUTSIDE}"));
+
+    // The agent's restart leaves hostPorts alone (they are not its own).
+    cp.stop_agent();
+    cp.start_agent(&Peers::Api(served[0].url.clone()));
+    cp.wait_ready();
+    assert_eq!(host_port_frontends(cp, WEB_PORT).len(), 4);
+    assert_eq!(tcp_ask(outside, on_node).unwrap(), format!("web {OUTSIDE}"));
+
+    stub.delete(Kind::Service, "default/on-web");
+
+    // DEL takes the hostPorts away: refused from outside, no frontend, no
+    // bit, no record.
+    let web_veth = AttachmentNames::new(&cp.network, &web.container, "eth0").host_veth;
+    drop(web);
+    assert_eq!(host_port_frontends(cp, WEB_PORT), []);
+    assert_eq!(host_port_bits(cp, WEB_PORT), 0);
+    assert!(!cp.datapath().host_ports().contains_key(&web_veth));
+    let refused = tcp_ask(outside, on_node);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{refused:?}"
+    );
+    drop(pods);
+    assert!(cp.datapath().host_ports().is_empty());
+    assert_eq!(host_port_bits(cp, SHARED_PORT), 0);
+}
