@@ -118,6 +118,22 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
         assert!(answer.starts_with("web "), "{to}: {answer}");
         assert_eq!(peer, to);
     }
+    // `flatnet inspect --services` names the pod behind each.
+    let web_veth = AttachmentNames::new(&cp.network, &web.container, "eth0").host_veth;
+    let out = std::process::Command::new(bin("flatnet"))
+        .args(["inspect", "--services", "--json", "--network", &cp.network])
+        .env("FLATNET_PIN_ROOT", &cp.pin_root)
+        .output()
+        .expect("flatnet inspect --services");
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let of_web = report[0]["frontends"]
+        .as_array()
+        .expect("frontends")
+        .iter()
+        .filter(|f| f["host_port_of"] == web_veth.as_str())
+        .count();
+    assert_eq!(of_web, 4, "{report}");
     // Nothing of portmap's in the node's netfilter rules.
     let rules = format!(
         "{}{}",
@@ -219,7 +235,6 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
 
     // DEL takes the hostPorts away: refused from outside, no frontend, no
     // bit, no record.
-    let web_veth = AttachmentNames::new(&cp.network, &web.container, "eth0").host_veth;
     drop(web);
     assert_eq!(host_port_frontends(cp, WEB_PORT), []);
     assert_eq!(host_port_bits(cp, WEB_PORT), 0);

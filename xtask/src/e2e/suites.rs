@@ -28,15 +28,21 @@ pub struct Suite {
     /// the CI subset runs three at once on two cores, which ends it when
     /// its longest spec (an egress policy, ~2 min) does.
     pub parallel: u8,
+    /// Runs `[Serial]` specs: alone on the cluster (one process, after the
+    /// suites before it).
+    pub serial: bool,
 }
+
+/// The `[Serial]` skip of `COMMON_SKIPS`, left out where a suite runs alone.
+const SERIAL: &str = r"\[Serial\]";
 
 const BOTH: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::Ebpf];
 
 /// Skips shared by every suite: what no cluster on this machine can do.
 pub const COMMON_SKIPS: &[(&str, &str)] = &[
     (
-        r"\[Serial\]",
-        "needs the whole cluster to itself (run by hand with --focus)",
+        SERIAL,
+        "needs the whole cluster to itself (run by hand with --focus, one process; the host-ports suite runs its spec so)",
     ),
     (r"\[Disruptive\]", "restarts or breaks nodes and components"),
     (r"\[Flaky\]", "marked flaky upstream"),
@@ -94,6 +100,19 @@ pub const SUITES: &[Suite] = &[
         in_ci: true,
         modes: BOTH,
         parallel: 3,
+        serial: false,
+    },
+    // hostPort by hostIP and protocol, from a host-network pod (curl, nc):
+    // portmap's rules with kube-proxy, flatnet's BPF hostPorts without.
+    // A scheduling spec, [Serial] for the node labels it sets.
+    Suite {
+        name: "host-ports",
+        focus: r"validates that there is no conflict between pods with same hostPort but different hostIP and protocol",
+        skips: &[],
+        in_ci: true,
+        modes: BOTH,
+        parallel: 1,
+        serial: true,
     },
     Suite {
         name: "sig-network",
@@ -102,6 +121,7 @@ pub const SUITES: &[Suite] = &[
         in_ci: false,
         modes: &[ServicesMode::KubeProxy],
         parallel: 2,
+        serial: false,
     },
     Suite {
         name: "sig-network",
@@ -110,6 +130,7 @@ pub const SUITES: &[Suite] = &[
         in_ci: false,
         modes: &[ServicesMode::Ebpf],
         parallel: 2,
+        serial: false,
     },
 ];
 
@@ -194,7 +215,8 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         opened_after_seconds: probe.opened_after,
     });
     let chosen: Vec<(String, String, String, u8)> = match &args.focus {
-        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[]), 2)],
+        // By hand, [Serial] specs too: one process.
+        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[], true), 1)],
         None => SUITES
             .iter()
             .filter(|s| {
@@ -204,7 +226,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
                 (
                     s.name.to_string(),
                     s.focus.to_string(),
-                    skip_expression(s.skips),
+                    skip_expression(s.skips, s.serial),
                     s.parallel,
                 )
             })
@@ -230,11 +252,12 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
     Ok(report)
 }
 
-fn skip_expression(skips: &[(&str, &str)]) -> String {
+fn skip_expression(skips: &[(&str, &str)], serial: bool) -> String {
     COMMON_SKIPS
         .iter()
         .chain(skips)
         .map(|(pattern, _)| *pattern)
+        .filter(|pattern| !(serial && *pattern == SERIAL))
         .collect::<Vec<_>>()
         .join("|")
 }
@@ -518,6 +541,21 @@ pub fn verdict(reports: &[ModeReport]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_serial_suite_runs_serial_specs_and_skips_the_rest_as_others_do() {
+        let parallel = skip_expression(&[], false);
+        let serial = skip_expression(&[], true);
+        assert!(parallel.contains(SERIAL), "{parallel}");
+        assert!(!serial.contains(SERIAL), "{serial}");
+        assert_eq!(
+            parallel.split('|').count(),
+            serial.split('|').count() + 1,
+            "only [Serial] differs"
+        );
+        let host_ports = SUITES.iter().find(|s| s.name == "host-ports").unwrap();
+        assert!(host_ports.serial && host_ports.in_ci && host_ports.parallel == 1);
+    }
 
     #[test]
     fn junit_cases_are_read_and_unselected_ones_left_out() {

@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
+use flatnet_common::FRONTEND_F_HOST_PORT;
 use flatnet_datapath::bpf::{Datapath, Outside, backend_address, frontend_of, protocol_name};
 
 #[derive(Debug, Serialize)]
@@ -46,11 +47,14 @@ pub struct FrontendReport {
     pub outside: &'static str,
     pub local_backends: u16,
     pub backends: Vec<std::net::SocketAddr>,
+    /// A Pod's hostPort (the CNI plugin's frontend): its host veth.
+    pub host_port_of: Option<String>,
 }
 
 pub fn report(network: &str) -> Result<ServicesReport> {
     let datapath = Datapath::new(network);
     let mut frontends = Vec::new();
+    let host_ports = datapath.host_ports();
     for (key, value) in datapath.service_frontends()? {
         let (cluster_ip, port, protocol) = frontend_of(&key);
         let backends = datapath
@@ -59,7 +63,18 @@ pub fn report(network: &str) -> Result<ServicesReport> {
             .iter()
             .map(backend_address)
             .collect();
+        let host_port_of = (value.flags & FRONTEND_F_HOST_PORT != 0).then(|| {
+            host_ports
+                .iter()
+                .find(|(_, ports)| {
+                    ports
+                        .iter()
+                        .any(|p| (p.address, p.port, p.protocol) == (cluster_ip, port, protocol))
+                })
+                .map_or_else(|| "unrecorded".to_string(), |(veth, _)| veth.clone())
+        });
         frontends.push(FrontendReport {
+            host_port_of,
             cluster_ip,
             port,
             protocol: protocol_name(protocol),
@@ -136,10 +151,13 @@ pub fn render(report: &ServicesReport) -> String {
         } else {
             String::new()
         };
-        let outside = match f.outside {
-            "cluster" => " [outside clients: all, source translated]".to_string(),
-            "local" => format!(" [outside clients: the first {} (local)]", f.local_backends),
-            _ => String::new(),
+        let outside = match (&f.host_port_of, f.outside) {
+            (Some(veth), _) => format!(" [hostPort of {veth}, client kept]"),
+            (None, outside) => match outside {
+                "cluster" => " [outside clients: all, source translated]".to_string(),
+                "local" => format!(" [outside clients: the first {} (local)]", f.local_backends),
+                _ => String::new(),
+            },
         };
         let frontend = std::net::SocketAddr::new(f.cluster_ip, f.port);
         out.push_str(&format!(
@@ -172,16 +190,30 @@ mod tests {
         let report = ServicesReport {
             network: "pods".into(),
             attached: true,
-            frontends: vec![FrontendReport {
-                cluster_ip: "0.0.0.0".parse().unwrap(),
-                port: 30080,
-                protocol: "TCP",
-                affinity_secs: 0,
-                set: 3,
-                outside: "local",
-                local_backends: 1,
-                backends: vec!["10.244.0.5:8080".parse().unwrap()],
-            }],
+            frontends: vec![
+                FrontendReport {
+                    cluster_ip: "0.0.0.0".parse().unwrap(),
+                    port: 30080,
+                    protocol: "TCP",
+                    affinity_secs: 0,
+                    set: 3,
+                    outside: "local",
+                    local_backends: 1,
+                    backends: vec!["10.244.0.5:8080".parse().unwrap()],
+                    host_port_of: None,
+                },
+                FrontendReport {
+                    cluster_ip: "127.0.0.1".parse().unwrap(),
+                    port: 8443,
+                    protocol: "TCP",
+                    affinity_secs: 0,
+                    set: 0x8000_0007,
+                    outside: "local",
+                    local_backends: 1,
+                    backends: vec!["10.244.0.6:443".parse().unwrap()],
+                    host_port_of: Some("fl0a1b2c3d".into()),
+                },
+            ],
             nodeport_addresses: vec!["172.30.0.1".parse().unwrap()],
             translated_flows: vec![FlowReport {
                 protocol: "TCP",
@@ -195,6 +227,12 @@ mod tests {
         assert!(
             text.contains(
                 "0.0.0.0:30080/TCP [outside clients: the first 1 (local)] -> 10.244.0.5:8080"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "127.0.0.1:8443/TCP [hostPort of fl0a1b2c3d, client kept] -> 10.244.0.6:443"
             ),
             "{text}"
         );
