@@ -21,6 +21,10 @@ pub const NAT_PORT_MAX: u16 = 65535;
 /// the CNI plugin's (hostPorts, the same bits shifted by
 /// `HOST_PORT_SHIFT`): each writer keeps the other's half.
 pub mod external_port {
+    /// The entry of port 0, which no frontend has: the bits of every
+    /// port together, so "does anything listen for outside clients at
+    /// all" is one read (`from_pod` asks the reply path only then).
+    pub const ANY_PORT: u16 = 0;
     /// The agent's half of an entry.
     pub const SERVICE_BITS: u32 = 0xffff;
     /// Where the hostPort half starts.

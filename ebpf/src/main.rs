@@ -193,9 +193,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         // A backend's reply to a client outside, of a flow the uplink
         // translated, goes back the way it came (`nodeport_reply`); the
         // stack takes what that program does not, as it takes the rest.
+        // Only while something listens for outside clients (an array
+        // read): none with kube-proxy, where the table is always empty.
         Decision::Pass => {
-            // SAFETY: a tail call; on failure (no entry) it returns here.
-            unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+            if nodeport::any_listening() {
+                // SAFETY: a tail call; on failure (no entry) it returns here.
+                unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+            }
             TC_NEXT
         }
         Decision::Translated | Decision::Tracked | Decision::RemoteToStack | Decision::Shaped => {

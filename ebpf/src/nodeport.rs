@@ -127,6 +127,19 @@ pub(crate) fn nodeport_listens(port: u16, protocol: u8) -> bool {
         })
 }
 
+/// Whether any frontend listens for clients outside the node (NodePort,
+/// external address, hostPort): only then can a pod's packet be the reply
+/// of a translated flow.
+#[inline(always)]
+pub(crate) fn any_listening() -> bool {
+    EXTERNAL_PORTS
+        .get_ptr(u32::from(external_port::ANY_PORT))
+        .is_some_and(|entry| {
+            // SAFETY: a valid map value for the program's run; read once.
+            external_port::listening(unsafe { core::ptr::read_volatile(entry) }) != 0
+        })
+}
+
 /// `from_uplink`'s question, asked before anything else: may the packet
 /// be the NodePort path's (a TCP or UDP destination port that a frontend
 /// outside clients reach listens on, or one translated flows are given)?

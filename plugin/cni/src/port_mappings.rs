@@ -35,11 +35,23 @@ pub fn port_mappings(value: &Value) -> Result<Vec<PortMapping>> {
         .collect()
 }
 
+/// `entry`'s key `name`, its case ignored as Go's encoding/json (and so
+/// portmap) ignores it: containerd's go-cni passes its `PortMapping`
+/// struct, whose fields have no JSON names (`"HostPort"`, `"HostIP"`).
+fn get<'a>(entry: &'a Value, name: &str) -> Option<&'a Value> {
+    entry.get(name).or_else(|| {
+        entry
+            .as_object()?
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value)
+    })
+}
+
 fn mapping(index: usize, entry: &Value) -> Result<PortMapping> {
     let field = |name: &str| format!("runtimeConfig.portMappings[{index}].{name}");
     let port = |name: &str| -> Result<u16> {
-        entry
-            .get(name)
+        get(entry, name)
             .and_then(Value::as_u64)
             .and_then(|n| u16::try_from(n).ok())
             .filter(|n| *n != 0)
@@ -47,11 +59,11 @@ fn mapping(index: usize, entry: &Value) -> Result<PortMapping> {
                 Error::config(format!(
                     "\"{}\" must be a port number from 1 to 65535, not {}",
                     field(name),
-                    entry.get(name).unwrap_or(&Value::Null)
+                    get(entry, name).unwrap_or(&Value::Null)
                 ))
             })
     };
-    let protocol = match entry.get("protocol") {
+    let protocol = match get(entry, "protocol") {
         None | Some(Value::Null) => 6,
         Some(Value::String(name)) => match name.to_ascii_lowercase().as_str() {
             "" | "tcp" => 6,
@@ -71,7 +83,7 @@ fn mapping(index: usize, entry: &Value) -> Result<PortMapping> {
             )));
         }
     };
-    let host_ip = match entry.get("hostIP") {
+    let host_ip = match get(entry, "hostIP") {
         None | Some(Value::Null) => None,
         Some(Value::String(text)) if text.is_empty() => None,
         Some(Value::String(text)) => {
@@ -141,6 +153,24 @@ mod tests {
                     host_ip: None
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn containerds_go_field_names_are_read_as_portmap_reads_them() {
+        // containerd 1.6's go-cni, as the real-cluster suite saw it.
+        let mappings = port_mappings(&json!([
+            {"HostPort": 54321, "ContainerPort": 80, "Protocol": "tcp", "HostIP": "127.0.0.1"}
+        ]))
+        .unwrap();
+        assert_eq!(
+            mappings,
+            [PortMapping {
+                host_port: 54321,
+                container_port: 80,
+                protocol: 6,
+                host_ip: Some("127.0.0.1".parse().unwrap())
+            }]
         );
     }
 

@@ -34,8 +34,6 @@ pub struct RuntimeOptions {
     /// `runtimeConfig.bandwidth`: which directions the bandwidth plugin,
     /// chained after flatnet, will shape.
     pub bandwidth: Bandwidth,
-    /// `runtimeConfig.portMappings`: the pod's hostPorts.
-    pub port_mappings: Vec<super::port_mappings::PortMapping>,
 }
 
 /// The directions of a pod's traffic that qdiscs on its host veth shape
@@ -129,9 +127,6 @@ impl RuntimeOptions {
         }
         if let Some(bandwidth) = runtime_config.get("bandwidth").filter(|v| !v.is_null()) {
             options.bandwidth = Bandwidth::from_value(bandwidth)?;
-        }
-        if let Some(mappings) = runtime_config.get("portMappings").filter(|v| !v.is_null()) {
-            options.port_mappings = super::port_mappings::port_mappings(mappings)?;
         }
         Ok(options)
     }

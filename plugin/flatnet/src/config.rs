@@ -8,7 +8,6 @@ pub use crate::{DatapathMode, Shaping};
 use flatnet_cni::config::{MTU_RANGE, check_stdin, validate_network_name};
 use flatnet_cni::env::{is_spec_name, validate_ifname};
 use flatnet_cni::error::{Error, Result};
-use flatnet_cni::port_mappings::PortMapping;
 use flatnet_cni::result::{CniResult, Dns};
 use flatnet_cni::runtime::{Mac, RuntimeOptions};
 use flatnet_cni::version::SpecVersion;
@@ -98,8 +97,10 @@ pub struct NetConf {
     /// (tc datapath), or None: the kernel's 64 KiB default.
     pub big_tcp: Option<u32>,
     /// `runtimeConfig.portMappings`: hostPorts served in BPF (flatnet's
-    /// entry declares the capability instead of chaining portmap).
-    pub port_mappings: Vec<PortMapping>,
+    /// entry declares the capability instead of chaining portmap). Read
+    /// where they are served (ADD, CHECK), not by DEL: a DEL goes through
+    /// whatever a runtime passes.
+    pub port_mappings: Option<serde_json::Value>,
 }
 
 impl NetConf {
@@ -187,7 +188,12 @@ impl NetConf {
             },
             pin_root: raw.pin_root,
             big_tcp,
-            port_mappings: runtime.port_mappings,
+            port_mappings: raw
+                .runtime_config
+                .as_ref()
+                .and_then(|config| config.get("portMappings"))
+                .filter(|mappings| !mappings.is_null())
+                .cloned(),
         })
     }
 

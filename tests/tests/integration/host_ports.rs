@@ -90,6 +90,11 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
             | external_port::ADDRESS_TCP
             | external_port::ADDRESS_UDP
     );
+    // And on ANY_PORT, which `from_pod` reads before asking the reply path.
+    assert_eq!(
+        host_port_bits(cp, external_port::ANY_PORT),
+        host_port_bits(cp, WEB_PORT)
+    );
     let on_node = SocketAddr::from((cp.spec.address(), WEB_PORT));
 
     // From outside: the uplink program, the client's address kept, the
@@ -148,9 +153,10 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
     // The e2e spec's three pods: one hostPort, told apart by hostIP and
     // protocol.
     let node_ip = cp.spec.address().to_string();
+    // As containerd 1.6 passes them (go-cni's struct, no JSON names).
     let by_host_ip = |protocol: &str, host_ip: &str| {
-        cp.pod_with_host_ports(json!([{"hostPort": SHARED_PORT,
-            "containerPort": BACKEND_PORT, "protocol": protocol, "hostIP": host_ip}]))
+        cp.pod_with_host_ports(json!([{"HostPort": SHARED_PORT,
+            "ContainerPort": BACKEND_PORT, "Protocol": protocol, "HostIP": host_ip}]))
     };
     let pods = [
         by_host_ip("tcp", "127.0.0.1"),
@@ -249,4 +255,5 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
     drop(pods);
     assert!(cp.datapath().host_ports().is_empty());
     assert_eq!(host_port_bits(cp, SHARED_PORT), 0);
+    assert_eq!(host_port_bits(cp, external_port::ANY_PORT), 0);
 }

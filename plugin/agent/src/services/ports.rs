@@ -13,7 +13,7 @@ use crate::services::sync::{FrontendKey, Target};
 
 /// The `EXTERNAL_PORTS` bits of each port that frontends outside clients
 /// reach listen on: a NodePort's (the wildcard address) or an external
-/// address's, per protocol.
+/// address's, per protocol; and all of them on `ANY_PORT`.
 pub fn external_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, u32> {
     let mut ports = BTreeMap::new();
     for ((address, port, protocol), target) in desired {
@@ -26,6 +26,9 @@ pub fn external_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, 
             external_port::address_bit(*protocol)
         };
         *ports.entry(*port).or_default() |= bit;
+    }
+    if let Some(any) = ports.values().copied().reduce(|a, b| a | b) {
+        ports.insert(external_port::ANY_PORT, any);
     }
     ports
 }

@@ -456,6 +456,12 @@ mod tests {
         assert_eq!(
             ports,
             BTreeMap::from([
+                (
+                    external_port::ANY_PORT,
+                    external_port::ADDRESS_TCP
+                        | external_port::NODEPORT_TCP
+                        | external_port::NODEPORT_UDP
+                ),
                 (80, external_port::ADDRESS_TCP),
                 (30053, external_port::NODEPORT_UDP),
                 (

@@ -115,6 +115,7 @@ impl Datapath {
         }
         self.write_record(host_veth, ports)?;
         let mut numbers: Vec<u16> = ports.iter().chain(&before).map(|p| p.port).collect();
+        numbers.push(external_port::ANY_PORT);
         numbers.sort_unstable();
         numbers.dedup();
         for number in numbers {
@@ -204,6 +205,8 @@ impl Datapath {
                 let bits = host_port_bits(&held, Some((host_veth, &[])), port.port);
                 self.set_host_port_bits(port.port, bits)?;
             }
+            let any = external_port::ANY_PORT;
+            self.set_host_port_bits(any, host_port_bits(&held, Some((host_veth, &[])), any))?;
         }
         crate::util::remove_file_if_present(&path)
             .map(drop)
@@ -264,8 +267,9 @@ fn same_frontend(a: &HostPort, b: &HostPort) -> bool {
         && (a.address == b.address || a.address.is_unspecified() || b.address.is_unspecified())
 }
 
-/// The `external_port` bits (unshifted) of `port` from the hostPorts of
-/// `held`, with `host_veth`'s replaced by `theirs`.
+/// The `external_port` bits (unshifted) of `port` (`ANY_PORT`: of every
+/// port) from the hostPorts of `held`, with `host_veth`'s replaced by
+/// `theirs`.
 fn host_port_bits(
     held: &BTreeMap<String, Vec<HostPort>>,
     replaced: Option<(&str, &[HostPort])>,
@@ -278,7 +282,7 @@ fn host_port_bits(
     let own = replaced.into_iter().flat_map(|(_, ports)| ports.iter());
     others
         .chain(own)
-        .filter(|host_port| host_port.port == port)
+        .filter(|host_port| port == external_port::ANY_PORT || host_port.port == port)
         .map(|host_port| {
             if host_port.address.is_unspecified() {
                 external_port::nodeport_bit(host_port.protocol)
@@ -327,6 +331,16 @@ mod tests {
             external_port::NODEPORT_TCP | external_port::ADDRESS_UDP
         );
         assert_eq!(host_port_bits(&held, None, 8081), 0);
+        let mut elsewhere = held.clone();
+        elsewhere.insert("c".into(), vec![host_port("0.0.0.0", 9000, 17)]);
+        assert_eq!(
+            host_port_bits(&elsewhere, None, external_port::ANY_PORT),
+            external_port::NODEPORT_TCP | external_port::ADDRESS_UDP | external_port::NODEPORT_UDP
+        );
+        assert_eq!(
+            host_port_bits(&held, Some(("a", &[])), external_port::ANY_PORT),
+            external_port::ADDRESS_UDP
+        );
         // "b" leaving, or replaced by another port.
         assert_eq!(
             host_port_bits(&held, Some(("b", &[])), 8080),

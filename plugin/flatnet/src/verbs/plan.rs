@@ -236,8 +236,13 @@ impl AttachmentPlan {
             });
         }
         let endpoint_addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.address.ip()).collect();
-        let host_ports =
-            super::host_ports::plan(&conf.port_mappings, &endpoint_addresses, conf.datapath)?;
+        let mappings = conf
+            .port_mappings
+            .as_ref()
+            .map(flatnet_cni::port_mappings::port_mappings)
+            .transpose()?
+            .unwrap_or_default();
+        let host_ports = super::host_ports::plan(&mappings, &endpoint_addresses, conf.datapath)?;
         Ok(AttachmentPlan {
             host_ports,
             network: conf.node_network(),

@@ -4,7 +4,7 @@
 //! asserts only the verdicts, and `cargo xtask bench` reports the numbers.
 
 use super::*;
-use flatnet_common::PROG_TO_UPLINK;
+use flatnet_common::{PROG_TO_UPLINK, external_port};
 use flatnet_tests::test_run::time_tc;
 
 /// Runs per measurement: long enough that the timer's resolution and the
@@ -102,18 +102,35 @@ fn program_cost_per_frame() {
             .into_iter()
             .map(|(case, pod, frame, verdict)| (case, PROG_FROM_POD, pod, frame, verdict)),
     );
-    for (case, program, pod, frame, verdict) in timed {
+    let mut time = |case: &str, program: &str, pod: &Pod, frame: &[u8], verdict: u32| {
         let path = node.scratch.program_path(program);
         let (got, per_run) = node
             .netns
-            .run(|| time_tc(&path, &frame, pod.host_ifindex, REPEAT))
+            .run(|| time_tc(&path, frame, pod.host_ifindex, REPEAT))
             .expect(case);
         assert_eq!(got, verdict, "{case}: verdict");
         let line =
             serde_json::json!({"program": program, "case": case, "ns": per_run.as_nanos() as u64});
         println!("{line}");
         lines.push(line.to_string());
+    };
+    for (case, program, pod, frame, verdict) in timed {
+        time(case, program, pod, &frame, verdict);
     }
+    // The same frame while a NodePort listens for clients outside: only
+    // then does `from_pod` ask the reply path (a tail call, a parse, a
+    // `NAT_REVERSE` lookup) before the stack.
+    node.scratch
+        .datapath
+        .set_external_port(external_port::ANY_PORT, external_port::NODEPORT_TCP)
+        .expect("a NodePort listening");
+    time(
+        "udp to outside the cluster, a NodePort listening",
+        PROG_FROM_POD,
+        a,
+        &a.sends(outside.udp()),
+        TC_NEXT,
+    );
     if let Ok(out) = std::env::var("FLATNET_PROGRAM_COST") {
         std::fs::write(out, lines.join("\n") + "\n").expect("writing the costs");
     }
