@@ -97,6 +97,26 @@ impl Network {
         }
     }
 
+    /// A pod whose ADD gets `runtime_config` (as a runtime passes the
+    /// capabilities the conf declares).
+    pub fn pod_with_runtime_config(&self, runtime_config: serde_json::Value) -> Pod<'_> {
+        let netns = Netns::new();
+        let container_id = unique("ctr-");
+        let mut conf = self.conf.clone();
+        conf["runtimeConfig"] = runtime_config;
+        let out = CniCall::new("ADD", &container_id, &netns.path(), "eth0")
+            .run(&bin("flatnet"), conf.to_string().as_bytes());
+        assert!(out.success(), "ADD failed: {out:?}");
+        let result = out.json();
+        Pod {
+            network: self,
+            netns,
+            container_id,
+            ifname: "eth0".into(),
+            result,
+        }
+    }
+
     pub fn host_veth(&self, container_id: &str, ifname: &str) -> String {
         AttachmentNames::new(&self.name, container_id, ifname).host_veth
     }

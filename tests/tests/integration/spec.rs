@@ -378,12 +378,16 @@ fn endpoint_count(net: &Network) -> usize {
 #[flatnet_test(root)]
 fn gc_removes_what_no_valid_attachment_owns() {
     let net = flatnet_ipam_net("1.1.0");
-    let a = net.pod();
-    let b = net.pod();
+    // a and b with a hostPort each (flatnet's BPF hostPorts).
+    let host_port = |port: u16| json!({"portMappings": [{"hostPort": port, "containerPort": 80}]});
+    let a = net.pod_with_runtime_config(host_port(31001));
+    let b = net.pod_with_runtime_config(host_port(31002));
     let c = net.pod();
     let d = net.pod();
     assert_eq!(net.ipam_allocations().len(), 4);
     assert_eq!(endpoint_count(&net), 4);
+    let held = net.datapath().host_ports();
+    assert_eq!(held.len(), 2, "{held:?}");
 
     // d's namespace goes away behind the runtime's back: its veth goes with
     // it and its datapath entry points at a vanished ifindex.
@@ -410,6 +414,24 @@ fn gc_removes_what_no_valid_attachment_owns() {
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].0, std::net::IpAddr::V4(a.ip()));
     assert_eq!(net.datapath().host_veths().unwrap().len(), 1);
+    // b's hostPort went with it, a's stays.
+    let held = net.datapath().host_ports();
+    assert_eq!(
+        held.keys().collect::<Vec<_>>(),
+        [&a.host_veth()],
+        "{held:?}"
+    );
+    let ports: Vec<u16> = net
+        .datapath()
+        .service_frontends()
+        .unwrap()
+        .iter()
+        .map(|(key, _)| flatnet_datapath::bpf::frontend_of(key).1)
+        .collect();
+    assert!(
+        ports.contains(&31001) && !ports.contains(&31002),
+        "{ports:?}"
+    );
     // a still works.
     tcp_echo(Some(&a.netns), a.ip(), None, 100_000).expect("host -> a after GC");
 
@@ -428,6 +450,10 @@ fn gc_removes_what_no_valid_attachment_owns() {
     assert!(out.success(), "{out:?}");
     assert!(net.ipam_allocations().is_empty());
     assert!(!net.datapath().exists(), "pins left");
+    assert!(
+        net.datapath().host_ports().is_empty(),
+        "hostPort records left"
+    );
     assert!(wait_link_gone(&net.gateway_device, Duration::from_secs(10)));
 
     // A GC without the list is refused rather than read as "nothing valid".
