@@ -601,3 +601,165 @@ fn closed_flows_give_their_node_ports_back() {
         node.datapath().detach_services().unwrap();
     }
 }
+
+/// What an outside client gets from a NodePort (externalTrafficPolicy
+/// Cluster, TCP and UDP, a backend on each node) through each node: the
+/// backends that answer, who each says the client was, where UDP answers
+/// come from, and whether a port that is no NodePort's is refused.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    /// (node, protocol) -> the answers ("name source"), the sources
+    /// written as what they are ("node", "gateway", "client" or the
+    /// address).
+    answers: std::collections::BTreeMap<(String, &'static str), BTreeSet<String>>,
+    udp_answers_from_the_node_port: bool,
+    other_port_refused: bool,
+}
+
+fn outcome(cluster: &Cluster) -> Outcome {
+    let outside = &cluster._switch;
+    let mut answers = std::collections::BTreeMap::new();
+    let mut udp_from_node_port = true;
+    let mut refused = true;
+    for node in [cluster.node("cp-1"), cluster.node("worker-1")] {
+        let to = SocketAddr::from((node.spec.address(), NODE_PORT));
+        let name_source = |answer: String| {
+            let (name, source) = answer.split_once(' ').expect("name source");
+            let source: std::net::IpAddr = source.parse().expect("source");
+            let what = if source == std::net::IpAddr::V4(node.spec.address()) {
+                "node".to_string()
+            } else if source == std::net::IpAddr::V4(OUTSIDE) {
+                "client".to_string()
+            } else if source.to_string().ends_with(".1") {
+                "gateway".to_string()
+            } else {
+                source.to_string()
+            };
+            format!("{name} {what}")
+        };
+        let tcp = (0..16)
+            .map(|_| name_source(tcp_ask(outside, to).unwrap_or_else(|e| panic!("TCP {to}: {e}"))))
+            .collect();
+        let udp = (0..16)
+            .map(|_| {
+                let (answer, from) =
+                    udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP {to}: {e}"));
+                udp_from_node_port &= from == to;
+                name_source(answer)
+            })
+            .collect();
+        answers.insert((node.spec.name.clone(), "tcp"), tcp);
+        answers.insert((node.spec.name.clone(), "udp"), udp);
+        let other = SocketAddr::from((node.spec.address(), NODE_PORT + 1));
+        refused &= tcp_ask(outside, other)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+    }
+    Outcome {
+        answers,
+        udp_answers_from_the_node_port: udp_from_node_port,
+        other_port_refused: refused,
+    }
+}
+
+/// The fast path invisible: the same outside client through a cluster
+/// whose NodePorts are flatnet's (`--services ebpf`, kube-proxy absent)
+/// and through one where kube-proxy's iptables rules (the fixture) serve
+/// them on flatnet's fast path gets the same: each node reaches both
+/// backends over TCP and UDP, both backends see the node's address (the
+/// local one too: MASQUERADE picks it, the host veth having none), UDP
+/// answers come from the NodePort, another port is refused.
+#[flatnet_test(root)]
+fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
+    use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (flatnet, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let kube_proxy = Cluster::started(
+        &specs(&[
+            ("cp-1", 1, Some("10.244.0.0/24")),
+            ("worker-1", 2, Some("10.244.1.0/24")),
+        ]),
+        &[],
+    );
+    kube_proxy
+        ._switch
+        .exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
+    let pods: Vec<_> = [&flatnet, &kube_proxy]
+        .iter()
+        .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
+        .collect();
+    let _servers: Vec<Echo> = pods
+        .iter()
+        .flat_map(|(local, remote)| {
+            [
+                Echo::start(&local.netns, "on-cp-1"),
+                Echo::start(&remote.netns, "on-worker-1"),
+            ]
+        })
+        .collect();
+
+    // flatnet: the Service and its slice from the API.
+    let (local, remote) = &pods[0];
+    let mut service = api_service("np", Ipv4Addr::new(10, 96, 9, 50));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(udp_port);
+    stub.add(Kind::Service, service);
+    let mut slice = api_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    slice["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    stub.add(Kind::EndpointSlice, slice);
+    // kube-proxy: the same Service as its iptables rules hold it.
+    let (local, remote) = &pods[1];
+    let endpoints = vec![
+        SocketAddr::from((local.ip, BACKEND_PORT)),
+        SocketAddr::from((remote.ip, BACKEND_PORT)),
+    ];
+    let cluster_ip = std::net::IpAddr::V4(Ipv4Addr::new(10, 96, 9, 50));
+    kube_proxy.program_kube_proxy(
+        Mode::Iptables,
+        &[
+            ServicePort::cluster_ip("np", cluster_ip, 80, Protocol::Tcp, endpoints.clone())
+                .with_node_port(NODE_PORT),
+            ServicePort::cluster_ip("np", cluster_ip, 53, Protocol::Udp, endpoints)
+                .with_node_port(NODE_PORT),
+        ],
+    );
+    let wildcard = Ipv4Addr::UNSPECIFIED.into();
+    wait_until("flatnet's agents to serve the NodePort", SETTLE, || {
+        ["cp-1", "worker-1"].iter().all(|name| {
+            [6, 17].into_iter().all(|protocol| {
+                flatnet
+                    .node(name)
+                    .datapath()
+                    .service_backends(&service_key(wildcard, NODE_PORT, protocol))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|set| set.len() == 2)
+            })
+        })
+    });
+
+    let through_flatnet = outcome(&flatnet);
+    let through_kube_proxy = outcome(&kube_proxy);
+    assert_eq!(through_flatnet, through_kube_proxy);
+    let same = through_flatnet;
+    assert!(
+        same.udp_answers_from_the_node_port && same.other_port_refused,
+        "{same:?}"
+    );
+    assert_eq!(
+        same.answers[&("cp-1".to_string(), "tcp")],
+        BTreeSet::from(["on-cp-1 node".to_string(), "on-worker-1 node".to_string()])
+    );
+}
