@@ -763,3 +763,87 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         BTreeSet::from(["on-cp-1 node".to_string(), "on-worker-1 node".to_string()])
     );
 }
+
+/// Live NodePort connections from outside outlive a datapath upgrade of
+/// the node they entered by: a stream to a backend on cp-1 and one to a
+/// backend on worker-1 (both through cp-1's NodePorts) keep every byte
+/// while cp-1's pinned programs are made to look like an older build's,
+/// the next ADD loads this build's and moves every veth and the uplink
+/// over (the translation tables and the tail-call array are pinned and
+/// kept), and cp-1's agent restarts.
+#[flatnet_test(root)]
+fn node_port_streams_from_outside_survive_a_datapath_upgrade() {
+    use crate::services::TcpBackend;
+    use crate::services::under_load::{echo_stream_during, program_ids};
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, served) = two_nodes_and_outside(&cgroup, &stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    let (near, far) = (cp.pod(), worker.pod());
+    let _servers = [
+        TcpBackend::start(&near, "near", BACKEND_PORT),
+        TcpBackend::start(&far, "far", BACKEND_PORT),
+    ];
+    let ports = [
+        (NODE_PORT + 1, &near, "cp-1"),
+        (NODE_PORT + 2, &far, "worker-1"),
+    ];
+    for (i, (port, pod, node)) in ports.iter().enumerate() {
+        let name = format!("stream{i}");
+        let mut service = api_service(&name, Ipv4Addr::new(10, 96, 9, 60 + i as u8));
+        service["spec"]["type"] = "NodePort".into();
+        service["spec"]["ports"][0]["nodePort"] = (*port).into();
+        stub.add(Kind::Service, service);
+        stub.add(Kind::EndpointSlice, api_slice(&name, &[(pod.ip, node)]));
+    }
+    let wildcard = Ipv4Addr::UNSPECIFIED.into();
+    wait_until("cp-1's agent to serve both NodePorts", SETTLE, || {
+        ports.iter().all(|(port, _, _)| {
+            cp.datapath()
+                .service_backends(&service_key(wildcard, *port, 6))
+                .ok()
+                .flatten()
+                .is_some_and(|set| set.len() == 1)
+        })
+    });
+    let before = program_ids(cp);
+    let datapath = cp.datapath();
+    let mut third = None;
+    let to = |port: u16| SocketAddr::from((cp.spec.address(), port));
+    let ((sent, echoed), (sent_far, echoed_far)) = std::thread::scope(|scope| {
+        let far_stream = scope
+            .spawn(|| echo_stream_during(outside, to(ports[1].0), Duration::from_secs(10), || {}));
+        let near_stream =
+            echo_stream_during(outside, to(ports[0].0), Duration::from_secs(10), || {
+                for name in [
+                    flatnet_common::PROG_FROM_POD,
+                    flatnet_common::PROG_FROM_UPLINK,
+                ] {
+                    let pinned = datapath.program_path(name);
+                    let older = pinned.with_file_name(format!("{name}-000000000000"));
+                    std::fs::rename(&pinned, &older).expect("age the pinned program");
+                }
+                third = Some(cp.pod());
+                cp.stop_agent();
+                cp.start_agent(&Peers::Api(served[0].url.clone()));
+                cp.wait_ready();
+            });
+        (near_stream, far_stream.join().expect("far stream"))
+    });
+    for (what, sent, echoed) in [("near", sent, echoed), ("far", sent_far, echoed_far)] {
+        assert_eq!(sent, echoed, "{what}: bytes lost");
+        assert!(
+            sent > 1 << 20,
+            "{what}: the stream barely moved: {sent} bytes"
+        );
+    }
+    let after = program_ids(cp);
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a != b),
+        "no new programs were loaded ({before:?} -> {after:?})"
+    );
+    assert!(cp.packets(action::NODEPORT_REPLIED) > 0);
+    drop(third);
+}

@@ -20,7 +20,7 @@ use flatnet_tests::*;
 mod cluster_ips;
 mod node_and_host_ports;
 mod spoofing;
-mod under_load;
+pub(crate) mod under_load;
 
 /// Where backends listen (a Service's targetPort).
 const BACKEND_PORT: u16 = 8080;
@@ -93,7 +93,7 @@ impl ServiceCluster {
 
 /// A backend's TCP server in a pod: answers every connection with its name
 /// and a newline, then echoes. Runs until dropped.
-struct TcpBackend {
+pub(crate) struct TcpBackend {
     stop: Arc<AtomicBool>,
     port: u16,
     netns_path: std::path::PathBuf,
@@ -101,7 +101,7 @@ struct TcpBackend {
 }
 
 impl TcpBackend {
-    fn start(pod: &SimPod, name: &str, port: u16) -> Self {
+    pub(crate) fn start(pod: &SimPod, name: &str, port: u16) -> Self {
         // One dual-stack socket serves both families.
         let listener = pod
             .netns

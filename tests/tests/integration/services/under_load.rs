@@ -6,14 +6,13 @@ use super::*;
 /// Streams paced data to `to` for `duration` while reading the echo back
 /// (data both ways on one connection); runs `during` in the middle. Returns
 /// (bytes sent, bytes echoed back). A reset or a stall fails.
-fn echo_stream_during(
-    client: &SimPod,
+pub(crate) fn echo_stream_during(
+    client: &Netns,
     to: SocketAddr,
     duration: Duration,
     during: impl FnOnce(),
 ) -> (u64, u64) {
     let conn = client
-        .netns
         .run(|| TcpStream::connect_timeout(&to, IO_TIMEOUT))
         .unwrap_or_else(|e| panic!("connect {to}: {e}"));
     conn.set_read_timeout(Some(Duration::from_secs(10)))
@@ -80,7 +79,7 @@ fn echo_stream_during(
 }
 
 /// IDs of the node's pinned from_pod and from_uplink.
-fn program_ids(node: &SimNode) -> Vec<u32> {
+pub(crate) fn program_ids(node: &SimNode) -> Vec<u32> {
     let datapath = node.datapath();
     [
         flatnet_common::PROG_FROM_POD,
@@ -133,14 +132,14 @@ fn streams_through_clusterips_survive_an_upgrade(mode: Mode) {
         let ((sent, echoed), (sent_far, echoed_far)) = std::thread::scope(|scope| {
             let far_stream = scope.spawn(|| {
                 echo_stream_during(
-                    &client,
+                    &client.netns,
                     SocketAddr::new(cluster_ip(family, 11), 80),
                     Duration::from_secs(10),
                     || {},
                 )
             });
             let near_stream = echo_stream_during(
-                &client,
+                &client.netns,
                 SocketAddr::new(cluster_ip(family, 10), 80),
                 Duration::from_secs(10),
                 || {
