@@ -21,7 +21,7 @@ use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 
 use crate::socket_lb::{
-    BACKEND_PORT, api_service, api_slice, ebpf_services_cluster, ebpf_services_cluster_of,
+    BACKEND_PORT, api_service, api_slice, ebpf_services_cluster_flagged, ebpf_services_cluster_of,
 };
 
 const NODE_PORT: u16 = 30080;
@@ -158,13 +158,23 @@ pub(crate) fn two_nodes_and_outside(
     cgroup: &TestCgroup,
     stub: &ApiStub,
 ) -> (Cluster, Vec<flatnet_tests::kube_stub::ServedStub>) {
-    let nodes = ebpf_services_cluster(
-        &[
+    two_nodes_and_outside_flagged(cgroup, stub, &[])
+}
+
+/// `two_nodes_and_outside` with more agent flags (`--routing vxlan`).
+fn two_nodes_and_outside_flagged(
+    cgroup: &TestCgroup,
+    stub: &ApiStub,
+    flags: &[&str],
+) -> (Cluster, Vec<flatnet_tests::kube_stub::ServedStub>) {
+    let nodes = ebpf_services_cluster_flagged(
+        &specs(&[
             ("cp-1", 1, Some("10.244.0.0/24")),
             ("worker-1", 2, Some("10.244.1.0/24")),
-        ],
+        ]),
         cgroup,
         stub,
+        flags,
     );
     nodes
         .0
@@ -846,4 +856,64 @@ fn node_port_streams_from_outside_survive_a_datapath_upgrade() {
     );
     assert!(cp.packets(action::NODEPORT_REPLIED) > 0);
     drop(third);
+}
+
+/// Nodes tunnelled (`--routing vxlan`): an outside client's NodePort flow
+/// through cp-1 to a backend on worker-1 goes into the tunnel translated
+/// (the node's address and port as its source), and the replies come
+/// back out of it to be translated back, TCP and UDP.
+#[flatnet_test(root)]
+fn node_ports_reach_a_remote_backend_through_the_tunnel() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, _served) = two_nodes_and_outside_flagged(&cgroup, &stub, &["--routing", "vxlan"]);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    assert!(
+        cp.remote_cidrs().iter().any(|r| r.contains("vxlan")),
+        "cp-1 does not tunnel: {:?}",
+        cp.remote_cidrs()
+    );
+    let outside = &cluster._switch;
+    let remote = worker.pod();
+    let _server = Echo::start(&remote.netns, "remote");
+    let mut service = api_service("tunnelled", Ipv4Addr::new(10, 96, 9, 70));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(udp_port);
+    stub.add(Kind::Service, service);
+    let mut slice = api_slice("tunnelled", &[(remote.ip, "worker-1")]);
+    slice["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    stub.add(Kind::EndpointSlice, slice);
+    let wildcard = Ipv4Addr::UNSPECIFIED.into();
+    wait_until("cp-1's agent to serve the NodePort", SETTLE, || {
+        [6, 17].into_iter().all(|protocol| {
+            cp.datapath()
+                .service_backends(&service_key(wildcard, NODE_PORT, protocol))
+                .ok()
+                .flatten()
+                .is_some_and(|set| set.len() == 1)
+        })
+    });
+    let to = SocketAddr::from((cp.spec.address(), NODE_PORT));
+    let seen = format!("remote {}", cp.spec.address());
+    let tunnelled_before = cp.packets(action::NODEPORT_TO_NODE);
+    for _ in 0..8 {
+        assert_eq!(tcp_ask(outside, to).expect("TCP through the tunnel"), seen);
+        assert_eq!(
+            udp_ask(outside, to).expect("UDP through the tunnel"),
+            (seen.clone(), to)
+        );
+    }
+    assert!(cp.packets(action::NODEPORT_TO_NODE) > tunnelled_before);
+    assert!(cp.packets(action::NODEPORT_REPLIED) > 0);
 }

@@ -359,6 +359,19 @@ pub(crate) fn ebpf_services_cluster_of(
     flatnet_tests::cluster::Cluster,
     Vec<flatnet_tests::kube_stub::ServedStub>,
 ) {
+    ebpf_services_cluster_flagged(specs, cgroup, stub, &[])
+}
+
+/// `ebpf_services_cluster_of` with more agent flags.
+pub(crate) fn ebpf_services_cluster_flagged(
+    specs: &[flatnet_tests::cluster::NodeSpec],
+    cgroup: &TestCgroup,
+    stub: &flatnet_tests::kube_stub::ApiStub,
+    flags: &[&str],
+) -> (
+    flatnet_tests::cluster::Cluster,
+    Vec<flatnet_tests::kube_stub::ServedStub>,
+) {
     let mut cluster = flatnet_tests::cluster::Cluster::new(specs);
     for node in &mut cluster.nodes {
         node.agent_flags = vec![
@@ -367,6 +380,8 @@ pub(crate) fn ebpf_services_cluster_of(
             "--services-cgroup".into(),
             cgroup.0.display().to_string(),
         ];
+        node.agent_flags
+            .extend(flags.iter().map(|flag| flag.to_string()));
     }
     let served = cluster.start_agents_on_api(stub);
     (cluster, served)
