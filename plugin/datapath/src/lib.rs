@@ -17,6 +17,7 @@ mod mode;
 pub mod netlink;
 pub mod netns;
 pub mod node;
+pub mod records;
 pub mod sockets;
 pub mod trace;
 pub mod util;

@@ -13,7 +13,6 @@
 //! each, see `external_port`).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -75,19 +74,8 @@ impl Datapath {
 
     /// Every attachment's hostPorts, by host veth.
     pub fn host_ports(&self) -> BTreeMap<String, Vec<HostPort>> {
-        let Ok(entries) = std::fs::read_dir(self.host_port_records()) else {
-            return BTreeMap::new();
-        };
-        entries
-            .filter_map(|entry| entry.ok())
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                if name.starts_with('.') {
-                    return None;
-                }
-                let ports = serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-                Some((name, ports))
-            })
+        crate::records::read_all(&self.host_port_records())
+            .into_iter()
             .collect()
     }
 
@@ -222,20 +210,7 @@ impl Datapath {
     }
 
     fn write_record(&self, host_veth: &str, ports: &[HostPort]) -> Result<()> {
-        let dir = self.host_port_records();
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let path = dir.join(host_veth);
-        let temp = dir.join(format!(".{host_veth}.tmp"));
-        let bytes = serde_json::to_vec(ports)
-            .map_err(|e| Error::io("encoding hostPorts", std::io::Error::other(e)))?;
-        std::fs::File::create(&temp)
-            .and_then(|mut file| file.write_all(&bytes))
-            .and_then(|()| std::fs::rename(&temp, &path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&temp);
-                Error::io(format!("writing {}", path.display()), e)
-            })
+        crate::records::write(&self.host_port_records(), host_veth, &ports)
     }
 
     /// Sets the hostPort half of `port`'s `EXTERNAL_PORTS` entry (the lock

@@ -18,7 +18,6 @@
 //! nothing, as before.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -26,7 +25,7 @@ use flatnet_common::{POLICY_F_EGRESS, POLICY_F_INGRESS};
 use serde::{Deserialize, Serialize};
 
 use crate::bpf::pin_name;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::lock::LOCK_DIR;
 
 /// The directions one namespace's NetworkPolicies isolate.
@@ -102,20 +101,7 @@ impl PodRecord {
     /// Writes the record of the attachment behind `host_veth` (write to a
     /// hidden file, rename: the agent never reads half of one).
     pub fn write(&self, network: &str, host_veth: &str) -> Result<()> {
-        let dir = records_dir(network);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let path = dir.join(host_veth);
-        let temp = dir.join(format!(".{host_veth}.tmp"));
-        let bytes =
-            serde_json::to_vec(self).map_err(|e| Error::io("encoding a pod record", e.into()))?;
-        std::fs::File::create(&temp)
-            .and_then(|mut file| file.write_all(&bytes))
-            .and_then(|()| std::fs::rename(&temp, &path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&temp);
-                Error::io(format!("writing {}", path.display()), e)
-            })
+        crate::records::write(&records_dir(network), host_veth, self)
     }
 
     /// Removes the record of the attachment behind `host_veth`, if any.
@@ -126,20 +112,7 @@ impl PodRecord {
     /// Every record of `network`, with the host veth it names; unreadable
     /// ones (a crash mid-write leaves only a hidden temp file) skipped.
     pub fn read_all(network: &str) -> Vec<(String, PodRecord)> {
-        let Ok(entries) = std::fs::read_dir(records_dir(network)) else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(|entry| entry.ok())
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                if name.starts_with('.') {
-                    return None;
-                }
-                let record = serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-                Some((name, record))
-            })
-            .collect()
+        crate::records::read_all(&records_dir(network))
     }
 
     /// Removes the records whose host veth `keep` refuses (GC).
