@@ -46,6 +46,7 @@ mod load;
 mod nat;
 mod policy;
 mod remote;
+mod service_programs;
 mod services;
 mod slots;
 mod sources;
@@ -66,9 +67,9 @@ pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };
 pub use remote::RemoteCidr;
+pub use service_programs::SERVICE_PROGRAMS;
 pub use services::{
-    Outside, SERVICE_PROGRAMS, backend_address, frontend_of, protocol_name, service_backend,
-    service_key,
+    Outside, backend_address, frontend_of, protocol_name, service_backend, service_key,
 };
 pub use sources::sources_of;
 pub use variant::CostVariant;
