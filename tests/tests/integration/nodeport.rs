@@ -529,6 +529,24 @@ fn clients_outside_reach_node_ports_over_ipv6() {
             action::NAMES[what as usize]
         );
     }
+    // A hostPort over IPv6 too (flatnet's, `--host-ports auto`): the pod's
+    // IPv6 address behind every IPv6 node address, the client's kept.
+    let host_port = NODE_PORT + 10;
+    let web = cp.pod_with_host_ports(serde_json::json!([
+        {"hostPort": host_port, "containerPort": BACKEND_PORT, "protocol": "tcp"},
+        {"hostPort": host_port, "containerPort": BACKEND_PORT, "protocol": "udp"},
+    ]));
+    let _web_server = Echo::start(&web.netns, "web");
+    let to = SocketAddr::from((cp.spec.address6(), host_port));
+    assert_eq!(
+        tcp_ask(outside, to).expect("TCP to an IPv6 hostPort"),
+        "web fd30::64"
+    );
+    assert_eq!(
+        udp_ask(outside, to).expect("UDP to an IPv6 hostPort"),
+        ("web fd30::64".to_string(), to)
+    );
+    drop(web);
     for node in &cluster.nodes {
         node.stop_agent();
         node.datapath().detach_services().unwrap();
