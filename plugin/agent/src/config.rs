@@ -247,13 +247,13 @@ pub struct Args {
     #[arg(long, env = "FLATNET_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     pub network_policy: bool,
 
-    /// Who load-balances ClusterIP traffic: `kube-proxy` (its rules), or
+    /// Who load-balances Service traffic: `kube-proxy` (its rules), or
     /// `ebpf` (with `--peer-source kubernetes`: this agent watches Services
-    /// and EndpointSlices and flatnet's socket programs choose a backend at
-    /// connect() and sendmsg() for ClusterIPs, and for this node's pods and
-    /// the node itself also for externalIPs, load-balancer IPs and NodePorts
-    /// on every node address; traffic from outside the node to a NodePort
-    /// or an external address stays kube-proxy's).
+    /// and EndpointSlices; flatnet's socket programs choose a backend at
+    /// connect() and sendmsg() for ClusterIPs, externalIPs, load-balancer
+    /// IPs and NodePorts for this node's pods and the node itself, and in
+    /// tc mode the uplink program serves NodePorts and external addresses
+    /// to clients outside the node, translating them in BPF).
     #[arg(
         long,
         env = "FLATNET_SERVICES",
