@@ -935,3 +935,96 @@ fn node_ports_reach_a_remote_backend_through_the_tunnel() {
     assert!(cp.packets(action::NODEPORT_TO_NODE) > tunnelled_before);
     assert!(cp.packets(action::NODEPORT_REPLIED) > 0);
 }
+
+/// A Service deleted (its NodePort gone) leaves its established TCP
+/// connections from outside be, as kube-proxy's conntrack carries them on:
+/// the agent holds the port's bits while the flow lives; a new connection
+/// finds no frontend and is refused; once the connection closes, the
+/// next resync lets the port go.
+#[flatnet_test(root)]
+fn an_established_connection_outlives_its_services_deletion() {
+    use crate::services::TcpBackend;
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let outside = &cluster._switch;
+    let (near, far) = (cp.pod(), worker.pod());
+    let _servers = [
+        TcpBackend::start(&near, "near", BACKEND_PORT),
+        TcpBackend::start(&far, "far", BACKEND_PORT),
+    ];
+    let mut service = api_service("going", Ipv4Addr::new(10, 96, 9, 80));
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
+    stub.add(Kind::Service, service);
+    stub.add(
+        Kind::EndpointSlice,
+        api_slice("going", &[(near.ip, "cp-1"), (far.ip, "worker-1")]),
+    );
+    let key = service_key(Ipv4Addr::UNSPECIFIED.into(), NODE_PORT, 6);
+    let frontend_there = || {
+        cp.datapath()
+            .service_frontends()
+            .unwrap()
+            .iter()
+            .any(|(k, _)| *k == key)
+    };
+    wait_until("cp-1's agent to serve the NodePort", SETTLE, frontend_there);
+    let to = SocketAddr::from((cp.spec.address(), NODE_PORT));
+    // Connections to both backends (each a new flow, chosen at random).
+    let mut conns = Vec::new();
+    let mut seen = BTreeSet::new();
+    while seen.len() < 2 {
+        let mut conn = outside
+            .run(|| TcpStream::connect_timeout(&to, Duration::from_secs(2)))
+            .expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut banner = [0u8; 5];
+        let n = conn.read(&mut banner).expect("the banner");
+        let name = String::from_utf8_lossy(&banner[..n]).trim().to_string();
+        if seen.insert(name.clone()) {
+            conns.push((name, conn));
+        }
+        assert!(seen.len() == 2 || conns.len() < 2);
+    }
+    stub.delete(Kind::Service, "default/going");
+    wait_until("cp-1's agent to remove the NodePort", SETTLE, || {
+        !frontend_there()
+    });
+    // The port held, the connections alive both ways.
+    let bits = |port: u16| {
+        cp.datapath()
+            .external_port_bits()
+            .unwrap()
+            .into_iter()
+            .find(|(p, _)| *p == port)
+            .map_or(0, |(_, bits)| bits & external_port::SERVICE_BITS)
+    };
+    assert_eq!(bits(NODE_PORT), external_port::NODEPORT_TCP);
+    assert_ne!(bits(external_port::ANY_PORT), 0);
+    for (name, conn) in &mut conns {
+        conn.write_all(b"still there")
+            .expect("writing after the deletion");
+        let mut echo = [0u8; 11];
+        conn.read_exact(&mut echo)
+            .unwrap_or_else(|e| panic!("{name}'s echo after the deletion: {e}"));
+        assert_eq!(&echo, b"still there");
+    }
+    // A new connection finds no frontend.
+    let refused = tcp_ask(outside, to);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{refused:?}"
+    );
+    // Closed: the port goes at a resync (every 2 s here).
+    for (_, conn) in conns {
+        conn.shutdown(Shutdown::Both).unwrap();
+    }
+    wait_until("cp-1's agent to let the port go", SETTLE, || {
+        bits(NODE_PORT) == 0 && bits(external_port::ANY_PORT) == 0
+    });
+}

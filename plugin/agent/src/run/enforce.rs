@@ -115,10 +115,13 @@ impl Agent {
     }
 
     /// `--services ebpf`: forgets the uplink's translated flows that went
-    /// idle.
-    pub(super) fn collect_nat(&self) {
-        if self.services.is_some() {
+    /// idle, and lets go of the ports held for flows that ended.
+    pub(super) fn collect_nat(&mut self) {
+        if let Some(sync) = self.services.as_mut() {
             crate::services::nat::collect(&self.datapath, &self.metrics);
+            if sync.holds_ports() {
+                sync.release_ports();
+            }
         }
     }
 

@@ -33,6 +33,51 @@ pub fn external_ports(desired: &BTreeMap<FrontendKey, Target>) -> BTreeMap<u16, 
     ports
 }
 
+/// Holds the bits of ports about to lose them (`written` against
+/// `wanted`) while established TCP flows from outside still use them: a
+/// deleted Service (or a changed NodePort) leaves its connections be, as
+/// kube-proxy's conntrack carries them on; new ones find no frontend and
+/// are refused. UDP flows are not held (kube-proxy clears their entries).
+/// `ANY_PORT` gets the held bits too (`from_pod` asks the reply path only
+/// then). Returns the ports held; asked again at each resync until their
+/// flows close or expire.
+pub fn hold_for_live_flows(
+    datapath: &Datapath,
+    written: &BTreeMap<u16, u32>,
+    wanted: &mut BTreeMap<u16, u32>,
+) -> BTreeSet<u16> {
+    let losing: Vec<u16> = written
+        .iter()
+        .filter(|(port, bits)| {
+            **port != external_port::ANY_PORT
+                && **bits & !wanted.get(port).copied().unwrap_or(0) != 0
+        })
+        .map(|(port, _)| *port)
+        .collect();
+    if losing.is_empty() {
+        return BTreeSet::new();
+    }
+    let live: BTreeSet<u16> = match datapath.nat_flows() {
+        Ok(flows) => flows
+            .iter()
+            .filter(|flow| flow.protocol == 6 && !flow.closing)
+            .map(|flow| flow.frontend.port())
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the translated flows: ports kept");
+            losing.iter().copied().collect()
+        }
+    };
+    let mut held = BTreeSet::new();
+    for port in losing.into_iter().filter(|port| live.contains(port)) {
+        let bits = written[&port];
+        *wanted.entry(port).or_default() |= bits;
+        *wanted.entry(external_port::ANY_PORT).or_default() |= bits;
+        held.insert(port);
+    }
+    held
+}
+
 /// Which way a map entry's bits change.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Change {

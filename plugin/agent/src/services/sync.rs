@@ -172,6 +172,10 @@ pub struct ServiceSync {
     pub health: crate::services::health::HealthServers,
     /// What `EXTERNAL_PORTS` holds (ports with no bit left out).
     external_ports: BTreeMap<u16, u32>,
+    /// The bits the frontends want, as of the last update; and the ports
+    /// held beyond them for live flows (`ports::hold_for_live_flows`).
+    wanted_ports: BTreeMap<u16, u32>,
+    held_ports: BTreeSet<u16>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
 }
@@ -204,7 +208,7 @@ impl ServiceSync {
             );
         }
         let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
-        let external_ports = datapath
+        let external_ports: BTreeMap<u16, u32> = datapath
             .external_port_bits()?
             .into_iter()
             .map(|(port, bits)| (port, bits & external_port::SERVICE_BITS))
@@ -217,7 +221,9 @@ impl ServiceSync {
             written,
             node_addresses,
             health: Default::default(),
+            wanted_ports: external_ports.clone(),
             external_ports,
+            held_ports: BTreeSet::new(),
             next_id,
         })
     }
@@ -279,9 +285,28 @@ impl ServiceSync {
         self.metrics
             .service_backends
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
-        self.write_ports(&ports, Change::Lost);
+        self.wanted_ports = ports;
+        self.release_ports();
         self.close_departed(&departed);
         crate::services::nat::forget_departed(&self.datapath, &self.metrics, &departed);
+    }
+
+    /// Takes away the bits no frontend wants, but those live TCP flows
+    /// from outside still use (after each update, and at each resync
+    /// while some are held).
+    pub fn release_ports(&mut self) {
+        let mut wanted = self.wanted_ports.clone();
+        let held = ports::hold_for_live_flows(&self.datapath, &self.external_ports, &mut wanted);
+        if held != self.held_ports {
+            tracing::info!(?held, "ports held for established flows from outside");
+        }
+        self.held_ports = held;
+        self.write_ports(&wanted, Change::Lost);
+    }
+
+    /// Whether some ports are held for live flows.
+    pub fn holds_ports(&self) -> bool {
+        !self.held_ports.is_empty()
     }
 
     fn write_ports(&mut self, wanted: &BTreeMap<u16, u32>, change: Change) {
