@@ -476,9 +476,47 @@ pub fn remove_cgroup_tree(root: &str) {
         collect_dirs(&top, &mut dirs);
         dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
         for dir in dirs {
+            detach_bpf_links(&dir);
             let _ = std::fs::remove_dir(&dir);
         }
     }
+}
+
+/// Detaches the BPF links attached to cgroup `dir` (the agents' Service
+/// socket programs): an interrupted run's outlive it, and when the cgroup
+/// is not removed (a process left in it) the next cluster reusing its
+/// name runs them first, with the dead cluster's maps (a ClusterIP sent
+/// to a backend that no longer exists).
+fn detach_bpf_links(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return;
+    };
+    let Ok(out) = std::process::Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()
+    else {
+        return;
+    };
+    for id in cgroup_link_ids(&String::from_utf8_lossy(&out.stdout), meta.ino()) {
+        println!("e2e: detaching BPF link {id} left on {}", dir.display());
+        let _ = std::process::Command::new("bpftool")
+            .args(["link", "detach", "id", &id.to_string()])
+            .output();
+    }
+}
+
+/// The links of `bpftool -j link show` attached to the cgroup whose id (its
+/// directory's inode on cgroup2) is `cgroup_id`.
+fn cgroup_link_ids(links_json: &str, cgroup_id: u64) -> Vec<u64> {
+    let Ok(serde_json::Value::Array(links)) = serde_json::from_str(links_json) else {
+        return Vec::new();
+    };
+    links
+        .iter()
+        .filter(|link| link["type"] == "cgroup" && link["cgroup_id"] == cgroup_id)
+        .filter_map(|link| link["id"].as_u64())
+        .collect()
 }
 
 fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -490,5 +528,21 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             collect_dirs(&entry.path(), out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_links_of_the_cgroup_are_named() {
+        let links = r#"[{"id":7,"type":"cgroup","prog_id":1,"cgroup_id":6903},
+            {"id":8,"type":"cgroup","prog_id":2,"cgroup_id":0},
+            {"id":9,"type":"tcx","prog_id":3},
+            {"id":10,"type":"cgroup","prog_id":4,"cgroup_id":6903}]"#;
+        assert_eq!(cgroup_link_ids(links, 6903), [7, 10]);
+        assert!(cgroup_link_ids(links, 1).is_empty());
+        assert!(cgroup_link_ids("not json", 6903).is_empty());
     }
 }
