@@ -216,8 +216,14 @@ impl Host {
         if self.holder.is_none() {
             return;
         }
+        // containerd's shims unshare a mount namespace of their own: they
+        // are found by the machine's network namespace, which they keep.
+        let net = std::fs::read_link(format!("/proc/{}/ns/net", self.holder_pid)).ok();
         if let Ok(mnt) = self.mount_namespace() {
             kill_mount_namespace(&mnt);
+        }
+        if let Some(net) = net {
+            kill_namespace_members("net", &net);
         }
         if let Some(mut holder) = self.holder.take() {
             let _ = holder.kill();
@@ -248,6 +254,12 @@ impl Drop for Host {
 
 /// SIGKILLs every process whose mount namespace is `mnt`, until none is left.
 pub fn kill_mount_namespace(mnt: &Path) {
+    kill_namespace_members("mnt", mnt);
+}
+
+/// SIGKILLs every process whose `kind` namespace (`mnt`, `net`) is `ns`,
+/// until none is left.
+pub fn kill_namespace_members(kind: &str, ns: &Path) {
     for _ in 0..50 {
         let mut found = false;
         if let Ok(entries) = std::fs::read_dir("/proc") {
@@ -259,10 +271,10 @@ pub fn kill_mount_namespace(mnt: &Path) {
                 else {
                     continue;
                 };
-                if std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                if std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
                     .ok()
                     .as_deref()
-                    == Some(mnt)
+                    == Some(ns)
                 {
                     found = true;
                     let _ = nix::sys::signal::kill(

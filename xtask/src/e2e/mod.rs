@@ -18,7 +18,7 @@ mod plan;
 mod suites;
 mod sysctls;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -116,6 +116,17 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         heading(&format!("e2e: a cluster with {} Services", mode.name()));
         let result = run_mode(args, mode, &built, &images);
         let dropped = guard.dropped()?;
+        // The cluster is down: nothing of it may stay (a process kept in a
+        // machine's cgroup keeps the cgroup, and the next cluster reuses it
+        // with whatever is attached to it).
+        let left = node::leftovers();
+        if !left.is_empty() {
+            bail!(
+                "the {} cluster left on this machine: {}",
+                mode.name(),
+                left.join("; ")
+            );
+        }
         match result {
             Ok(report) => reports.push(report),
             Err(e) => {
@@ -263,12 +274,25 @@ fn clean_up_leftovers() {
                 host::kill_mount_namespace(&mnt);
             }
         }
+        // containerd's shims, in mount namespaces of their own.
+        host::kill_namespace_members("net", Path::new(&format!("net:[{}]", netns.st_ino)));
         let _ = std::process::Command::new("ip")
             .args(["netns", "delete", &name])
             .output();
         if let Some(index) = name.strip_prefix(&format!("{}-node-", plan::PREFIX)) {
             node::remove_cgroup_tree(&format!("/{}-node-{index}", plan::PREFIX));
         }
+    }
+    // Machines' cgroups a teardown could not remove (something was left
+    // in them): what is in them is killed, then they go.
+    let roots: std::collections::BTreeSet<String> = node::cgroup_hierarchies()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|hierarchy| node::machine_cgroups(hierarchy))
+        .collect();
+    for root in roots {
+        println!("e2e: removing the cgroup {root}, left by an earlier run");
+        node::remove_cgroup_tree(&root);
     }
     for mode in [ServicesMode::KubeProxy, ServicesMode::Ebpf] {
         let dir = PathBuf::from(STATE_DIR).join(mode.name());

@@ -465,11 +465,27 @@ pub fn cgroup_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Removes `root` and everything under it from every hierarchy, deepest
-/// first (a cgroup is removed with rmdir once it is empty of processes).
+/// first (a cgroup is removed with rmdir once it is empty of processes):
+/// what is still in it is killed first (the pods' containers outlive
+/// kubelet and containerd, reparented to init, and a kept cgroup is
+/// reused by the next cluster, with whatever was attached to it).
 pub fn remove_cgroup_tree(root: &str) {
     let Ok(hierarchies) = cgroup_hierarchies() else {
         return;
     };
+    for _ in 0..50 {
+        let left = processes_in(&hierarchies, root);
+        if left.is_empty() {
+            break;
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for hierarchy in hierarchies {
         let top = hierarchy.join(root.trim_start_matches('/'));
         let mut dirs = Vec::new();
@@ -516,6 +532,68 @@ fn cgroup_link_ids(links_json: &str, cgroup_id: u64) -> Vec<u64> {
         .iter()
         .filter(|link| link["type"] == "cgroup" && link["cgroup_id"] == cgroup_id)
         .filter_map(|link| link["id"].as_u64())
+        .collect()
+}
+
+/// The processes in cgroup `root` or under it, in any of `hierarchies`.
+fn processes_in(hierarchies: &[PathBuf], root: &str) -> std::collections::BTreeSet<i32> {
+    let mut dirs = Vec::new();
+    for hierarchy in hierarchies {
+        collect_dirs(&hierarchy.join(root.trim_start_matches('/')), &mut dirs);
+    }
+    dirs.iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .flat_map(|procs| {
+            procs
+                .lines()
+                .filter_map(|pid| pid.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// What a cluster left behind on this machine (the leak check after each):
+/// processes still in a machine's cgroup tree, BPF links still attached to
+/// a machine's cgroup.
+pub fn leftovers() -> Vec<String> {
+    let Ok(hierarchies) = cgroup_hierarchies() else {
+        return Vec::new();
+    };
+    let mut left = Vec::new();
+    let links = std::process::Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default();
+    for hierarchy in &hierarchies {
+        for root in machine_cgroups(hierarchy) {
+            let entry = hierarchy.join(root.trim_start_matches('/'));
+            let pids = processes_in(std::slice::from_ref(hierarchy), &root);
+            if !pids.is_empty() {
+                left.push(format!("processes {pids:?} in {}", entry.display()));
+            }
+            use std::os::unix::fs::MetadataExt;
+            if let Ok(meta) = entry.metadata()
+                && !cgroup_link_ids(&links, meta.ino()).is_empty()
+            {
+                left.push(format!("BPF links on {}", entry.display()));
+            }
+        }
+    }
+    left
+}
+
+/// The machines' top cgroups in `hierarchy` ("/fe2e-node-1", ...).
+pub fn machine_cgroups(hierarchy: &Path) -> Vec<String> {
+    let prefix = format!("{}-", plan::PREFIX);
+    std::fs::read_dir(hierarchy)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.path().is_dir())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&prefix))
+        .map(|name| format!("/{name}"))
         .collect()
 }
 
