@@ -119,7 +119,11 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         // The cluster is down: nothing of it may stay (a process kept in a
         // machine's cgroup keeps the cgroup, and the next cluster reuses it
         // with whatever is attached to it).
-        let left = node::leftovers();
+        let mut left = node::leftovers();
+        let shims = machine_shims();
+        if !shims.is_empty() {
+            left.push(format!("containerd shims {shims:?}"));
+        }
         if !left.is_empty() {
             bail!(
                 "the {} cluster left on this machine: {}",
@@ -283,6 +287,7 @@ fn clean_up_leftovers() {
             node::remove_cgroup_tree(&format!("/{}-node-{index}", plan::PREFIX));
         }
     }
+    kill_orphaned_shims();
     // Machines' cgroups a teardown could not remove (something was left
     // in them): what is in them is killed, then they go.
     let roots: std::collections::BTreeSet<String> = node::cgroup_hierarchies()
@@ -301,6 +306,46 @@ fn clean_up_leftovers() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// containerd shims of machines already gone: a run interrupted while
+/// its cluster was coming down (the machine's network namespace deleted
+/// before its shims, which live in mount namespaces of their own, were
+/// killed) leaves them holding the machine's mounts, its bpffs with the
+/// agent's pinned links among them. A machine's shim serves the machine's
+/// own containerd socket and is not in this host's network namespace: the
+/// host's own runtimes' shims are.
+fn kill_orphaned_shims() {
+    for pid in machine_shims() {
+        println!("e2e: killing containerd shim {pid}, left by an earlier run");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// The running containerd shims of this suite's machines.
+fn machine_shims() -> Vec<i32> {
+    let own_net = std::fs::read_link("/proc/self/ns/net").ok();
+    processes()
+        .into_iter()
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let machine_shim = args.first().is_some_and(|a| a.contains("containerd-shim"))
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == "-address" && w[1] == node::SOCKET);
+            let net = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+            machine_shim && net.is_some() && net != own_net
+        })
+        .collect()
 }
 
 fn processes() -> Vec<i32> {
