@@ -113,18 +113,21 @@ const TCP_CLOSED_REUSE_NS: u64 = 1_000_000_000;
 /// `nf_conntrack_udp_timeout`; the agent forgets it after 120 s).
 const UDP_REUSE_NS: u64 = 30_000_000_000;
 
+/// What listens on `port` (host order): its `EXTERNAL_PORTS` entry, both
+/// halves together (0: nothing). An array read.
+#[inline(always)]
+fn listening_on(port: u16) -> u32 {
+    EXTERNAL_PORTS.get_ptr(u32::from(port)).map_or(0, |entry| {
+        // SAFETY: a valid map value for the program's run; read once.
+        external_port::listening(unsafe { core::ptr::read_volatile(entry) })
+    })
+}
+
 /// Whether a NodePort of IP protocol `protocol` listens on `port` (host
 /// order): an array read, before any hash lookup of a node address.
 #[inline(always)]
 pub(crate) fn nodeport_listens(port: u16, protocol: u8) -> bool {
-    EXTERNAL_PORTS
-        .get_ptr(u32::from(port))
-        .is_some_and(|listening| {
-            // SAFETY: a valid map value for the program's run; read once.
-            let listening =
-                external_port::listening(unsafe { core::ptr::read_volatile(listening) });
-            listening & external_port::nodeport_bit(protocol) != 0
-        })
+    listening_on(port) & external_port::nodeport_bit(protocol) != 0
 }
 
 /// Whether any frontend listens for clients outside the node (NodePort,
@@ -132,12 +135,7 @@ pub(crate) fn nodeport_listens(port: u16, protocol: u8) -> bool {
 /// of a translated flow.
 #[inline(always)]
 pub(crate) fn any_listening() -> bool {
-    EXTERNAL_PORTS
-        .get_ptr(u32::from(external_port::ANY_PORT))
-        .is_some_and(|entry| {
-            // SAFETY: a valid map value for the program's run; read once.
-            external_port::listening(unsafe { core::ptr::read_volatile(entry) }) != 0
-        })
+    listening_on(external_port::ANY_PORT) != 0
 }
 
 /// `from_uplink`'s question, asked before anything else: may the packet
@@ -182,16 +180,9 @@ pub(crate) fn candidate(start: usize, end: usize) -> bool {
     if port >= NAT_PORT_MIN {
         return true;
     }
-    EXTERNAL_PORTS
-        .get_ptr(u32::from(port))
-        .is_some_and(|listening| {
-            // SAFETY: a valid map value for the program's run; read once.
-            let listening =
-                external_port::listening(unsafe { core::ptr::read_volatile(listening) });
-            listening
-                & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
-                != 0
-        })
+    listening_on(port)
+        & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
+        != 0
 }
 
 /// This CPU's scratch area.
@@ -277,10 +268,7 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
             return Some(reply_out(ctx, s, reply));
         }
     }
-    // SAFETY: a valid map value for the program's run; read once.
-    let listening = external_port::listening(unsafe {
-        core::ptr::read_volatile(EXTERNAL_PORTS.get_ptr(u32::from(port))?)
-    });
+    let listening = listening_on(port);
     let protocol = s.key.protocol;
     if listening & (external_port::nodeport_bit(protocol) | external_port::address_bit(protocol))
         == 0
