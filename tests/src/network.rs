@@ -83,29 +83,22 @@ impl Network {
 
     /// A new pod attached with ADD (panics if ADD fails); DEL on drop.
     pub fn pod(&self) -> Pod<'_> {
-        let netns = Netns::new();
-        let container_id = unique("ctr-");
-        let out = self.call("ADD", &container_id, &netns.path(), "eth0");
-        assert!(out.success(), "ADD failed: {out:?}");
-        let result = out.json();
-        Pod {
-            network: self,
-            netns,
-            container_id,
-            ifname: "eth0".into(),
-            result,
-        }
+        self.pod_with_stdin(self.stdin())
     }
 
     /// A pod whose ADD gets `runtime_config` (as a runtime passes the
     /// capabilities the conf declares).
     pub fn pod_with_runtime_config(&self, runtime_config: serde_json::Value) -> Pod<'_> {
-        let netns = Netns::new();
-        let container_id = unique("ctr-");
         let mut conf = self.conf.clone();
         conf["runtimeConfig"] = runtime_config;
-        let out = CniCall::new("ADD", &container_id, &netns.path(), "eth0")
-            .run(&bin("flatnet"), conf.to_string().as_bytes());
+        self.pod_with_stdin(conf.to_string().into_bytes())
+    }
+
+    fn pod_with_stdin(&self, stdin: Vec<u8>) -> Pod<'_> {
+        let netns = Netns::new();
+        let container_id = unique("ctr-");
+        let out =
+            CniCall::new("ADD", &container_id, &netns.path(), "eth0").run(&bin("flatnet"), &stdin);
         assert!(out.success(), "ADD failed: {out:?}");
         let result = out.json();
         Pod {

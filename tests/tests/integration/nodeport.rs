@@ -183,6 +183,40 @@ fn two_nodes_and_outside_flagged(
     nodes
 }
 
+/// A NodePort Service `name` (ClusterIP `ip`) of type NodePort on
+/// `node_port`: its TCP port "http" only.
+fn tcp_node_port_service(name: &str, ip: Ipv4Addr, node_port: u16) -> serde_json::Value {
+    let mut service = api_service(name, ip);
+    service["spec"]["type"] = "NodePort".into();
+    service["spec"]["ports"][0]["nodePort"] = node_port.into();
+    service
+}
+
+/// `tcp_node_port_service` with a UDP port "dns" on the same NodePort.
+fn node_port_service(name: &str, ip: Ipv4Addr, node_port: u16) -> serde_json::Value {
+    let mut service = tcp_node_port_service(name, ip, node_port);
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(udp_port);
+    service
+}
+
+/// The EndpointSlice of a `node_port_service`: `endpoints` (address,
+/// node) ready, "http" and "dns" on `BACKEND_PORT`.
+fn node_port_slice(name: &str, endpoints: &[(Ipv4Addr, &str)]) -> serde_json::Value {
+    let mut slice = api_slice(name, endpoints);
+    slice["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    slice
+}
+
 /// `count` TCP answers from `netns` to `to`, as a set.
 fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> {
     (0..count)
@@ -211,24 +245,14 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
         Echo::start(&local.netns, "local"),
         Echo::start(&remote.netns, "remote"),
     ];
-    let mut service = api_service("np", Ipv4Addr::new(10, 96, 9, 30));
-    service["spec"]["type"] = "NodePort".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(udp_port);
-    stub.add(Kind::Service, service);
-    let mut slice = api_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
-    slice["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
-    stub.add(Kind::EndpointSlice, slice);
+    stub.add(
+        Kind::Service,
+        node_port_service("np", Ipv4Addr::new(10, 96, 9, 30), NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        node_port_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
+    );
     let wildcard = Ipv4Addr::UNSPECIFIED.into();
     let serving = |node: &SimNode, outside_mode: Outside| {
         let datapath = node.datapath();
@@ -461,32 +485,18 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         Echo::start(&local.netns, "local"),
         Echo::start(&remote.netns, "remote"),
     ];
-    let mut service = api_service("np6", Ipv4Addr::new(10, 96, 9, 31));
-    service["spec"]["type"] = "NodePort".into();
+    let mut service = node_port_service("np6", Ipv4Addr::new(10, 96, 9, 31), NODE_PORT);
     service["spec"]["clusterIPs"] = serde_json::json!(["10.96.9.31", "fd96::9:31"]);
     service["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
     service["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(udp_port);
     stub.add(Kind::Service, service);
-    let mut slice = api_slice("np6", &[]);
+    let mut slice = node_port_slice("np6", &[]);
     slice["metadata"]["name"] = "np6-v6".into();
     slice["addressType"] = "IPv6".into();
     slice["endpoints"] = serde_json::json!([
         {"addresses": [local6.to_string()], "nodeName": "cp-1", "conditions": {"ready": true}},
         {"addresses": [remote6.to_string()], "nodeName": "worker-1", "conditions": {"ready": true}},
     ]);
-    slice["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
     stub.add(Kind::EndpointSlice, slice);
     let wildcard = std::net::Ipv6Addr::UNSPECIFIED.into();
     wait_until("both agents to serve the IPv6 NodePort", SETTLE, || {
@@ -572,10 +582,10 @@ fn closed_flows_give_their_node_ports_back() {
     // that runs pods.
     let (_bystander, remote) = (cp.pod(), worker.pod());
     let _server = Echo::start(&remote.netns, "remote");
-    let mut service = api_service("one", Ipv4Addr::new(10, 96, 9, 32));
-    service["spec"]["type"] = "NodePort".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    stub.add(Kind::Service, service);
+    stub.add(
+        Kind::Service,
+        tcp_node_port_service("one", Ipv4Addr::new(10, 96, 9, 32), NODE_PORT),
+    );
     stub.add(
         Kind::EndpointSlice,
         api_slice("one", &[(remote.ip, "worker-1")]),
@@ -729,24 +739,14 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
 
     // flatnet: the Service and its slice from the API.
     let (local, remote) = &pods[0];
-    let mut service = api_service("np", Ipv4Addr::new(10, 96, 9, 50));
-    service["spec"]["type"] = "NodePort".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(udp_port);
-    stub.add(Kind::Service, service);
-    let mut slice = api_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
-    slice["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
-    stub.add(Kind::EndpointSlice, slice);
+    stub.add(
+        Kind::Service,
+        node_port_service("np", Ipv4Addr::new(10, 96, 9, 50), NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        node_port_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
+    );
     // kube-proxy: the same Service as its iptables rules hold it.
     let (local, remote) = &pods[1];
     let endpoints = vec![
@@ -802,7 +802,7 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
 #[flatnet_test(root)]
 fn node_port_streams_from_outside_survive_a_datapath_upgrade() {
     use crate::services::TcpBackend;
-    use crate::services::under_load::{echo_stream_during, program_ids};
+    use crate::services::under_load::{age_pinned_programs, echo_stream_during, program_ids};
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
@@ -820,10 +820,10 @@ fn node_port_streams_from_outside_survive_a_datapath_upgrade() {
     ];
     for (i, (port, pod, node)) in ports.iter().enumerate() {
         let name = format!("stream{i}");
-        let mut service = api_service(&name, Ipv4Addr::new(10, 96, 9, 60 + i as u8));
-        service["spec"]["type"] = "NodePort".into();
-        service["spec"]["ports"][0]["nodePort"] = (*port).into();
-        stub.add(Kind::Service, service);
+        stub.add(
+            Kind::Service,
+            tcp_node_port_service(&name, Ipv4Addr::new(10, 96, 9, 60 + i as u8), *port),
+        );
         stub.add(Kind::EndpointSlice, api_slice(&name, &[(pod.ip, node)]));
     }
     let wildcard = Ipv4Addr::UNSPECIFIED.into();
@@ -845,14 +845,7 @@ fn node_port_streams_from_outside_survive_a_datapath_upgrade() {
             .spawn(|| echo_stream_during(outside, to(ports[1].0), Duration::from_secs(10), || {}));
         let near_stream =
             echo_stream_during(outside, to(ports[0].0), Duration::from_secs(10), || {
-                for name in [
-                    flatnet_common::PROG_FROM_POD,
-                    flatnet_common::PROG_FROM_UPLINK,
-                ] {
-                    let pinned = datapath.program_path(name);
-                    let older = pinned.with_file_name(format!("{name}-000000000000"));
-                    std::fs::rename(&pinned, &older).expect("age the pinned program");
-                }
+                age_pinned_programs(&datapath);
                 third = Some(cp.pod());
                 cp.stop_agent();
                 cp.start_agent(&Peers::Api(served[0].url.clone()));
@@ -894,24 +887,14 @@ fn node_ports_reach_a_remote_backend_through_the_tunnel() {
     let outside = &cluster._switch;
     let remote = worker.pod();
     let _server = Echo::start(&remote.netns, "remote");
-    let mut service = api_service("tunnelled", Ipv4Addr::new(10, 96, 9, 70));
-    service["spec"]["type"] = "NodePort".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(udp_port);
-    stub.add(Kind::Service, service);
-    let mut slice = api_slice("tunnelled", &[(remote.ip, "worker-1")]);
-    slice["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
-    stub.add(Kind::EndpointSlice, slice);
+    stub.add(
+        Kind::Service,
+        node_port_service("tunnelled", Ipv4Addr::new(10, 96, 9, 70), NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        node_port_slice("tunnelled", &[(remote.ip, "worker-1")]),
+    );
     let wildcard = Ipv4Addr::UNSPECIFIED.into();
     wait_until("cp-1's agent to serve the NodePort", SETTLE, || {
         [6, 17].into_iter().all(|protocol| {
@@ -955,10 +938,10 @@ fn an_established_connection_outlives_its_services_deletion() {
         TcpBackend::start(&near, "near", BACKEND_PORT),
         TcpBackend::start(&far, "far", BACKEND_PORT),
     ];
-    let mut service = api_service("going", Ipv4Addr::new(10, 96, 9, 80));
-    service["spec"]["type"] = "NodePort".into();
-    service["spec"]["ports"][0]["nodePort"] = NODE_PORT.into();
-    stub.add(Kind::Service, service);
+    stub.add(
+        Kind::Service,
+        tcp_node_port_service("going", Ipv4Addr::new(10, 96, 9, 80), NODE_PORT),
+    );
     stub.add(
         Kind::EndpointSlice,
         api_slice("going", &[(near.ip, "cp-1"), (far.ip, "worker-1")]),

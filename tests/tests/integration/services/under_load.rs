@@ -79,6 +79,19 @@ pub(crate) fn echo_stream_during(
 }
 
 /// IDs of the node's pinned from_pod and from_uplink.
+/// Makes the pinned programs look like an older build's: the next ADD
+/// loads this build's and moves every veth over, as a plugin upgrade does.
+pub(crate) fn age_pinned_programs(datapath: &flatnet_datapath::bpf::Datapath) {
+    for name in [
+        flatnet_common::PROG_FROM_POD,
+        flatnet_common::PROG_FROM_UPLINK,
+    ] {
+        let pinned = datapath.program_path(name);
+        let older = pinned.with_file_name(format!("{name}-000000000000"));
+        std::fs::rename(&pinned, &older).expect("age the pinned program");
+    }
+}
+
 pub(crate) fn program_ids(node: &SimNode) -> Vec<u32> {
     let datapath = node.datapath();
     [
@@ -143,14 +156,7 @@ fn streams_through_clusterips_survive_an_upgrade(mode: Mode) {
                 SocketAddr::new(cluster_ip(family, 10), 80),
                 Duration::from_secs(10),
                 || {
-                    for name in [
-                        flatnet_common::PROG_FROM_POD,
-                        flatnet_common::PROG_FROM_UPLINK,
-                    ] {
-                        let pinned = datapath.program_path(name);
-                        let older = pinned.with_file_name(format!("{name}-000000000000"));
-                        std::fs::rename(&pinned, &older).expect("age the pinned program");
-                    }
+                    age_pinned_programs(&datapath);
                     third = Some(n1.pod());
                     for node in [n1, n2] {
                         node.stop_agent();
