@@ -1,6 +1,7 @@
 //! Traffic between namespaces: TCP echo, one UDP datagram and the source
 //! it arrived with, a TCP stream kept up while something else runs.
 
+use flatnet_harness::RecvThroughSignals;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::Ordering;
@@ -140,7 +141,7 @@ pub fn udp_source(
     });
     let mut buf = vec![0u8; 2048];
     let (got, source) = receiver
-        .recv_from(&mut buf)
+        .recv_from_through_signals(&mut buf)
         .expect("the datagram did not arrive");
     assert_eq!(&buf[..got], &payload[..]);
     source.ip()

@@ -110,7 +110,15 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if let Some(filter) = &args.filter {
         cmd.args(["--", filter]);
     }
+    let before = crate::leaks::NodeObjects::now();
     run_cmd(&mut cmd)?;
+    let leaked = crate::leaks::NodeObjects::new_since(&before);
+    anyhow::ensure!(
+        leaked.is_empty(),
+        "the tests left {} object(s) on the node (each test removes what it makes, also when it fails):\n  {}",
+        leaked.len(),
+        leaked.join("\n  ")
+    );
     if !args.no_fuzz && args.filter.is_none() {
         fuzz_smoke(args.fuzz_seconds)?;
     }

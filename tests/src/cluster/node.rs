@@ -259,6 +259,9 @@ impl SimNode {
 impl Drop for SimNode {
     fn drop(&mut self) {
         self.stop_agent();
+        // Its pins, counter slots and hostPort records (the cluster's
+        // bpffs goes after the nodes).
+        let _ = self.datapath().remove_pins();
         for path in [
             flatnet_datapath::node::markers::ready_marker(&self.network),
             flatnet_datapath::node::markers::managed_marker(&self.network),
@@ -275,6 +278,5 @@ impl Drop for SimNode {
         }
         // ADD's pod records (its pods' DELs took theirs).
         flatnet_datapath::node::first_packet::PodRecord::remove_all(&self.network);
-        let _ = std::fs::remove_dir_all(format!("/run/flatnet/slots-{}", self.network));
     }
 }

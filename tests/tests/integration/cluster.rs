@@ -2,6 +2,7 @@
 //! `flatnet_tests::cluster`): the fast path between nodes, the agent's peer
 //! sources, fallbacks, restarts, ipMasq, uninstall, dual-stack and XDP.
 
+use flatnet_harness::RecvThroughSignals;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;
@@ -311,7 +312,7 @@ fn udp_between_nodes_keeps_its_kept_answer_past_to_uplink() {
     for _ in 0..20 {
         sender.send_to(b"query", (b.ip, 5353)).expect("send");
         receiver
-            .recv_from(&mut buffer)
+            .recv_from_through_signals(&mut buffer)
             .expect("the datagram arrives");
     }
     assert!(n1.packets(action::TO_REMOTE_NODE) - sent_before >= 20);

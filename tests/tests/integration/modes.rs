@@ -1,6 +1,7 @@
 //! IPv6 and dual-stack, and the XDP datapath: pods attached by the real
 //! binaries with flatnet-ipam handing out an IPv4 and an IPv6 address.
 
+use flatnet_harness::RecvThroughSignals;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ fn udp_echo(server: &Netns, ip: IpAddr, client: &Netns, count: usize) -> usize {
         .unwrap();
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 2048];
-        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+        while let Ok((n, from)) = socket.recv_from_through_signals(&mut buf) {
             if &buf[..n] == b"stop" {
                 break;
             }
@@ -40,7 +41,7 @@ fn udp_echo(server: &Netns, ip: IpAddr, client: &Netns, count: usize) -> usize {
             let message = format!("datagram {i}");
             sock.send_to(message.as_bytes(), addr).unwrap();
             let mut buf = [0u8; 64];
-            if let Ok((n, _)) = sock.recv_from(&mut buf)
+            if let Ok((n, _)) = sock.recv_from_through_signals(&mut buf)
                 && buf[..n] == *message.as_bytes()
             {
                 back += 1;

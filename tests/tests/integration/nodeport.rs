@@ -6,6 +6,7 @@
 //! nodes' segment: a host on the same network as the nodes, as a load
 //! balancer or a user's machine would be.
 
+use flatnet_harness::RecvThroughSignals;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -74,7 +75,7 @@ impl Echo {
             std::thread::spawn(move || {
                 let mut buf = [0u8; 512];
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                    if let Ok((_, peer)) = udp.recv_from_through_signals(&mut buf) {
                         let _ = udp.send_to(format!("{name} {}", plain(peer)).as_bytes(), peer);
                     }
                 }
@@ -131,7 +132,7 @@ pub(crate) fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String,
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         socket.send_to(b"request", to)?;
         let mut buf = [0u8; 512];
-        let (len, from) = socket.recv_from(&mut buf)?;
+        let (len, from) = socket.recv_from_through_signals(&mut buf)?;
         Ok((String::from_utf8_lossy(&buf[..len]).into_owned(), from))
     })
 }

@@ -10,6 +10,7 @@
 //! to a ClusterIP that no program rewrote dies in the pod instead of
 //! leaving by the node's default route.
 
+use flatnet_harness::RecvThroughSignals;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
@@ -72,7 +73,7 @@ impl Backend {
             std::thread::spawn(move || {
                 let mut buf = [0u8; 512];
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok((_, from)) = udp.recv_from(&mut buf) {
+                    if let Ok((_, from)) = udp.recv_from_through_signals(&mut buf) {
                         let _ = udp.send_to(name.as_bytes(), from);
                     }
                 }

@@ -225,9 +225,16 @@ impl Datapath {
 
     /// Removes the records folder and the lock (the network is torn down,
     /// its maps with it).
-    pub fn remove_host_port_records(&self) -> Result<()> {
+    pub(super) fn remove_host_port_records(&self) -> Result<()> {
+        let records = self.host_port_records();
+        let lock_file =
+            PathBuf::from(LOCK_DIR).join(format!("host-ports-{}.lock", self.name_on_node()));
+        // A network that never had a hostPort: nothing to lock or remove.
+        if !records.exists() && !lock_file.exists() {
+            return Ok(());
+        }
         let lock = self.host_port_lock()?;
-        let _ = std::fs::remove_dir_all(self.host_port_records());
+        let _ = std::fs::remove_dir_all(&records);
         lock.remove()
     }
 }

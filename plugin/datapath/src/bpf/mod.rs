@@ -312,6 +312,9 @@ impl Datapath {
     /// references, so this never breaks a veth that still exists.
     pub fn remove_pins(&self) -> Result<()> {
         let _ = std::fs::remove_dir_all(self.slots_dir());
+        // The hostPort records describe frontends in these maps: they go
+        // with them, and so does their lock.
+        self.remove_host_port_records()?;
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -122,7 +122,6 @@ pub async fn remove_unused(
     crate::util::remove_file_if_present(&policy_names)
         .map_err(|e| Error::io(format!("removing {}", policy_names.display()), e))?;
     super::first_packet::PodRecord::remove_all(network);
-    datapath.remove_host_port_records()?;
     if ip_masq || masquerade::installed(network) {
         masquerade::remove(network)?;
     }

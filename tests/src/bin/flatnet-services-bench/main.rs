@@ -36,6 +36,7 @@ use flatnet_datapath::bpf::{Outside, service_backend, service_key};
 use flatnet_tests::Network;
 use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::{Value, json};
 
 mod nodeport;
@@ -99,10 +100,16 @@ struct Echo {
 }
 
 impl Echo {
+    /// Serves one connection at a time. It waits for the next one in
+    /// poll(2), so it takes each as soon as it arrives (a sleep between
+    /// accept tries would add its own delay, about the same on every path,
+    /// to every connection and hide the paths' differences); the timeout
+    /// only bounds how long a stop waits.
     fn start(netns: &flatnet_harness::Netns) -> Self {
         let listener = netns
             .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, BACKEND_PORT)))
             .expect("echo bind");
+        // A connection reset between poll and accept must not block a stop.
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -110,15 +117,16 @@ impl Echo {
             std::thread::spawn(move || {
                 let mut buf = [0u8; MESSAGE];
                 while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((mut conn, _)) => {
-                            let _ = conn.set_nonblocking(false);
-                            let _ = conn.set_nodelay(true);
-                            if conn.read_exact(&mut buf).is_ok() {
-                                let _ = conn.write_all(&buf);
-                            }
+                    let mut ready = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                    if !matches!(poll(&mut ready, PollTimeout::from(100u8)), Ok(n) if n > 0) {
+                        continue;
+                    }
+                    if let Ok((mut conn, _)) = listener.accept() {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_nodelay(true);
+                        if conn.read_exact(&mut buf).is_ok() {
+                            let _ = conn.write_all(&buf);
                         }
-                        Err(_) => std::thread::sleep(Duration::from_micros(50)),
                     }
                 }
             })

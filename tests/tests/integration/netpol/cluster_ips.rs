@@ -2,6 +2,7 @@
 //! judged by the Service's backends.
 
 use super::*;
+use flatnet_harness::RecvThroughSignals;
 
 /// A Service as the stub serves it: ClusterIP `ip`, ports (name, port,
 /// protocol), and its EndpointSlice with the ready `backends` on
@@ -259,7 +260,7 @@ fn udp_refused(from: &Path, to: Ipv4Addr, port: u16) -> bool {
         (0..3).any(|_| {
             let _ = socket.send(b"probe");
             let mut buf = [0u8; 64];
-            matches!(socket.recv(&mut buf), Err(e) if e.kind() == ErrorKind::ConnectionRefused)
+            matches!(socket.recv_through_signals(&mut buf), Err(e) if e.kind() == ErrorKind::ConnectionRefused)
         })
     })
     .join()

@@ -2,6 +2,7 @@
 //! them before ADD answers.
 
 use super::*;
+use flatnet_harness::RecvThroughSignals;
 
 /// A pod's own UDP probes of one server from the instant its namespace
 /// exists (before ADD gave it an interface): how many were sent, and how
@@ -36,7 +37,7 @@ impl FirstPacketProber {
                         continue;
                     }
                     sent.fetch_add(1, Ordering::Relaxed);
-                    if socket.recv(&mut buf).is_ok() {
+                    if socket.recv_through_signals(&mut buf).is_ok() {
                         answered.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -16,6 +16,7 @@
 //! do not apply in all of their deny cases), and the tests assert it: in the
 //! deny cases too, a pod reaches itself.
 
+use flatnet_harness::RecvThroughSignals;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -140,7 +141,7 @@ impl Servers {
             ready.send(()).unwrap();
             let mut buf = [0u8; 512];
             while !stop.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = socket.recv_from(&mut buf) {
+                if let Ok((_, from)) = socket.recv_from_through_signals(&mut buf) {
                     let _ = socket.send_to(answer.as_bytes(), from);
                 }
             }
@@ -196,7 +197,7 @@ fn probe_once(from: &Path, to: Ipv4Addr, port: u16, proto: Proto, expect: &str) 
                 return Outcome::Wrong(format!("send: {e}"));
             }
             let mut buf = [0u8; 512];
-            match socket.recv(&mut buf) {
+            match socket.recv_through_signals(&mut buf) {
                 Ok(n) if &buf[..n] == expect.as_bytes() => Outcome::Allowed,
                 Ok(n) => {
                     Outcome::Wrong(format!("answered {:?}", String::from_utf8_lossy(&buf[..n])))

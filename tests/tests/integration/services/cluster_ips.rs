@@ -2,6 +2,7 @@
 //! node, ICMP errors, backends on both nodes, hairpin.
 
 use super::*;
+use flatnet_harness::RecvThroughSignals;
 
 #[flatnet_test(root, cases(iptables(Mode::Iptables, &[]), nftables(Mode::Nftables, &[]), xdp_iptables(Mode::Iptables, &["--datapath", "xdp"]), xdp_nftables(Mode::Nftables, &["--datapath", "xdp"])))]
 fn clusterip_to_a_backend_on_the_same_node(mode: Mode, flags: &[&str]) {
@@ -58,7 +59,7 @@ fn udp_refused(client: &SimPod, to: SocketAddr) -> bool {
         let mut buf = [0u8; 64];
         for _ in 0..10 {
             let _ = socket.send(b"anyone?");
-            if let Err(e) = socket.recv(&mut buf)
+            if let Err(e) = socket.recv_through_signals(&mut buf)
                 && e.kind() == std::io::ErrorKind::ConnectionRefused
             {
                 return true;

@@ -5,6 +5,7 @@
 //! translates (ClusterIP, NodePort, hostPort, hairpin) must work as on the
 //! reference bridge, and pod-to-pod traffic must keep the fast path.
 
+use flatnet_harness::RecvThroughSignals;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -216,7 +217,7 @@ impl UdpBackend {
             std::thread::spawn(move || {
                 let mut buf = [0u8; 2048];
                 while !stop.load(Ordering::Relaxed) {
-                    let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    let Ok((n, from)) = socket.recv_from_through_signals(&mut buf) else {
                         continue;
                     };
                     let mut answer = format!("{name} ").into_bytes();
@@ -258,7 +259,7 @@ fn udp_query(client: &SimPod, to: SocketAddr, query: &str) -> anyhow::Result<Str
         for _ in 0..6 {
             socket.send_to(query.as_bytes(), to)?;
             let mut buf = [0u8; 2048];
-            let Ok((n, from)) = socket.recv_from(&mut buf) else {
+            let Ok((n, from)) = socket.recv_from_through_signals(&mut buf) else {
                 continue;
             };
             anyhow::ensure!(from == to, "answer from {from}, not {to}");

@@ -1,6 +1,7 @@
 //! Packets with spoofed sources reach no pod, through Services or not.
 
 use super::*;
+use flatnet_harness::RecvThroughSignals;
 
 /// Connects from `source` (an address the calling thread's namespace has)
 /// to `to`; Err when nothing answers within `timeout`.
@@ -78,7 +79,7 @@ fn spoofed_sources_reach_no_pod(mode: Mode, flags: &[&str]) {
             });
             let mut buf = [0u8; 64];
             assert!(
-                udp.recv_from(&mut buf).is_err(),
+                udp.recv_from_through_signals(&mut buf).is_err(),
                 "{mode:?} {family:?}: a datagram from {stolen} reached {to_ip}"
             );
             assert!(
