@@ -26,6 +26,9 @@ use crate::socket_lb::{
 };
 
 const NODE_PORT: u16 = 30080;
+/// A NodePort whose backends' port nothing listens on.
+const CLOSED_NODE_PORT: u16 = NODE_PORT + 3;
+const CLOSED_BACKEND_PORT: u16 = BACKEND_PORT + 1;
 pub(crate) const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
 
 /// TCP and UDP servers in a pod answering with their name and the source
@@ -135,6 +138,23 @@ pub(crate) fn udp_ask(netns: &Netns, to: SocketAddr) -> std::io::Result<(String,
         let (len, from) = socket.recv_from_through_signals(&mut buf)?;
         Ok((String::from_utf8_lossy(&buf[..len]).into_owned(), from))
     })
+}
+
+/// Whether a connected UDP socket in `netns` learns that `to` refuses its
+/// datagram (an ICMP port unreachable, reported as ECONNREFUSED).
+fn udp_refused(netns: &Netns, to: SocketAddr) -> bool {
+    let asked = netns.run(|| -> std::io::Result<usize> {
+        let socket = if to.is_ipv4() {
+            UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?
+        } else {
+            UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?
+        };
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        socket.connect(to)?;
+        socket.send(b"request")?;
+        socket.recv_through_signals(&mut [0u8; 512])
+    });
+    asked.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 /// A health check's GET from `netns` to `to`: the status and the JSON body.
@@ -451,7 +471,8 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
 /// objects given an IPv6 InternalIP and pod CIDR), a dual-stack NodePort
 /// Service, an outside client at fd30::64. Through either node's IPv6
 /// address both backends answer, TCP and UDP, each seeing that node's IPv6
-/// address; the uplink counts both ways on cp-1.
+/// address; the uplink counts both ways on cp-1. Once the backends stop
+/// listening, UDP is refused (their ICMPv6 errors translated back).
 #[flatnet_test(root)]
 fn clients_outside_reach_node_ports_over_ipv6() {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
@@ -538,6 +559,22 @@ fn clients_outside_reach_node_ports_over_ipv6() {
             cp.packets(what) > 0,
             "cp-1 counted no {}",
             action::NAMES[what as usize]
+        );
+    }
+    // Backends that stop listening refuse over IPv6 too: their ICMPv6 port
+    // unreachable reaches the client translated back (the quoted datagram
+    // the client's again, the error from the NodePort). Their rate limit
+    // off: a kernel sends a peer only a few errors at once.
+    for pod in [&local, &remote] {
+        pod.netns
+            .exec(&["sysctl", "-qw", "net.ipv6.icmp.ratelimit=0"]);
+    }
+    drop(_servers);
+    for node in [cp, worker] {
+        let to = SocketAddr::from((node.spec.address6(), NODE_PORT));
+        assert!(
+            (0..8).all(|_| udp_refused(outside, to)),
+            "UDP to {to}, its backends listening on nothing, was not refused"
         );
     }
     // A hostPort over IPv6 too (flatnet's, `--host-ports auto`): the pod's
@@ -653,6 +690,10 @@ struct Outcome {
     answers: std::collections::BTreeMap<(String, &'static str), BTreeSet<String>>,
     udp_answers_from_the_node_port: bool,
     other_port_refused: bool,
+    /// (node, protocol) -> whether every try of the Service whose
+    /// backends listen on nothing was refused (TCP: the backend's reset;
+    /// UDP: its ICMP port unreachable, translated back).
+    closed_backends_refuse: std::collections::BTreeMap<(String, &'static str), bool>,
 }
 
 fn outcome(cluster: &Cluster) -> Outcome {
@@ -660,6 +701,7 @@ fn outcome(cluster: &Cluster) -> Outcome {
     let mut answers = std::collections::BTreeMap::new();
     let mut udp_from_node_port = true;
     let mut refused = true;
+    let mut closed_refuse = std::collections::BTreeMap::new();
     for node in [cluster.node("cp-1"), cluster.node("worker-1")] {
         let to = SocketAddr::from((node.spec.address(), NODE_PORT));
         let name_source = |answer: String| {
@@ -692,11 +734,25 @@ fn outcome(cluster: &Cluster) -> Outcome {
         let other = SocketAddr::from((node.spec.address(), NODE_PORT + 1));
         refused &= tcp_ask(outside, other)
             .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        let closed = SocketAddr::from((node.spec.address(), CLOSED_NODE_PORT));
+        // Eight tries each: both backends are asked.
+        closed_refuse.insert(
+            (node.spec.name.clone(), "tcp"),
+            (0..8).all(|_| {
+                tcp_ask(outside, closed)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            }),
+        );
+        closed_refuse.insert(
+            (node.spec.name.clone(), "udp"),
+            (0..8).all(|_| udp_refused(outside, closed)),
+        );
     }
     Outcome {
         answers,
         udp_answers_from_the_node_port: udp_from_node_port,
         other_port_refused: refused,
+        closed_backends_refuse: closed_refuse,
     }
 }
 
@@ -706,7 +762,10 @@ fn outcome(cluster: &Cluster) -> Outcome {
 /// them on flatnet's fast path gets the same: each node reaches both
 /// backends over TCP and UDP, both backends see the node's address (the
 /// local one too: MASQUERADE picks it, the host veth having none), UDP
-/// answers come from the NodePort, another port is refused.
+/// answers come from the NodePort, another port is refused, and a Service
+/// whose backends listen on nothing refuses TCP (the backend's reset) and
+/// UDP (its port unreachable, which conntrack relates to the flow and
+/// flatnet translates back in BPF).
 #[flatnet_test(root)]
 fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
@@ -728,6 +787,15 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         .iter()
         .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
         .collect();
+    // A kernel sends a peer at most six ICMP errors at once and one per
+    // second after: off in the backends, so each of the many tries the
+    // closed Service's check makes gets its port unreachable.
+    for (local, remote) in &pods {
+        for pod in [local, remote] {
+            pod.netns
+                .exec(&["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
+        }
+    }
     let _servers: Vec<Echo> = pods
         .iter()
         .flat_map(|(local, remote)| {
@@ -748,30 +816,65 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         Kind::EndpointSlice,
         node_port_slice("np", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
     );
-    // kube-proxy: the same Service as its iptables rules hold it.
+    stub.add(
+        Kind::Service,
+        node_port_service("closed", Ipv4Addr::new(10, 96, 9, 51), CLOSED_NODE_PORT),
+    );
+    let mut closed = node_port_slice("closed", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    for port in closed["ports"].as_array_mut().expect("ports") {
+        port["port"] = CLOSED_BACKEND_PORT.into();
+    }
+    stub.add(Kind::EndpointSlice, closed);
+    // kube-proxy: the same Services as its iptables rules hold them.
     let (local, remote) = &pods[1];
-    let endpoints = vec![
-        SocketAddr::from((local.ip, BACKEND_PORT)),
-        SocketAddr::from((remote.ip, BACKEND_PORT)),
-    ];
+    let endpoints = |port: u16| {
+        vec![
+            SocketAddr::from((local.ip, port)),
+            SocketAddr::from((remote.ip, port)),
+        ]
+    };
     let cluster_ip = std::net::IpAddr::V4(Ipv4Addr::new(10, 96, 9, 50));
+    let closed_ip = std::net::IpAddr::V4(Ipv4Addr::new(10, 96, 9, 51));
     kube_proxy.program_kube_proxy(
         Mode::Iptables,
         &[
-            ServicePort::cluster_ip("np", cluster_ip, 80, Protocol::Tcp, endpoints.clone())
+            ServicePort::cluster_ip("np", cluster_ip, 80, Protocol::Tcp, endpoints(BACKEND_PORT))
                 .with_node_port(NODE_PORT),
-            ServicePort::cluster_ip("np", cluster_ip, 53, Protocol::Udp, endpoints)
+            ServicePort::cluster_ip("np", cluster_ip, 53, Protocol::Udp, endpoints(BACKEND_PORT))
                 .with_node_port(NODE_PORT),
+            ServicePort::cluster_ip(
+                "closed",
+                closed_ip,
+                80,
+                Protocol::Tcp,
+                endpoints(CLOSED_BACKEND_PORT),
+            )
+            .with_node_port(CLOSED_NODE_PORT),
+            ServicePort::cluster_ip(
+                "closed",
+                closed_ip,
+                53,
+                Protocol::Udp,
+                endpoints(CLOSED_BACKEND_PORT),
+            )
+            .with_node_port(CLOSED_NODE_PORT),
         ],
     );
     let wildcard = Ipv4Addr::UNSPECIFIED.into();
-    wait_until("flatnet's agents to serve the NodePort", SETTLE, || {
+    wait_until("flatnet's agents to serve the NodePorts", SETTLE, || {
         ["cp-1", "worker-1"].iter().all(|name| {
-            [6, 17].into_iter().all(|protocol| {
+            [
+                (NODE_PORT, 6),
+                (NODE_PORT, 17),
+                (CLOSED_NODE_PORT, 6),
+                (CLOSED_NODE_PORT, 17),
+            ]
+            .into_iter()
+            .all(|(port, protocol)| {
                 flatnet
                     .node(name)
                     .datapath()
-                    .service_backends(&service_key(wildcard, NODE_PORT, protocol))
+                    .service_backends(&service_key(wildcard, port, protocol))
                     .ok()
                     .flatten()
                     .is_some_and(|set| set.len() == 2)
@@ -785,6 +888,10 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     let same = through_flatnet;
     assert!(
         same.udp_answers_from_the_node_port && same.other_port_refused,
+        "{same:?}"
+    );
+    assert!(
+        same.closed_backends_refuse.values().all(|&refused| refused),
         "{same:?}"
     );
     assert_eq!(

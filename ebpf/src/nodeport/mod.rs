@@ -49,6 +49,8 @@ use crate::remote::{take_hop, words};
 use crate::services::{SERVICE_BACKENDS, SERVICES, affinity_index};
 use crate::*;
 
+mod icmp;
+
 /// Which protocols' frontends listen on each port (`external_port` bits).
 #[btf_map]
 static EXTERNAL_PORTS: Array<u32, { maps::EXTERNAL_PORTS.max_entries as usize }> = Array::new();
@@ -86,8 +88,17 @@ pub(crate) struct Scratch {
     /// The flow that holds a node port a new flow wants, and its key.
     spent: NatReverse,
     spent_key: NatKey,
-    /// Where the packet's transport header starts.
+    /// Where the packet's transport header starts (an ICMP error's: the
+    /// quoted packet's).
     l4: u32,
+    /// Where an ICMP error's header starts; 0: the packet is no ICMP error.
+    icmp: u32,
+    /// Where the quoted packet's transport checksum is, when the error
+    /// quotes it and it is in use; 0: not patched.
+    quoted_l4_csum: u32,
+    /// The quoted packet's IPv4 header and transport checksums before the
+    /// error is rewritten.
+    quoted_csums: [u16; 2],
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
@@ -98,6 +109,8 @@ static NODEPORT_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
 /// Free node ports tried for a new flow before it is dropped.
@@ -169,6 +182,10 @@ pub(crate) fn candidate(start: usize, end: usize) -> bool {
         }
         _ => return false,
     };
+    // An ICMP error may be about a translated flow's packet (parse tells).
+    if protocol == IPPROTO_ICMP || protocol == IPPROTO_ICMPV6 {
+        return any_listening();
+    }
     if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
         return false;
     }
@@ -230,6 +247,12 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
         _ => return None,
     };
     key._pad = [0; 2];
+    s.icmp = 0;
+    if (key.family == 4 && key.protocol == IPPROTO_ICMP)
+        || (key.family == 6 && key.protocol == IPPROTO_ICMPV6)
+    {
+        return icmp::parse_error(ctx, s, l4);
+    }
     s.closing = match key.protocol {
         IPPROTO_TCP => {
             let flags: *const u8 = header_at(start, end, l4 + 13).ok()?;
@@ -262,6 +285,11 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
 pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
     let s = scratch()?;
     parse(ctx, s)?;
+    if s.icmp != 0 {
+        // About a translated flow's packet, or the stack's.
+        let flow = NAT_REVERSE.get_ptr(&s.key)?;
+        return Some(icmp_error_out(ctx, s, flow));
+    }
     let port = u16::from_be_bytes(s.key.dst_port);
     if port >= NAT_PORT_MIN {
         if let Some(reply) = NAT_REVERSE.get_ptr_mut(&s.key) {
@@ -609,6 +637,10 @@ fn to_node(ctx: &TcContext, uplink: u32) -> i32 {
 pub(crate) fn reply_from_pod(ctx: &TcContext) -> Option<i32> {
     let s = scratch()?;
     parse(ctx, s)?;
+    if s.icmp != 0 {
+        let flow = NAT_REVERSE.get_ptr(&s.key)?;
+        return Some(icmp_error_out(ctx, s, flow));
+    }
     let reply = NAT_REVERSE.get_ptr_mut(&s.key)?;
     Some(reply_out(ctx, s, reply))
 }
@@ -635,6 +667,27 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
     {
         return TC_ACT_SHOT as i32;
     }
+    back_to_client(ctx, s)
+}
+
+/// An ICMP error about a translated flow's packet goes to the flow's client
+/// as conntrack's NAT would send it: the packet it quotes made the
+/// client's again (from the client, to the frontend), the error to the
+/// client, and from the frontend when the backend sent it.
+#[inline(never)]
+fn icmp_error_out(ctx: &TcContext, s: &mut Scratch, flow: *const NatReverse) -> i32 {
+    // SAFETY: a valid map value for the program's run; read once.
+    s.reverse = unsafe { core::ptr::read_volatile(flow) };
+    if icmp::rewrite_error(ctx, s).is_none() {
+        count(action::NODEPORT_DROPPED, ctx.len());
+        return TC_ACT_SHOT as i32;
+    }
+    back_to_client(ctx, s)
+}
+
+/// A translated reply out of the uplink its flow came in by.
+#[inline(never)]
+fn back_to_client(ctx: &TcContext, s: &Scratch) -> i32 {
     let len = ctx.len();
     match route_to_remote(ctx, s.reverse.ifindex, BPF_FIB_LOOKUP_OUTPUT as u32) {
         Some(verdict) => {
