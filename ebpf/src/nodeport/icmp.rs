@@ -1,7 +1,9 @@
-//! ICMP errors about a translated flow's packets (kube-proxy's conntrack
-//! relates them to the connection and NATs them back): a backend's port
-//! unreachable, a router's fragmentation needed or packet too big, reach
-//! the flow's client as they would through kube-proxy's rules.
+//! ICMP errors about a translated flow's packets, either way (kube-proxy's
+//! conntrack relates them to the connection and NATs them back): a
+//! backend's port unreachable, or a router's fragmentation needed or
+//! packet too big, reaches the flow's client; a client's port unreachable
+//! for a late reply, or a router's packet too big for a large one, reaches
+//! the backend; each as through kube-proxy's rules.
 
 use aya_ebpf::{
     bindings::BPF_F_PSEUDO_HDR, helpers::generated::bpf_csum_diff, programs::TcContext,
@@ -71,6 +73,61 @@ pub(super) fn parse_error(ctx: &TcContext, s: &mut Scratch, icmp: usize) -> Opti
     Some(())
 }
 
+/// What an error's rewrite makes of it, for either way it goes.
+#[repr(C)]
+pub(super) struct ErrorRewrite {
+    /// What the quoted packet's source and destination become.
+    quoted_source: [u8; 16],
+    quoted_destination: [u8; 16],
+    quoted_source_port: [u8; 2],
+    quoted_destination_port: [u8; 2],
+    _pad: u32,
+    /// Where the error goes.
+    to: [u8; 16],
+    /// The error's sender, when it is the flow's other end (the quoted
+    /// packet's destination), becomes this.
+    other_end: [u8; 16],
+    other_end_becomes: [u8; 16],
+}
+
+/// An error about a flow's packet to its client (from the backend, or a
+/// router on the way) goes to the client: the quoted packet the client's
+/// again (from the client, to the frontend), and from the frontend when
+/// the backend sent it. `s.reverse` holds the flow.
+#[inline(always)]
+pub(super) fn toward_client(s: &mut Scratch) {
+    let e = &mut s.error;
+    e.quoted_source = s.reverse.client;
+    e.quoted_source_port = s.reverse.client_port;
+    e.quoted_destination = s.reverse.frontend;
+    e.quoted_destination_port = s.reverse.frontend_port;
+    e.to = s.reverse.client;
+    e.other_end = s.key.src;
+    e.other_end_becomes = s.reverse.frontend;
+}
+
+/// An error about a reply of the flow (from the client, or a router on
+/// the way; it came to the frontend) goes to the backend: the quoted reply
+/// made the backend's again (from the backend, to the node port the flow
+/// was given, or the client's own address when it was kept), and from
+/// that address when the client sent it. `s.forward` holds the flow; the
+/// key is the client's tuple.
+#[inline(always)]
+pub(super) fn toward_backend(s: &mut Scratch) {
+    let translated = s.forward.nat_port != [0; 2];
+    let e = &mut s.error;
+    e.quoted_source = s.forward.backend;
+    e.quoted_source_port = s.forward.backend_port;
+    (e.quoted_destination, e.quoted_destination_port) = if translated {
+        (s.key.dst, s.forward.nat_port)
+    } else {
+        (s.key.src, s.key.src_port)
+    };
+    e.to = s.forward.backend;
+    e.other_end = s.key.src;
+    e.other_end_becomes = e.quoted_destination;
+}
+
 /// Which end of a packet a patch sets.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -78,11 +135,11 @@ enum End {
     Destination,
 }
 
-/// Makes the error the client's: the quoted packet's source becomes the
-/// client and its destination the frontend (its IPv4 header checksum and,
-/// when quoted and in use, its transport checksum patched); the error goes
-/// to the client, and comes from the frontend when the backend sent it.
-/// Every change inside the ICMP message is carried into its checksum.
+/// Rewrites the error as `s.error` says: the quoted packet's ends (its
+/// IPv4 header checksum and, when quoted and in use, its transport
+/// checksum patched), where the error goes, and its sender when that is
+/// the flow's other end. Every change inside the ICMP message is carried
+/// into its checksum.
 /// The work is split into calls of their own, each reading what it needs
 /// from `s`: a program's calls share 512 bytes of stack. None: a helper
 /// refused.
@@ -103,21 +160,20 @@ pub(super) fn rewrite_error(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
     patch_quoted_port(ctx, s, End::Source)?;
     patch_quoted_port(ctx, s, End::Destination)?;
     carry_quoted_checksums(ctx, s)?;
-    // The error's own ends: to the client, from the frontend if the
-    // backend sent it (a router on the way keeps its address).
+    // The error's own ends (a router on the way keeps its address).
     set_outer(ctx, s, End::Destination)?;
-    if sent_by_backend(ctx, s)? {
+    if sent_by_other_end(ctx, s)? {
         set_outer(ctx, s, End::Source)?;
     }
     Some(())
 }
 
-/// What the quoted packet's `end` becomes: the client, or the frontend.
+/// What the quoted packet's `end` becomes.
 #[inline(always)]
 fn new_end(s: &Scratch, end: End) -> (&[u8; 16], [u8; 2]) {
     match end {
-        End::Source => (&s.reverse.client, s.reverse.client_port),
-        End::Destination => (&s.reverse.frontend, s.reverse.frontend_port),
+        End::Source => (&s.error.quoted_source, s.error.quoted_source_port),
+        End::Destination => (&s.error.quoted_destination, s.error.quoted_destination_port),
     }
 }
 
@@ -229,28 +285,28 @@ fn outer_at(ipv4: bool, end: End) -> usize {
         }
 }
 
-/// Whether the flow's backend sent the error (the quoted packet's
-/// destination is the error's source).
+/// Whether the flow's other end (the quoted packet's destination) sent
+/// the error.
 #[inline(never)]
-fn sent_by_backend(ctx: &TcContext, s: &Scratch) -> Option<bool> {
+fn sent_by_other_end(ctx: &TcContext, s: &Scratch) -> Option<bool> {
     let at = outer_at(s.key.family == 4, End::Source);
     Some(if s.key.family == 4 {
-        ctx.load::<u32>(at).ok()? == four(&s.key.src)
+        ctx.load::<u32>(at).ok()? == four(&s.error.other_end)
     } else {
-        ctx.load::<[u32; 4]>(at).ok()? == words(s.key.src)
+        ctx.load::<[u32; 4]>(at).ok()? == words(s.error.other_end)
     })
 }
 
-/// Sets the error's own `end`: the destination to the client, the source
-/// to the frontend; the IPv4 header's checksum patched, or, over IPv6, the
-/// ICMPv6 checksum (its pseudo-header holds the addresses).
+/// Sets the error's own `end` as `s.error` says; the IPv4 header's
+/// checksum patched, or, over IPv6, the ICMPv6 checksum (its pseudo-header
+/// holds the addresses).
 #[inline(never)]
 fn set_outer(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
     let ipv4 = s.key.family == 4;
     let at = outer_at(ipv4, end);
     let address = match end {
-        End::Destination => &s.reverse.client,
-        End::Source => &s.reverse.frontend,
+        End::Destination => &s.error.to,
+        End::Source => &s.error.other_end_becomes,
     };
     if ipv4 {
         let old: u32 = ctx.load(at).ok()?;

@@ -99,6 +99,8 @@ pub(crate) struct Scratch {
     /// The quoted packet's IPv4 header and transport checksums before the
     /// error is rewritten.
     quoted_csums: [u16; 2],
+    /// What an ICMP error's rewrite makes of it.
+    error: icmp::ErrorRewrite,
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
@@ -286,9 +288,13 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
     let s = scratch()?;
     parse(ctx, s)?;
     if s.icmp != 0 {
-        // About a translated flow's packet, or the stack's.
-        let flow = NAT_REVERSE.get_ptr(&s.key)?;
-        return Some(icmp_error_out(ctx, s, flow));
+        // About a translated flow's packet to its client, or to its
+        // backend, or the stack's.
+        if let Some(flow) = NAT_REVERSE.get_ptr(&s.key) {
+            return Some(icmp_error_out(ctx, s, flow));
+        }
+        let flow = NAT_FORWARD.get_ptr(&s.key)?;
+        return Some(icmp_error_in(ctx, s, flow, uplink));
     }
     let port = u16::from_be_bytes(s.key.dst_port);
     if port >= NAT_PORT_MIN {
@@ -566,6 +572,27 @@ fn to_backend(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> i32 {
     if s.forward.nat_port != [0; 2] && rewrite(ctx, s, End::NatSource).is_none() {
         return TC_ACT_SHOT as i32;
     }
+    deliver_to_backend(ctx, s, uplink)
+}
+
+/// An ICMP error about a reply of the flow `flow` (the client's tuple),
+/// made the backend's and sent to it.
+#[inline(never)]
+fn icmp_error_in(ctx: &TcContext, s: &mut Scratch, flow: *const NatForward, uplink: u32) -> i32 {
+    // SAFETY: a valid map value for the program's run; read once.
+    s.forward = unsafe { core::ptr::read_volatile(flow) };
+    icmp::toward_backend(s);
+    if icmp::rewrite_error(ctx, s).is_none() {
+        count(action::NODEPORT_DROPPED, ctx.len());
+        return TC_ACT_SHOT as i32;
+    }
+    deliver_to_backend(ctx, s, uplink)
+}
+
+/// A translated packet to the flow's backend (`s.forward`): into the pod
+/// when it is on this node, else to its node.
+#[inline(always)]
+fn deliver_to_backend(ctx: &TcContext, s: &Scratch, uplink: u32) -> i32 {
     let backend = &s.forward.backend;
     let local = if s.key.family == 4 {
         let address = [backend[0], backend[1], backend[2], backend[3]];
@@ -670,14 +697,14 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
     back_to_client(ctx, s)
 }
 
-/// An ICMP error about a translated flow's packet goes to the flow's client
-/// as conntrack's NAT would send it: the packet it quotes made the
-/// client's again (from the client, to the frontend), the error to the
-/// client, and from the frontend when the backend sent it.
+/// An ICMP error about a translated flow's packet to its backend goes to
+/// the flow's client as conntrack's NAT would send it
+/// (`icmp::toward_client`).
 #[inline(never)]
 fn icmp_error_out(ctx: &TcContext, s: &mut Scratch, flow: *const NatReverse) -> i32 {
     // SAFETY: a valid map value for the program's run; read once.
     s.reverse = unsafe { core::ptr::read_volatile(flow) };
+    icmp::toward_client(s);
     if icmp::rewrite_error(ctx, s).is_none() {
         count(action::NODEPORT_DROPPED, ctx.len());
         return TC_ACT_SHOT as i32;

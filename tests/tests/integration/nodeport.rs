@@ -29,6 +29,71 @@ const NODE_PORT: u16 = 30080;
 /// A NodePort whose backends' port nothing listens on.
 const CLOSED_NODE_PORT: u16 = NODE_PORT + 3;
 const CLOSED_BACKEND_PORT: u16 = BACKEND_PORT + 1;
+/// A UDP NodePort whose backends answer late (`LateUdp`).
+const LATE_NODE_PORT: u16 = NODE_PORT + 4;
+const LATE_BACKEND_PORT: u16 = BACKEND_PORT + 2;
+/// How late `LateUdp` answers.
+const LATE_BY: Duration = Duration::from_millis(300);
+
+/// A UDP server in a pod that answers each datagram `LATE_BY` after it
+/// came: time for a client to have closed its socket, so its kernel
+/// answers the answer with a port unreachable. Stopped on drop.
+struct LateUdp {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LateUdp {
+    fn start(netns: &Netns) -> Self {
+        let socket = netns
+            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, LATE_BACKEND_PORT)).expect("udp bind"));
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((len, peer)) = socket.recv_from_through_signals(&mut buf) {
+                        std::thread::sleep(LATE_BY);
+                        let _ = socket.send_to(&buf[..len], peer);
+                    }
+                }
+            })
+        };
+        LateUdp {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for LateUdp {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// ICMP destination unreachables the netns has received (`/proc/net/snmp`).
+fn dest_unreachables_received(netns: &Netns) -> u64 {
+    let snmp = netns.exec(&["cat", "/proc/net/snmp"]);
+    let mut icmp = snmp.lines().filter(|line| line.starts_with("Icmp: "));
+    let (names, values) = (
+        icmp.next().expect("Icmp names"),
+        icmp.next().expect("Icmp values"),
+    );
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "InDestUnreachs")
+        .and_then(|(_, value)| value.parse().ok())
+        .expect("InDestUnreachs")
+}
 pub(crate) const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
 
 /// TCP and UDP servers in a pod answering with their name and the source
@@ -694,9 +759,16 @@ struct Outcome {
     /// backends listen on nothing was refused (TCP: the backend's reset;
     /// UDP: its ICMP port unreachable, translated back).
     closed_backends_refuse: std::collections::BTreeMap<(String, &'static str), bool>,
+    /// Port unreachables the backends got for answers that came after
+    /// their client's socket had closed (the client's kernel's error,
+    /// translated back to the backend), of `LATE_TRIES` per node.
+    late_answers_refused_at_the_backends: u64,
 }
 
-fn outcome(cluster: &Cluster) -> Outcome {
+/// Datagrams per node whose client leaves before the late answer.
+const LATE_TRIES: u64 = 4;
+
+fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
     let outside = &cluster._switch;
     let mut answers = std::collections::BTreeMap::new();
     let mut udp_from_node_port = true;
@@ -748,11 +820,26 @@ fn outcome(cluster: &Cluster) -> Outcome {
             (0..8).all(|_| udp_refused(outside, closed)),
         );
     }
+    let unreachables = || -> u64 { backends.iter().map(|b| dest_unreachables_received(b)).sum() };
+    let before = unreachables();
+    for node in [cluster.node("cp-1"), cluster.node("worker-1")] {
+        let late = SocketAddr::from((node.spec.address(), LATE_NODE_PORT));
+        for _ in 0..LATE_TRIES {
+            // Sent, and the socket closed at once.
+            outside.run(|| {
+                UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+                    .and_then(|socket| socket.send_to(b"late", late))
+                    .expect("UDP to the late NodePort")
+            });
+            std::thread::sleep(LATE_BY * 2);
+        }
+    }
     Outcome {
         answers,
         udp_answers_from_the_node_port: udp_from_node_port,
         other_port_refused: refused,
         closed_backends_refuse: closed_refuse,
+        late_answers_refused_at_the_backends: unreachables() - before,
     }
 }
 
@@ -765,7 +852,9 @@ fn outcome(cluster: &Cluster) -> Outcome {
 /// answers come from the NodePort, another port is refused, and a Service
 /// whose backends listen on nothing refuses TCP (the backend's reset) and
 /// UDP (its port unreachable, which conntrack relates to the flow and
-/// flatnet translates back in BPF).
+/// flatnet translates back in BPF); and a backend whose answer comes after
+/// the client's socket closed gets the client's port unreachable (the other
+/// way through the same translation).
 #[flatnet_test(root)]
 fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
@@ -788,14 +877,24 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
         .collect();
     // A kernel sends a peer at most six ICMP errors at once and one per
-    // second after: off in the backends, so each of the many tries the
-    // closed Service's check makes gets its port unreachable.
+    // second after: off in the backends and the client, so each of the
+    // many tries the closed and late Services' checks make gets its port
+    // unreachable.
     for (local, remote) in &pods {
         for pod in [local, remote] {
             pod.netns
                 .exec(&["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
         }
     }
+    for cluster in [&flatnet, &kube_proxy] {
+        cluster
+            ._switch
+            .exec(&["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
+    }
+    let _late: Vec<LateUdp> = pods
+        .iter()
+        .flat_map(|(local, remote)| [LateUdp::start(&local.netns), LateUdp::start(&remote.netns)])
+        .collect();
     let _servers: Vec<Echo> = pods
         .iter()
         .flat_map(|(local, remote)| {
@@ -825,6 +924,15 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         port["port"] = CLOSED_BACKEND_PORT.into();
     }
     stub.add(Kind::EndpointSlice, closed);
+    stub.add(
+        Kind::Service,
+        node_port_service("late", Ipv4Addr::new(10, 96, 9, 52), LATE_NODE_PORT),
+    );
+    let mut late = node_port_slice("late", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    for port in late["ports"].as_array_mut().expect("ports") {
+        port["port"] = LATE_BACKEND_PORT.into();
+    }
+    stub.add(Kind::EndpointSlice, late);
     // kube-proxy: the same Services as its iptables rules hold them.
     let (local, remote) = &pods[1];
     let endpoints = |port: u16| {
@@ -858,6 +966,14 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
                 endpoints(CLOSED_BACKEND_PORT),
             )
             .with_node_port(CLOSED_NODE_PORT),
+            ServicePort::cluster_ip(
+                "late",
+                std::net::IpAddr::V4(Ipv4Addr::new(10, 96, 9, 52)),
+                53,
+                Protocol::Udp,
+                endpoints(LATE_BACKEND_PORT),
+            )
+            .with_node_port(LATE_NODE_PORT),
         ],
     );
     let wildcard = Ipv4Addr::UNSPECIFIED.into();
@@ -868,6 +984,7 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
                 (NODE_PORT, 17),
                 (CLOSED_NODE_PORT, 6),
                 (CLOSED_NODE_PORT, 17),
+                (LATE_NODE_PORT, 17),
             ]
             .into_iter()
             .all(|(port, protocol)| {
@@ -882,8 +999,9 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         })
     });
 
-    let through_flatnet = outcome(&flatnet);
-    let through_kube_proxy = outcome(&kube_proxy);
+    let backends = |c: usize| [&pods[c].0.netns, &pods[c].1.netns];
+    let through_flatnet = outcome(&flatnet, backends(0));
+    let through_kube_proxy = outcome(&kube_proxy, backends(1));
     assert_eq!(through_flatnet, through_kube_proxy);
     let same = through_flatnet;
     assert!(
@@ -892,6 +1010,11 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     );
     assert!(
         same.closed_backends_refuse.values().all(|&refused| refused),
+        "{same:?}"
+    );
+    assert_eq!(
+        same.late_answers_refused_at_the_backends,
+        2 * LATE_TRIES,
         "{same:?}"
     );
     assert_eq!(
