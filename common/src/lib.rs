@@ -69,6 +69,9 @@ pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
 pub const MAP_EXTERNAL_PORTS: &str = "EXTERNAL_PORTS";
 pub const MAP_NAT_FORWARD: &str = "NAT_FORWARD";
 pub const MAP_NAT_REVERSE: &str = "NAT_REVERSE";
+/// The ports of fragmented datagrams of translated flows, for their later
+/// fragments (`nat::FragmentKey`).
+pub const MAP_NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
 /// `from_pod`'s tail call: entry 0 is `nodeport_reply` (pinned, so that the
 /// entry lives on after the loader exits).
 pub const MAP_NODEPORT_CALLS: &str = "NODEPORT_CALLS";

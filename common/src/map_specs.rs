@@ -132,6 +132,11 @@ pub mod maps {
         MapSpec::new::<NatKey, NatForward>(MAP_NAT_FORWARD, MapKind::LruHash, MAX_NAT_FLOWS);
     pub const NAT_REVERSE: MapSpec =
         MapSpec::new::<NatKey, NatReverse>(MAP_NAT_REVERSE, MapKind::LruHash, MAX_NAT_FLOWS);
+    pub const NAT_FRAGMENTS: MapSpec = MapSpec::new::<FragmentKey, FragmentPorts>(
+        MAP_NAT_FRAGMENTS,
+        MapKind::LruHash,
+        MAX_NAT_FRAGMENTS,
+    );
     pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
         MAP_NODEPORT_CALLS,
         MapKind::ProgArray,
@@ -140,7 +145,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 26] = [
+pub const MAP_SPECS: [MapSpec; 27] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -166,5 +171,6 @@ pub const MAP_SPECS: [MapSpec; 26] = [
     maps::EXTERNAL_PORTS,
     maps::NAT_FORWARD,
     maps::NAT_REVERSE,
+    maps::NAT_FRAGMENTS,
     maps::NODEPORT_CALLS,
 ];

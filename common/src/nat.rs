@@ -75,6 +75,33 @@ pub struct NatKey {
 }
 const _: () = assert!(size_of::<NatKey>() == 40);
 
+/// Fragmented IPv4 datagrams of translated flows in flight at once: a
+/// datagram's later fragments carry no transport header, so the ports its
+/// first fragment had are kept for them (`NAT_FRAGMENTS`).
+pub const MAX_NAT_FRAGMENTS: u32 = 8192;
+
+/// A fragmented IPv4 datagram: its ends, IP identification and protocol,
+/// as every one of its fragments carries them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragmentKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub id: [u8; 2],
+    pub protocol: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<FragmentKey>() == 12);
+
+/// The ports a fragmented datagram's first fragment carried (network
+/// order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragmentPorts {
+    pub src_port: [u8; 2],
+    pub dst_port: [u8; 2],
+}
+
 /// A flow from outside to a frontend: the backend it was given, and the
 /// node port its source was translated to (0: the client's address kept,
 /// `externalTrafficPolicy: Local`).

@@ -29,8 +29,10 @@
 //! The host stack sees none of these packets, in either direction: its
 //! conntrack and netfilter never meet the flow (as with the fast path's
 //! pod-to-pod flows), so a translated flow needs no `FLOWS` verdict.
-//! Handled: TCP and UDP over IPv4 without options or fragments, and over
-//! IPv6 with no extension header; the rest goes to the stack.
+//! Handled: TCP and UDP over IPv4 without options (fragments too: the
+//! later ones by their first one's ports, `NAT_FRAGMENTS`), and over IPv6
+//! with no extension header; ICMP errors about such packets (`icmp`); the
+//! rest goes to the stack.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_NOEXIST},
@@ -40,9 +42,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use flatnet_common::{
-    AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, NAT_F_CLOSING,
-    NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress,
-    ServiceKey, ServiceValue, external_port, maps,
+    AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, FragmentKey,
+    FragmentPorts, NAT_F_CLOSING, NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey,
+    NatReverse, NodePortAddress, ServiceKey, ServiceValue, external_port, maps,
 };
 
 use crate::remote::{take_hop, words};
@@ -75,6 +77,16 @@ static NAT_REVERSE: LruHashMap<NatKey, NatReverse, { maps::NAT_REVERSE.max_entri
     LruHashMap::new();
 const _: () = assert!(maps::NAT_REVERSE.holds::<NatKey, NatReverse>());
 
+/// The ports of fragmented datagrams, from their first fragments, for
+/// their later ones.
+#[btf_map]
+static NAT_FRAGMENTS: LruHashMap<
+    FragmentKey,
+    FragmentPorts,
+    { maps::NAT_FRAGMENTS.max_entries as usize },
+> = LruHashMap::new();
+const _: () = assert!(maps::NAT_FRAGMENTS.holds::<FragmentKey, FragmentPorts>());
+
 /// What the path works on for the packet at hand, per CPU (a program runs
 /// to its end on one CPU).
 #[repr(C)]
@@ -101,6 +113,10 @@ pub(crate) struct Scratch {
     quoted_csums: [u16; 2],
     /// What an ICMP error's rewrite makes of it.
     error: icmp::ErrorRewrite,
+    /// A fragmented IPv4 datagram's fragment (`FRAGMENT_*`), and its
+    /// datagram.
+    fragment: u32,
+    fragment_key: FragmentKey,
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
@@ -113,6 +129,12 @@ const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_ICMPV6: u8 = 58;
+/// `Scratch::fragment`: a whole datagram; the first fragment of one (its
+/// ports are kept for the rest); a later one (no transport header: its
+/// ports are the first's).
+const FRAGMENT_NONE: u32 = 0;
+const FRAGMENT_FIRST: u32 = 1;
+const FRAGMENT_LATER: u32 = 2;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
 /// Free node ports tried for a new flow before it is dropped.
@@ -170,8 +192,12 @@ pub(crate) fn candidate(start: usize, end: usize) -> bool {
             };
             // SAFETY: bounds checked by `header_at`.
             let ip = unsafe { &*ip };
-            if ip.vihl != 0x45 || u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
+            if ip.vihl != 0x45 {
                 return false;
+            }
+            // A later fragment has no ports to ask about: parse tells.
+            if u16::from_be_bytes(ip.frags) & 0x1fff != 0 {
+                return any_listening();
             }
             (ip.proto, EthHdr::LEN + Ipv4Hdr::LEN)
         }
@@ -224,10 +250,25 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
             let ip: *const Ipv4Hdr = header_at(start, end, EthHdr::LEN).ok()?;
             // SAFETY: bounds checked by `header_at`.
             let ip = unsafe { &*ip };
-            // Options or a fragment: the stack's.
-            if ip.vihl != 0x45 || u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
+            // Options: the stack's.
+            if ip.vihl != 0x45 {
                 return None;
             }
+            let frags = u16::from_be_bytes(ip.frags);
+            s.fragment = if frags & 0x1fff != 0 {
+                FRAGMENT_LATER
+            } else if frags & 0x2000 != 0 {
+                FRAGMENT_FIRST
+            } else {
+                FRAGMENT_NONE
+            };
+            s.fragment_key = FragmentKey {
+                src: ip.src_addr,
+                dst: ip.dst_addr,
+                id: ip.id,
+                protocol: ip.proto,
+                _pad: 0,
+            };
             key.src = [0; 16];
             key.dst = [0; 16];
             key.src[..4].copy_from_slice(&ip.src_addr);
@@ -244,6 +285,8 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
             key.dst = ip.dst_addr;
             key.protocol = ip.next_hdr;
             key.family = 6;
+            // A fragment header is an extension header: the stack's.
+            s.fragment = FRAGMENT_NONE;
             EthHdr::LEN + Ipv6Hdr::LEN
         }
         _ => return None,
@@ -253,7 +296,25 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
     if (key.family == 4 && key.protocol == IPPROTO_ICMP)
         || (key.family == 6 && key.protocol == IPPROTO_ICMPV6)
     {
+        if s.fragment != FRAGMENT_NONE {
+            return None;
+        }
         return icmp::parse_error(ctx, s, l4);
+    }
+    if s.fragment == FRAGMENT_LATER {
+        if key.protocol != IPPROTO_TCP && key.protocol != IPPROTO_UDP {
+            return None;
+        }
+        // Its first fragment's ports, or the stack's (it came first, or
+        // the datagram is no flow of the path's).
+        let ports = NAT_FRAGMENTS.get_ptr(&s.fragment_key)?;
+        // SAFETY: a valid map value for the program's run; read once.
+        let ports = unsafe { core::ptr::read_volatile(ports) };
+        key.src_port = ports.src_port;
+        key.dst_port = ports.dst_port;
+        s.closing = 0;
+        s.l4 = l4 as u32;
+        return Some(());
     }
     s.closing = match key.protocol {
         IPPROTO_TCP => {
@@ -280,6 +341,19 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
     Some(())
 }
 
+/// A first fragment's ports, kept for the later fragments of its datagram
+/// (once the path has taken the first: a flow of its own).
+#[inline(never)]
+fn keep_fragment_ports(s: &Scratch) {
+    if s.fragment == FRAGMENT_FIRST {
+        let ports = FragmentPorts {
+            src_port: s.key.src_port,
+            dst_port: s.key.dst_port,
+        };
+        let _ = NAT_FRAGMENTS.insert(&s.fragment_key, &ports, 0);
+    }
+}
+
 /// `nodeport_in` (tail-called by `from_uplink`): a packet from outside for
 /// a frontend, or a reply of a flow translated here, is translated and
 /// sent on. None: not the NodePort path's.
@@ -299,6 +373,7 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
     let port = u16::from_be_bytes(s.key.dst_port);
     if port >= NAT_PORT_MIN {
         if let Some(reply) = NAT_REVERSE.get_ptr_mut(&s.key) {
+            keep_fragment_ports(s);
             return Some(reply_out(ctx, s, reply));
         }
     }
@@ -311,6 +386,8 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
     }
     match NAT_FORWARD.get_ptr_mut(&s.key) {
         Some(known) => refresh_forward(s, known),
+        // A later fragment starts no flow.
+        None if s.fragment == FRAGMENT_LATER => return None,
         None => match new_flow(s, listening, uplink) {
             FlowStart::Started => {}
             FlowStart::NotOurs => return None,
@@ -320,6 +397,7 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
             }
         },
     }
+    keep_fragment_ports(s);
     Some(to_backend(ctx, s, uplink))
 }
 
@@ -669,6 +747,7 @@ pub(crate) fn reply_from_pod(ctx: &TcContext) -> Option<i32> {
         return Some(icmp_error_out(ctx, s, flow));
     }
     let reply = NAT_REVERSE.get_ptr_mut(&s.key)?;
+    keep_fragment_ports(s);
     Some(reply_out(ctx, s, reply))
 }
 
@@ -765,6 +844,7 @@ fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
             (false, false) => 24,
         };
     let port_at = l4 + if source { 0 } else { 2 };
+    let later_fragment = s.fragment == FRAGMENT_LATER;
     let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
         (l4 + 16, 0)
     } else {
@@ -776,8 +856,12 @@ fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
         let old: u32 = ctx.load(address_at).ok()?;
         let new = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
         if old != new {
-            ctx.l4_csum_replace(checksum_at, u64::from(old), u64::from(new), pseudo | 4)
-                .ok()?;
+            // A later fragment has no transport header (the first one's
+            // checksum covers the whole datagram).
+            if !later_fragment {
+                ctx.l4_csum_replace(checksum_at, u64::from(old), u64::from(new), pseudo | 4)
+                    .ok()?;
+            }
             ctx.l3_csum_replace(EthHdr::LEN + 10, u64::from(old), u64::from(new), 4)
                 .ok()?;
             ctx.store(address_at, &new, 0).ok()?;
@@ -792,6 +876,9 @@ fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
                 .ok()?;
             ctx.store(address_at, &new, 0).ok()?;
         }
+    }
+    if later_fragment {
+        return Some(());
     }
     let old_port: u16 = ctx.load(port_at).ok()?;
     let new_port = u16::from_ne_bytes(port);

@@ -54,7 +54,8 @@ impl LateUdp {
         let thread = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let mut buf = [0u8; 512];
+                // Room for `LARGE_DATAGRAM`.
+                let mut buf = [0u8; 4096];
                 while !stop.load(Ordering::Relaxed) {
                     if let Ok((len, peer)) = socket.recv_from_through_signals(&mut buf) {
                         std::thread::sleep(LATE_BY);
@@ -763,6 +764,29 @@ struct Outcome {
     /// their client's socket had closed (the client's kernel's error,
     /// translated back to the backend), of `LATE_TRIES` per node.
     late_answers_refused_at_the_backends: u64,
+    /// node -> whether datagrams too large for one packet (fragmented by
+    /// the client's kernel, and the echo by the backend's) were echoed
+    /// whole, from the NodePort.
+    large_datagrams_echoed: std::collections::BTreeMap<String, bool>,
+}
+
+/// A datagram three fragments long on the underlay's 1,500 bytes.
+const LARGE_DATAGRAM: usize = 3000;
+
+/// Whether `to` echoes a `LARGE_DATAGRAM`-byte datagram from `netns` whole,
+/// from `to`.
+fn large_datagram_echoed(netns: &Netns, to: SocketAddr) -> bool {
+    netns
+        .run(|| -> std::io::Result<bool> {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            socket.set_read_timeout(Some(LATE_BY * 4))?;
+            let datagram: Vec<u8> = (0..LARGE_DATAGRAM).map(|i| (i % 251) as u8).collect();
+            socket.send_to(&datagram, to)?;
+            let mut buf = vec![0u8; LARGE_DATAGRAM * 2];
+            let (len, from) = socket.recv_from_through_signals(&mut buf)?;
+            Ok(from == to && buf[..len] == datagram[..])
+        })
+        .unwrap_or(false)
 }
 
 /// Datagrams per node whose client leaves before the late answer.
@@ -834,12 +858,23 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
             std::thread::sleep(LATE_BY * 2);
         }
     }
+    let late_refused = unreachables() - before;
+    let large = [cluster.node("cp-1"), cluster.node("worker-1")]
+        .iter()
+        .map(|node| {
+            let to = SocketAddr::from((node.spec.address(), LATE_NODE_PORT));
+            // Four tries: both backends are asked.
+            let echoed = (0..4).all(|_| large_datagram_echoed(outside, to));
+            (node.spec.name.clone(), echoed)
+        })
+        .collect();
     Outcome {
         answers,
         udp_answers_from_the_node_port: udp_from_node_port,
         other_port_refused: refused,
         closed_backends_refuse: closed_refuse,
-        late_answers_refused_at_the_backends: unreachables() - before,
+        late_answers_refused_at_the_backends: late_refused,
+        large_datagrams_echoed: large,
     }
 }
 
@@ -854,7 +889,8 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
 /// UDP (its port unreachable, which conntrack relates to the flow and
 /// flatnet translates back in BPF); and a backend whose answer comes after
 /// the client's socket closed gets the client's port unreachable (the other
-/// way through the same translation).
+/// way through the same translation); and datagrams fragmented both ways
+/// are echoed whole (later fragments translated by their first one's ports).
 #[flatnet_test(root)]
 fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
@@ -1015,6 +1051,10 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
     assert_eq!(
         same.late_answers_refused_at_the_backends,
         2 * LATE_TRIES,
+        "{same:?}"
+    );
+    assert!(
+        same.large_datagrams_echoed.values().all(|&echoed| echoed),
         "{same:?}"
     );
     assert_eq!(
