@@ -29,11 +29,11 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr},
+    bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr, sockaddr},
     btf_maps::{HashMap, LruHashMap},
     helpers::generated::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-        bpf_set_retval,
+        bpf_bind, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie,
+        bpf_ktime_get_ns, bpf_set_retval,
     },
     macros::{btf_map, cgroup_sock_addr},
     programs::SockAddrContext,
@@ -186,6 +186,11 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
         return PROCEED;
     };
     write_peer(addr, family, &backend.address, backend.port);
+    // A NodePort or hostPort on one of the node's addresses (`frontend_at`
+    // found it by the wildcard).
+    if connect && key.address == [0; 16] && peer.address != [0; 16] {
+        keep_node_source(ctx, family, &peer.address);
+    }
     let revnat_key = RevNatKey {
         // SAFETY: plain helper call on the program's context.
         cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
@@ -204,6 +209,34 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     let _ = SERVICE_REVNAT.insert(&revnat_key, &original, 0);
     PROCEED
 }
+
+/// A connect() of the node's own to a NodePort or hostPort on one of its
+/// addresses keeps that address as its source, as where kube-proxy's or
+/// portmap's DNAT sends it on (for a local destination the kernel picks
+/// the destination itself); rewritten to the pod, the route to the pod
+/// would pick the gateway device's. In a pod's namespace the address is
+/// not local, the bind fails and nothing changes; so it does for a socket
+/// already bound.
+#[inline(always)]
+fn keep_node_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
+    // sockaddr_in and sockaddr_in6, port 0 (the kernel picks one at connect).
+    let mut local = [0u8; 28];
+    let len = if family == 4 {
+        local[..2].copy_from_slice(&AF_INET.to_ne_bytes());
+        local[4..8].copy_from_slice(&address[..4]);
+        16
+    } else {
+        local[..2].copy_from_slice(&AF_INET6.to_ne_bytes());
+        local[8..24].copy_from_slice(address);
+        28
+    };
+    // SAFETY: a sockaddr of `len` bytes on the stack; a failure changes
+    // nothing.
+    let _ = unsafe { bpf_bind(ctx.sock_addr, local.as_mut_ptr().cast::<sockaddr>(), len) };
+}
+
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 
 /// The frontend at `key`'s address, or, at a node address, the NodePort
 /// at its port (`key` then holds the wildcard, as affinity keys it).

@@ -19,7 +19,7 @@ use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
 use flatnet_tests::*;
 
 mod cluster_ips;
-mod node_and_host_ports;
+pub(crate) mod node_and_host_ports;
 mod spoofing;
 pub(crate) mod under_load;
 

@@ -36,19 +36,28 @@ fn nodeport(mode: Mode, flags: &[&str]) {
 const HOST_PORT: u16 = 8081;
 
 /// The reference portmap plugin chained after flatnet for one pod (what a
-/// Pod's hostPort asks for); DEL on drop.
-struct PortMapping<'a> {
+/// Pod's hostPort asks for: a runtime chains it so); DEL on drop.
+pub(crate) struct PortMapping<'a> {
     pod: &'a SimPod<'a>,
     conf: serde_json::Value,
 }
 
 impl<'a> PortMapping<'a> {
-    fn add(pod: &'a SimPod<'a>, host_port: u16, container_port: u16) -> Self {
-        let mappings: Vec<serde_json::Value> = ["0.0.0.0", "::"]
+    /// `host_port` to `container_port` for each of `protocols`, on every
+    /// address of both families.
+    pub(crate) fn add(
+        pod: &'a SimPod<'a>,
+        host_port: u16,
+        container_port: u16,
+        protocols: &[&str],
+    ) -> Self {
+        let mappings: Vec<serde_json::Value> = protocols
             .iter()
-            .map(|host_ip| {
-                serde_json::json!({"hostPort": host_port, "containerPort": container_port,
-                    "protocol": "tcp", "hostIP": host_ip})
+            .flat_map(|protocol| {
+                ["0.0.0.0", "::"].map(|host_ip| {
+                    serde_json::json!({"hostPort": host_port, "containerPort": container_port,
+                        "protocol": protocol, "hostIP": host_ip})
+                })
             })
             .collect();
         // Debian's portmap (1.1.1) speaks CNI 1.0.0 at most: the list runs
@@ -98,7 +107,7 @@ fn hostport(mode: Mode) {
     let backend = n1.pod();
     let (near, far) = (n1.pod(), n2.pod());
     let _tcp = TcpBackend::start(&backend, "b", BACKEND_PORT);
-    let _mapping = PortMapping::add(&backend, HOST_PORT, BACKEND_PORT);
+    let _mapping = PortMapping::add(&backend, HOST_PORT, BACKEND_PORT, &["tcp"]);
     let list = web_in_both_families(&[&backend]);
     services.program(&list);
     for family in FAMILIES {
