@@ -158,6 +158,10 @@ pub const PROG_SERVICE_GETPEERNAME6: &str = "service_getpeername6";
 /// The datapath's load-time setting: whether `from_uplink` hands packets
 /// from other nodes' pods straight to local pods (a u32, 1 or 0).
 pub const GLOBAL_UPLINK_TO_PODS: &str = "UPLINK_TO_PODS";
+/// The Service socket programs' load-time setting: the network namespace
+/// cookie of the node's own processes (the loader's), a u64; 0 where no
+/// loader set it.
+pub const GLOBAL_NODE_NETNS_COOKIE: &str = "NODE_NETNS_COOKIE";
 /// The datapath's load-time setting: whether UDP flows' conntrack answers
 /// are kept in `FLOWS` (a u32, 1 where tcx puts `to_pod` and `to_uplink`
 /// on every way out of the host stack, else 0).

@@ -188,8 +188,12 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     write_peer(addr, family, &backend.address, backend.port);
     // A NodePort or hostPort on one of the node's addresses (`frontend_at`
     // found it by the wildcard).
-    if connect && key.address == [0; 16] && peer.address != [0; 16] {
-        keep_node_source(ctx, family, &peer.address);
+    if key.address == [0; 16] && peer.address != [0; 16] {
+        if connect {
+            keep_node_source(ctx, family, &peer.address);
+        } else {
+            keep_node_datagram_source(ctx, family, &peer.address);
+        }
     }
     let revnat_key = RevNatKey {
         // SAFETY: plain helper call on the program's context.
@@ -233,6 +237,43 @@ fn keep_node_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
     // SAFETY: a sockaddr of `len` bytes on the stack; a failure changes
     // nothing.
     let _ = unsafe { bpf_bind(ctx.sock_addr, local.as_mut_ptr().cast::<sockaddr>(), len) };
+}
+
+/// The node's own processes' network namespace (`bpf_get_netns_cookie`),
+/// set by the loader (`flatnet_common::GLOBAL_NODE_NETNS_COOKIE`).
+#[unsafe(no_mangle)]
+static NODE_NETNS_COOKIE: u64 = 0;
+
+/// sendmsg() of the node's own to a NodePort or hostPort on one of its
+/// addresses: the datagram leaves from that address, as `keep_node_source`
+/// binds a connect(). Only in the node's namespace: the address is no
+/// source a pod's namespace could send from.
+#[inline(always)]
+fn keep_node_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    let node = unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) };
+    // SAFETY: plain helper call on the program's context.
+    if node == 0 || unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != node {
+        return;
+    }
+    let addr = ctx.sock_addr;
+    // SAFETY: writable fields of the context for the sendmsg attach points.
+    unsafe {
+        if family == 4 {
+            let word = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
+            core::ptr::write_volatile(&mut (*addr).msg_src_ip4, word);
+        } else {
+            for i in 0..4 {
+                let word = u32::from_ne_bytes([
+                    address[i * 4],
+                    address[i * 4 + 1],
+                    address[i * 4 + 2],
+                    address[i * 4 + 3],
+                ]);
+                core::ptr::write_volatile(&mut (*addr).msg_src_ip6[i], word);
+            }
+        }
+    }
 }
 
 const AF_INET: u16 = 2;

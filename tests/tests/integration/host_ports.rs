@@ -331,9 +331,10 @@ fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) 
 /// from a pod on the other node, from the node itself and from the pod
 /// itself (hairpin), on the node's address. What each gets, the source
 /// the pod saw and where UDP answers came from, is compared whole, but for
-/// three sources asserted as they differ. The node's TCP connection is seen
-/// from the node's address on both (the socket program binds it there,
-/// as the kernel picks it for a local destination).
+/// the hairpin's source, asserted as it differs. The node's TCP and UDP
+/// are seen from the node's address on both (the socket programs bind a
+/// connect() there and set a sendmsg()'s source, as the kernel picks it
+/// for a local destination).
 #[flatnet_test(root)]
 fn host_ports_answer_as_portmaps_rules_do() {
     use crate::services::node_and_host_ports::PortMapping;
@@ -369,13 +370,10 @@ fn host_ports_answer_as_portmaps_rules_do() {
     let mut through_portmap = host_port_outcome(&portmap, &web_portmap, &plain.0);
     // Where the socket programs show the pod another source than
     // portmap's rules (README: hostPort), asserted as they are so that a
-    // change shows: the node's unconnected UDP (sendmsg cannot be given
-    // the node's address as its source from a pod's namespace alike) comes
-    // from the gateway device's address, and the pod reaching its own
-    // hostPort is connected to itself (portmap's hairpin masquerades it to
-    // the node's address). Each still answers, from the hostPort.
+    // change shows: the pod reaching its own hostPort is connected to
+    // itself (portmap's hairpin masquerades it to the node's address). It
+    // still answers, from the hostPort.
     for (key, from_bpf) in [
-        (("the node", "udp"), "gateway from true"),
         (("the pod itself", "tcp"), "itself from true"),
         (("the pod itself", "udp"), "itself from true"),
     ] {

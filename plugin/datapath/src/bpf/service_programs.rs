@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use flatnet_common::{
-    PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6, PROG_SERVICE_GETPEERNAME4,
-    PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4, PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4,
-    PROG_SERVICE_SENDMSG6,
+    GLOBAL_NODE_NETNS_COOKIE, PROG_SERVICE_CONNECT4, PROG_SERVICE_CONNECT6,
+    PROG_SERVICE_GETPEERNAME4, PROG_SERVICE_GETPEERNAME6, PROG_SERVICE_RECVMSG4,
+    PROG_SERVICE_RECVMSG6, PROG_SERVICE_SENDMSG4, PROG_SERVICE_SENDMSG6,
 };
 
 use super::attach::{pin_link, remove_if_there};
@@ -45,6 +45,10 @@ impl Datapath {
         for (name, path) in &map_pins {
             loader.map_pin_path(name, path.as_path());
         }
+        // The node's processes are the loader's namespace's: their
+        // datagrams to the node's own NodePorts keep the node's address.
+        let node_netns = netns_cookie()?;
+        loader.override_global(GLOBAL_NODE_NETNS_COOKIE, &node_netns, true);
         let object = super::kfunc::resolve(OBJECT)?;
         let mut ebpf = loader
             .load(object.bytes())
@@ -97,4 +101,36 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// This process's network namespace cookie, as `bpf_get_netns_cookie` gives
+/// it to the socket programs: SO_NETNS_COOKIE of a socket of its own (nix
+/// has no wrapper for it).
+fn netns_cookie() -> Result<u64> {
+    let socket = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::io("a socket for the netns cookie", e.into()))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a u64 with its size for the option's value.
+    let done = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if done != 0 {
+        return Err(Error::io(
+            "reading SO_NETNS_COOKIE",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(cookie)
 }
