@@ -131,21 +131,31 @@ fn read_peer(addr: *const bpf_sock_addr, family: u8) -> Peer {
 fn write_peer(addr: *mut bpf_sock_addr, family: u8, address: &[u8; 16], port: [u8; 2]) {
     // SAFETY: writable fields of the context for these attach points.
     unsafe {
+        write_address(
+            &mut (*addr).user_ip4,
+            &mut (*addr).user_ip6,
+            family,
+            address,
+        );
+        core::ptr::write_volatile(&mut (*addr).user_port, u32::from(u16::from_ne_bytes(port)));
+    }
+}
+
+/// `address` into a context's IPv4 or IPv6 address field, whole u32s (the
+/// only stores the verifier allows there).
+#[inline(always)]
+fn write_address(ip4: &mut u32, ip6: &mut [u32; 4], family: u8, address: &[u8; 16]) {
+    let words = crate::remote::words(*address);
+    // SAFETY: fields of the context the kernel passed, writable for the
+    // program's attach point.
+    unsafe {
         if family == 4 {
-            let word = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
-            core::ptr::write_volatile(&mut (*addr).user_ip4, word);
+            core::ptr::write_volatile(ip4, words[0]);
         } else {
-            for i in 0..4 {
-                let word = u32::from_ne_bytes([
-                    address[i * 4],
-                    address[i * 4 + 1],
-                    address[i * 4 + 2],
-                    address[i * 4 + 3],
-                ]);
-                core::ptr::write_volatile(&mut (*addr).user_ip6[i], word);
+            for (i, word) in words.iter().enumerate() {
+                core::ptr::write_volatile(&mut ip6[i], *word);
             }
         }
-        core::ptr::write_volatile(&mut (*addr).user_port, u32::from(u16::from_ne_bytes(port)));
     }
 }
 
@@ -259,20 +269,12 @@ fn keep_node_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 1
     let addr = ctx.sock_addr;
     // SAFETY: writable fields of the context for the sendmsg attach points.
     unsafe {
-        if family == 4 {
-            let word = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
-            core::ptr::write_volatile(&mut (*addr).msg_src_ip4, word);
-        } else {
-            for i in 0..4 {
-                let word = u32::from_ne_bytes([
-                    address[i * 4],
-                    address[i * 4 + 1],
-                    address[i * 4 + 2],
-                    address[i * 4 + 3],
-                ]);
-                core::ptr::write_volatile(&mut (*addr).msg_src_ip6[i], word);
-            }
-        }
+        write_address(
+            &mut (*addr).msg_src_ip4,
+            &mut (*addr).msg_src_ip6,
+            family,
+            address,
+        );
     }
 }
 
