@@ -256,14 +256,19 @@ static NODE_NETNS_COOKIE: u64 = 0;
 
 /// sendmsg() of the node's own to a NodePort or hostPort on one of its
 /// addresses: the datagram leaves from that address, as `keep_node_source`
-/// binds a connect(). Only in the node's namespace: the address is no
-/// source a pod's namespace could send from.
+/// binds a connect(). Only in the node's namespace (the address is no
+/// source a pod's namespace could send from) and only to this node's own
+/// addresses (`LOCAL_ADDRS`; NodePorts answer on every node's, and another
+/// node's is no source of this one's).
 #[inline(always)]
 fn keep_node_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
     // SAFETY: a read of a constant the loader set (frozen .rodata).
     let node = unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) };
     // SAFETY: plain helper call on the program's context.
     if node == 0 || unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != node {
+        return;
+    }
+    if !crate::policy::is_node_address(address, family) {
         return;
     }
     let addr = ctx.sock_addr;

@@ -819,13 +819,24 @@ fn node_ports_and_external_addresses_at_the_socket() {
     service["spec"]["type"] = "LoadBalancer".into();
     service["spec"]["externalIPs"] = serde_json::json!(["203.0.113.10"]);
     service["spec"]["ports"][0]["nodePort"] = 30080.into();
+    // UDP on the same NodePort: the node's own datagrams to it.
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(udp_port);
     service["status"] = serde_json::json!({"loadBalancer": {"ingress": [
         {"ip": "198.51.100.7"}, {"ip": "198.51.100.8", "ipMode": "Proxy"}]}});
     stub.add(Kind::Service, service);
-    stub.add(
-        Kind::EndpointSlice,
-        api_slice("lb", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]),
-    );
+    let mut slice = api_slice("lb", &[(local.ip, "cp-1"), (remote.ip, "worker-1")]);
+    slice["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(serde_json::json!({"name": "dns", "port": BACKEND_PORT, "protocol": "UDP"}));
+    stub.add(Kind::EndpointSlice, slice);
     let (cp_address, worker_address) = (cp.spec.address(), worker.spec.address());
     // One entry for the NodePort (the wildcard) and the node addresses.
     let node_port_key = service_key(Ipv4Addr::UNSPECIFIED.into(), 30080, TCP);
@@ -862,12 +873,28 @@ fn node_ports_and_external_addresses_at_the_socket() {
     ] {
         assert_eq!(reached(&client_pod.netns, to), both, "a pod to {to}");
     }
-    // The node itself, to its own address's NodePort.
-    assert_eq!(
-        reached(&cp.netns, SocketAddr::from((cp_address, 30080))),
-        both,
-        "the node to its own NodePort"
-    );
+    // The node itself, to its own address's NodePort and to the other
+    // node's, TCP and UDP (its datagrams to its own address leave from it;
+    // to the other node's, from wherever the route says).
+    for to in [
+        SocketAddr::from((cp_address, 30080)),
+        SocketAddr::from((worker_address, 30080)),
+    ] {
+        assert_eq!(
+            reached(&cp.netns, to),
+            both,
+            "the node to the NodePort {to}"
+        );
+        let by_udp: BTreeSet<String> = (0..12)
+            .map(|_| {
+                let (answer, peer) = client(&cgroup.0, &cp.netns, "udp", to)
+                    .unwrap_or_else(|e| panic!("UDP to {to}: {e:?}"));
+                assert_eq!(peer, to, "the UDP answer's source");
+                answer
+            })
+            .collect();
+        assert_eq!(by_udp, both, "the node's UDP to the NodePort {to}");
+    }
     // Not rewritten: the Proxy-mode ingress IP and the Service port on a
     // node address.
     for to in [
