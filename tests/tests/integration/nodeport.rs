@@ -282,14 +282,7 @@ fn tcp_node_port_service(name: &str, ip: Ipv4Addr, node_port: u16) -> serde_json
 /// `tcp_node_port_service` with a UDP port "dns" on the same NodePort.
 fn node_port_service(name: &str, ip: Ipv4Addr, node_port: u16) -> serde_json::Value {
     let mut service = tcp_node_port_service(name, ip, node_port);
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .unwrap()
-        .push(udp_port);
+    crate::socket_lb::add_udp_twin(&mut service);
     service
 }
 

@@ -321,6 +321,19 @@ pub(crate) fn api_service(name: &str, ip: Ipv4Addr) -> Value {
 
 /// Its EndpointSlice: "http" is `BACKEND_PORT` on the pods; each endpoint
 /// (address, node) ready.
+/// A UDP port "dns" beside `service`'s first port, on the same port and
+/// NodePort, its target the endpoints' "dns".
+pub(crate) fn add_udp_twin(service: &mut Value) {
+    let mut udp_port = service["spec"]["ports"][0].clone();
+    udp_port["name"] = "dns".into();
+    udp_port["protocol"] = "UDP".into();
+    udp_port["targetPort"] = "dns".into();
+    service["spec"]["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(udp_port);
+}
+
 pub(crate) fn api_slice(service: &str, endpoints: &[(Ipv4Addr, &str)]) -> Value {
     let endpoints: Vec<Value> = endpoints
         .iter()
@@ -820,14 +833,7 @@ fn node_ports_and_external_addresses_at_the_socket() {
     service["spec"]["externalIPs"] = serde_json::json!(["203.0.113.10"]);
     service["spec"]["ports"][0]["nodePort"] = 30080.into();
     // UDP on the same NodePort: the node's own datagrams to it.
-    let mut udp_port = service["spec"]["ports"][0].clone();
-    udp_port["name"] = "dns".into();
-    udp_port["protocol"] = "UDP".into();
-    udp_port["targetPort"] = "dns".into();
-    service["spec"]["ports"]
-        .as_array_mut()
-        .expect("ports")
-        .push(udp_port);
+    add_udp_twin(&mut service);
     service["status"] = serde_json::json!({"loadBalancer": {"ingress": [
         {"ip": "198.51.100.7"}, {"ip": "198.51.100.8", "ipMode": "Proxy"}]}});
     stub.add(Kind::Service, service);
