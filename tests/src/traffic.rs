@@ -1,7 +1,7 @@
 //! Traffic between namespaces: TCP echo, one UDP datagram and the source
 //! it arrived with, a TCP stream kept up while something else runs.
 
-use flatnet_harness::RecvThroughSignals;
+use flatnet_harness::{ReadThroughSignals, RecvThroughSignals};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ pub fn tcp_echo_via(
         conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = conn.read(&mut buf)?;
+            let n = conn.read_through_signals(&mut buf)?;
             if n == 0 {
                 return Ok(());
             }
@@ -165,12 +165,9 @@ pub fn stream_during(
         let mut total = 0u64;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            match conn.read(&mut buf) {
+            match conn.read_through_signals(&mut buf) {
                 Ok(0) => return total,
                 Ok(n) => total += n as u64,
-                // A signal handled in the test process (SIGCHLD) interrupts
-                // a read with a timeout even under SA_RESTART: not an error.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => panic!("receiver: {e} after {total} bytes"),
             }
         }

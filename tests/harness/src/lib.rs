@@ -16,7 +16,7 @@ mod conflist;
 pub mod containerd;
 mod netns;
 mod require;
-mod udp;
+mod signals;
 mod wait;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,7 +29,7 @@ pub use command::{CommandError, bpftool, describe, output, run_ok};
 pub use conflist::{ChainError, Conflist};
 pub use netns::{Netns, enter, enter_thread};
 pub use require::{REQUIRE_ROOT_ENV, Verdict, is_root, require, verdict};
-pub use udp::RecvThroughSignals;
+pub use signals::{ReadThroughSignals, RecvThroughSignals};
 pub use wait::{POLL_INTERVAL, poll_until, wait_until};
 
 /// A short name unique to this process and call: `<prefix><pid><n>` in hex.

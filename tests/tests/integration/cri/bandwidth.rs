@@ -75,7 +75,7 @@ fn stream_rate(server: &Path, to: SocketAddr, from: &Path) -> Stream {
         let mut got = 0;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = conn.read(&mut buf)?;
+            let n = conn.read_through_signals(&mut buf)?;
             let now = started.elapsed();
             if n == 0 || now > STREAM_TIME_LIMIT {
                 return Ok(Stream::Unshaped {

@@ -90,7 +90,7 @@ impl Stream {
                     .unwrap();
                 let mut buf = vec![0u8; 64 * 1024];
                 while !stop.load(Ordering::Relaxed) {
-                    match conn.read(&mut buf) {
+                    match conn.read_through_signals(&mut buf) {
                         Ok(0) => return,
                         Ok(n) => {
                             received.fetch_add(n as u64, Ordering::Relaxed);

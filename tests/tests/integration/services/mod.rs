@@ -123,7 +123,7 @@ impl TcpBackend {
                         let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
                         let _ = conn.write_all(format!("{name}\n").as_bytes());
                         let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n) = conn.read(&mut buf) {
+                        while let Ok(n) = conn.read_through_signals(&mut buf) {
                             if n == 0 || conn.write_all(&buf[..n]).is_err() {
                                 break;
                             }

@@ -23,7 +23,7 @@ pub(crate) fn echo_stream_during(
         let mut total = 0u64;
         let mut banner_done = false;
         loop {
-            match reader.read(&mut buf) {
+            match reader.read_through_signals(&mut buf) {
                 Ok(0) => return total,
                 Ok(n) => {
                     let mut data = &buf[..n];
@@ -38,8 +38,6 @@ pub(crate) fn echo_stream_during(
                     }
                     total += data.len() as u64;
                 }
-                // SIGCHLD under a read timeout: not an error (see traffic.rs).
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => panic!("receiving the echo: {e} after {total} bytes"),
             }
         }
