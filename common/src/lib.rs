@@ -92,6 +92,10 @@ pub const MAPS: [&str; MAP_SPECS.len()] = {
 pub const PROG_FROM_POD: &str = "from_pod";
 /// XDP program on host veths (`"datapath": "xdp"`).
 pub const PROG_FROM_POD_XDP: &str = "from_pod_xdp";
+/// tc classifier at ingress of host veths in XDP mode: what `from_pod_xdp`
+/// passed to the stack, where a backend's reply of a flow the uplink
+/// translated goes back to its client (tc helpers rewrite and route it).
+pub const PROG_FROM_POD_PASSED: &str = "from_pod_passed";
 /// XDP_PASS on the pod's interface: a veth accepts XDP-redirected frames
 /// only with its NAPI on, which an attached XDP program turns on.
 pub const PROG_POD_XDP_PASS: &str = "pod_xdp_pass";

@@ -258,10 +258,9 @@ pub fn from_uplink(ctx: TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).pkt_type } != PACKET_HOST {
         return TC_NEXT;
     }
-    // SAFETY: a read of a constant the loader set (frozen .rodata).
-    if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } != 0
-        && nodeport::candidate(ctx.data(), ctx.data_end())
-    {
+    // Both modes: a NodePort flow is all flatnet's, whatever the stack
+    // carries for pods in XDP mode (`deliver` below).
+    if nodeport::candidate(ctx.data(), ctx.data_end()) {
         // SAFETY: a tail call; on failure (no entry) it returns here.
         unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::IN) };
     }
@@ -435,6 +434,21 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
             xdp_action::XDP_PASS
         }
     }
+}
+
+/// tc ingress of a pod's host veth in XDP mode: what `from_pod_xdp`
+/// passed to the stack. A local backend's reply of a flow the uplink
+/// translated goes back to its client (`nodeport_reply`), as from
+/// `from_pod` in tc mode: its rewrite and its way out need tc's helpers
+/// (checksum patches, `bpf_redirect_neigh`). Frames XDP redirected never
+/// get here.
+#[classifier]
+pub fn from_pod_passed(ctx: TcContext) -> i32 {
+    if nodeport::any_listening() {
+        // SAFETY: a tail call; on failure (no entry) it returns here.
+        unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+    }
+    TC_NEXT
 }
 
 #[xdp]

@@ -49,13 +49,13 @@ impl Args {
     /// Whether flatnet serves hostPorts in BPF (`--host-ports`); an error
     /// for `ebpf` where it cannot.
     pub fn host_ports_in_bpf(&self) -> Result<bool, String> {
-        let possible = self.services == ServicesMode::Ebpf && self.datapath == Mode::Tc;
+        let possible = self.services == ServicesMode::Ebpf;
         match self.host_ports {
             HostPortsMode::Auto => Ok(possible),
             HostPortsMode::Portmap => Ok(false),
             HostPortsMode::Ebpf if possible => Ok(true),
             HostPortsMode::Ebpf => Err(
-                "--host-ports ebpf needs --services ebpf (the socket programs serve hostPorts to pods and the node) and --datapath tc (the uplink program serves them to clients outside); use --host-ports portmap otherwise".into(),
+                "--host-ports ebpf needs --services ebpf (the socket programs serve hostPorts to pods and the node); use --host-ports portmap otherwise".into(),
             ),
         }
     }
@@ -202,8 +202,8 @@ pub struct Args {
     /// Who serves a Pod's `hostPort`: `portmap` (its iptables rules),
     /// `ebpf` (flatnet declares the `portMappings` capability itself and
     /// serves each hostPort as a frontend of its Service maps: needs
-    /// `--services ebpf` and the tc datapath), or `auto`: `ebpf` where
-    /// those hold, else `portmap`.
+    /// `--services ebpf`), or `auto`: `ebpf` with `--services ebpf`, else
+    /// `portmap`.
     #[arg(long, env = "FLATNET_HOST_PORTS", value_enum, default_value = "auto")]
     pub host_ports: HostPortsMode,
 
@@ -334,17 +334,16 @@ mod tests {
         let chosen = args(&["--services=ebpf", "--host-ports=portmap"]);
         assert_eq!(chosen.host_ports_in_bpf(), Ok(false));
         assert!(chosen.chains_portmap());
+        // XDP mode too: the uplink program serves clients outside, and a
+        // pod's replies are translated at tc behind its XDP program.
         assert_eq!(
             args(&["--services=ebpf", "--datapath=xdp"]).host_ports_in_bpf(),
-            Ok(false)
+            Ok(true)
         );
-        for refused in [
-            args(&["--host-ports=ebpf"]),
-            args(&["--host-ports=ebpf", "--services=ebpf", "--datapath=xdp"]),
-        ] {
-            let err = refused.host_ports_in_bpf().unwrap_err();
-            assert!(err.contains("--host-ports portmap"), "{err}");
-        }
+        let err = args(&["--host-ports=ebpf"])
+            .host_ports_in_bpf()
+            .unwrap_err();
+        assert!(err.contains("--host-ports portmap"), "{err}");
     }
 
     #[test]

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use flatnet_datapath::bpf::{Datapath, move_to_pod_to_tcx, move_to_tcx};
+use flatnet_datapath::bpf::{Datapath, move_to_tcx, move_xdp_mode_to_tcx};
 use flatnet_datapath::lock::{self, Lock};
 use flatnet_datapath::netlink::Netlink;
 
@@ -33,8 +33,9 @@ struct TcxMove {
     datapath: Datapath,
     index: u32,
     name: String,
-    /// Only `to_pod` (XDP mode: `from_pod_xdp` has its XDP link already).
-    to_pod_only: bool,
+    /// XDP mode: `from_pod_passed` and `to_pod` (`from_pod_xdp` has its
+    /// XDP link already).
+    xdp_mode: bool,
 }
 
 /// What a verb leaves for after its answer: the dispatch hands it to the
@@ -59,13 +60,13 @@ impl AfterAnswer {
             datapath: datapath.clone(),
             index,
             name: name.to_string(),
-            to_pod_only: false,
+            xdp_mode: false,
         });
     }
 
-    /// Moves `to_pod` alone from its cls_bpf filter to a tcx link (XDP
-    /// mode, see `bpf::move_to_pod_to_tcx`).
-    pub fn move_to_pod_to_tcx(
+    /// Moves XDP mode's tc programs (`from_pod_passed`, `to_pod`) from
+    /// their cls_bpf filters to tcx links (see `bpf::move_xdp_mode_to_tcx`).
+    pub fn move_xdp_mode_to_tcx(
         &mut self,
         network: &str,
         datapath: &Datapath,
@@ -77,7 +78,7 @@ impl AfterAnswer {
             datapath: datapath.clone(),
             index,
             name: name.to_string(),
-            to_pod_only: true,
+            xdp_mode: true,
         });
     }
 
@@ -168,8 +169,8 @@ async fn move_one(host: &Netlink, job: &TcxMove) -> crate::error::Result<()> {
     }
     let _lock = Lock::shared(&lock::network(&job.network))?;
     match host.link_by_index(job.index).await? {
-        Some(link) if link.name == job.name && job.to_pod_only => {
-            Ok(move_to_pod_to_tcx(&job.datapath, host, job.index, &job.name).await?)
+        Some(link) if link.name == job.name && job.xdp_mode => {
+            Ok(move_xdp_mode_to_tcx(&job.datapath, host, job.index, &job.name).await?)
         }
         Some(link) if link.name == job.name => {
             Ok(move_to_tcx(&job.datapath, host, job.index, &job.name).await?)

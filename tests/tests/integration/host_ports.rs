@@ -20,7 +20,9 @@ use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 use serde_json::json;
 
-use crate::nodeport::{Echo, OUTSIDE, tcp_ask, two_nodes_and_outside, udp_ask};
+use crate::nodeport::{
+    Echo, OUTSIDE, tcp_ask, two_nodes_and_outside, two_nodes_and_outside_flagged, udp_ask,
+};
 use crate::socket_lb::{BACKEND_PORT, Seen, api_service, client};
 
 const WEB_PORT: u16 = 30500;
@@ -334,21 +336,28 @@ fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) 
 /// the hairpin's source, asserted as it differs. The node's TCP and UDP
 /// are seen from the node's address on both (the socket programs bind a
 /// connect() there and set a sendmsg()'s source, as the kernel picks it
-/// for a local destination).
-#[flatnet_test(root)]
-fn host_ports_answer_as_portmaps_rules_do() {
+/// for a local destination). Both clusters in each datapath mode (in XDP
+/// mode the pod's replies to an outside client are translated at tc
+/// ingress of its host veth, after `from_pod_xdp` passed them).
+#[flatnet_test(root, cases(tc("tc"), xdp("xdp")))]
+fn host_ports_answer_as_portmaps_rules_do(datapath: &str) {
     use crate::services::node_and_host_ports::PortMapping;
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let (flatnet, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let mode_flags = ["--datapath", datapath];
+    let (flatnet, _served) = two_nodes_and_outside_flagged(&cgroup, &stub, &mode_flags);
     let portmap = Cluster::started(
         &specs(&[
             ("cp-1", 1, Some("10.244.0.0/24")),
             ("worker-1", 2, Some("10.244.1.0/24")),
         ]),
-        &[],
+        &mode_flags,
     );
+    for cluster in [&flatnet, &portmap] {
+        let conflist = cluster.node("cp-1").conflist();
+        assert_eq!(conflist["plugins"][0]["datapath"], datapath);
+    }
     portmap
         ._switch
         .exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);

@@ -249,7 +249,7 @@ pub(crate) fn two_nodes_and_outside(
 }
 
 /// `two_nodes_and_outside` with more agent flags (`--routing vxlan`).
-fn two_nodes_and_outside_flagged(
+pub(crate) fn two_nodes_and_outside_flagged(
     cgroup: &TestCgroup,
     stub: &ApiStub,
     flags: &[&str],
@@ -919,20 +919,29 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
 /// the client's socket closed gets the client's port unreachable (the other
 /// way through the same translation); and datagrams fragmented both ways
 /// are echoed whole (later fragments translated by their first one's ports).
-#[flatnet_test(root)]
-fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
+/// Both clusters in each datapath mode: in XDP mode the pods' host veths
+/// run `from_pod_xdp`, and a local backend's replies and errors, passed to
+/// the stack, are translated at tc ingress of the same veth
+/// (`from_pod_passed`).
+#[flatnet_test(root, cases(tc("tc"), xdp("xdp")))]
+fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
     use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
 
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let (flatnet, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let mode_flags = ["--datapath", datapath];
+    let (flatnet, _served) = two_nodes_and_outside_flagged(&cgroup, &stub, &mode_flags);
     let kube_proxy = Cluster::started(
         &specs(&[
             ("cp-1", 1, Some("10.244.0.0/24")),
             ("worker-1", 2, Some("10.244.1.0/24")),
         ]),
-        &[],
+        &mode_flags,
     );
+    for cluster in [&flatnet, &kube_proxy] {
+        let conflist = cluster.node("cp-1").conflist();
+        assert_eq!(conflist["plugins"][0]["datapath"], datapath);
+    }
     kube_proxy
         ._switch
         .exec(&["ip", "addr", "add", &format!("{OUTSIDE}/24"), "dev", "br0"]);
@@ -1089,6 +1098,19 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do() {
         same.answers[&("cp-1".to_string(), "tcp")],
         BTreeSet::from(["on-cp-1 node".to_string(), "on-worker-1 node".to_string()])
     );
+    // flatnet's side was served in BPF, both ways, whatever the mode.
+    let cp = flatnet.node("cp-1");
+    for what in [
+        action::NODEPORT_TO_POD,
+        action::NODEPORT_TO_NODE,
+        action::NODEPORT_REPLIED,
+    ] {
+        assert!(
+            cp.packets(what) > 0,
+            "{datapath}: cp-1 counted no {}",
+            action::NAMES[what as usize]
+        );
+    }
 }
 
 /// Live NodePort connections from outside outlive a datapath upgrade of

@@ -307,9 +307,10 @@ fn retransmitted_segments(netns: &Netns) -> u64 {
 }
 
 /// XDP mode: the host veth's program and the pod side's `pod_xdp_pass`
-/// on XDP links, pinned, and `to_pod` at the host veth's egress on its
-/// tcx link (a cls_bpf filter until ADD's work after the answer moves
-/// it); DEL takes the pins.
+/// on XDP links, pinned, and `from_pod_passed` behind the XDP program at
+/// the host veth's ingress and `to_pod` at its egress on their tcx links
+/// (cls_bpf filters until ADD's work after the answer moves them); DEL
+/// takes the pins.
 #[flatnet_test(root)]
 fn xdp_mode_attaches_through_pinned_xdp_links() {
     let mut net = Network::host_local();
@@ -322,7 +323,7 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
     for pod in [&a, &b] {
         let veth = pod.host_veth();
         wait_until(
-            &format!("{veth}'s to_pod to move to its tcx link"),
+            &format!("{veth}'s tc programs to move to their tcx links"),
             Duration::from_secs(10),
             || tc_hooks(&veth).iter().all(|hook| hook.link_id.is_some()),
         );
@@ -330,11 +331,13 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
             links_on(ifindex(&veth)),
             vec![
                 ("xdp".to_string(), String::new()),
+                ("tcx".to_string(), "tcx_ingress".to_string()),
                 ("tcx".to_string(), "tcx_egress".to_string())
             ],
             "{veth}: bpftool link"
         );
         assert!(link_pin(&net, LinkRole::ToPod, &veth).exists());
+        assert!(link_pin(&net, LinkRole::Passed, &veth).exists());
         let listed = bpftool_ok(Command::new("bpftool").args(["net", "show", "dev", &veth]));
         assert!(listed.contains(&format!("id {from_pod_xdp}")), "{listed}");
         assert!(link_pin(&net, LinkRole::HostVeth, &veth).exists());
@@ -351,7 +354,12 @@ fn xdp_mode_attaches_through_pinned_xdp_links() {
     assert!(net.redirected_bytes() > before + (256 << 10));
     let veth = a.host_veth();
     drop(a);
-    for role in [LinkRole::HostVeth, LinkRole::PodSide, LinkRole::ToPod] {
+    for role in [
+        LinkRole::HostVeth,
+        LinkRole::PodSide,
+        LinkRole::ToPod,
+        LinkRole::Passed,
+    ] {
         wait_until(
             &format!("the {role:?} pin to go"),
             Duration::from_secs(10),

@@ -79,6 +79,9 @@ pub enum LinkRole {
     /// `to_pod` at tcx egress of a pod's host veth (named by that veth):
     /// on every pod's veth where tcx exists.
     ToPod,
+    /// `from_pod_passed` at tcx ingress of a pod's host veth in XDP mode
+    /// (named by that veth), behind its XDP program.
+    Passed,
     /// `from_tunnel` at tcx ingress of the node's VXLAN device.
     Tunnel,
     /// `to_uplink` at tcx egress of the node's VXLAN device.
@@ -93,6 +96,7 @@ impl LinkRole {
             LinkRole::Uplink => "uplink",
             LinkRole::UplinkEgress => "uplink-out",
             LinkRole::ToPod => "egress",
+            LinkRole::Passed => "ingress",
             LinkRole::Tunnel => "tunnel",
             LinkRole::TunnelEgress => "tunnel-out",
         }
@@ -108,6 +112,14 @@ impl LinkRole {
         }
     }
 }
+
+/// The links of a pod's veth pair, named by its host veth.
+const POD_ROLES: [LinkRole; 4] = [
+    LinkRole::HostVeth,
+    LinkRole::PodSide,
+    LinkRole::ToPod,
+    LinkRole::Passed,
+];
 
 /// Why one try at a tcx link failed.
 enum Attach {
@@ -295,7 +307,7 @@ impl Datapath {
 
     /// Unpins the links of the pod behind host veth `host_veth` (DEL).
     pub fn unpin_pod_links(&self, host_veth: &str) -> Result<()> {
-        for role in [LinkRole::HostVeth, LinkRole::PodSide, LinkRole::ToPod] {
+        for role in POD_ROLES {
             remove_if_there(&self.link_path(role, host_veth))?;
         }
         Ok(())
@@ -309,9 +321,9 @@ impl Datapath {
         };
         for entry in entries.filter_map(|e| e.ok()) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let device = ["veth-", "pod-", "egress-"]
+            let device = POD_ROLES
                 .iter()
-                .find_map(|prefix| name.strip_prefix(prefix));
+                .find_map(|role| name.strip_prefix(role.prefix())?.strip_prefix('-'));
             // Asked of this network namespace (an ioctl on a socket), not
             // of /sys/class/net: a runtime's mount namespace may hold a
             // sysfs of another network namespace, which would make every

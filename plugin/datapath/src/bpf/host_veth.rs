@@ -1,6 +1,7 @@
-//! A pod's host veth: its programs put on (`from_pod` or `from_pod_xdp`
-//! at ingress, `to_pod` at egress), ADD's quick way (cls_bpf filters) and
-//! the move to tcx links after the answer, and the pod side's XDP setup.
+//! A pod's host veth: its programs put on (`from_pod`, or `from_pod_xdp`
+//! with `from_pod_passed` at tc behind it, at ingress; `to_pod` at
+//! egress), ADD's quick way (cls_bpf filters) and the move to tcx links
+//! after the answer, and the pod side's XDP setup.
 
 use std::fs::File;
 
@@ -10,9 +11,10 @@ use crate::netns;
 
 /// Puts this build's host-side programs on a pod's host veth `ifname`
 /// (index `index`), replacing older ones atomically: `from_pod` (tc) or
-/// `from_pod_xdp` (XDP) at ingress, `to_pod` at egress; tcx links (a node
-/// attached the old way moved over, see `move_to_tcx`), cls_bpf filters
-/// where tcx is missing, an XDP link.
+/// `from_pod_xdp` (XDP, `from_pod_passed` at tc ingress behind it) at
+/// ingress, `to_pod` at egress; tcx links (a node attached the old way
+/// moved over, see `move_to_tcx`), cls_bpf filters where tcx is missing,
+/// an XDP link.
 pub async fn attach_host_veth(
     datapath: &Datapath,
     mode: DatapathMode,
@@ -25,14 +27,15 @@ pub async fn attach_host_veth(
         (DatapathMode::Tc, AttachMode::Netlink) => attach_filter(datapath, host, index).await,
         (DatapathMode::Xdp, _) => {
             datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
-            move_to_pod_to_tcx(datapath, host, index, ifname).await
+            move_xdp_mode_to_tcx(datapath, host, index, ifname).await
         }
     }
 }
 
 /// XDP mode's quick way onto a new veth (ADD): `from_pod_xdp` through its
-/// XDP link, `to_pod` as a cls_bpf filter (see `attach_filter`), moved to
-/// its tcx link after the answer (`move_to_pod_to_tcx`).
+/// XDP link, `from_pod_passed` and `to_pod` as cls_bpf filters (see
+/// `attach_filter`), moved to tcx links after the answer
+/// (`move_xdp_mode_to_tcx`).
 pub async fn attach_xdp_then_filter(
     datapath: &Datapath,
     host: &Netlink,
@@ -40,7 +43,15 @@ pub async fn attach_xdp_then_filter(
     ifname: &str,
 ) -> Result<()> {
     datapath.attach_xdp_link(PROG_FROM_POD_XDP, LinkRole::HostVeth, ifname, ifname)?;
-    attach_to_pod_filter(datapath, host, index).await
+    attach_xdp_mode_filters(datapath, host, index).await
+}
+
+/// XDP mode's tc programs as cls_bpf filters on host veth `index`:
+/// `from_pod_passed` at ingress, `to_pod` at egress.
+async fn attach_xdp_mode_filters(datapath: &Datapath, host: &Netlink, index: u32) -> Result<()> {
+    host.add_clsact(index).await?;
+    set_filter(datapath, host, index, TcHook::Ingress, PROG_FROM_POD_PASSED).await?;
+    set_filter(datapath, host, index, TcHook::Egress, PROG_TO_POD).await
 }
 
 /// `from_pod` and `to_pod` as direct-action cls_bpf filters at their fixed
@@ -99,15 +110,35 @@ pub async fn move_to_tcx(
 ) -> Result<()> {
     datapath.attach_tc_link(PROG_FROM_POD, LinkRole::HostVeth, ifname)?;
     crate::trace::mark("tcx link pinned");
+    // A veth of a node that ran XDP mode before: `from_pod` does the work.
+    datapath.unpin_links(&[LinkRole::Passed], ifname)?;
     host.remove_tc_bpf(TcHook::Ingress, index, TC_PRIORITY, TC_HANDLE)
         .await?;
     move_to_pod_to_tcx(datapath, host, index, ifname).await
 }
 
-/// `to_pod` alone onto its tcx link (XDP mode's veths; the second half of
-/// `move_to_tcx`), its cls_bpf filter off after, the clsact qdisc too if
-/// nothing else uses it. Without tcx the filter stays.
-pub async fn move_to_pod_to_tcx(
+/// XDP mode's tc programs onto their tcx links: `from_pod_passed` at
+/// ingress, its cls_bpf filter off after, then `to_pod`
+/// (`move_to_pod_to_tcx`). Idempotent; without tcx the filters stay.
+pub async fn move_xdp_mode_to_tcx(
+    datapath: &Datapath,
+    host: &Netlink,
+    index: u32,
+    ifname: &str,
+) -> Result<()> {
+    if attach_mode() != AttachMode::Tcx {
+        return attach_xdp_mode_filters(datapath, host, index).await;
+    }
+    datapath.attach_tc_link(PROG_FROM_POD_PASSED, LinkRole::Passed, ifname)?;
+    host.remove_tc_bpf(TcHook::Ingress, index, TC_PRIORITY, TC_HANDLE)
+        .await?;
+    move_to_pod_to_tcx(datapath, host, index, ifname).await
+}
+
+/// `to_pod` alone onto its tcx link (the second half of `move_to_tcx` and
+/// of `move_xdp_mode_to_tcx`), its cls_bpf filter off after, the clsact
+/// qdisc too if nothing else uses it. Without tcx the filter stays.
+async fn move_to_pod_to_tcx(
     datapath: &Datapath,
     host: &Netlink,
     index: u32,

@@ -112,10 +112,8 @@ impl Datapath {
                 )
             })?;
         }
-        if mode == DatapathMode::Tc {
-            for (index, program) in (0..).zip(flatnet_common::nodeport_call::PROGRAMS) {
-                set_tail_call(&mut ebpf, MAP_NODEPORT_CALLS, index, program)?;
-            }
+        for (index, program) in (0..).zip(flatnet_common::nodeport_call::PROGRAMS) {
+            set_tail_call(&mut ebpf, MAP_NODEPORT_CALLS, index, program)?;
         }
         self.fill_missing_sources()
     }
@@ -298,6 +296,7 @@ mod tests {
         for program in [
             PROG_FROM_POD,
             PROG_FROM_POD_XDP,
+            PROG_FROM_POD_PASSED,
             PROG_POD_XDP_PASS,
             PROG_FROM_UPLINK,
             PROG_TO_POD,

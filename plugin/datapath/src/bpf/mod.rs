@@ -20,11 +20,11 @@ use flatnet_common::{
     Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
     MAP_NODEPORT_CALLS, MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_SPECS,
     MAP_STATS, MAP_TUNNEL, MAPS, MAX_ENDPOINTS, MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT,
-    PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_NODEPORT_IN,
-    PROG_NODEPORT_REPLY, PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PROG_UPLINK_DELIVER,
-    PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
-    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig, action,
-    preferred_slot,
+    PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK,
+    PROG_NODEPORT_IN, PROG_NODEPORT_REPLY, PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK,
+    PROG_UPLINK_DELIVER, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode,
+    SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
+    action, preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -59,7 +59,7 @@ pub use events::PolicyEvents;
 pub use flows::flow_key;
 pub use host_ports::HostPort;
 pub use host_veth::{
-    attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_pod_to_tcx, move_to_tcx,
+    attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_tcx, move_xdp_mode_to_tcx,
     prepare_pod_for_xdp,
 };
 pub use nat::NatFlow;
@@ -134,9 +134,10 @@ pub fn pin_root_for(configured: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// The programs a mode loads: the first goes on host veths; `from_uplink`
-/// and `to_uplink` (the node agent puts them on the uplink) and `to_pod`
-/// are the same in both modes.
+/// The programs a mode loads: the first goes on host veths (XDP mode's
+/// with `from_pod_passed` at tc ingress behind it); `from_uplink` and
+/// `to_uplink` (the node agent puts them on the uplink), `to_pod` and the
+/// NodePort path's tail calls are the same in both modes.
 pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
     match mode {
         DatapathMode::Tc => &[
@@ -156,6 +157,10 @@ pub fn programs(mode: DatapathMode) -> &'static [&'static str] {
             PROG_TO_POD,
             PROG_TO_UPLINK,
             PROG_FROM_TUNNEL,
+            PROG_FROM_POD_PASSED,
+            PROG_NODEPORT_REPLY,
+            PROG_NODEPORT_IN,
+            PROG_UPLINK_DELIVER,
         ],
     }
 }
@@ -381,7 +386,11 @@ mod tests {
                 PROG_FROM_UPLINK,
                 PROG_TO_POD,
                 PROG_TO_UPLINK,
-                PROG_FROM_TUNNEL
+                PROG_FROM_TUNNEL,
+                PROG_FROM_POD_PASSED,
+                PROG_NODEPORT_REPLY,
+                PROG_NODEPORT_IN,
+                PROG_UPLINK_DELIVER
             ]
         );
     }

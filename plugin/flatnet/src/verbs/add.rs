@@ -155,9 +155,9 @@ async fn apply(plan: &AttachmentPlan, ctx: &mut AddContext, after: &mut AfterAns
             after.move_to_tcx(&network.name, &datapath, host_index, host_veth);
         }
         HostAttach::Xdp => {
-            // `to_pod`'s tcx link after the answer too.
+            // The tc programs' tcx links after the answer too.
             attach_xdp_then_filter(&datapath, &ctx.host, host_index, host_veth).await?;
-            after.move_to_pod_to_tcx(&network.name, &datapath, host_index, host_veth);
+            after.move_xdp_mode_to_tcx(&network.name, &datapath, host_index, host_veth);
         }
         HostAttach::Now => {
             attach_host_veth(&datapath, network.mode, &ctx.host, host_index, host_veth).await?;

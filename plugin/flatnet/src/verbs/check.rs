@@ -7,7 +7,7 @@
 
 use rtnetlink::packet_route::AddressFamily;
 
-use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_TO_POD};
+use flatnet_common::{PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP, PROG_TO_POD};
 
 use super::plan::{AttachmentPlan, InterfacePlan};
 use crate::config::{DatapathMode, NetConf};
@@ -91,25 +91,28 @@ async fn check_program(
         )));
     }
     let veth = &plan.interface.host_veth;
-    match mode {
-        DatapathMode::Tc => {
-            let program_id = datapath.program(PROG_FROM_POD)?.id()?;
-            let attached = ingress_programs(host, host_link.index, veth).await?;
-            if !attached.iter().any(|(id, _)| *id == program_id) {
-                return Err(mismatch(format!(
-                    "host veth {veth} has no {PROG_FROM_POD} program (id {program_id}) at ingress; attached: {attached:?}"
-                )));
-            }
+    if mode == DatapathMode::Xdp {
+        let program_id = datapath.program(PROG_FROM_POD_XDP)?.id()?;
+        if host_link.xdp_prog_id != Some(program_id) {
+            return Err(mismatch(format!(
+                "host veth {veth} runs XDP program {:?}, not {PROG_FROM_POD_XDP} (id {program_id})",
+                host_link.xdp_prog_id
+            )));
         }
-        DatapathMode::Xdp => {
-            let program_id = datapath.program(PROG_FROM_POD_XDP)?.id()?;
-            if host_link.xdp_prog_id != Some(program_id) {
-                return Err(mismatch(format!(
-                    "host veth {veth} runs XDP program {:?}, not {PROG_FROM_POD_XDP} (id {program_id})",
-                    host_link.xdp_prog_id
-                )));
-            }
-        }
+    }
+    // tc ingress: `from_pod`, or in XDP mode `from_pod_passed` behind the
+    // XDP program (without it a local backend's replies to an outside
+    // client go out untranslated).
+    let ingress = match mode {
+        DatapathMode::Tc => PROG_FROM_POD,
+        DatapathMode::Xdp => PROG_FROM_POD_PASSED,
+    };
+    let program_id = datapath.program(ingress)?.id()?;
+    let attached = ingress_programs(host, host_link.index, veth).await?;
+    if !attached.iter().any(|(id, _)| *id == program_id) {
+        return Err(mismatch(format!(
+            "host veth {veth} has no {ingress} program (id {program_id}) at ingress; attached: {attached:?}"
+        )));
     }
     // Both modes: `to_pod` at egress (a cls_bpf filter until the move to
     // tcx after ADD's answer). Without it what the stack delivers escapes

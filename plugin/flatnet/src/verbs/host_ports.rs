@@ -7,22 +7,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use flatnet_cni::port_mappings::PortMapping;
-use flatnet_datapath::DatapathMode;
 use flatnet_datapath::bpf::HostPort;
 
 use crate::error::{Error, Result};
 
 /// The hostPort frontends of `mappings` for a pod with `addresses`.
-pub fn plan(
-    mappings: &[PortMapping],
-    addresses: &[IpAddr],
-    mode: DatapathMode,
-) -> Result<Vec<HostPort>> {
-    if !mappings.is_empty() && mode == DatapathMode::Xdp {
-        return Err(Error::config(
-            "hostPorts (runtimeConfig.portMappings) are served in BPF by the tc datapath only: use \"datapath\": \"tc\", or chain the portmap plugin instead of declaring the portMappings capability on flatnet",
-        ));
-    }
+pub fn plan(mappings: &[PortMapping], addresses: &[IpAddr]) -> Result<Vec<HostPort>> {
     let mut frontends = Vec::new();
     for mapping in mappings {
         if mapping.protocol != 6 && mapping.protocol != 17 {
@@ -83,12 +73,7 @@ mod tests {
 
     #[test]
     fn a_mapping_without_host_ip_serves_every_family_the_pod_has_and_loopback() {
-        let planned = plan(
-            &[mapping(8080, 6, None)],
-            &ips(&["10.1.0.5", "fd00::5"]),
-            DatapathMode::Tc,
-        )
-        .unwrap();
+        let planned = plan(&[mapping(8080, 6, None)], &ips(&["10.1.0.5", "fd00::5"])).unwrap();
         let shown: Vec<(String, String)> = planned
             .iter()
             .map(|p| (p.address.to_string(), p.backend.to_string()))
@@ -107,21 +92,11 @@ mod tests {
     #[test]
     fn a_host_ip_serves_its_family_only_and_must_have_one() {
         let dual = ips(&["10.1.0.5", "fd00::5"]);
-        let planned = plan(
-            &[mapping(53, 17, Some("127.0.0.1"))],
-            &dual,
-            DatapathMode::Tc,
-        )
-        .unwrap();
+        let planned = plan(&[mapping(53, 17, Some("127.0.0.1"))], &dual).unwrap();
         assert_eq!(planned.len(), 1);
         assert_eq!(planned[0].address, "127.0.0.1".parse::<IpAddr>().unwrap());
         assert_eq!(planned[0].backend, "10.1.0.5:80".parse().unwrap());
-        let err = plan(
-            &[mapping(53, 17, Some("fd00::1"))],
-            &ips(&["10.1.0.5"]),
-            DatapathMode::Tc,
-        )
-        .unwrap_err();
+        let err = plan(&[mapping(53, 17, Some("fd00::1"))], &ips(&["10.1.0.5"])).unwrap_err();
         assert_eq!(err.code(), 7);
         assert!(
             err.to_string().contains("no address of that family"),
@@ -132,18 +107,9 @@ mod tests {
     #[test]
     fn what_bpf_cannot_serve_is_refused_before_anything_is_made() {
         let pod = ips(&["10.1.0.5"]);
-        for (mappings, mode, says) in [
-            (vec![mapping(9000, 132, None)], DatapathMode::Tc, "not SCTP"),
-            (
-                vec![mapping(8080, 6, None)],
-                DatapathMode::Xdp,
-                "tc datapath only",
-            ),
-        ] {
-            let err = plan(&mappings, &pod, mode).unwrap_err();
-            assert_eq!(err.code(), 7);
-            assert!(err.to_string().contains(says), "{err}");
-        }
-        assert_eq!(plan(&[], &pod, DatapathMode::Xdp).unwrap(), []);
+        let err = plan(&[mapping(9000, 132, None)], &pod).unwrap_err();
+        assert_eq!(err.code(), 7);
+        assert!(err.to_string().contains("not SCTP"), "{err}");
+        assert_eq!(plan(&[], &pod).unwrap(), []);
     }
 }

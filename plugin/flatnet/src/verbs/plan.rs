@@ -242,7 +242,7 @@ impl AttachmentPlan {
             .map(flatnet_cni::port_mappings::port_mappings)
             .transpose()?
             .unwrap_or_default();
-        let host_ports = super::host_ports::plan(&mappings, &endpoint_addresses, conf.datapath)?;
+        let host_ports = super::host_ports::plan(&mappings, &endpoint_addresses)?;
         Ok(AttachmentPlan {
             host_ports,
             network: conf.node_network(),
