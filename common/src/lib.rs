@@ -63,6 +63,11 @@ pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
 /// The node addresses NodePorts answer on: a frontend keyed by the
 /// unspecified address stands for all of them.
 pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
+/// The node's own source address per family (index 0 IPv4, 1 IPv6; all
+/// zero: none): its first InternalIP, which a connect() of the node's own
+/// to a ClusterIP whose backend is a local pod is bound to, as kube-proxy's
+/// DNAT keeps the source the route to the ClusterIP picked.
+pub const MAP_NODE_SOURCES: &str = "NODE_SOURCES";
 /// The ports outside clients reach frontends on (`nat::external_port`
 /// bits by port number), and the uplink's translation of each such flow:
 /// forward (by the client's tuple) and reverse (by the backend's reply).

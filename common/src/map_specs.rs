@@ -137,6 +137,8 @@ pub mod maps {
         MapKind::LruHash,
         MAX_NAT_FRAGMENTS,
     );
+    pub const NODE_SOURCES: MapSpec =
+        MapSpec::new::<u32, [u8; 16]>(MAP_NODE_SOURCES, MapKind::Array, 2);
     pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
         MAP_NODEPORT_CALLS,
         MapKind::ProgArray,
@@ -145,7 +147,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 27] = [
+pub const MAP_SPECS: [MapSpec; 28] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -173,4 +175,5 @@ pub const MAP_SPECS: [MapSpec; 27] = [
     maps::NAT_REVERSE,
     maps::NAT_FRAGMENTS,
     maps::NODEPORT_CALLS,
+    maps::NODE_SOURCES,
 ];

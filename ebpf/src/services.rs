@@ -30,7 +30,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr, sockaddr},
-    btf_maps::{HashMap, LruHashMap},
+    btf_maps::{Array, HashMap, LruHashMap},
     helpers::generated::{
         bpf_bind, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie,
         bpf_ktime_get_ns, bpf_set_retval,
@@ -90,6 +90,12 @@ pub(crate) static NODEPORT_ADDRS: HashMap<
     { BPF_F_NO_PREALLOC as usize },
 > = HashMap::new();
 const _: () = assert!(maps::NODEPORT_ADDRS.holds::<NodePortAddress, u32>());
+
+/// The node's own source address per family (0: IPv4, 1: IPv6; all zero:
+/// none), written by the agent.
+#[btf_map]
+static NODE_SOURCES: Array<[u8; 16], { maps::NODE_SOURCES.max_entries as usize }> = Array::new();
+const _: () = assert!(maps::NODE_SOURCES.holds::<u32, [u8; 16]>());
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -204,6 +210,21 @@ fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
         } else {
             keep_node_datagram_source(ctx, family, &peer.address);
         }
+    } else if in_node_namespace(ctx) && is_local_pod(&backend.address, family) {
+        // A ClusterIP (or other address) of the node's own whose backend
+        // is a pod here: kube-proxy's DNAT keeps the source the route to
+        // the ClusterIP picked (the node's address, masqueraded to an
+        // address of the node's again); the route to the pod would pick
+        // the gateway device's.
+        if let Some(source) = NODE_SOURCES.get(u32::from(family == 6)).copied()
+            && source != [0; 16]
+        {
+            if connect {
+                keep_node_source(ctx, family, &source);
+            } else {
+                set_datagram_source(ctx, family, &source);
+            }
+        }
     }
     let revnat_key = RevNatKey {
         // SAFETY: plain helper call on the program's context.
@@ -262,15 +283,36 @@ static NODE_NETNS_COOKIE: u64 = 0;
 /// node's is no source of this one's).
 #[inline(always)]
 fn keep_node_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
+    if in_node_namespace(ctx) && crate::policy::is_node_address(address, family) {
+        set_datagram_source(ctx, family, address);
+    }
+}
+
+/// Whether the call comes from the node's own network namespace.
+#[inline(always)]
+fn in_node_namespace(ctx: &SockAddrContext) -> bool {
     // SAFETY: a read of a constant the loader set (frozen .rodata).
     let node = unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) };
     // SAFETY: plain helper call on the program's context.
-    if node == 0 || unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != node {
-        return;
+    node != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == node
+}
+
+/// Whether `address` is a pod on this node (`ENDPOINTS_V4`/`_V6`).
+#[inline(always)]
+fn is_local_pod(address: &[u8; 16], family: u8) -> bool {
+    if family == 4 {
+        let key = [address[0], address[1], address[2], address[3]];
+        // SAFETY: only the presence is read.
+        unsafe { crate::ENDPOINTS_V4.get(&key) }.is_some()
+    } else {
+        // SAFETY: only the presence is read.
+        unsafe { crate::ENDPOINTS_V6.get(address) }.is_some()
     }
-    if !crate::policy::is_node_address(address, family) {
-        return;
-    }
+}
+
+/// A sendmsg()'s datagram leaves from `address`.
+#[inline(always)]
+fn set_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
     let addr = ctx.sock_addr;
     // SAFETY: writable fields of the context for the sendmsg attach points.
     unsafe {

@@ -281,6 +281,8 @@ pub struct Agent {
     services: Option<ServiceSync>,
     /// Every node's addresses NodePorts are served on (`--nodeport-addresses`).
     nodeport_addresses: Vec<IpAddr>,
+    /// This node's addresses as last written to `NODE_SOURCES`.
+    node_sources: Vec<IpAddr>,
 }
 
 /// NetworkPolicy on this node: what was written.

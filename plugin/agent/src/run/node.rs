@@ -106,6 +106,7 @@ impl Agent {
             policy: None,
             services: None,
             nodeport_addresses: Vec::new(),
+            node_sources: Vec::new(),
         })
     }
 
@@ -162,6 +163,16 @@ impl Agent {
         if nodeport_addresses != self.nodeport_addresses {
             self.nodeport_addresses = nodeport_addresses;
             self.sync_services();
+        }
+        // The source the node's own connections to a ClusterIP whose
+        // backend is a local pod keep (see the socket programs).
+        if let Some(me) = plan.me.as_ref()
+            && me.addresses != self.node_sources
+        {
+            match self.datapath.set_node_sources(&me.addresses) {
+                Ok(()) => self.node_sources = me.addresses.clone(),
+                Err(e) => tracing::warn!(error = %e, "cannot write the node's source addresses"),
+            }
         }
         // Policy: the node's addresses, and pods whose ADD was in flight.
         if let (Some(enforcer), Some(me)) = (self.policy.as_mut(), plan.me.as_ref()) {

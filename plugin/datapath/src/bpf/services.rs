@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use flatnet_common::{
     BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_HOST_PORT, FRONTEND_F_KEEP_CLIENT,
-    MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES, NodePortAddress,
-    RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    MAP_NODE_SOURCES, MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES,
+    NodePortAddress, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::*;
@@ -247,6 +247,42 @@ impl Datapath {
             .map(|key| key.map(|key| address_of(&key.address, key.family)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::bpf(format!("reading {MAP_NODEPORT_ADDRS}"), e))
+    }
+
+    /// The node's own source address per family (`NODE_SOURCES`): the first
+    /// of `addresses` (its InternalIPs, preferred first) of each; none for a
+    /// family it has no address of.
+    pub fn set_node_sources(&self, addresses: &[IpAddr]) -> Result<()> {
+        let mut map: Array<MapData, [u8; 16]> =
+            Array::try_from(Map::Array(self.open_map(MAP_NODE_SOURCES)?))
+                .map_err(|e| Error::bpf(format!("opening {MAP_NODE_SOURCES}"), e))?;
+        for (index, ipv4) in [(0, true), (1, false)] {
+            let source = addresses
+                .iter()
+                .find(|address| address.is_ipv4() == ipv4)
+                .map_or([0; 16], |address| address_bytes(*address).0);
+            map.set(index, source, 0)
+                .map_err(|e| Error::bpf(format!("writing {MAP_NODE_SOURCES}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// The node's own source address of each family, as `set_node_sources`
+    /// wrote them.
+    pub fn node_sources(&self) -> Result<Vec<IpAddr>> {
+        let map: Array<MapData, [u8; 16]> =
+            Array::try_from(Map::Array(self.open_map(MAP_NODE_SOURCES)?))
+                .map_err(|e| Error::bpf(format!("opening {MAP_NODE_SOURCES}"), e))?;
+        let mut sources = Vec::new();
+        for (index, family) in [(0, 4), (1, 6)] {
+            let source = map
+                .get(&index, 0)
+                .map_err(|e| Error::bpf(format!("reading {MAP_NODE_SOURCES}"), e))?;
+            if source != [0; 16] {
+                sources.push(address_of(&source, family));
+            }
+        }
+        Ok(sources)
     }
 
     /// Makes NodePorts answer on `address` too (or no longer).
