@@ -297,6 +297,24 @@ fn node_port_slice(name: &str, endpoints: &[(Ipv4Addr, &str)]) -> serde_json::Va
     slice
 }
 
+/// `node`'s uplink program translated outside clients' flows both ways:
+/// to a local backend, to the other node's, and replies back (`context`
+/// names the case in the message).
+fn assert_served_in_bpf(node: &SimNode, context: &str) {
+    for what in [
+        action::NODEPORT_TO_POD,
+        action::NODEPORT_TO_NODE,
+        action::NODEPORT_REPLIED,
+    ] {
+        assert!(
+            node.packets(what) > 0,
+            "{context}: {} counted no {}",
+            node.spec.name,
+            action::NAMES[what as usize]
+        );
+    }
+}
+
 /// `count` TCP answers from `netns` to `to`, as a set.
 fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> {
     (0..count)
@@ -380,17 +398,7 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
             "UDP from outside to {to}"
         );
     }
-    for what in [
-        action::NODEPORT_TO_POD,
-        action::NODEPORT_TO_NODE,
-        action::NODEPORT_REPLIED,
-    ] {
-        assert!(
-            cp.packets(what) > 0,
-            "cp-1 counted no {}",
-            action::NAMES[what as usize]
-        );
-    }
+    assert_served_in_bpf(cp, "IPv4");
     let flows = cp.datapath().nat_flows().unwrap();
     assert!(
         flows
@@ -609,17 +617,7 @@ fn clients_outside_reach_node_ports_over_ipv6() {
             .collect();
         assert_eq!(answers, both, "UDP from outside to {to}");
     }
-    for what in [
-        action::NODEPORT_TO_POD,
-        action::NODEPORT_TO_NODE,
-        action::NODEPORT_REPLIED,
-    ] {
-        assert!(
-            cp.packets(what) > 0,
-            "cp-1 counted no {}",
-            action::NAMES[what as usize]
-        );
-    }
+    assert_served_in_bpf(cp, "IPv6");
     // Backends that stop listening refuse over IPv6 too: their ICMPv6 port
     // unreachable reaches the client translated back (the quoted datagram
     // the client's again, the error from the NodePort). Their rate limit
@@ -1099,18 +1097,7 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
         BTreeSet::from(["on-cp-1 node".to_string(), "on-worker-1 node".to_string()])
     );
     // flatnet's side was served in BPF, both ways, whatever the mode.
-    let cp = flatnet.node("cp-1");
-    for what in [
-        action::NODEPORT_TO_POD,
-        action::NODEPORT_TO_NODE,
-        action::NODEPORT_REPLIED,
-    ] {
-        assert!(
-            cp.packets(what) > 0,
-            "{datapath}: cp-1 counted no {}",
-            action::NAMES[what as usize]
-        );
-    }
+    assert_served_in_bpf(flatnet.node("cp-1"), datapath);
 }
 
 /// Live NodePort connections from outside outlive a datapath upgrade of
