@@ -75,8 +75,9 @@ pub const MAP_EXTERNAL_PORTS: &str = "EXTERNAL_PORTS";
 pub const MAP_NAT_FORWARD: &str = "NAT_FORWARD";
 pub const MAP_NAT_REVERSE: &str = "NAT_REVERSE";
 /// The ports of fragmented datagrams of translated flows, for their later
-/// fragments (`nat::FragmentKey`).
+/// fragments (`nat::FragmentKey`, and `nat::FragmentKey6` for IPv6's).
 pub const MAP_NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
+pub const MAP_NAT_FRAGMENTS6: &str = "NAT_FRAGMENTS6";
 /// `from_pod`'s tail call: entry 0 is `nodeport_reply` (pinned, so that the
 /// entry lives on after the loader exits).
 pub const MAP_NODEPORT_CALLS: &str = "NODEPORT_CALLS";

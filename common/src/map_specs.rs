@@ -137,6 +137,11 @@ pub mod maps {
         MapKind::LruHash,
         MAX_NAT_FRAGMENTS,
     );
+    pub const NAT_FRAGMENTS6: MapSpec = MapSpec::new::<FragmentKey6, FragmentPorts>(
+        MAP_NAT_FRAGMENTS6,
+        MapKind::LruHash,
+        MAX_NAT_FRAGMENTS,
+    );
     pub const NODE_SOURCES: MapSpec =
         MapSpec::new::<u32, [u8; 16]>(MAP_NODE_SOURCES, MapKind::Array, 2);
     pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
@@ -147,7 +152,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 28] = [
+pub const MAP_SPECS: [MapSpec; 29] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -176,4 +181,5 @@ pub const MAP_SPECS: [MapSpec; 28] = [
     maps::NAT_FRAGMENTS,
     maps::NODEPORT_CALLS,
     maps::NODE_SOURCES,
+    maps::NAT_FRAGMENTS6,
 ];

@@ -75,9 +75,10 @@ pub struct NatKey {
 }
 const _: () = assert!(size_of::<NatKey>() == 40);
 
-/// Fragmented IPv4 datagrams of translated flows in flight at once: a
-/// datagram's later fragments carry no transport header, so the ports its
-/// first fragment had are kept for them (`NAT_FRAGMENTS`).
+/// Fragmented datagrams of translated flows in flight at once, per family:
+/// a datagram's later fragments carry no transport header, so the ports
+/// its first fragment had are kept for them (`NAT_FRAGMENTS`,
+/// `NAT_FRAGMENTS6`).
 pub const MAX_NAT_FRAGMENTS: u32 = 8192;
 
 /// A fragmented IPv4 datagram: its ends, IP identification and protocol,
@@ -92,6 +93,20 @@ pub struct FragmentKey {
     pub _pad: u8,
 }
 const _: () = assert!(size_of::<FragmentKey>() == 12);
+
+/// A fragmented IPv6 datagram: its ends, and its fragment header's
+/// identification and next header (the transport protocol), as every one
+/// of its fragments carries them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragmentKey6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub id: [u8; 4],
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<FragmentKey6>() == 40);
 
 /// The ports a fragmented datagram's first fragment carried (network
 /// order).

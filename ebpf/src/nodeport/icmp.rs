@@ -9,7 +9,7 @@ use aya_ebpf::{
     bindings::BPF_F_PSEUDO_HDR, helpers::generated::bpf_csum_diff, programs::TcContext,
 };
 
-use super::{IPPROTO_TCP, IPPROTO_UDP, Scratch};
+use super::{FRAGMENT_HEADER_LEN, IPPROTO_FRAGMENT, IPPROTO_TCP, IPPROTO_UDP, Scratch};
 use crate::remote::words;
 use crate::*;
 
@@ -57,7 +57,22 @@ pub(super) fn parse_error(ctx: &TcContext, s: &mut Scratch, icmp: usize) -> Opti
         key.src = ip.dst_addr;
         key.dst = ip.src_addr;
         key.protocol = ip.next_hdr;
-        quoted + Ipv6Hdr::LEN
+        let l4 = quoted + Ipv6Hdr::LEN;
+        if key.protocol == IPPROTO_FRAGMENT {
+            // A quoted first fragment (a router's packet too big for it,
+            // say) has its ports past its fragment header; a later one has
+            // none.
+            let fragment: *const [u8; 4] = header_at(start, end, l4).ok()?;
+            // SAFETY: bounds checked by `header_at`.
+            let fragment = unsafe { *fragment };
+            if u16::from_be_bytes([fragment[2], fragment[3]]) & 0xfff8 != 0 {
+                return None;
+            }
+            key.protocol = fragment[0];
+            l4 + FRAGMENT_HEADER_LEN
+        } else {
+            l4
+        }
     };
     if key.protocol != IPPROTO_TCP && key.protocol != IPPROTO_UDP {
         return None;

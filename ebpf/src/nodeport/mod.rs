@@ -29,10 +29,11 @@
 //! The host stack sees none of these packets, in either direction: its
 //! conntrack and netfilter never meet the flow (as with the fast path's
 //! pod-to-pod flows), so a translated flow needs no `FLOWS` verdict.
-//! Handled: TCP and UDP over IPv4 without options (fragments too: the
-//! later ones by their first one's ports, `NAT_FRAGMENTS`), and over IPv6
-//! with no extension header; ICMP errors about such packets (`icmp`); the
-//! rest goes to the stack.
+//! Handled: TCP and UDP over IPv4 without options, and over IPv6 with no
+//! extension header but a fragment header (fragments in both families: the
+//! later ones by their first one's ports, `NAT_FRAGMENTS` and
+//! `NAT_FRAGMENTS6`); ICMP errors about such packets (`icmp`); the rest
+//! goes to the stack.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_NOEXIST},
@@ -43,8 +44,8 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, FragmentKey,
-    FragmentPorts, NAT_F_CLOSING, NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey,
-    NatReverse, NodePortAddress, ServiceKey, ServiceValue, external_port, maps,
+    FragmentKey6, FragmentPorts, NAT_F_CLOSING, NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN,
+    NatForward, NatKey, NatReverse, NodePortAddress, ServiceKey, ServiceValue, external_port, maps,
 };
 
 use crate::remote::{take_hop, words};
@@ -87,6 +88,15 @@ static NAT_FRAGMENTS: LruHashMap<
 > = LruHashMap::new();
 const _: () = assert!(maps::NAT_FRAGMENTS.holds::<FragmentKey, FragmentPorts>());
 
+/// The same for IPv6 datagrams (their fragment header's identification).
+#[btf_map]
+static NAT_FRAGMENTS6: LruHashMap<
+    FragmentKey6,
+    FragmentPorts,
+    { maps::NAT_FRAGMENTS6.max_entries as usize },
+> = LruHashMap::new();
+const _: () = assert!(maps::NAT_FRAGMENTS6.holds::<FragmentKey6, FragmentPorts>());
+
 /// What the path works on for the packet at hand, per CPU (a program runs
 /// to its end on one CPU).
 #[repr(C)]
@@ -113,10 +123,11 @@ pub(crate) struct Scratch {
     quoted_csums: [u16; 2],
     /// What an ICMP error's rewrite makes of it.
     error: icmp::ErrorRewrite,
-    /// A fragmented IPv4 datagram's fragment (`FRAGMENT_*`), and its
-    /// datagram.
+    /// A fragmented datagram's fragment (`FRAGMENT_*`), and its datagram
+    /// (by the key of its family).
     fragment: u32,
     fragment_key: FragmentKey,
+    fragment_key6: FragmentKey6,
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
@@ -129,6 +140,12 @@ const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_ICMPV6: u8 = 58;
+/// IPv6's fragment header.
+const IPPROTO_FRAGMENT: u8 = 44;
+/// An IPv6 fragment header: next header, reserved, offset and flags (the
+/// offset in 8-byte units in the high 13 bits, "more" in the lowest),
+/// identification.
+const FRAGMENT_HEADER_LEN: usize = 8;
 /// `Scratch::fragment`: a whole datagram; the first fragment of one (its
 /// ports are kept for the rest); a later one (no transport header: its
 /// ports are the first's).
@@ -205,8 +222,23 @@ pub(crate) fn candidate(start: usize, end: usize) -> bool {
             let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
                 return false;
             };
+            let l4 = EthHdr::LEN + Ipv6Hdr::LEN;
             // SAFETY: bounds checked by `header_at`.
-            (unsafe { (*ip).next_hdr }, EthHdr::LEN + Ipv6Hdr::LEN)
+            match unsafe { (*ip).next_hdr } {
+                IPPROTO_FRAGMENT => {
+                    let Ok(fragment) = header_at::<[u8; 4]>(start, end, l4) else {
+                        return false;
+                    };
+                    // SAFETY: bounds checked by `header_at`.
+                    let fragment = unsafe { *fragment };
+                    // A later fragment: as over IPv4.
+                    if u16::from_be_bytes([fragment[2], fragment[3]]) & 0xfff8 != 0 {
+                        return any_listening();
+                    }
+                    (fragment[0], l4 + FRAGMENT_HEADER_LEN)
+                }
+                next => (next, l4),
+            }
         }
         _ => return false,
     };
@@ -285,9 +317,14 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
             key.dst = ip.dst_addr;
             key.protocol = ip.next_hdr;
             key.family = 6;
-            // A fragment header is an extension header: the stack's.
             s.fragment = FRAGMENT_NONE;
-            EthHdr::LEN + Ipv6Hdr::LEN
+            let l4 = EthHdr::LEN + Ipv6Hdr::LEN;
+            if ip.next_hdr == IPPROTO_FRAGMENT {
+                parse_fragment_header(ctx, l4, key, &mut s.fragment, &mut s.fragment_key6)?;
+                l4 + FRAGMENT_HEADER_LEN
+            } else {
+                l4
+            }
         }
         _ => return None,
     };
@@ -307,7 +344,11 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
         }
         // Its first fragment's ports, or the stack's (it came first, or
         // the datagram is no flow of the path's).
-        let ports = NAT_FRAGMENTS.get_ptr(&s.fragment_key)?;
+        let ports = if key.family == 4 {
+            NAT_FRAGMENTS.get_ptr(&s.fragment_key)?
+        } else {
+            NAT_FRAGMENTS6.get_ptr(&s.fragment_key6)?
+        };
         // SAFETY: a valid map value for the program's run; read once.
         let ports = unsafe { core::ptr::read_volatile(ports) };
         key.src_port = ports.src_port;
@@ -341,6 +382,36 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
     Some(())
 }
 
+/// An IPv6 fragment header at `at` (`key` holding the packet's ends): the
+/// fragment it makes the packet (an atomic fragment, offset 0 and no more,
+/// is a whole datagram), its datagram's key, and the transport protocol
+/// in `key`.
+#[inline(never)]
+fn parse_fragment_header(
+    ctx: &TcContext,
+    at: usize,
+    key: &mut NatKey,
+    fragment: &mut u32,
+    datagram: &mut FragmentKey6,
+) -> Option<()> {
+    let header: [u8; FRAGMENT_HEADER_LEN] = ctx.load(at).ok()?;
+    let offset_flags = u16::from_be_bytes([header[2], header[3]]);
+    *fragment = if offset_flags & 0xfff8 != 0 {
+        FRAGMENT_LATER
+    } else if offset_flags & 1 != 0 {
+        FRAGMENT_FIRST
+    } else {
+        FRAGMENT_NONE
+    };
+    key.protocol = header[0];
+    datagram.src = key.src;
+    datagram.dst = key.dst;
+    datagram.id = [header[4], header[5], header[6], header[7]];
+    datagram.protocol = header[0];
+    datagram._pad = [0; 3];
+    Some(())
+}
+
 /// A first fragment's ports, kept for the later fragments of its datagram
 /// (once the path has taken the first: a flow of its own).
 #[inline(never)]
@@ -350,7 +421,11 @@ fn keep_fragment_ports(s: &Scratch) {
             src_port: s.key.src_port,
             dst_port: s.key.dst_port,
         };
-        let _ = NAT_FRAGMENTS.insert(&s.fragment_key, &ports, 0);
+        let _ = if s.key.family == 4 {
+            NAT_FRAGMENTS.insert(&s.fragment_key, &ports, 0)
+        } else {
+            NAT_FRAGMENTS6.insert(&s.fragment_key6, &ports, 0)
+        };
     }
 }
 
@@ -870,10 +945,14 @@ fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
         let mut old: [u32; 4] = ctx.load(address_at).ok()?;
         let mut new = words(*address);
         if old != new {
-            // SAFETY: two 16-byte buffers on the stack, as the sizes say.
-            let diff = unsafe { bpf_csum_diff(old.as_mut_ptr(), 16, new.as_mut_ptr(), 16, 0) };
-            ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
-                .ok()?;
+            // A later fragment has no transport header (nor has IPv6 a
+            // header checksum).
+            if !later_fragment {
+                // SAFETY: two 16-byte buffers on the stack, as the sizes say.
+                let diff = unsafe { bpf_csum_diff(old.as_mut_ptr(), 16, new.as_mut_ptr(), 16, 0) };
+                ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
+                    .ok()?;
+            }
             ctx.store(address_at, &new, 0).ok()?;
         }
     }

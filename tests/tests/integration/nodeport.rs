@@ -37,7 +37,8 @@ const LATE_BY: Duration = Duration::from_millis(300);
 
 /// A UDP server in a pod that answers each datagram `LATE_BY` after it
 /// came: time for a client to have closed its socket, so its kernel
-/// answers the answer with a port unreachable. Stopped on drop.
+/// answers the answer with a port unreachable. Both families on one
+/// socket. Stopped on drop.
 struct LateUdp {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -45,8 +46,9 @@ struct LateUdp {
 
 impl LateUdp {
     fn start(netns: &Netns) -> Self {
-        let socket = netns
-            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, LATE_BACKEND_PORT)).expect("udp bind"));
+        let socket = netns.run(|| {
+            UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, LATE_BACKEND_PORT)).expect("udp bind")
+        });
         socket
             .set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
@@ -618,6 +620,70 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         assert_eq!(answers, both, "UDP from outside to {to}");
     }
     assert_served_in_bpf(cp, "IPv6");
+    // Datagrams too large for one packet, over IPv6: the client's kernel
+    // sends fragments (a fragment header each), and so does the backend's
+    // with its echo; every fragment translated (the later ones by their
+    // first one's ports, `NAT_FRAGMENTS6`), echoed whole from the NodePort.
+    // The pods' MTU is the uplink's less VXLAN's overhead (`--routing
+    // auto`), and IPv6 routers do not fragment: the other node's stack
+    // answers the first fragments for its pod with packet too big, which
+    // reaches the client translated back (a quoted fragment header), as
+    // kube-proxy's conntrack would relate it; the client's kernel then
+    // sends smaller fragments to that NodePort.
+    let _large = [LateUdp::start(&local.netns), LateUdp::start(&remote.netns)];
+    let mut large = node_port_service("large6", Ipv4Addr::new(10, 96, 9, 32), LATE_NODE_PORT);
+    large["spec"]["clusterIPs"] = serde_json::json!(["10.96.9.32", "fd96::9:32"]);
+    large["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
+    large["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
+    stub.add(Kind::Service, large);
+    let mut slice = node_port_slice("large6", &[]);
+    slice["metadata"]["name"] = "large6-v6".into();
+    slice["addressType"] = "IPv6".into();
+    for port in slice["ports"].as_array_mut().expect("ports") {
+        port["port"] = LATE_BACKEND_PORT.into();
+    }
+    slice["endpoints"] = serde_json::json!([
+        {"addresses": [local6.to_string()], "nodeName": "cp-1", "conditions": {"ready": true}},
+        {"addresses": [remote6.to_string()], "nodeName": "worker-1", "conditions": {"ready": true}},
+    ]);
+    stub.add(Kind::EndpointSlice, slice);
+    wait_until(
+        "both agents to serve the large datagrams' NodePort",
+        SETTLE,
+        || {
+            [cp, worker].iter().all(|node| {
+                node.datapath()
+                    .service_backends(&service_key(wildcard, LATE_NODE_PORT, 17))
+                    .unwrap()
+                    .is_some_and(|set| set.len() == 2)
+            })
+        },
+    );
+    for node in [cp, worker] {
+        let to = SocketAddr::from((node.spec.address6(), LATE_NODE_PORT));
+        let path_mtu = || -> Option<u32> {
+            let route = outside.exec(&["ip", "-6", "route", "get", &to.ip().to_string()]);
+            let mut words = route.split_whitespace();
+            words.find(|word| *word == "mtu")?;
+            words.next()?.parse().ok()
+        };
+        // Until a backend behind the smaller MTU is asked: its packet too
+        // big teaches the client the path's MTU.
+        let learned = (0..16).any(|_| {
+            large_datagram_echoed(outside, to);
+            path_mtu().is_some_and(|mtu| mtu < 1500)
+        });
+        assert!(
+            learned,
+            "no packet too big for {to} reached the client: {:?}",
+            path_mtu()
+        );
+        // Four tries: both backends are asked.
+        assert!(
+            (0..4).all(|_| large_datagram_echoed(outside, to)),
+            "a {LARGE_DATAGRAM}-byte datagram to {to} was not echoed whole from it"
+        );
+    }
     // Backends that stop listening refuse over IPv6 too: their ICMPv6 port
     // unreachable reaches the client translated back (the quoted datagram
     // the client's again, the error from the NodePort). Their rate limit
@@ -804,7 +870,11 @@ const LARGE_DATAGRAM: usize = 3000;
 fn large_datagram_echoed(netns: &Netns, to: SocketAddr) -> bool {
     netns
         .run(|| -> std::io::Result<bool> {
-            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            let socket = if to.is_ipv4() {
+                UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?
+            } else {
+                UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?
+            };
             socket.set_read_timeout(Some(LATE_BY * 4))?;
             let datagram: Vec<u8> = (0..LARGE_DATAGRAM).map(|i| (i % 251) as u8).collect();
             socket.send_to(&datagram, to)?;
