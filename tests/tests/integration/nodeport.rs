@@ -317,6 +317,40 @@ fn assert_served_in_bpf(node: &SimNode, context: &str) {
     }
 }
 
+/// A dual-stack `node_port_service` `name`, its ClusterIPs 10.96.9.`n` and
+/// fd96::9:`n` (the same digits).
+fn dual_stack_node_port_service(name: &str, n: u8, node_port: u16) -> serde_json::Value {
+    let mut service = node_port_service(name, Ipv4Addr::new(10, 96, 9, n), node_port);
+    service["spec"]["clusterIPs"] =
+        serde_json::json!([format!("10.96.9.{n}"), format!("fd96::9:{n}")]);
+    service["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
+    service["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
+    service
+}
+
+/// The IPv6 EndpointSlice of a dual-stack `node_port_service`: `endpoints`
+/// (address, node) ready, "http" and "dns" on `backend_port`.
+fn ipv6_node_port_slice(
+    name: &str,
+    endpoints: &[(std::net::Ipv6Addr, &str)],
+    backend_port: u16,
+) -> serde_json::Value {
+    let mut slice = node_port_slice(name, &[]);
+    slice["metadata"]["name"] = format!("{name}-v6").into();
+    slice["addressType"] = "IPv6".into();
+    for port in slice["ports"].as_array_mut().expect("ports") {
+        port["port"] = backend_port.into();
+    }
+    slice["endpoints"] = endpoints
+        .iter()
+        .map(|(address, node)| {
+            serde_json::json!({"addresses": [address.to_string()], "nodeName": node,
+                               "conditions": {"ready": true}})
+        })
+        .collect();
+    slice
+}
+
 /// `count` TCP answers from `netns` to `to`, as a set.
 fn tcp_answers(netns: &Netns, to: SocketAddr, count: usize) -> BTreeSet<String> {
     (0..count)
@@ -576,19 +610,15 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         Echo::start(&local.netns, "local"),
         Echo::start(&remote.netns, "remote"),
     ];
-    let mut service = node_port_service("np6", Ipv4Addr::new(10, 96, 9, 31), NODE_PORT);
-    service["spec"]["clusterIPs"] = serde_json::json!(["10.96.9.31", "fd96::9:31"]);
-    service["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
-    service["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
-    stub.add(Kind::Service, service);
-    let mut slice = node_port_slice("np6", &[]);
-    slice["metadata"]["name"] = "np6-v6".into();
-    slice["addressType"] = "IPv6".into();
-    slice["endpoints"] = serde_json::json!([
-        {"addresses": [local6.to_string()], "nodeName": "cp-1", "conditions": {"ready": true}},
-        {"addresses": [remote6.to_string()], "nodeName": "worker-1", "conditions": {"ready": true}},
-    ]);
-    stub.add(Kind::EndpointSlice, slice);
+    let backends6 = [(local6, "cp-1"), (remote6, "worker-1")];
+    stub.add(
+        Kind::Service,
+        dual_stack_node_port_service("np6", 31, NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        ipv6_node_port_slice("np6", &backends6, BACKEND_PORT),
+    );
     let wildcard = std::net::Ipv6Addr::UNSPECIFIED.into();
     wait_until("both agents to serve the IPv6 NodePort", SETTLE, || {
         [cp, worker].iter().all(|node| {
@@ -631,22 +661,14 @@ fn clients_outside_reach_node_ports_over_ipv6() {
     // kube-proxy's conntrack would relate it; the client's kernel then
     // sends smaller fragments to that NodePort.
     let _large = [LateUdp::start(&local.netns), LateUdp::start(&remote.netns)];
-    let mut large = node_port_service("large6", Ipv4Addr::new(10, 96, 9, 32), LATE_NODE_PORT);
-    large["spec"]["clusterIPs"] = serde_json::json!(["10.96.9.32", "fd96::9:32"]);
-    large["spec"]["ipFamilies"] = serde_json::json!(["IPv4", "IPv6"]);
-    large["spec"]["ipFamilyPolicy"] = "RequireDualStack".into();
-    stub.add(Kind::Service, large);
-    let mut slice = node_port_slice("large6", &[]);
-    slice["metadata"]["name"] = "large6-v6".into();
-    slice["addressType"] = "IPv6".into();
-    for port in slice["ports"].as_array_mut().expect("ports") {
-        port["port"] = LATE_BACKEND_PORT.into();
-    }
-    slice["endpoints"] = serde_json::json!([
-        {"addresses": [local6.to_string()], "nodeName": "cp-1", "conditions": {"ready": true}},
-        {"addresses": [remote6.to_string()], "nodeName": "worker-1", "conditions": {"ready": true}},
-    ]);
-    stub.add(Kind::EndpointSlice, slice);
+    stub.add(
+        Kind::Service,
+        dual_stack_node_port_service("large6", 32, LATE_NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        ipv6_node_port_slice("large6", &backends6, LATE_BACKEND_PORT),
+    );
     wait_until(
         "both agents to serve the large datagrams' NodePort",
         SETTLE,
