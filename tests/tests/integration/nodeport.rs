@@ -619,17 +619,25 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         Kind::EndpointSlice,
         ipv6_node_port_slice("np6", &backends6, BACKEND_PORT),
     );
-    let wildcard = std::net::Ipv6Addr::UNSPECIFIED.into();
-    wait_until("both agents to serve the IPv6 NodePort", SETTLE, || {
-        [cp, worker].iter().all(|node| {
-            [6, 17].into_iter().all(|protocol| {
-                node.datapath()
-                    .service_backends(&service_key(wildcard, NODE_PORT, protocol))
-                    .unwrap()
-                    .is_some_and(|set| set.len() == 2)
+    // Both agents serve an IPv6 NodePort's `protocols` with both backends.
+    let serve_ipv6 = |what: &str, port: u16, protocols: &[u8]| {
+        let wildcard = std::net::Ipv6Addr::UNSPECIFIED.into();
+        wait_until(what, SETTLE, || {
+            [cp, worker].iter().all(|node| {
+                protocols.iter().all(|protocol| {
+                    node.datapath()
+                        .service_backends(&service_key(wildcard, port, *protocol))
+                        .unwrap()
+                        .is_some_and(|set| set.len() == 2)
+                })
             })
-        })
-    });
+        });
+    };
+    serve_ipv6(
+        "both agents to serve the IPv6 NodePort",
+        NODE_PORT,
+        &[6, 17],
+    );
     for node in [cp, worker] {
         let to = SocketAddr::from((node.spec.address6(), NODE_PORT));
         let seen_from = node.spec.address6();
@@ -669,17 +677,10 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         Kind::EndpointSlice,
         ipv6_node_port_slice("large6", &backends6, LATE_BACKEND_PORT),
     );
-    wait_until(
+    serve_ipv6(
         "both agents to serve the large datagrams' NodePort",
-        SETTLE,
-        || {
-            [cp, worker].iter().all(|node| {
-                node.datapath()
-                    .service_backends(&service_key(wildcard, LATE_NODE_PORT, 17))
-                    .unwrap()
-                    .is_some_and(|set| set.len() == 2)
-            })
-        },
+        LATE_NODE_PORT,
+        &[17],
     );
     for node in [cp, worker] {
         let to = SocketAddr::from((node.spec.address6(), LATE_NODE_PORT));
