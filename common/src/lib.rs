@@ -84,6 +84,13 @@ pub const MAP_NODEPORT_CALLS: &str = "NODEPORT_CALLS";
 /// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
 pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
 pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
+/// The addresses of the other nodes routed directly on the uplink (the
+/// next hops of non-tunnelled `REMOTE_CIDRS_*` entries), kept with them:
+/// a TCP flow one of them opens to a local pod (a NodePort flow another
+/// node sent on with its own address as the source) takes the fast path
+/// both ways, as pod-to-pod flows do.
+pub const MAP_PEER_NODES_V4: &str = "PEER_NODES_V4";
+pub const MAP_PEER_NODES_V6: &str = "PEER_NODES_V6";
 /// Every map's name, in the order of `MAP_SPECS` (the order they are pinned).
 pub const MAPS: [&str; MAP_SPECS.len()] = {
     let mut names = [""; MAP_SPECS.len()];
@@ -221,6 +228,8 @@ pub mod cost_variant {
 
 /// Maximum number of other nodes' pod CIDRs per family.
 pub const MAX_REMOTE_CIDRS: u32 = 16384;
+/// Maximum number of other nodes' addresses per family (`PEER_NODES_*`).
+pub const MAX_PEER_NODES: u32 = 16384;
 
 /// IPv4 address in network byte order, as it appears in the packet.
 pub type Ipv4Key = [u8; 4];
@@ -417,8 +426,15 @@ pub mod action {
     /// Dropped: `externalTrafficPolicy: Local` and no backend on this
     /// node, or no free node port for the source translation.
     pub const NODEPORT_DROPPED: u32 = 19;
+    /// A TCP packet from another node's address (`PEER_NODES_*`: a
+    /// NodePort flow that node sent on, a host-network client), handed from
+    /// the uplink straight into a local pod.
+    pub const PEER_NODE_TO_POD: u32 = 20;
+    /// A pod's reply in such a flow, sent out of the uplink to that node by
+    /// the datapath.
+    pub const TO_PEER_NODE: u32 = 21;
     /// Number of actions: the size of `STATS`.
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 22;
 
     /// Names in index order, for reports.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -442,6 +458,8 @@ pub mod action {
         "nodeport_to_node",
         "nodeport_replied",
         "nodeport_dropped",
+        "peer_node_to_pod",
+        "to_peer_node",
     ];
 }
 

@@ -86,6 +86,10 @@ pub mod maps {
         MapKind::LpmTrie,
         MAX_REMOTE_CIDRS,
     );
+    pub const PEER_NODES_V4: MapSpec =
+        MapSpec::new::<Ipv4Key, u32>(MAP_PEER_NODES_V4, MapKind::Hash, MAX_PEER_NODES);
+    pub const PEER_NODES_V6: MapSpec =
+        MapSpec::new::<Ipv6Key, u32>(MAP_PEER_NODES_V6, MapKind::Hash, MAX_PEER_NODES);
     pub const POLICY_PODS: MapSpec =
         MapSpec::new::<u32, PolicyPod>(MAP_POLICY_PODS, MapKind::Array, MAX_ENDPOINTS);
     pub const POLICY_V4: MapSpec = MapSpec::new::<LpmKey<PolicyCidrV4>, PolicyPorts>(
@@ -152,7 +156,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 29] = [
+pub const MAP_SPECS: [MapSpec; 31] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -182,4 +186,6 @@ pub const MAP_SPECS: [MapSpec; 29] = [
     maps::NODEPORT_CALLS,
     maps::NODE_SOURCES,
     maps::NAT_FRAGMENTS6,
+    maps::PEER_NODES_V4,
+    maps::PEER_NODES_V6,
 ];

@@ -52,7 +52,7 @@ use flatnet_common::{
     SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig,
     action, maps, nodeport_call, preferred_slot,
 };
-use flow::{Conntrack, Flow, IPPROTO_ICMPV6};
+use flow::{Conntrack, Flow, IPPROTO_ICMPV6, IPPROTO_TCP};
 use neighbours::arp;
 use network_types::{
     arp::ArpHdr,
@@ -122,6 +122,19 @@ static REMOTE_CIDRS_V6: LpmTrie<
 > = LpmTrie::new();
 const _: () = assert!(maps::REMOTE_CIDRS_V6.holds::<Key<RemoteCidrV6>, RemoteNode>());
 
+/// The addresses of the other nodes routed directly on the uplink: a TCP
+/// flow one of them opens to a local pod takes the fast path both ways
+/// (`uplink_to_pod`, `pod::ipv4`).
+#[btf_map]
+static PEER_NODES_V4: HashMap<Ipv4Key, u32, { maps::PEER_NODES_V4.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::PEER_NODES_V4.holds::<Ipv4Key, u32>());
+
+#[btf_map]
+static PEER_NODES_V6: HashMap<Ipv6Key, u32, { maps::PEER_NODES_V6.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::PEER_NODES_V6.holds::<Ipv6Key, u32>());
+
 /// The node's VXLAN device (entry 0; all zero: none), written by the agent.
 #[btf_map]
 static TUNNEL: Array<TunnelConfig, { maps::TUNNEL.max_entries as usize }> = Array::new();
@@ -158,6 +171,11 @@ enum Decision {
     Bounce,
     /// To another node's pod: routed by the caller, or passed to the stack.
     Remote,
+    /// To another node's own address, of a TCP flow the host never saw
+    /// (one that node opened, `from_uplink` took past the stack): a
+    /// reply of the NodePort path's flow goes back that way
+    /// (`nodeport_reply`), the rest is routed like `Remote`.
+    PeerNode,
     /// To a pod of a node reached through the VXLAN tunnel: encapsulated by
     /// the caller, or passed to the stack (which routes it into the tunnel).
     Tunnel,
@@ -197,8 +215,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         // read): none with kube-proxy, where the table is always empty.
         Decision::Pass => {
             if nodeport::any_listening() {
-                // SAFETY: a tail call; on failure (no entry) it returns here.
-                unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+                nodeport::reply_or(&ctx, nodeport::NotReply::ToStack);
             }
             TC_NEXT
         }
@@ -213,19 +230,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
-        Decision::Remote => match route_to_remote(&ctx, ingress, 0) {
-            Some(verdict) => {
-                // Past `to_uplink` untouched: not the stack's packet.
-                // SAFETY: the context pointer is valid; `mark` is writable in tc.
-                unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
-                count(action::TO_REMOTE_NODE, ctx.len());
-                verdict
+        Decision::Remote => routed(&ctx, ingress, action::TO_REMOTE_NODE),
+        Decision::PeerNode => {
+            if nodeport::any_listening() {
+                nodeport::reply_or(&ctx, nodeport::NotReply::ToPeerNode);
             }
-            None => {
-                count(action::REMOTE_PASSED, ctx.len());
-                TC_NEXT
-            }
-        },
+            routed(&ctx, ingress, action::TO_PEER_NODE)
+        }
         Decision::Tunnel => match tunnel::send(&ctx) {
             Some(verdict) => {
                 // Past `to_uplink` at the device's egress untouched.
@@ -242,11 +253,48 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     }
 }
 
-/// Tail-called by `from_pod` for a packet it hands to the stack: a local
-/// backend's reply of a flow the uplink translated goes back to the client.
+/// Tail-called by `from_pod` for a packet it hands to the stack or routes
+/// to another node's address: a local backend's reply of a flow the uplink
+/// translated goes back to the client; the rest goes where `from_pod`
+/// would have sent it (`nodeport::NotReply`).
 #[classifier]
 pub fn nodeport_reply(ctx: TcContext) -> i32 {
-    nodeport::reply_from_pod(&ctx).unwrap_or(TC_NEXT)
+    if let Some(verdict) = nodeport::reply_from_pod(&ctx) {
+        return verdict;
+    }
+    match nodeport::not_reply(&ctx) {
+        nodeport::NotReply::ToStack => TC_NEXT,
+        nodeport::NotReply::ToPeerNode => routed_to_peer_node(&ctx),
+    }
+}
+
+/// `routed` in a frame of its own: `nodeport_reply`'s deepest calls and
+/// the FIB lookup's structures would not fit one 512-byte stack together.
+#[inline(never)]
+fn routed_to_peer_node(ctx: &TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's run.
+    let ingress = unsafe { (*ctx.skb.skb).ifindex };
+    routed(ctx, ingress, action::TO_PEER_NODE)
+}
+
+/// A pod's packet for another node, sent the way the FIB says
+/// (`route_to_remote`, counted as `sent`), or to the stack when it has no
+/// usable answer.
+#[inline(always)]
+fn routed(ctx: &TcContext, ingress: u32, sent: u32) -> i32 {
+    match route_to_remote(ctx, ingress, 0) {
+        Some(verdict) => {
+            // Past `to_uplink` untouched: not the stack's packet.
+            // SAFETY: the context pointer is valid; `mark` is writable in tc.
+            unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
+            count(sent, ctx.len());
+            verdict
+        }
+        None => {
+            count(action::REMOTE_PASSED, ctx.len());
+            TC_NEXT
+        }
+    }
 }
 
 /// tc ingress of the node's uplink: a packet from another node (or from
@@ -318,14 +366,27 @@ fn deliver(ctx: &TcContext, arrival: Arrival, delivered: u32) -> i32 {
         return TC_NEXT;
     }
     let len = ctx.len();
-    let (host_ifindex, slot) = match uplink_to_pod(ctx, ctx.data(), ctx.data_end(), arrival) {
-        Uplink::ToPod { host_ifindex, slot } => (host_ifindex, slot),
-        Uplink::ToStack(what) => {
-            count(what, len);
-            return TC_NEXT;
-        }
-        Uplink::Pass => return TC_NEXT,
-    };
+    let (host_ifindex, slot, delivered) =
+        match uplink_to_pod(ctx, ctx.data(), ctx.data_end(), arrival) {
+            Uplink::ToPod {
+                host_ifindex,
+                slot,
+                node_sourced,
+            } => (
+                host_ifindex,
+                slot,
+                if node_sourced {
+                    action::PEER_NODE_TO_POD
+                } else {
+                    delivered
+                },
+            ),
+            Uplink::ToStack(what) => {
+                count(what, len);
+                return TC_NEXT;
+            }
+            Uplink::Pass => return TC_NEXT,
+        };
     // The pod's ingress policy, on the frame as rewritten (only its MACs
     // and TTL changed).
     if !policy::ingress_allowed(ctx.data(), ctx.data_end(), slot, len) {
@@ -429,7 +490,7 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
         Decision::Bounce => xdp_action::XDP_TX,
         // bpf_redirect_neigh and tunnel keys are tc-only: the stack routes
         // (and encapsulates) it in XDP mode.
-        Decision::Remote | Decision::Tunnel => {
+        Decision::Remote | Decision::Tunnel | Decision::PeerNode => {
             count(action::REMOTE_PASSED, end.saturating_sub(start) as u32);
             xdp_action::XDP_PASS
         }
@@ -445,8 +506,7 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
 #[classifier]
 pub fn from_pod_passed(ctx: TcContext) -> i32 {
     if nodeport::any_listening() {
-        // SAFETY: a tail call; on failure (no entry) it returns here.
-        unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::REPLY) };
+        nodeport::reply_or(&ctx, nodeport::NotReply::ToStack);
     }
     TC_NEXT
 }
@@ -524,7 +584,7 @@ fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u3
             count_pod(slot, Direction::Rx, len);
         }
         // Counted by the program that routes it.
-        Decision::Bounce | Decision::Remote | Decision::Tunnel => {}
+        Decision::Bounce | Decision::Remote | Decision::Tunnel | Decision::PeerNode => {}
     }
     decision
 }

@@ -85,6 +85,9 @@ pub(crate) struct Target {
     local: bool,
     /// A remote pod reached through the VXLAN device (`REMOTE_F_TUNNEL`).
     tunnel: bool,
+    /// Not a pod: a directly routed node's own address (`PEER_NODES_*`),
+    /// the packet a continuing TCP segment.
+    peer_node: bool,
     peer: Endpoint,
 }
 
@@ -94,6 +97,7 @@ impl Target {
         Target {
             local: true,
             tunnel: false,
+            peer_node: false,
             peer,
         }
     }
@@ -105,6 +109,21 @@ impl Target {
         Target {
             local: false,
             tunnel: flags & REMOTE_F_TUNNEL != 0,
+            peer_node: false,
+            peer: Endpoint::default(),
+        }
+    }
+
+    /// A directly routed node's own address, for a TCP segment that
+    /// continues a connection: a reply in a flow that node opened, which
+    /// `from_uplink` took past the stack (`uplink_to_pod`), or one the
+    /// stack tracks (judged so by `flow`).
+    #[inline(always)]
+    fn peer_node() -> Self {
+        Target {
+            local: false,
+            tunnel: false,
+            peer_node: true,
             peer: Endpoint::default(),
         }
     }
@@ -149,6 +168,13 @@ pub(crate) fn ipv4(
         Some(peer) => Target::pod(peer),
         None => match REMOTE_CIDRS_V4.get(&Key::new(32, dst)) {
             Some(node) => Target::remote(node),
+            // SAFETY: only whether an entry is there is read.
+            None if ip.proto == IPPROTO_TCP
+                && flow::tcp_continues(start, end, EthHdr::LEN + Ipv4Hdr::LEN)
+                && unsafe { PEER_NODES_V4.get(dst) }.is_some() =>
+            {
+                Target::peer_node()
+            }
             None => return Decision::Pass,
         },
     };
@@ -170,12 +196,15 @@ pub(crate) fn fast_path(
         (Flow::Translated, _) => Decision::Translated,
         (Flow::Tracked, _) => Decision::Tracked,
         (Flow::Opaque, true) => Decision::Pass,
+        // To a node address as before: the NodePort path's reply may be it.
+        (Flow::Opaque, false) if target.peer_node => Decision::Pass,
         (Flow::Opaque, false) => Decision::RemoteToStack,
         (Flow::Clear, _) if sender.egress_shaped => Decision::Shaped,
         (Flow::Clear, true) if target.peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 => {
             Decision::Shaped
         }
         (Flow::Clear, true) => to_pod(eth, target.peer),
+        (Flow::Clear, false) if target.peer_node => Decision::PeerNode,
         (Flow::Clear, false) if target.tunnel => Decision::Tunnel,
         (Flow::Clear, false) => Decision::Remote,
     }
@@ -297,8 +326,25 @@ pub(crate) fn ipv6(
         Some(peer) => Target::pod(peer),
         None => match REMOTE_CIDRS_V6.get(&Key::new(128, dst)) {
             Some(node) => Target::remote(node),
+            // SAFETY: only whether an entry is there is read.
+            None if tcp_at(start, end, header)
+                .is_some_and(|l4| flow::tcp_continues(start, end, l4))
+                && unsafe { PEER_NODES_V6.get(dst) }.is_some() =>
+            {
+                Target::peer_node()
+            }
             None => return Decision::Pass,
         },
     };
     fast_path(flow::ipv6(ct, start, end, header), target, eth, sender)
+}
+
+/// Where the TCP header of an IPv6 packet starts, if it is TCP (past a
+/// jumbo Hop-by-Hop header, as `flow` reads it).
+#[inline(always)]
+fn tcp_at(start: usize, end: usize, ip: &Ipv6Hdr) -> Option<usize> {
+    match flow::ipv6_transport(start, end, ip)? {
+        (IPPROTO_TCP, l4) => Some(l4),
+        _ => None,
+    }
 }

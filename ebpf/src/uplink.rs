@@ -7,7 +7,8 @@ use crate::*;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Arrival {
     /// The uplink: from a pod of a directly routed node if its source lies
-    /// in a remote pod CIDR that is not tunnelled.
+    /// in a remote pod CIDR that is not tunnelled, or TCP from such a
+    /// node's own address (`PEER_NODES_*`).
     Uplink,
     /// The VXLAN device, its inner source already checked against the
     /// tunnel's outer source (`tunnel::source`): a pod of the sending node.
@@ -18,7 +19,12 @@ pub(crate) enum Arrival {
 pub(crate) enum Uplink {
     /// Into the local pod behind host veth `host_ifindex` (`slot`: its
     /// counters); the frame is rewritten as the host would forward it.
-    ToPod { host_ifindex: u32, slot: u32 },
+    /// `node_sourced`: from another node's own address, not its pod.
+    ToPod {
+        host_ifindex: u32,
+        slot: u32,
+        node_sourced: bool,
+    },
     /// To the host stack, which tracks the flow (counted as `action`).
     ToStack(u32),
     /// To the host stack: not for a local pod, or the stack's to judge.
@@ -26,8 +32,9 @@ pub(crate) enum Uplink {
 }
 
 /// The local pod a frame from the uplink is for, if the fast path may take
-/// it: only a packet from another node's pod, whose replies the fast path
-/// takes too. From anywhere else (a node's address, the outside) the
+/// it: only a packet from another node's pod, or of a TCP flow from a
+/// directly routed node's own address, whose replies the fast path takes
+/// too (`pod::ipv4`). From anywhere else (the outside, a node's UDP) the
 /// replies go through the stack, so the stack must see this direction as
 /// well, or its conntrack would see half a flow (and call the rest INVALID).
 #[inline(always)]
@@ -41,7 +48,7 @@ pub(crate) fn uplink_to_pod(
         return Uplink::Pass;
     };
     // SAFETY: `header_at` checked the header lies inside the packet.
-    let (peer, judged) = match u16::from_be(unsafe { (*eth).ether_type }) {
+    let (peer, source, judged) = match u16::from_be(unsafe { (*eth).ether_type }) {
         ETH_P_IP => {
             let Ok(ip) = header_at::<Ipv4Hdr>(start, end, EthHdr::LEN) else {
                 return Uplink::Pass;
@@ -53,19 +60,26 @@ pub(crate) fn uplink_to_pod(
                 return Uplink::Pass;
             };
             // An expiring packet is the stack's: it answers with ICMP.
-            if ip.ttl <= 1
-                || !from_peer_pod(arrival, || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)))
-            {
+            if ip.ttl <= 1 {
                 return Uplink::Pass;
             }
-            if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
+            let source = whose_source(
+                arrival,
+                || REMOTE_CIDRS_V4.get(&Key::new(32, ip.src_addr)),
+                // SAFETY: only whether an entry is there is read.
+                || ip.proto == IPPROTO_TCP && unsafe { PEER_NODES_V4.get(ip.src_addr) }.is_some(),
+            );
+            if source == Peer::None {
+                return Uplink::Pass;
+            }
+            if shaped(source, &peer) {
                 return Uplink::ToStack(action::SHAPED);
             }
             let judged = flow::ipv4(ct, start, end, ip);
             if judged == Flow::Clear {
                 decrement_ttl(ip);
             }
-            (peer, judged)
+            (peer, source, judged)
         }
         ETH_P_IPV6 => {
             let Ok(ip) = header_at::<Ipv6Hdr>(start, end, EthHdr::LEN) else {
@@ -77,19 +91,29 @@ pub(crate) fn uplink_to_pod(
             let Some(peer) = (unsafe { ENDPOINTS_V6.get(ip.dst_addr) }).map(snapshot) else {
                 return Uplink::Pass;
             };
-            if ip.hop_limit <= 1
-                || !from_peer_pod(arrival, || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)))
-            {
+            if ip.hop_limit <= 1 {
                 return Uplink::Pass;
             }
-            if peer.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
+            let source = whose_source(
+                arrival,
+                || REMOTE_CIDRS_V6.get(&Key::new(128, ip.src_addr)),
+                // SAFETY: as above.
+                || {
+                    matches!(flow::ipv6_transport(start, end, ip), Some((IPPROTO_TCP, _)))
+                        && unsafe { PEER_NODES_V6.get(ip.src_addr) }.is_some()
+                },
+            );
+            if source == Peer::None {
+                return Uplink::Pass;
+            }
+            if shaped(source, &peer) {
                 return Uplink::ToStack(action::SHAPED);
             }
             let judged = flow::ipv6(ct, start, end, ip);
             if judged == Flow::Clear {
                 ip.hop_limit -= 1;
             }
-            (peer, judged)
+            (peer, source, judged)
         }
         _ => return Uplink::Pass,
     };
@@ -107,21 +131,62 @@ pub(crate) fn uplink_to_pod(
     Uplink::ToPod {
         host_ifindex: peer.host_ifindex,
         slot: peer.counter_slot,
+        node_sourced: source == Peer::Node,
     }
 }
 
-/// Whether a frame's source is another node's pod the fast path may take
-/// from where it arrived: through the tunnel, checked already; on the
-/// uplink, a directly routed node's (a tunnelled node's pods arrive
-/// encapsulated, or the stack judges them).
+/// Whether a qdisc on the pod's host veth shapes the flow, which a redirect
+/// would skip: the pod's ingress (`ENDPOINT_F_SHAPED_INGRESS`), or, in a
+/// node's flow, its egress too, where the replies would meet the stack
+/// halfway through the flow.
 #[inline(always)]
-fn from_peer_pod<'a>(arrival: Arrival, node: impl FnOnce() -> Option<&'a RemoteNode>) -> bool {
-    match arrival {
-        Arrival::Tunnel => true,
-        Arrival::Uplink => match node() {
-            None => false,
+fn shaped(source: Peer, pod: &Endpoint) -> bool {
+    if pod.flags & ENDPOINT_F_SHAPED_INGRESS != 0 {
+        return true;
+    }
+    source == Peer::Node
+        && POD_SOURCES.get(pod.counter_slot).is_some_and(|sources| {
             // SAFETY: a valid map value for the program's run; one field read once.
-            Some(node) => (unsafe { core::ptr::read_volatile(&node.flags) } & REMOTE_F_TUNNEL) == 0,
+            (unsafe { core::ptr::read_volatile(&sources.flags) }) & SOURCES_F_SHAPED_EGRESS != 0
+        })
+}
+
+/// Whose a frame's source is, as far as the fast path from the uplink goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// Not a peer the fast path takes packets from: the stack judges it.
+    None,
+    /// Another node's pod.
+    Pod,
+    /// A directly routed node's own address, and the packet TCP: a pod's
+    /// TCP reply can be told from a connection it opens (a SYN), which the
+    /// stack must see to masquerade it; a UDP one cannot.
+    Node,
+}
+
+/// Whose a frame's source is, given where it arrived: through the tunnel,
+/// the sending node's pod (checked already); on the uplink, a directly
+/// routed node's pod (a tunnelled node's pods arrive encapsulated, or the
+/// stack judges them), else a directly routed node's own address when
+/// `node_address` says so.
+#[inline(always)]
+fn whose_source<'a>(
+    arrival: Arrival,
+    pod_cidr: impl FnOnce() -> Option<&'a RemoteNode>,
+    node_address: impl FnOnce() -> bool,
+) -> Peer {
+    match arrival {
+        Arrival::Tunnel => Peer::Pod,
+        Arrival::Uplink => match pod_cidr() {
+            None if node_address() => Peer::Node,
+            None => Peer::None,
+            // SAFETY: a valid map value for the program's run; one field read once.
+            Some(node)
+                if (unsafe { core::ptr::read_volatile(&node.flags) } & REMOTE_F_TUNNEL) == 0 =>
+            {
+                Peer::Pod
+            }
+            Some(_) => Peer::None,
         },
     }
 }

@@ -147,6 +147,37 @@ pub fn udp_source(
     source.ip()
 }
 
+/// Connects over TCP from `from` (its routes choose the source) to a
+/// listener bound in `to` at `to_ip`, sends `len` bytes and reads them
+/// back; the source address the connection arrived with.
+pub fn tcp_source(from: &Netns, to: &Netns, to_ip: IpAddr, len: usize) -> IpAddr {
+    let listener = to
+        .run(|| TcpListener::bind((to_ip, 0)))
+        .expect("bind listener");
+    let target = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || -> std::io::Result<IpAddr> {
+        let (mut conn, peer) = listener.accept()?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = conn.read_through_signals(&mut buf)?;
+            if n == 0 {
+                return Ok(peer.ip());
+            }
+            conn.write_all(&buf[..n])?;
+        }
+    });
+    let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let echoed = from
+        .run(|| tcp_client(target, &payload))
+        .expect("the TCP echo failed");
+    assert_eq!(echoed, payload, "echo differs");
+    server
+        .join()
+        .expect("server thread panicked")
+        .expect("the server's side failed")
+}
+
 /// Streams bytes from `client` to a server in `server` while `during`
 /// runs; returns (sent, received). A reset or stall fails the test.
 pub fn stream_during(

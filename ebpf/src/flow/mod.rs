@@ -73,7 +73,7 @@ pub use kept::forget_clear;
 use kept::*;
 
 pub(crate) const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
 /// More-fragments flag and fragment offset of the IPv4 `frags` field.
@@ -83,8 +83,9 @@ const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
 /// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
 const ICMP_HEADER_LEN: usize = 8;
 
-/// SYN in the TCP flags byte.
+/// SYN and ACK in the TCP flags byte.
 const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 
 /// What the host stack has to say about a packet the fast path could take.
 #[derive(PartialEq, Eq)]
@@ -114,6 +115,20 @@ struct TcpStart {
     ack: [u8; 4],
     offset: u8,
     flags: u8,
+}
+
+/// Whether the TCP segment at `l4` continues a connection: anything but
+/// one that opens it (a SYN without ACK). A pod's continuing segment to
+/// another node's address answers a connection that node opened (or one
+/// the stack carries, which `ipv4` and `ipv6` then find tracked); an
+/// opening one is the pod's own, for the stack to see (and masquerade).
+#[inline(always)]
+pub(crate) fn tcp_continues(start: usize, end: usize, l4: usize) -> bool {
+    let Ok(tcp) = header_at::<TcpStart>(start, end, l4) else {
+        return false;
+    };
+    // SAFETY: bounds checked by `header_at`.
+    (unsafe { (*tcp).flags }) & (TCP_SYN | TCP_ACK) != TCP_SYN
 }
 
 impl Flow {

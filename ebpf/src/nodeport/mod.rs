@@ -192,6 +192,39 @@ pub(crate) fn any_listening() -> bool {
     listening_on(external_port::ANY_PORT) != 0
 }
 
+/// Where a packet `nodeport_reply` finds no reply of a translated flow
+/// goes: where the program that tail-called it would have sent it. Passed
+/// in `skb->cb[0]`, which the tail call keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum NotReply {
+    /// To the host stack.
+    ToStack = 0,
+    /// Routed to another node's address (`Decision::PeerNode`).
+    ToPeerNode = 1,
+}
+
+/// Tail-calls `nodeport_reply` for a pod's packet; `otherwise`: where it
+/// goes if it is no reply of a translated flow. Returns only when the call
+/// fails (no entry: the path is not loaded).
+#[inline(always)]
+pub(crate) fn reply_or(ctx: &TcContext, otherwise: NotReply) {
+    // SAFETY: the context pointer is valid; `cb` is writable in tc.
+    unsafe { (*ctx.skb.skb).cb[0] = otherwise as u32 };
+    // SAFETY: a tail call; on failure (no entry) it returns here.
+    unsafe { NODEPORT_CALLS.tail_call(ctx, nodeport_call::REPLY) };
+}
+
+/// What `reply_or` said of the packet at hand.
+#[inline(always)]
+pub(crate) fn not_reply(ctx: &TcContext) -> NotReply {
+    // SAFETY: the context pointer is valid for the program's run.
+    match unsafe { (*ctx.skb.skb).cb[0] } {
+        1 => NotReply::ToPeerNode,
+        _ => NotReply::ToStack,
+    }
+}
+
 /// `from_uplink`'s question, asked before anything else: may the packet
 /// be the NodePort path's (a TCP or UDP destination port that a frontend
 /// outside clients reach listens on, or one translated flows are given)?

@@ -367,6 +367,70 @@ fn with_ip_masq_pod_traffic_to_other_nodes_pods_keeps_its_source_address() {
     });
 }
 
+/// A TCP connection another node opens to a pod (a NodePort flow that node
+/// sent on with its own address as the source, a host-network client)
+/// takes the fast path both ways, past the pod's node's stack, and arrives
+/// with the node's address as the stack would deliver it. The pod's own
+/// connection to that node still goes through the stack, which masquerades
+/// it; UDP from the node (whose replies cannot be told from datagrams the
+/// pod sends first) keeps the stack's path too.
+#[flatnet_test(root)]
+fn a_nodes_tcp_to_a_pod_takes_the_fast_path_and_the_pods_own_stays_masqueraded() {
+    let cluster = Cluster::with_file_agents_flagged(2, &["--ip-masq", "true"]);
+    let (n1, n2) = (cluster.node("n1"), cluster.node("n2"));
+    let b = n2.pod();
+    let n1_address = IpAddr::V4(n1.spec.address());
+    wait_until("n2 to know n1's address as a peer node", SETTLE, || {
+        n2.datapath()
+            .peer_nodes()
+            .is_ok_and(|peers| peers.into_iter().collect::<Vec<_>>() == [n1_address])
+    });
+    let counts = |node: &SimNode| {
+        (
+            node.packets(action::PEER_NODE_TO_POD),
+            node.packets(action::TO_PEER_NODE),
+            node.forwarded(),
+        )
+    };
+
+    // n1 to the pod: both directions in BPF, n1's address kept.
+    let before = counts(n2);
+    let source = tcp_source(&n1.netns, &b.netns, b.ip.into(), 1 << 20);
+    let after = counts(n2);
+    assert_eq!(source, n1_address, "the pod saw another source");
+    let (into_pod, to_node, by_stack) =
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    eprintln!(
+        "n2: peer_node_to_pod {into_pod}, to_peer_node {to_node}, stack forwarded {by_stack}"
+    );
+    assert!(
+        into_pod > 20 && to_node > 20,
+        "n2's fast path carried {into_pod} packets in and {to_node} out"
+    );
+    assert!(
+        by_stack <= (into_pod + to_node) / 50,
+        "n2's stack forwarded {by_stack} packets of the flow"
+    );
+
+    // The pod to n1: masqueraded by n2's stack, none of it on the fast path.
+    let before = counts(n2);
+    let source = tcp_source(&b.netns, &n1.netns, n1_address, 1 << 20);
+    let after = counts(n2);
+    assert_eq!(source, IpAddr::V4(n2.spec.address()), "not masqueraded");
+    assert_eq!(
+        (after.0, after.1),
+        (before.0, before.1),
+        "the pod's own connection took the fast path"
+    );
+    assert!(after.2 - before.2 > 20, "n2's stack did not carry it");
+
+    // UDP from n1: the stack's.
+    let before = counts(n2);
+    let source = udp_source(&n1.netns, n1.spec.address(), &b.netns, b.ip, 100);
+    assert_eq!(source, n1_address);
+    assert_eq!(counts(n2).0, before.0, "n1's UDP took the fast path");
+}
+
 #[flatnet_test(root)]
 fn a_peer_route_someone_else_holds_is_reported_and_kept_out_of_the_fast_path() {
     let cluster = Cluster::with_file_agents(2);

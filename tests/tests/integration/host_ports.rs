@@ -267,7 +267,12 @@ fn host_ports_are_served_in_bpf_from_outside_pods_and_the_node() {
 /// error; and whether each UDP answer came from the hostPort.
 type HostPortOutcome = std::collections::BTreeMap<(&'static str, &'static str), String>;
 
-fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) -> HostPortOutcome {
+fn host_port_outcome(
+    cluster: &Cluster,
+    web: &SimPod,
+    cgroup: &std::path::Path,
+    plain: &std::path::Path,
+) -> HostPortOutcome {
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let on_node = SocketAddr::from((cp.spec.address(), WEB_PORT));
     let other_pod = worker.pod();
@@ -279,6 +284,8 @@ fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) 
             "client".into()
         } else if source == cp.spec.address() {
             "node".into()
+        } else if source == worker.spec.address() {
+            "other node".into()
         } else if source == web.ip {
             "itself".into()
         } else if source == other_pod.ip {
@@ -308,10 +315,14 @@ fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) 
             |(answer, from)| format!("{} from {}", seen(&answer), from == on_node),
         ),
     );
-    for (name, netns) in [
-        ("another node's pod", &other_pod.netns),
-        ("the node", &cp.netns),
-        ("the pod itself", &web.netns),
+    // The other node's own client runs outside the cgroup the simulated
+    // nodes' socket programs share, as a real node's processes are outside
+    // any other node's: its flow crosses the wire to cp-1's hostPort.
+    for (name, netns, cgroup) in [
+        ("another node's pod", &other_pod.netns, cgroup),
+        ("another node", &worker.netns, plain),
+        ("the node", &cp.netns, cgroup),
+        ("the pod itself", &web.netns, cgroup),
     ] {
         for protocol in ["tcp", "udp"] {
             let key = (name, protocol);
@@ -330,8 +341,10 @@ fn host_port_outcome(cluster: &Cluster, web: &SimPod, cgroup: &std::path::Path) 
 /// (in BPF, kube-proxy and portmap absent) and through one where the
 /// reference portmap plugin, chained after flatnet as a runtime chains it
 /// (snat on), serves it with its iptables rules: from outside the node,
-/// from a pod on the other node, from the node itself and from the pod
-/// itself (hairpin), on the node's address. What each gets, the source
+/// from a pod on the other node, from the other node itself (its address
+/// kept: the pod's reply must be translated back before anything routes it
+/// to that node), from the node itself and from the pod itself (hairpin),
+/// on the node's address. What each gets, the source
 /// the pod saw and where UDP answers came from, is compared whole, but for
 /// the hairpin's source, asserted as it differs. The node's TCP and UDP
 /// are seen from the node's address on both (the socket programs bind a
@@ -375,8 +388,8 @@ fn host_ports_answer_as_portmaps_rules_do(datapath: &str) {
         Echo::start(&web_portmap.netns, "web"),
     ];
 
-    let mut through_bpf = host_port_outcome(&flatnet, &web_bpf, &cgroup.0);
-    let mut through_portmap = host_port_outcome(&portmap, &web_portmap, &plain.0);
+    let mut through_bpf = host_port_outcome(&flatnet, &web_bpf, &cgroup.0, &plain.0);
+    let mut through_portmap = host_port_outcome(&portmap, &web_portmap, &plain.0, &plain.0);
     // Where the socket programs show the pod another source than
     // portmap's rules (README: hostPort), asserted as they are so that a
     // change shows: the pod reaching its own hostPort is connected to

@@ -1191,6 +1191,18 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
     );
     // flatnet's side was served in BPF, both ways, whatever the mode.
     assert_served_in_bpf(flatnet.node("cp-1"), datapath);
+    // And the backend's node carried cp-1's TCP flows past its stack in tc
+    // mode; XDP mode's stack takes what comes from other nodes.
+    let worker = flatnet.node("worker-1");
+    let carried = [action::PEER_NODE_TO_POD, action::TO_PEER_NODE].map(|what| worker.packets(what));
+    if datapath == "tc" {
+        assert!(
+            carried.iter().all(|&n| n > 0),
+            "worker-1 carried {carried:?}"
+        );
+    } else {
+        assert_eq!(carried, [0, 0], "worker-1 carried cp-1's flows in XDP mode");
+    }
 }
 
 /// Live NodePort connections from outside outlive a datapath upgrade of

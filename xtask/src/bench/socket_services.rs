@@ -114,6 +114,7 @@ fn nodeport_table(nodeport: &Value) -> String {
         "\nNodePort from outside the cluster, backend on the other node (connect + 64 B each way):\n\n",
     );
     out.push_str(&rate_table("NodePort Services", rows));
+    out.push_str(&ceiling_table(rows));
     out.push_str("\n| NodePort Services | one EndpointSlice change: flatnet agent to map (us) | kube-proxy iptables rules on two nodes (us) | kube-proxy nftables rules on two nodes (us) |\n|---:|---:|---:|---:|\n");
     for update in nodeport["updates"].as_array().cloned().unwrap_or_default() {
         out.push_str(&format!(
@@ -122,6 +123,34 @@ fn nodeport_table(nodeport: &Value) -> String {
             number(&update["agent_update_us"]),
             number(&update["iptables_apply_us"]),
             number(&update["nftables_apply_us"]),
+        ));
+    }
+    out
+}
+
+/// How far any translation on the NodePort's node could take the eBPF
+/// rate: the client makes one connection at a time, so a connection takes
+/// 1 / rate; take away all the time cp-1's programs ran for it (what a
+/// translation that cost nothing would save) and divide by nftables'.
+fn ceiling_table(rows: &[Value]) -> String {
+    let mut out = String::from(
+        "
+| NodePort Services | cp-1's BPF programs per connection (ns) | eBPF / nftables with them free (ceiling) |
+|---:|---:|---:|
+",
+    );
+    for row in rows {
+        let bpf_ns = row["ebpf_cp1_bpf_ns_per_connection"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        let ebpf = row["ebpf"]["per_second"].as_f64().unwrap_or(f64::NAN);
+        let nftables = row["nftables"]["per_second"].as_f64().unwrap_or(f64::NAN);
+        let ceiling = 1.0 / (1.0 / ebpf - bpf_ns * 1e-9) / nftables;
+        out.push_str(&format!(
+            "| {} | {} | {ceiling:.2} |
+",
+            row["services"],
+            number(&row["ebpf_cp1_bpf_ns_per_connection"]),
         ));
     }
     out

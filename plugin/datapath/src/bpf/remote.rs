@@ -82,6 +82,58 @@ impl Datapath {
                 IpNetwork::V6(net) => v6.remove(&remote_key_v6(&net)),
             })?;
         }
+        let directly_routed: BTreeSet<IpAddr> = wanted
+            .values()
+            .filter(|entry| !entry.tunnelled)
+            .map(|entry| entry.node)
+            .collect();
+        self.set_peer_nodes(&directly_routed)
+    }
+
+    fn peer_nodes_v4(&self) -> Result<HashMap<MapData, Ipv4Key, u32>> {
+        HashMap::try_from(Map::HashMap(self.open_map(MAP_PEER_NODES_V4)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_PEER_NODES_V4}"), e))
+    }
+
+    fn peer_nodes_v6(&self) -> Result<HashMap<MapData, Ipv6Key, u32>> {
+        HashMap::try_from(Map::HashMap(self.open_map(MAP_PEER_NODES_V6)?))
+            .map_err(|e| Error::bpf(format!("opening {MAP_PEER_NODES_V6}"), e))
+    }
+
+    /// The other nodes' addresses whose TCP flows to local pods take the
+    /// fast path both ways (`PEER_NODES_*`): the directly routed nodes of
+    /// the remote-CIDR tries.
+    pub fn peer_nodes(&self) -> Result<BTreeSet<IpAddr>> {
+        let mut found = BTreeSet::new();
+        for key in self.peer_nodes_v4()?.keys() {
+            let key = key.map_err(|e| Error::bpf("listing peer nodes", e))?;
+            found.insert(IpAddr::from(key));
+        }
+        for key in self.peer_nodes_v6()?.keys() {
+            let key = key.map_err(|e| Error::bpf("listing peer nodes", e))?;
+            found.insert(IpAddr::from(key));
+        }
+        Ok(found)
+    }
+
+    /// Makes `PEER_NODES_*` hold exactly `wanted`, new addresses first.
+    fn set_peer_nodes(&self, wanted: &BTreeSet<IpAddr>) -> Result<()> {
+        let current = self.peer_nodes()?;
+        let mut v4 = self.peer_nodes_v4()?;
+        let mut v6 = self.peer_nodes_v6()?;
+        for address in wanted.difference(&current) {
+            match address {
+                IpAddr::V4(ip) => v4.insert(ip.octets(), 1, 0),
+                IpAddr::V6(ip) => v6.insert(ip.octets(), 1, 0),
+            }
+            .map_err(|e| Error::bpf(format!("inserting peer node {address}"), e))?;
+        }
+        for address in current.difference(wanted) {
+            ignore_missing(match address {
+                IpAddr::V4(ip) => v4.remove(&ip.octets()),
+                IpAddr::V6(ip) => v6.remove(&ip.octets()),
+            })?;
+        }
         Ok(())
     }
 

@@ -10,7 +10,11 @@
 //! measured in interleaved slices, medians reported. And one update each:
 //! an EndpointSlice change until cp-1's maps hold it (the agent's watch
 //! and computation included), against applying kube-proxy's rule set on
-//! the two nodes.
+//! the two nodes. Then one more eBPF slice with the kernel's BPF
+//! statistics on: the time cp-1's programs ran per connection, which
+//! bounds what any cheaper translation there could gain. (The kube-proxy
+//! clusters run flatnet's datapath with `--services kube-proxy`: worker-1
+//! takes cp-1's TCP flows past its stack in both.)
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -70,6 +74,17 @@ fn api_slice(service: &str, endpoint: SocketAddr) -> Value {
         "endpoints": [{"addresses": [endpoint.ip().to_string()], "nodeName": "worker-1",
                        "conditions": {"ready": true}}]
     })
+}
+
+/// The run time the kernel charged the programs pinned for `datapath`
+/// (tail-called programs count in their caller's), in ns.
+fn programs_run_ns(datapath: &flatnet_datapath::bpf::Datapath) -> u64 {
+    datapath
+        .pinned_programs()
+        .iter()
+        .filter_map(|name| aya::programs::ProgramInfo::from_pin(datapath.pin_dir().join(name)).ok())
+        .map(|info| info.run_time().as_nanos() as u64)
+        .sum()
 }
 
 /// Polls `done` every 10 ms for up to `limit`.
@@ -180,6 +195,17 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             }
         }
         let dropped = cp.packets(flatnet_common::action::NODEPORT_DROPPED) - dropped_before;
+        // One more eBPF slice, outside the rates: what the kernel charged
+        // cp-1's programs per connection (statistics cost every program a
+        // clock read or two, so they stay off while the rates are taken).
+        let bpf_ns_per_connection = {
+            let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
+            let before = programs_run_ns(&cp.datapath());
+            let to = SocketAddr::from((cp.spec.address(), measured_port));
+            let seen = measure(None, &clusters[0]._switch.path(), to, slice)?;
+            let connections = seen["connections"].as_f64().unwrap_or(f64::NAN);
+            (programs_run_ns(&cp.datapath()) - before) as f64 / connections
+        };
         // One EndpointSlice change: the measured Service's endpoint moved.
         let name = format!("svc-{}", count / 2);
         let moved = idle_backend(count + 1);
@@ -226,6 +252,10 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             applied_us[1],
         );
         row.insert("ebpf_dropped".into(), json!(dropped));
+        row.insert(
+            "ebpf_cp1_bpf_ns_per_connection".into(),
+            json!(bpf_ns_per_connection),
+        );
         rows.push(Value::Object(row));
         updates.push(
             json!({"services": count, "agent_update_us": agent_update_us,
