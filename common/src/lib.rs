@@ -68,6 +68,13 @@ pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
 /// to a ClusterIP whose backend is a local pod is bound to, as kube-proxy's
 /// DNAT keeps the source the route to the ClusterIP picked.
 pub const MAP_NODE_SOURCES: &str = "NODE_SOURCES";
+/// The source address the kernel selects toward a local pod, per family
+/// (index 0 IPv4, unused: MASQUERADE picks the node's address there; 1
+/// IPv6; all zero: none seen yet): a translated flow to a local backend is
+/// given it, as kube-proxy's MASQUERADE picks it, when it is not the
+/// frontend's (`NAT_F_LOCAL_SOURCE`). Written by the NodePort path from the
+/// FIB (`BPF_FIB_LOOKUP_SRC`).
+pub const MAP_NAT_LOCAL_SOURCES: &str = "NAT_LOCAL_SOURCES";
 /// The ports outside clients reach frontends on (`nat::external_port`
 /// bits by port number), and the uplink's translation of each such flow:
 /// forward (by the client's tuple) and reverse (by the backend's reply).

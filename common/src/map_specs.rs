@@ -148,6 +148,8 @@ pub mod maps {
     );
     pub const NODE_SOURCES: MapSpec =
         MapSpec::new::<u32, [u8; 16]>(MAP_NODE_SOURCES, MapKind::Array, 2);
+    pub const NAT_LOCAL_SOURCES: MapSpec =
+        MapSpec::new::<u32, [u8; 16]>(MAP_NAT_LOCAL_SOURCES, MapKind::Array, 2);
     pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
         MAP_NODEPORT_CALLS,
         MapKind::ProgArray,
@@ -156,7 +158,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 31] = [
+pub const MAP_SPECS: [MapSpec; 32] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -188,4 +190,5 @@ pub const MAP_SPECS: [MapSpec; 31] = [
     maps::NAT_FRAGMENTS6,
     maps::PEER_NODES_V4,
     maps::PEER_NODES_V6,
+    maps::NAT_LOCAL_SOURCES,
 ];

@@ -158,3 +158,8 @@ pub const NAT_F_CLOSING: u32 = 1;
 /// A TCP flow that saw a RST: its node port may be given to a new flow at
 /// once.
 pub const NAT_F_RESET: u32 = 2;
+/// `NatForward::flags`: the flow's source became the address the kernel
+/// selects toward a local backend over IPv6 (`NAT_LOCAL_SOURCES`), not
+/// its frontend's, as MASQUERADE picks it: the pod network's gateway
+/// address, the longest match with the pod's.
+pub const NAT_F_LOCAL_SOURCE: u32 = 4;

@@ -134,7 +134,7 @@ pub(super) fn toward_backend(s: &mut Scratch) {
     e.quoted_source = s.forward.backend;
     e.quoted_source_port = s.forward.backend_port;
     (e.quoted_destination, e.quoted_destination_port) = if translated {
-        (s.key.dst, s.forward.nat_port)
+        (s.nat_source, s.forward.nat_port)
     } else {
         (s.key.src, s.key.src_port)
     };

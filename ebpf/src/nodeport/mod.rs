@@ -36,7 +36,10 @@
 //! goes to the stack.
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_NOEXIST},
+    bindings::{
+        BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_FIB_LOOKUP_SKIP_NEIGH,
+        BPF_FIB_LOOKUP_SRC, BPF_NOEXIST,
+    },
     btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
     helpers::generated::{bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::btf_map,
@@ -44,8 +47,9 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, FragmentKey,
-    FragmentKey6, FragmentPorts, NAT_F_CLOSING, NAT_F_RESET, NAT_PORT_MAX, NAT_PORT_MIN,
-    NatForward, NatKey, NatReverse, NodePortAddress, ServiceKey, ServiceValue, external_port, maps,
+    FragmentKey6, FragmentPorts, NAT_F_CLOSING, NAT_F_LOCAL_SOURCE, NAT_F_RESET, NAT_PORT_MAX,
+    NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress, ServiceBackend, ServiceKey,
+    ServiceValue, external_port, maps,
 };
 
 use crate::remote::{take_hop, words};
@@ -97,6 +101,14 @@ static NAT_FRAGMENTS6: LruHashMap<
 > = LruHashMap::new();
 const _: () = assert!(maps::NAT_FRAGMENTS6.holds::<FragmentKey6, FragmentPorts>());
 
+/// The source address the kernel picks on the way to a local pod, per
+/// family (index 0 IPv4, 1 IPv6), as the last new flow to a local backend
+/// found it.
+#[btf_map]
+static NAT_LOCAL_SOURCES: Array<[u8; 16], { maps::NAT_LOCAL_SOURCES.max_entries as usize }> =
+    Array::new();
+const _: () = assert!(maps::NAT_LOCAL_SOURCES.holds::<u32, [u8; 16]>());
+
 /// What the path works on for the packet at hand, per CPU (a program runs
 /// to its end on one CPU).
 #[repr(C)]
@@ -131,6 +143,13 @@ pub(crate) struct Scratch {
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
+    /// The source a translated flow's packets to its backend are given
+    /// (`nat_source`).
+    nat_source: [u8; 16],
+    /// A FIB lookup's question and answer (`local_masquerade_source`).
+    fib: bpf_fib_lookup,
+    /// A new flow's backend.
+    backend: ServiceBackend,
 }
 
 #[btf_map]
@@ -496,7 +515,7 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
         Some(known) => refresh_forward(s, known),
         // A later fragment starts no flow.
         None if s.fragment == FRAGMENT_LATER => return None,
-        None => match new_flow(s, listening, uplink) {
+        None => match new_flow(ctx, s, listening, uplink) {
             FlowStart::Started => {}
             FlowStart::NotOurs => return None,
             FlowStart::Dropped => {
@@ -514,6 +533,7 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
 fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
     // SAFETY: a valid map value for the program's run; read once.
     s.forward = unsafe { core::ptr::read_volatile(known) };
+    load_nat_source(s);
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let closes = s.closing & !s.forward.flags != 0;
@@ -532,7 +552,7 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
         let translated = s.forward.nat_port != [0; 2];
         s.reply = NatKey {
             src: s.forward.backend,
-            dst: if translated { s.key.dst } else { s.key.src },
+            dst: if translated { s.nat_source } else { s.key.src },
             src_port: s.forward.backend_port,
             dst_port: if translated {
                 s.forward.nat_port
@@ -572,7 +592,7 @@ enum FlowStart {
 /// The frontend a new flow's first packet is for and the backend it
 /// gets; its translation recorded both ways.
 #[inline(never)]
-fn new_flow(s: &mut Scratch, listening: u32, uplink: u32) -> FlowStart {
+fn new_flow(ctx: &TcContext, s: &mut Scratch, listening: u32, uplink: u32) -> FlowStart {
     let flow = &s.key;
     let mut key = ServiceKey {
         address: flow.dst,
@@ -596,9 +616,10 @@ fn new_flow(s: &mut Scratch, listening: u32, uplink: u32) -> FlowStart {
         index,
     };
     // SAFETY: the value is copied at once.
-    let Some(backend) = (unsafe { SERVICE_BACKENDS.get(&backend_key) }).copied() else {
+    let Some(backend) = (unsafe { SERVICE_BACKENDS.get(&backend_key) }) else {
         return FlowStart::NotOurs;
     };
+    s.backend = *backend;
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     s.reverse = NatReverse {
@@ -614,30 +635,36 @@ fn new_flow(s: &mut Scratch, listening: u32, uplink: u32) -> FlowStart {
     // The reply's tuple: from the backend to the client, or, translated,
     // to the node address on the port found free for it.
     s.reply = NatKey {
-        src: backend.address,
+        src: s.backend.address,
         dst: flow.src,
-        src_port: backend.port,
+        src_port: s.backend.port,
         dst_port: flow.src_port,
         protocol: flow.protocol,
         family: flow.family,
         _pad: [0; 2],
     };
+    let mut flags = 0;
     let nat_port = if frontend.flags & FRONTEND_F_KEEP_CLIENT != 0 {
         // A failed write only leaves the replies untranslated.
         let _ = NAT_REVERSE.insert(&s.reply, &s.reverse, 0);
         [0; 2]
     } else {
         s.reply.dst = s.key.dst;
+        if local_masquerade_source(ctx, s, uplink) {
+            s.reply.dst = s.nat_source;
+            flags = NAT_F_LOCAL_SOURCE;
+        }
         match free_port(s) {
             Some(port) => port,
             None => return FlowStart::Dropped,
         }
     };
+    s.nat_source = s.reply.dst;
     s.forward = NatForward {
-        backend: backend.address,
-        backend_port: backend.port,
+        backend: s.backend.address,
+        backend_port: s.backend.port,
         nat_port,
-        flags: 0,
+        flags,
         last_ns: now,
     };
     if NAT_FORWARD.insert(&s.key, &s.forward, 0).is_err() {
@@ -689,6 +716,69 @@ fn client_of(address: &[u8; 16], frontend: &ServiceKey) -> AffinityKey {
         netns_cookie: (u64::from_ne_bytes(high) ^ u64::from_ne_bytes(low)) | (1 << 63),
         frontend: *frontend,
         _pad: 0,
+    }
+}
+
+/// Whether MASQUERADE would give a flow to `s.backend` another source
+/// than its frontend's address (in `s.key.dst`): over IPv6, for a backend
+/// on this node, the address the kernel selects toward the pod
+/// (`ipv6_dev_get_saddr`, which MASQUERADE and `BPF_FIB_LOOKUP_SRC` both
+/// ask, the route as forwarded from `uplink`): the pod network's gateway
+/// address, the longest match with the pod's. It is then in
+/// `s.nat_source`, and kept in `NAT_LOCAL_SOURCES` for the flow's later
+/// packets. Over IPv4 MASQUERADE takes the first global address of the
+/// node's devices (`inet_select_addr`, the host veth having none: the
+/// node's address), not the route's preferred source the FIB would give
+/// (the gateway's); and a backend on another node is reached by the
+/// uplink, whose address it picks: the frontend's address stays.
+#[inline(never)]
+fn local_masquerade_source(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> bool {
+    // SAFETY: only whether an entry is there is read.
+    if s.key.family == 4 || unsafe { ENDPOINTS_V6.get(s.backend.address) }.is_none() {
+        return false;
+    }
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    s.fib = unsafe { core::mem::zeroed() };
+    s.fib.ifindex = uplink;
+    s.fib.l4_protocol = s.key.protocol;
+    s.fib.family = crate::remote::AF_INET6;
+    s.fib.__bindgen_anon_3.ipv6_src = words(s.key.src);
+    s.fib.__bindgen_anon_4.ipv6_dst = words(s.backend.address);
+    // SAFETY: the skb pointer and a params struct of the size given.
+    let found = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut s.fib,
+            size_of::<bpf_fib_lookup>() as i32,
+            BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH,
+        )
+    };
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return false;
+    }
+    // SAFETY: the IPv6 member the lookup filled in; four words are 16 bytes.
+    s.nat_source =
+        unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(s.fib.__bindgen_anon_3.ipv6_src) };
+    if s.nat_source == s.key.dst || s.nat_source == [0; 16] {
+        return false;
+    }
+    if let Some(kept) = NAT_LOCAL_SOURCES.get_ptr_mut(1) {
+        // SAFETY: a valid map value for the program's run; racing writers
+        // write the same answer.
+        unsafe { core::ptr::write_volatile(kept, s.nat_source) };
+    }
+    true
+}
+
+/// `s.nat_source` for the flow in `s.forward` (client's tuple in `s.key`):
+/// the frontend's address, or the local one its first packet was given.
+#[inline(always)]
+fn load_nat_source(s: &mut Scratch) {
+    s.nat_source = s.key.dst;
+    if s.forward.flags & NAT_F_LOCAL_SOURCE != 0
+        && let Some(kept) = NAT_LOCAL_SOURCES.get(u32::from(s.key.family != 4))
+    {
+        s.nat_source = *kept;
     }
 }
 
@@ -767,6 +857,7 @@ fn to_backend(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> i32 {
 fn icmp_error_in(ctx: &TcContext, s: &mut Scratch, flow: *const NatForward, uplink: u32) -> i32 {
     // SAFETY: a valid map value for the program's run; read once.
     s.forward = unsafe { core::ptr::read_volatile(flow) };
+    load_nat_source(s);
     icmp::toward_backend(s);
     if icmp::rewrite_error(ctx, s).is_none() {
         count(action::NODEPORT_DROPPED, ctx.len());
@@ -938,7 +1029,7 @@ enum End {
 fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
     let (address, port, source) = match end {
         End::Destination => (&s.forward.backend, s.forward.backend_port, false),
-        End::NatSource => (&s.key.dst, s.forward.nat_port, true),
+        End::NatSource => (&s.nat_source, s.forward.nat_port, true),
         End::FrontendSource => (&s.reverse.frontend, s.reverse.frontend_port, true),
         End::ClientDestination => (&s.reverse.client, s.reverse.client_port, false),
     };

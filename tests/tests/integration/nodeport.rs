@@ -82,22 +82,63 @@ impl Drop for LateUdp {
     }
 }
 
-/// ICMP destination unreachables the netns has received (`/proc/net/snmp`).
-fn dest_unreachables_received(netns: &Netns) -> u64 {
-    let snmp = netns.exec(&["cat", "/proc/net/snmp"]);
-    let mut icmp = snmp.lines().filter(|line| line.starts_with("Icmp: "));
-    let (names, values) = (
-        icmp.next().expect("Icmp names"),
-        icmp.next().expect("Icmp values"),
-    );
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(name, _)| *name == "InDestUnreachs")
-        .and_then(|(_, value)| value.parse().ok())
-        .expect("InDestUnreachs")
+/// ICMP (or ICMPv6) destination unreachables the netns has received.
+fn dest_unreachables_received(netns: &Netns, family: Family) -> u64 {
+    let counter = match family {
+        Family::V4 => "IcmpInDestUnreachs",
+        Family::V6 => "Icmp6InDestUnreachs",
+    };
+    let shown = netns.exec(&["nstat", "-az", counter]);
+    shown
+        .lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some(counter)).then(|| words.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {counter} in {shown}"))
 }
 pub(crate) const OUTSIDE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 100);
+/// The outside client's IPv6 address on the nodes' segment.
+const OUTSIDE6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, 0x64);
+
+/// The family a side-by-side run reaches NodePorts over: which node
+/// addresses, which client address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn node(self, node: &SimNode) -> std::net::IpAddr {
+        match self {
+            Family::V4 => node.spec.address().into(),
+            Family::V6 => node.spec.address6().into(),
+        }
+    }
+
+    fn outside(self) -> std::net::IpAddr {
+        match self {
+            Family::V4 => OUTSIDE.into(),
+            Family::V6 => OUTSIDE6.into(),
+        }
+    }
+
+    fn unspecified(self) -> std::net::IpAddr {
+        match self {
+            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+            Family::V6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        }
+    }
+}
+
+/// The path MTU `netns`'s kernel knows toward `to` (IPv6), if it learned one.
+fn path_mtu(netns: &Netns, to: SocketAddr) -> Option<u32> {
+    let route = netns.exec(&["ip", "-6", "route", "get", &to.ip().to_string()]);
+    let mut words = route.split_whitespace();
+    words.find(|word| *word == "mtu")?;
+    words.next()?.parse().ok()
+}
 
 /// TCP and UDP servers in a pod answering with their name and the source
 /// address they saw ("local 172.30.0.1"); stopped on drop.
@@ -580,27 +621,11 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
 fn clients_outside_reach_node_ports_over_ipv6() {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let mut specs = flatnet_tests::cluster::specs(&[
-        ("cp-1", 1, Some("10.244.0.0/24")),
-        ("worker-1", 2, Some("10.244.1.0/24")),
-    ]);
-    for spec in &mut specs {
-        spec.dual_stack = true;
-        let (address6, cidr6) = (spec.address6().to_string(), spec.pod_cidr6());
-        let cidr4 = spec.pod_cidr.clone().unwrap();
-        stub.modify(Kind::Node, &spec.name, |node| {
-            node["status"]["addresses"]
-                .as_array_mut()
-                .unwrap()
-                .push(serde_json::json!({"type": "InternalIP", "address": address6}));
-            node["spec"]["podCIDR"] = cidr4.clone().into();
-            node["spec"]["podCIDRs"] = serde_json::json!([cidr4, cidr6]);
-        });
-    }
+    let specs = dual_stack_nodes(&stub);
     let (cluster, _served) = ebpf_services_cluster_of(&specs, &cgroup, &stub);
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let outside = &cluster._switch;
-    outside.exec(&["ip", "addr", "add", "fd30::64/64", "dev", "br0", "nodad"]);
+    add_outside6(outside);
     let (local, remote) = (cp.pod(), worker.pod());
     let (local6, remote6) = (
         local.ip6.expect("a dual-stack pod"),
@@ -641,7 +666,23 @@ fn clients_outside_reach_node_ports_over_ipv6() {
     for node in [cp, worker] {
         let to = SocketAddr::from((node.spec.address6(), NODE_PORT));
         let seen_from = node.spec.address6();
-        let both = BTreeSet::from([format!("local {seen_from}"), format!("remote {seen_from}")]);
+        // The backend on the node itself sees the pod network's gateway
+        // address, the source MASQUERADE selects toward it over IPv6.
+        let (local_seen_from, remote_seen_from) = if node.spec.name == "cp-1" {
+            (
+                format!("fd44:0:0:{:x}::1", cp.spec.index),
+                seen_from.to_string(),
+            )
+        } else {
+            (
+                seen_from.to_string(),
+                format!("fd44:0:0:{:x}::1", worker.spec.index),
+            )
+        };
+        let both = BTreeSet::from([
+            format!("local {local_seen_from}"),
+            format!("remote {remote_seen_from}"),
+        ]);
         assert_eq!(
             tcp_answers(outside, to, 16),
             both,
@@ -684,22 +725,10 @@ fn clients_outside_reach_node_ports_over_ipv6() {
     );
     for node in [cp, worker] {
         let to = SocketAddr::from((node.spec.address6(), LATE_NODE_PORT));
-        let path_mtu = || -> Option<u32> {
-            let route = outside.exec(&["ip", "-6", "route", "get", &to.ip().to_string()]);
-            let mut words = route.split_whitespace();
-            words.find(|word| *word == "mtu")?;
-            words.next()?.parse().ok()
-        };
-        // Until a backend behind the smaller MTU is asked: its packet too
-        // big teaches the client the path's MTU.
-        let learned = (0..16).any(|_| {
-            large_datagram_echoed(outside, to);
-            path_mtu().is_some_and(|mtu| mtu < 1500)
-        });
+        let learned = learn_path_mtu(outside, to);
         assert!(
-            learned,
-            "no packet too big for {to} reached the client: {:?}",
-            path_mtu()
+            learned.is_some_and(|mtu| mtu < 1500),
+            "no packet too big for {to} reached the client: {learned:?}"
         );
         // Four tries: both backends are asked.
         assert!(
@@ -883,6 +912,9 @@ struct Outcome {
     /// the client's kernel, and the echo by the backend's) were echoed
     /// whole, from the NodePort.
     large_datagrams_echoed: std::collections::BTreeMap<String, bool>,
+    /// IPv6: node -> the path MTU the client learned toward its NodePort
+    /// from a translated packet too big (none over IPv4).
+    learned_path_mtu: std::collections::BTreeMap<String, Option<u32>>,
 }
 
 /// A datagram three fragments long on the underlay's 1,500 bytes.
@@ -908,25 +940,74 @@ fn large_datagram_echoed(netns: &Netns, to: SocketAddr) -> bool {
         .unwrap_or(false)
 }
 
+/// cp-1 and worker-1, dual-stack, and `stub`'s Node objects saying so
+/// (an IPv6 InternalIP, both pod CIDRs).
+fn dual_stack_nodes(stub: &ApiStub) -> Vec<NodeSpec> {
+    let mut specs = flatnet_tests::cluster::specs(&[
+        ("cp-1", 1, Some("10.244.0.0/24")),
+        ("worker-1", 2, Some("10.244.1.0/24")),
+    ]);
+    for spec in &mut specs {
+        spec.dual_stack = true;
+        let (address6, cidr6) = (spec.address6().to_string(), spec.pod_cidr6());
+        let cidr4 = spec.pod_cidr.clone().unwrap();
+        stub.modify(Kind::Node, &spec.name, |node| {
+            node["status"]["addresses"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"type": "InternalIP", "address": address6}));
+            node["spec"]["podCIDR"] = cidr4.clone().into();
+            node["spec"]["podCIDRs"] = serde_json::json!([cidr4, cidr6]);
+        });
+    }
+    specs
+}
+
+/// The outside client's IPv6 address on the switch.
+fn add_outside6(outside: &Netns) {
+    outside.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{OUTSIDE6}/64"),
+        "dev",
+        "br0",
+        "nodad",
+    ]);
+}
+
+/// Large datagrams from `netns` to `to` until a backend behind a smaller
+/// MTU is asked (16 tries at most), whose packet too big teaches the
+/// client the path's MTU (IPv6 routers do not fragment); the MTU learned.
+fn learn_path_mtu(netns: &Netns, to: SocketAddr) -> Option<u32> {
+    for _ in 0..16 {
+        large_datagram_echoed(netns, to);
+        if let Some(mtu) = path_mtu(netns, to).filter(|mtu| *mtu < 1500) {
+            return Some(mtu);
+        }
+    }
+    path_mtu(netns, to)
+}
+
 /// Datagrams per node whose client leaves before the late answer.
 const LATE_TRIES: u64 = 4;
 
-fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
+fn outcome(cluster: &Cluster, backends: [&Netns; 2], family: Family) -> Outcome {
     let outside = &cluster._switch;
     let mut answers = std::collections::BTreeMap::new();
     let mut udp_from_node_port = true;
     let mut refused = true;
     let mut closed_refuse = std::collections::BTreeMap::new();
     for node in [cluster.node("cp-1"), cluster.node("worker-1")] {
-        let to = SocketAddr::from((node.spec.address(), NODE_PORT));
+        let to = SocketAddr::new(family.node(node), NODE_PORT);
         let name_source = |answer: String| {
             let (name, source) = answer.split_once(' ').expect("name source");
             let source: std::net::IpAddr = source.parse().expect("source");
-            let what = if source == std::net::IpAddr::V4(node.spec.address()) {
+            let what = if source == family.node(node) {
                 "node".to_string()
-            } else if source == std::net::IpAddr::V4(OUTSIDE) {
+            } else if source == family.outside() {
                 "client".to_string()
-            } else if source.to_string().ends_with(".1") {
+            } else if source.to_string().ends_with(".1") || source.to_string().ends_with("::1") {
                 "gateway".to_string()
             } else {
                 source.to_string()
@@ -946,10 +1027,10 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
             .collect();
         answers.insert((node.spec.name.clone(), "tcp"), tcp);
         answers.insert((node.spec.name.clone(), "udp"), udp);
-        let other = SocketAddr::from((node.spec.address(), NODE_PORT + 1));
+        let other = SocketAddr::new(family.node(node), NODE_PORT + 1);
         refused &= tcp_ask(outside, other)
             .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
-        let closed = SocketAddr::from((node.spec.address(), CLOSED_NODE_PORT));
+        let closed = SocketAddr::new(family.node(node), CLOSED_NODE_PORT);
         // Eight tries each: both backends are asked.
         closed_refuse.insert(
             (node.spec.name.clone(), "tcp"),
@@ -963,14 +1044,19 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
             (0..8).all(|_| udp_refused(outside, closed)),
         );
     }
-    let unreachables = || -> u64 { backends.iter().map(|b| dest_unreachables_received(b)).sum() };
+    let unreachables = || -> u64 {
+        backends
+            .iter()
+            .map(|b| dest_unreachables_received(b, family))
+            .sum()
+    };
     let before = unreachables();
     for node in [cluster.node("cp-1"), cluster.node("worker-1")] {
-        let late = SocketAddr::from((node.spec.address(), LATE_NODE_PORT));
+        let late = SocketAddr::new(family.node(node), LATE_NODE_PORT);
         for _ in 0..LATE_TRIES {
             // Sent, and the socket closed at once.
             outside.run(|| {
-                UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+                UdpSocket::bind((family.unspecified(), 0))
                     .and_then(|socket| socket.send_to(b"late", late))
                     .expect("UDP to the late NodePort")
             });
@@ -978,10 +1064,14 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
         }
     }
     let late_refused = unreachables() - before;
+    let mut learned_path_mtu = std::collections::BTreeMap::new();
     let large = [cluster.node("cp-1"), cluster.node("worker-1")]
         .iter()
         .map(|node| {
-            let to = SocketAddr::from((node.spec.address(), LATE_NODE_PORT));
+            let to = SocketAddr::new(family.node(node), LATE_NODE_PORT);
+            if family == Family::V6 {
+                learned_path_mtu.insert(node.spec.name.clone(), learn_path_mtu(outside, to));
+            }
             // Four tries: both backends are asked.
             let echoed = (0..4).all(|_| large_datagram_echoed(outside, to));
             (node.spec.name.clone(), echoed)
@@ -994,7 +1084,98 @@ fn outcome(cluster: &Cluster, backends: [&Netns; 2]) -> Outcome {
         closed_backends_refuse: closed_refuse,
         late_answers_refused_at_the_backends: late_refused,
         large_datagrams_echoed: large,
+        learned_path_mtu,
     }
+}
+
+/// The side-by-side tests' servers in both clusters' backend pods (a
+/// late UDP answerer and the echo servers), with `family`'s ICMP rate
+/// limit off in the pods and the client: a kernel sends a peer at most
+/// six errors at once and one per second after, and the closed and late
+/// Services' checks make many.
+fn serve_side_by_side(
+    clusters: [&Cluster; 2],
+    pods: &[(SimPod, SimPod)],
+    family: Family,
+) -> (Vec<LateUdp>, Vec<Echo>) {
+    let rate_limit_off = match family {
+        Family::V4 => "net.ipv4.icmp_ratelimit=0",
+        Family::V6 => "net.ipv6.icmp.ratelimit=0",
+    };
+    for (local, remote) in pods {
+        for pod in [local, remote] {
+            pod.netns.exec(&["sysctl", "-qw", rate_limit_off]);
+        }
+    }
+    for cluster in clusters {
+        cluster._switch.exec(&["sysctl", "-qw", rate_limit_off]);
+    }
+    let late = pods
+        .iter()
+        .flat_map(|(local, remote)| [LateUdp::start(&local.netns), LateUdp::start(&remote.netns)])
+        .collect();
+    let echoes = pods
+        .iter()
+        .flat_map(|(local, remote)| {
+            [
+                Echo::start(&local.netns, "on-cp-1"),
+                Echo::start(&remote.netns, "on-worker-1"),
+            ]
+        })
+        .collect();
+    (late, echoes)
+}
+
+/// Waits until flatnet's agents on both nodes serve each NodePort
+/// `(port, protocol)` on `wildcard`'s family with both backends.
+fn wait_for_node_ports(flatnet: &Cluster, wildcard: std::net::IpAddr, ports: &[(u16, u8)]) {
+    wait_until("flatnet's agents to serve the NodePorts", SETTLE, || {
+        ["cp-1", "worker-1"].iter().all(|name| {
+            ports.iter().all(|&(port, protocol)| {
+                flatnet
+                    .node(name)
+                    .datapath()
+                    .service_backends(&service_key(wildcard, port, protocol))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|set| set.len() == 2)
+            })
+        })
+    });
+}
+
+/// The outcome through flatnet's cluster and through kube-proxy's (each
+/// with its two backends' namespaces) over `family`, asserted the same and
+/// that of working NodePorts: UDP answers from the NodePort, another port
+/// refused, closed backends refusing, every late answer's port unreachable
+/// back at its backend, large datagrams echoed whole.
+fn compare_outcomes(
+    [flatnet, kube_proxy]: [&Cluster; 2],
+    [flatnet_backends, kube_proxy_backends]: [[&Netns; 2]; 2],
+    family: Family,
+) -> Outcome {
+    let through_flatnet = outcome(flatnet, flatnet_backends, family);
+    let through_kube_proxy = outcome(kube_proxy, kube_proxy_backends, family);
+    assert_eq!(through_flatnet, through_kube_proxy);
+    let same = through_flatnet;
+    assert!(
+        same.udp_answers_from_the_node_port && same.other_port_refused,
+        "{same:?}"
+    );
+    assert!(
+        same.closed_backends_refuse.values().all(|&refused| refused),
+        "{same:?}"
+    );
+    assert_eq!(
+        same.late_answers_refused_at_the_backends,
+        2 * LATE_TRIES,
+        "{same:?}"
+    );
+    assert!(
+        same.large_datagrams_echoed.values().all(|&echoed| echoed),
+        "{same:?}"
+    );
+    same
 }
 
 /// The fast path invisible: the same outside client through a cluster
@@ -1040,34 +1221,7 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
         .iter()
         .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
         .collect();
-    // A kernel sends a peer at most six ICMP errors at once and one per
-    // second after: off in the backends and the client, so each of the
-    // many tries the closed and late Services' checks make gets its port
-    // unreachable.
-    for (local, remote) in &pods {
-        for pod in [local, remote] {
-            pod.netns
-                .exec(&["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
-        }
-    }
-    for cluster in [&flatnet, &kube_proxy] {
-        cluster
-            ._switch
-            .exec(&["sysctl", "-qw", "net.ipv4.icmp_ratelimit=0"]);
-    }
-    let _late: Vec<LateUdp> = pods
-        .iter()
-        .flat_map(|(local, remote)| [LateUdp::start(&local.netns), LateUdp::start(&remote.netns)])
-        .collect();
-    let _servers: Vec<Echo> = pods
-        .iter()
-        .flat_map(|(local, remote)| {
-            [
-                Echo::start(&local.netns, "on-cp-1"),
-                Echo::start(&remote.netns, "on-worker-1"),
-            ]
-        })
-        .collect();
+    let _servers = serve_side_by_side([&flatnet, &kube_proxy], &pods, Family::V4);
 
     // flatnet: the Service and its slice from the API.
     let (local, remote) = &pods[0];
@@ -1140,50 +1294,22 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
             .with_node_port(LATE_NODE_PORT),
         ],
     );
-    let wildcard = Ipv4Addr::UNSPECIFIED.into();
-    wait_until("flatnet's agents to serve the NodePorts", SETTLE, || {
-        ["cp-1", "worker-1"].iter().all(|name| {
-            [
-                (NODE_PORT, 6),
-                (NODE_PORT, 17),
-                (CLOSED_NODE_PORT, 6),
-                (CLOSED_NODE_PORT, 17),
-                (LATE_NODE_PORT, 17),
-            ]
-            .into_iter()
-            .all(|(port, protocol)| {
-                flatnet
-                    .node(name)
-                    .datapath()
-                    .service_backends(&service_key(wildcard, port, protocol))
-                    .ok()
-                    .flatten()
-                    .is_some_and(|set| set.len() == 2)
-            })
-        })
-    });
-
+    wait_for_node_ports(
+        &flatnet,
+        Ipv4Addr::UNSPECIFIED.into(),
+        &[
+            (NODE_PORT, 6),
+            (NODE_PORT, 17),
+            (CLOSED_NODE_PORT, 6),
+            (CLOSED_NODE_PORT, 17),
+            (LATE_NODE_PORT, 17),
+        ],
+    );
     let backends = |c: usize| [&pods[c].0.netns, &pods[c].1.netns];
-    let through_flatnet = outcome(&flatnet, backends(0));
-    let through_kube_proxy = outcome(&kube_proxy, backends(1));
-    assert_eq!(through_flatnet, through_kube_proxy);
-    let same = through_flatnet;
-    assert!(
-        same.udp_answers_from_the_node_port && same.other_port_refused,
-        "{same:?}"
-    );
-    assert!(
-        same.closed_backends_refuse.values().all(|&refused| refused),
-        "{same:?}"
-    );
-    assert_eq!(
-        same.late_answers_refused_at_the_backends,
-        2 * LATE_TRIES,
-        "{same:?}"
-    );
-    assert!(
-        same.large_datagrams_echoed.values().all(|&echoed| echoed),
-        "{same:?}"
+    let same = compare_outcomes(
+        [&flatnet, &kube_proxy],
+        [backends(0), backends(1)],
+        Family::V4,
     );
     assert_eq!(
         same.answers[&("cp-1".to_string(), "tcp")],
@@ -1202,6 +1328,106 @@ fn node_ports_from_outside_answer_as_kube_proxys_rules_do(datapath: &str) {
         );
     } else {
         assert_eq!(carried, [0, 0], "worker-1 carried cp-1's flows in XDP mode");
+    }
+}
+
+/// The fast path invisible over IPv6: the IPv4 comparison above, made
+/// over the nodes' IPv6 addresses to dual-stack NodePorts (tc mode):
+/// flatnet's NodePort path against kube-proxy's ip6tables rules, both
+/// clusters dual-stack. Besides answers, sources, refusals and late
+/// answers' port unreachables (ICMPv6 both ways), the path MTU: the pods'
+/// MTU is the uplink's less VXLAN's overhead, IPv6 routers do not
+/// fragment, so a large datagram to a backend meets a packet too big that
+/// only reaches the client translated back (conntrack relates it; flatnet
+/// translates the quoted fragment header's datagram); then datagrams
+/// fragmented both ways are echoed whole.
+#[flatnet_test(root)]
+fn node_ports_from_outside_over_ipv6_answer_as_kube_proxys_rules_do() {
+    use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
+
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let specs = dual_stack_nodes(&stub);
+    let (flatnet, _served) = ebpf_services_cluster_of(&specs, &cgroup, &stub);
+    let kube_proxy = Cluster::started(&specs, &[]);
+    let pods: Vec<_> = [&flatnet, &kube_proxy]
+        .iter()
+        .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
+        .collect();
+    for cluster in [&flatnet, &kube_proxy] {
+        add_outside6(&cluster._switch);
+    }
+    let _servers = serve_side_by_side([&flatnet, &kube_proxy], &pods, Family::V6);
+    let ipv6 = |pod: &SimPod| pod.ip6.expect("a dual-stack pod");
+
+    // flatnet: three dual-stack Services, their IPv6 slices from the API.
+    let (local, remote) = &pods[0];
+    let backends6 = [(ipv6(local), "cp-1"), (ipv6(remote), "worker-1")];
+    for (name, n, node_port, backend_port) in [
+        ("np", 50, NODE_PORT, BACKEND_PORT),
+        ("closed", 51, CLOSED_NODE_PORT, CLOSED_BACKEND_PORT),
+        ("late", 52, LATE_NODE_PORT, LATE_BACKEND_PORT),
+    ] {
+        stub.add(
+            Kind::Service,
+            dual_stack_node_port_service(name, n, node_port),
+        );
+        stub.add(
+            Kind::EndpointSlice,
+            ipv6_node_port_slice(name, &backends6, backend_port),
+        );
+    }
+    // kube-proxy: the same Services' IPv6 ports as its rules hold them.
+    let (local, remote) = &pods[1];
+    let endpoints = |port: u16| {
+        vec![
+            SocketAddr::from((ipv6(local), port)),
+            SocketAddr::from((ipv6(remote), port)),
+        ]
+    };
+    let cluster_ip =
+        |n: u16| std::net::IpAddr::V6(std::net::Ipv6Addr::new(0xfd96, 0, 0, 0, 0, 0, 9, n));
+    let mut ports = Vec::new();
+    for (name, n, node_port, backend_port) in [
+        ("np", 0x50, NODE_PORT, BACKEND_PORT),
+        ("closed", 0x51, CLOSED_NODE_PORT, CLOSED_BACKEND_PORT),
+        ("late", 0x52, LATE_NODE_PORT, LATE_BACKEND_PORT),
+    ] {
+        for (port, protocol) in [(80, Protocol::Tcp), (53, Protocol::Udp)] {
+            ports.push(
+                ServicePort::cluster_ip(
+                    name,
+                    cluster_ip(n),
+                    port,
+                    protocol,
+                    endpoints(backend_port),
+                )
+                .with_node_port(node_port),
+            );
+        }
+    }
+    kube_proxy.program_kube_proxy(Mode::Iptables, &ports);
+    let ports: Vec<(u16, u8)> = [NODE_PORT, CLOSED_NODE_PORT, LATE_NODE_PORT]
+        .into_iter()
+        .flat_map(|port| [(port, 6), (port, 17)])
+        .collect();
+    wait_for_node_ports(&flatnet, std::net::Ipv6Addr::UNSPECIFIED.into(), &ports);
+    let backends = |c: usize| [&pods[c].0.netns, &pods[c].1.netns];
+    let same = compare_outcomes(
+        [&flatnet, &kube_proxy],
+        [backends(0), backends(1)],
+        Family::V6,
+    );
+    assert!(
+        same.learned_path_mtu
+            .values()
+            .all(|mtu| mtu.is_some_and(|mtu| mtu < 1500)),
+        "{same:?}"
+    );
+    assert_served_in_bpf(flatnet.node("cp-1"), "IPv6");
+    for node in &flatnet.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
     }
 }
 

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use aya::maps::Array;
 use flatnet_common::{
-    MAP_EXTERNAL_PORTS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, NAT_F_CLOSING, NatForward, NatKey,
-    NatReverse, external_port,
+    MAP_EXTERNAL_PORTS, MAP_NAT_FORWARD, MAP_NAT_LOCAL_SOURCES, MAP_NAT_REVERSE, NAT_F_CLOSING,
+    NAT_F_LOCAL_SOURCE, NatForward, NatKey, NatReverse, external_port,
 };
 
 use super::services::address_of;
@@ -97,6 +97,7 @@ impl Datapath {
             return Ok(Vec::new());
         }
         let reverse = self.nat_reverse()?;
+        let local_sources = self.nat_local_sources()?;
         let mut flows = Vec::new();
         for entry in self.nat_forward()?.iter() {
             let (key, forward) =
@@ -105,6 +106,8 @@ impl Datapath {
                 src: forward.backend,
                 dst: if forward.nat_port == [0; 2] {
                     key.src
+                } else if forward.flags & NAT_F_LOCAL_SOURCE != 0 {
+                    local_sources[usize::from(key.family != 4)]
                 } else {
                     key.dst
                 },
@@ -134,6 +137,24 @@ impl Datapath {
             });
         }
         Ok(flows)
+    }
+
+    /// The sources flows to local backends were given, per family
+    /// (`NAT_LOCAL_SOURCES`; all zero where an older build's pins lack it).
+    fn nat_local_sources(&self) -> Result<[[u8; 16]; 2]> {
+        if !self.map_path(MAP_NAT_LOCAL_SOURCES).exists() {
+            return Ok([[0; 16]; 2]);
+        }
+        let sources: Array<MapData, [u8; 16]> =
+            Array::try_from(Map::Array(self.open_map(MAP_NAT_LOCAL_SOURCES)?))
+                .map_err(|e| Error::bpf(format!("opening {MAP_NAT_LOCAL_SOURCES}"), e))?;
+        let mut found = [[0; 16]; 2];
+        for (index, slot) in found.iter_mut().enumerate() {
+            *slot = sources
+                .get(&(index as u32), 0)
+                .map_err(|e| Error::bpf(format!("reading {MAP_NAT_LOCAL_SOURCES}"), e))?;
+        }
+        Ok(found)
     }
 
     /// Forgets a translated flow, both ways.
