@@ -105,6 +105,9 @@ impl Datapath {
     /// the remote-CIDR tries.
     pub fn peer_nodes(&self) -> Result<BTreeSet<IpAddr>> {
         let mut found = BTreeSet::new();
+        if !self.peer_nodes_pinned() {
+            return Ok(found);
+        }
         for key in self.peer_nodes_v4()?.keys() {
             let key = key.map_err(|e| Error::bpf("listing peer nodes", e))?;
             found.insert(IpAddr::from(key));
@@ -116,8 +119,19 @@ impl Datapath {
         Ok(found)
     }
 
+    /// Whether this network's pins have `PEER_NODES_*` (an older build's
+    /// have not: its programs take no TCP from other nodes' addresses).
+    fn peer_nodes_pinned(&self) -> bool {
+        [MAP_PEER_NODES_V4, MAP_PEER_NODES_V6]
+            .iter()
+            .all(|name| self.map_path(name).exists())
+    }
+
     /// Makes `PEER_NODES_*` hold exactly `wanted`, new addresses first.
     fn set_peer_nodes(&self, wanted: &BTreeSet<IpAddr>) -> Result<()> {
+        if !self.peer_nodes_pinned() {
+            return Ok(());
+        }
         let current = self.peer_nodes()?;
         let mut v4 = self.peer_nodes_v4()?;
         let mut v6 = self.peer_nodes_v6()?;
