@@ -35,8 +35,9 @@ mod variant;
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC,
-        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh, xdp_action,
+        BPF_F_NO_PREALLOC, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT,
+        TC_ACT_UNSPEC, bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh,
+        xdp_action,
     },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
@@ -124,15 +125,24 @@ const _: () = assert!(maps::REMOTE_CIDRS_V6.holds::<Key<RemoteCidrV6>, RemoteNod
 
 /// The addresses of the other nodes routed directly on the uplink: a TCP
 /// flow one of them opens to a local pod takes the fast path both ways
-/// (`uplink_to_pod`, `pod::ipv4`).
+/// (`uplink_to_pod`, `pod::ipv4`). Not preallocated: a node has a few
+/// peers, not 16,384, and map memory counts against the agent's limit.
 #[btf_map]
-static PEER_NODES_V4: HashMap<Ipv4Key, u32, { maps::PEER_NODES_V4.max_entries as usize }> =
-    HashMap::new();
+static PEER_NODES_V4: HashMap<
+    Ipv4Key,
+    u32,
+    { maps::PEER_NODES_V4.max_entries as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 const _: () = assert!(maps::PEER_NODES_V4.holds::<Ipv4Key, u32>());
 
 #[btf_map]
-static PEER_NODES_V6: HashMap<Ipv6Key, u32, { maps::PEER_NODES_V6.max_entries as usize }> =
-    HashMap::new();
+static PEER_NODES_V6: HashMap<
+    Ipv6Key,
+    u32,
+    { maps::PEER_NODES_V6.max_entries as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 const _: () = assert!(maps::PEER_NODES_V6.holds::<Ipv6Key, u32>());
 
 /// The node's VXLAN device (entry 0; all zero: none), written by the agent.

@@ -41,7 +41,10 @@ use aya_ebpf::{
         BPF_FIB_LOOKUP_SRC, BPF_NOEXIST,
     },
     btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
-    helpers::generated::{bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::generated::{
+        bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_skb_load_bytes,
+        bpf_skb_store_bytes,
+    },
     macros::btf_map,
     programs::TcContext,
 };
@@ -148,6 +151,12 @@ pub(crate) struct Scratch {
     nat_source: [u8; 16],
     /// A FIB lookup's question and answer (`local_masquerade_source`).
     fib: bpf_fib_lookup,
+    /// A rewrite's addresses (source, then destination: two words over
+    /// IPv4, eight over IPv6) and ports before and after (`rewrite`).
+    ends_old: [u32; 8],
+    ends_new: [u32; 8],
+    ports_old: u32,
+    ports_new: u32,
     /// A new flow's backend.
     backend: ServiceBackend,
 }
@@ -842,10 +851,7 @@ fn take_spent(s: &mut Scratch) -> bool {
 /// A flow's packet translated to its backend (`s.forward`) and sent there.
 #[inline(never)]
 fn to_backend(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> i32 {
-    if rewrite(ctx, s, End::Destination).is_none() {
-        return TC_ACT_SHOT as i32;
-    }
-    if s.forward.nat_port != [0; 2] && rewrite(ctx, s, End::NatSource).is_none() {
+    if rewrite(ctx, s, Toward::Backend).is_none() {
         return TC_ACT_SHOT as i32;
     }
     deliver_to_backend(ctx, s, uplink)
@@ -967,9 +973,7 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
             core::ptr::write_volatile(&mut (*known).flags, s.reverse.flags);
         }
     }
-    if rewrite(ctx, s, End::FrontendSource).is_none()
-        || rewrite(ctx, s, End::ClientDestination).is_none()
-    {
+    if rewrite(ctx, s, Toward::Client).is_none() {
         return TC_ACT_SHOT as i32;
     }
     back_to_client(ctx, s)
@@ -1008,41 +1012,46 @@ fn back_to_client(ctx: &TcContext, s: &Scratch) -> i32 {
     }
 }
 
-/// Which end of a packet a rewrite changes, and to what (in the scratch
-/// area).
+/// Where a rewrite sends a translated packet.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// Destination: the flow's backend (`s.forward`).
-    Destination,
-    /// Source: the node address the flow came to, on its node port.
-    NatSource,
-    /// A reply's source: the frontend (`s.reverse`).
-    FrontendSource,
-    /// A reply's destination: the client (`s.reverse`).
-    ClientDestination,
+enum Toward {
+    /// To the flow's backend (`s.forward`), from its node port when the
+    /// flow has one (`s.nat_source`).
+    Backend,
+    /// A reply, to the client (`s.reverse`), from the frontend.
+    Client,
 }
 
-/// Sets one end of the packet as `end` says, the IPv4 header's checksum and
-/// the transport checksum (its pseudo-header) patched. None: a helper
-/// refused (the packet is then dropped).
+/// Sets both ends of the packet at once, as `toward` says. The addresses'
+/// change goes into the checksums as one difference (the IPv4 header's,
+/// and the transport's through its pseudo-header), and so does the ports':
+/// a load, a difference, a patch or two and a store each, where one end at
+/// a time took twice as many helper calls. None: a helper refused (the
+/// packet is then dropped).
 #[inline(never)]
-fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
-    let (address, port, source) = match end {
-        End::Destination => (&s.forward.backend, s.forward.backend_port, false),
-        End::NatSource => (&s.nat_source, s.forward.nat_port, true),
-        End::FrontendSource => (&s.reverse.frontend, s.reverse.frontend_port, true),
-        End::ClientDestination => (&s.reverse.client, s.reverse.client_port, false),
-    };
+fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
+    // Where the new ends are in the scratch area (pointers, not copies:
+    // the program's calls share 512 bytes of stack); no source: kept.
+    let (source, destination, ports): (*const [u8; 16], *const [u8; 16], [[u8; 2]; 2]) =
+        match toward {
+            Toward::Backend if s.forward.nat_port != [0; 2] => (
+                &raw const s.nat_source,
+                &raw const s.forward.backend,
+                [s.forward.nat_port, s.forward.backend_port],
+            ),
+            Toward::Backend => (
+                core::ptr::null(),
+                &raw const s.forward.backend,
+                [[0; 2], s.forward.backend_port],
+            ),
+            Toward::Client => (
+                &raw const s.reverse.frontend,
+                &raw const s.reverse.client,
+                [s.reverse.frontend_port, s.reverse.client_port],
+            ),
+        };
     let ipv4 = s.key.family == 4;
     let l4 = s.l4 as usize;
-    let address_at = EthHdr::LEN
-        + match (ipv4, source) {
-            (true, true) => 12,
-            (true, false) => 16,
-            (false, true) => 8,
-            (false, false) => 24,
-        };
-    let port_at = l4 + if source { 0 } else { 2 };
     let later_fragment = s.fragment == FRAGMENT_LATER;
     let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
         (l4 + 16, 0)
@@ -1051,49 +1060,91 @@ fn rewrite(ctx: &TcContext, s: &Scratch, end: End) -> Option<()> {
         (l4 + 6, u64::from(BPF_F_MARK_MANGLED_0))
     };
     let pseudo = u64::from(BPF_F_PSEUDO_HDR) | mangled_zero;
-    if ipv4 {
-        let old: u32 = ctx.load(address_at).ok()?;
-        let new = u32::from_ne_bytes([address[0], address[1], address[2], address[3]]);
-        if old != new {
-            // A later fragment has no transport header (the first one's
-            // checksum covers the whole datagram).
-            if !later_fragment {
-                ctx.l4_csum_replace(checksum_at, u64::from(old), u64::from(new), pseudo | 4)
-                    .ok()?;
-            }
-            ctx.l3_csum_replace(EthHdr::LEN + 10, u64::from(old), u64::from(new), 4)
-                .ok()?;
-            ctx.store(address_at, &new, 0).ok()?;
-        }
+    // The addresses, source then destination: adjacent in both headers.
+    let (ends_at, ends_len) = if ipv4 {
+        (EthHdr::LEN + 12, 8)
     } else {
-        let mut old: [u32; 4] = ctx.load(address_at).ok()?;
-        let mut new = words(*address);
-        if old != new {
-            // A later fragment has no transport header (nor has IPv6 a
-            // header checksum).
-            if !later_fragment {
-                // SAFETY: two 16-byte buffers on the stack, as the sizes say.
-                let diff = unsafe { bpf_csum_diff(old.as_mut_ptr(), 16, new.as_mut_ptr(), 16, 0) };
-                ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
-                    .ok()?;
+        (EthHdr::LEN + 8, 32)
+    };
+    load_into(ctx, ends_at, s.ends_old.as_mut_ptr().cast(), ends_len)?;
+    s.ends_new = s.ends_old;
+    let words = if ipv4 { 1 } else { 4 };
+    for i in 0..words {
+        // SAFETY: word `i` of a 16-byte address in the scratch area.
+        unsafe {
+            if !source.is_null() {
+                s.ends_new[i] = core::ptr::read_unaligned(source.cast::<u32>().add(i));
             }
-            ctx.store(address_at, &new, 0).ok()?;
+            s.ends_new[words + i] = core::ptr::read_unaligned(destination.cast::<u32>().add(i));
         }
+    }
+    if s.ends_new != s.ends_old {
+        // SAFETY: two buffers of the scratch area, as long as the sizes say.
+        let diff = unsafe {
+            bpf_csum_diff(
+                s.ends_old.as_mut_ptr(),
+                ends_len,
+                s.ends_new.as_mut_ptr(),
+                ends_len,
+                0,
+            )
+        };
+        // A later fragment has no transport header (the first one's
+        // checksum covers the whole datagram).
+        if !later_fragment {
+            ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
+                .ok()?;
+        }
+        if ipv4 {
+            ctx.l3_csum_replace(EthHdr::LEN + 10, 0, diff as u64, 0)
+                .ok()?;
+        }
+        store_from(ctx, ends_at, s.ends_new.as_mut_ptr().cast(), ends_len)?;
     }
     if later_fragment {
         return Some(());
     }
-    let old_port: u16 = ctx.load(port_at).ok()?;
-    let new_port = u16::from_ne_bytes(port);
-    if old_port != new_port {
-        ctx.l4_csum_replace(
-            checksum_at,
-            u64::from(old_port),
-            u64::from(new_port),
-            mangled_zero | 2,
-        )
-        .ok()?;
-        ctx.store(port_at, &new_port, 0).ok()?;
+    // The ports, source then destination.
+    load_into(ctx, l4, (&raw mut s.ports_old).cast(), 4)?;
+    let old = s.ports_old.to_ne_bytes();
+    let [source_port, destination_port] = ports;
+    s.ports_new = if source.is_null() {
+        u32::from_ne_bytes([old[0], old[1], destination_port[0], destination_port[1]])
+    } else {
+        u32::from_ne_bytes([
+            source_port[0],
+            source_port[1],
+            destination_port[0],
+            destination_port[1],
+        ])
+    };
+    if s.ports_new != s.ports_old {
+        // SAFETY: two 4-byte values of the scratch area.
+        let diff = unsafe { bpf_csum_diff(&raw mut s.ports_old, 4, &raw mut s.ports_new, 4, 0) };
+        ctx.l4_csum_replace(checksum_at, 0, diff as u64, mangled_zero)
+            .ok()?;
+        store_from(ctx, l4, (&raw mut s.ports_new).cast(), 4)?;
     }
     Some(())
+}
+
+/// `len` bytes of the packet at `offset` into `to` (scratch memory).
+#[inline(always)]
+fn load_into(ctx: &TcContext, offset: usize, to: *mut core::ffi::c_void, len: u32) -> Option<()> {
+    // SAFETY: `to` holds `len` bytes (the caller's scratch buffer).
+    let loaded = unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, offset as u32, to, len) };
+    (loaded == 0).then_some(())
+}
+
+/// `len` bytes of `from` (scratch memory) into the packet at `offset`.
+#[inline(always)]
+fn store_from(
+    ctx: &TcContext,
+    offset: usize,
+    from: *mut core::ffi::c_void,
+    len: u32,
+) -> Option<()> {
+    // SAFETY: `from` holds `len` bytes (the caller's scratch buffer).
+    let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb as *mut _, offset as u32, from, len, 0) };
+    (stored == 0).then_some(())
 }
