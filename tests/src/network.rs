@@ -148,6 +148,9 @@ impl Drop for Network {
             .args(["link", "del", &self.gateway_device])
             .output();
         let _ = self.datapath().remove_pins();
+        // The pin root goes with the last network in it (remove_dir leaves
+        // one that still holds another's pins).
+        let _ = std::fs::remove_dir(self.datapath().root());
         let _ = std::fs::remove_dir_all(&self.ipam_dir);
         // The plugin keeps a network's lock file (deleting a lock others may
         // wait on is unsafe); a test network is the test's alone.
