@@ -29,17 +29,28 @@ pub fn tcp_echo_via(
     connect: Option<SocketAddr>,
     bytes: usize,
 ) -> anyhow::Result<()> {
+    echo_through(server_ns, bind, client_ns, connect, bytes).map(|_| ())
+}
+
+/// `tcp_echo_via`'s work: the source address the server saw.
+fn echo_through(
+    server_ns: Option<&Netns>,
+    bind: SocketAddr,
+    client_ns: Option<&Netns>,
+    connect: Option<SocketAddr>,
+    bytes: usize,
+) -> anyhow::Result<IpAddr> {
     let listener = in_ns(server_ns, || TcpListener::bind(bind))?;
     let local = listener.local_addr()?;
     let addr = connect.unwrap_or(local);
-    let server = std::thread::spawn(move || -> anyhow::Result<()> {
-        let (mut conn, _) = listener.accept()?;
+    let server = std::thread::spawn(move || -> anyhow::Result<IpAddr> {
+        let (mut conn, peer) = listener.accept()?;
         conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = conn.read_through_signals(&mut buf)?;
             if n == 0 {
-                return Ok(());
+                return Ok(peer.ip());
             }
             conn.write_all(&buf[..n])?;
         }
@@ -59,7 +70,7 @@ pub fn tcp_echo_via(
             return Err(e);
         }
     };
-    server
+    let source = server
         .join()
         .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
     anyhow::ensure!(
@@ -68,7 +79,7 @@ pub fn tcp_echo_via(
         payload.len(),
         echoed.len()
     );
-    Ok(())
+    Ok(source)
 }
 
 /// Where to reach a listener bound to `bind` from its own namespace.
@@ -151,31 +162,8 @@ pub fn udp_source(
 /// listener bound in `to` at `to_ip`, sends `len` bytes and reads them
 /// back; the source address the connection arrived with.
 pub fn tcp_source(from: &Netns, to: &Netns, to_ip: IpAddr, len: usize) -> IpAddr {
-    let listener = to
-        .run(|| TcpListener::bind((to_ip, 0)))
-        .expect("bind listener");
-    let target = listener.local_addr().unwrap();
-    let server = std::thread::spawn(move || -> std::io::Result<IpAddr> {
-        let (mut conn, peer) = listener.accept()?;
-        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = conn.read_through_signals(&mut buf)?;
-            if n == 0 {
-                return Ok(peer.ip());
-            }
-            conn.write_all(&buf[..n])?;
-        }
-    });
-    let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-    let echoed = from
-        .run(|| tcp_client(target, &payload))
-        .expect("the TCP echo failed");
-    assert_eq!(echoed, payload, "echo differs");
-    server
-        .join()
-        .expect("server thread panicked")
-        .expect("the server's side failed")
+    echo_through(Some(to), (to_ip, 0).into(), Some(from), None, len)
+        .unwrap_or_else(|e| panic!("the TCP echo to {to_ip} failed: {e}"))
 }
 
 /// Streams bytes from `client` to a server in `server` while `during`

@@ -614,8 +614,10 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
 /// The same over IPv6, kube-proxy absent: dual-stack nodes (their Node
 /// objects given an IPv6 InternalIP and pod CIDR), a dual-stack NodePort
 /// Service, an outside client at fd30::64. Through either node's IPv6
-/// address both backends answer, TCP and UDP, each seeing that node's IPv6
-/// address; the uplink counts both ways on cp-1. Once the backends stop
+/// address both backends answer, TCP and UDP: the other node's backend
+/// seeing that node's IPv6 address, the node's own the pod network's
+/// gateway address (what MASQUERADE selects toward it over IPv6); the
+/// uplink counts both ways on cp-1. Once the backends stop
 /// listening, UDP is refused (their ICMPv6 errors translated back).
 #[flatnet_test(root)]
 fn clients_outside_reach_node_ports_over_ipv6() {

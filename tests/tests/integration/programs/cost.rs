@@ -77,6 +77,14 @@ fn program_cost_per_frame() {
             a.sends(outside.udp()),
             TC_NEXT,
         ),
+        // A continuing segment to an address that is no pod's: asked
+        // whether it is another node's (`PEER_NODES_*`), then the stack's.
+        (
+            "tcp ACK to outside the cluster",
+            a,
+            a.sends(outside.tcp(TCP_ACK)),
+            TC_NEXT,
+        ),
     ];
     let mut lines = Vec::new();
     // What the stack's delivery into a pod costs: `to_pod` takes back a
