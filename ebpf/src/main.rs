@@ -667,6 +667,21 @@ fn count(what: u32, len: u32) {
     }
 }
 
+/// `*value` set to all zeroes a word at a time. `mem::zeroed` compiles to
+/// a call of a `memset` that stores one byte per loop round here (64
+/// rounds for a FIB lookup's parameters, on every routed packet).
+/// `T` must be a plain-integer struct for which all-zero is valid.
+#[inline(always)]
+fn zero_words<T>(value: *mut T) {
+    const {
+        assert!(size_of::<T>() % 4 == 0 && align_of::<T>() >= 4);
+    }
+    for i in 0..size_of::<T>() / 4 {
+        // SAFETY: word `i` of `*value`, which is aligned and this long.
+        unsafe { core::ptr::write_volatile(value.cast::<u32>().add(i), 0) };
+    }
+}
+
 /// A pointer to a `T` at `offset` into the packet, if the packet is long enough.
 #[inline(always)]
 fn header_at<T>(start: usize, end: usize, offset: usize) -> Result<*mut T, ()> {

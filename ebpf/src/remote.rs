@@ -26,8 +26,11 @@ pub(crate) const IPV6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
 pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32, lookup_flags: u32) -> Option<i32> {
     let (start, end) = (ctx.data(), ctx.data_end());
     let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
-    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
-    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    let mut params = core::mem::MaybeUninit::<bpf_fib_lookup>::uninit();
+    zero_words(params.as_mut_ptr());
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and
+    // unions of them), and every word was just written.
+    let params = unsafe { params.assume_init_mut() };
     // tot_len stays 0: the kernel then checks the skb against the way
     // out's MTU itself, GSO-aware.
     params.ifindex = ingress;
@@ -67,7 +70,7 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32, lookup_flags: u32) 
     let found = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut params,
+            params,
             size_of::<bpf_fib_lookup>() as i32,
             lookup_flags,
         )
@@ -98,10 +101,13 @@ pub(crate) fn route_to_remote(ctx: &TcContext, ingress: u32, lookup_flags: u32) 
     if found == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         // The FIB resolved the next hop's MAC too: write the frame as the
         // stack would and send it, without a second neighbour lookup.
+        // Copied out first: through a reference the compiler cannot rule
+        // out an overlap with the packet, and would call a byte-wise memmove.
+        let (dmac, smac) = (params.dmac, params.smac);
         // SAFETY: bounds checked above; the frame is writable.
         unsafe {
-            (*eth).dst_addr = params.dmac;
-            (*eth).src_addr = params.smac;
+            (*eth).dst_addr = dmac;
+            (*eth).src_addr = smac;
         }
         // SAFETY: plain helper call: egress of the way out.
         return Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32);

@@ -41,10 +41,7 @@ use aya_ebpf::{
         BPF_FIB_LOOKUP_SRC, BPF_NOEXIST,
     },
     btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
-    helpers::generated::{
-        bpf_csum_diff, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_skb_load_bytes,
-        bpf_skb_store_bytes,
-    },
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::btf_map,
     programs::TcContext,
 };
@@ -151,12 +148,6 @@ pub(crate) struct Scratch {
     nat_source: [u8; 16],
     /// A FIB lookup's question and answer (`local_masquerade_source`).
     fib: bpf_fib_lookup,
-    /// A rewrite's addresses (source, then destination: two words over
-    /// IPv4, eight over IPv6) and ports before and after (`rewrite`).
-    ends_old: [u32; 8],
-    ends_new: [u32; 8],
-    ports_old: u32,
-    ports_new: u32,
     /// A new flow's backend.
     backend: ServiceBackend,
 }
@@ -1022,12 +1013,16 @@ enum Toward {
     Client,
 }
 
-/// Sets both ends of the packet at once, as `toward` says. The addresses'
-/// change goes into the checksums as one difference (the IPv4 header's,
-/// and the transport's through its pseudo-header), and so does the ports':
-/// a load, a difference, a patch or two and a store each, where one end at
-/// a time took twice as many helper calls. None: a helper refused (the
-/// packet is then dropped).
+/// Sets both ends of the packet at once, as `toward` says, in place
+/// (direct packet access; the headers are pulled into the linear part
+/// first if they are not there). The checksum differences are computed
+/// here (RFC 1624) from the ends `parse` read (`s.key`): the addresses'
+/// (into the IPv4 header's, written here, and the transport's through its
+/// pseudo-header) and the ports'. Only the transport checksum goes
+/// through a helper, once per difference: the kernel knows how the skb
+/// carries it (a partial checksum of a locally sent packet holds only the
+/// pseudo-header's sum, which the ports are not part of). None: the
+/// headers are not there or a helper refused (the packet is then dropped).
 #[inline(never)]
 fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
     // Where the new ends are in the scratch area (pointers, not copies:
@@ -1040,9 +1035,9 @@ fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
                 [s.forward.nat_port, s.forward.backend_port],
             ),
             Toward::Backend => (
-                core::ptr::null(),
+                &raw const s.key.src,
                 &raw const s.forward.backend,
-                [[0; 2], s.forward.backend_port],
+                [s.key.src_port, s.forward.backend_port],
             ),
             Toward::Client => (
                 &raw const s.reverse.frontend,
@@ -1051,100 +1046,155 @@ fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
             ),
         };
     let ipv4 = s.key.family == 4;
-    let l4 = s.l4 as usize;
-    let later_fragment = s.fragment == FRAGMENT_LATER;
-    let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
-        (l4 + 16, 0)
-    } else {
-        // A UDP checksum of 0 (none, over IPv4) stays 0.
-        (l4 + 6, u64::from(BPF_F_MARK_MANGLED_0))
-    };
-    let pseudo = u64::from(BPF_F_PSEUDO_HDR) | mangled_zero;
-    // The addresses, source then destination: adjacent in both headers.
-    let (ends_at, ends_len) = if ipv4 {
-        (EthHdr::LEN + 12, 8)
-    } else {
-        (EthHdr::LEN + 8, 32)
-    };
-    load_into(ctx, ends_at, s.ends_old.as_mut_ptr().cast(), ends_len)?;
-    s.ends_new = s.ends_old;
     let words = if ipv4 { 1 } else { 4 };
+    let mut ends_diff = 0;
+    let mut ends_changed = false;
     for i in 0..words {
-        // SAFETY: word `i` of a 16-byte address in the scratch area.
-        unsafe {
-            if !source.is_null() {
-                s.ends_new[i] = core::ptr::read_unaligned(source.cast::<u32>().add(i));
-            }
-            s.ends_new[words + i] = core::ptr::read_unaligned(destination.cast::<u32>().add(i));
-        }
-    }
-    if s.ends_new != s.ends_old {
-        // SAFETY: two buffers of the scratch area, as long as the sizes say.
-        let diff = unsafe {
-            bpf_csum_diff(
-                s.ends_old.as_mut_ptr(),
-                ends_len,
-                s.ends_new.as_mut_ptr(),
-                ends_len,
-                0,
+        // SAFETY: word `i` of 16-byte addresses in the scratch area, at
+        // offsets `SCRATCH_ALIGNED` proves aligned.
+        let (old_source, old_destination, new_source, new_destination) = unsafe {
+            (
+                aligned_word(&raw const s.key.src, i),
+                aligned_word(&raw const s.key.dst, i),
+                aligned_word(source, i),
+                aligned_word(destination, i),
             )
         };
-        // A later fragment has no transport header (the first one's
-        // checksum covers the whole datagram).
-        if !later_fragment {
-            ctx.l4_csum_replace(checksum_at, 0, diff as u64, pseudo)
-                .ok()?;
-        }
-        if ipv4 {
-            ctx.l3_csum_replace(EthHdr::LEN + 10, 0, diff as u64, 0)
-                .ok()?;
-        }
-        store_from(ctx, ends_at, s.ends_new.as_mut_ptr().cast(), ends_len)?;
+        ends_changed |= old_source != new_source || old_destination != new_destination;
+        ends_diff = csum_add(
+            csum_add(
+                csum_add(csum_add(ends_diff, !old_source), new_source),
+                !old_destination,
+            ),
+            new_destination,
+        );
     }
-    if later_fragment {
+    let ports_old = u32::from_ne_bytes([
+        s.key.src_port[0],
+        s.key.src_port[1],
+        s.key.dst_port[0],
+        s.key.dst_port[1],
+    ]);
+    let [source_port, destination_port] = ports;
+    let ports_new = u32::from_ne_bytes([
+        source_port[0],
+        source_port[1],
+        destination_port[0],
+        destination_port[1],
+    ]);
+    // A later fragment has no transport header (the first one's checksum
+    // covers the whole datagram).
+    let later_fragment = s.fragment == FRAGMENT_LATER;
+    let ports_changed = !later_fragment && ports_new != ports_old;
+    // Bounded for the verifier: a transport header starts within the
+    // first 255 bytes (`parse` took no other).
+    let l4 = (s.l4 & 0xff) as usize;
+    // The addresses, source then destination: adjacent in both headers.
+    let ends_at = if ipv4 {
+        EthHdr::LEN + 12
+    } else {
+        EthHdr::LEN + 8
+    };
+    let needed = if later_fragment {
+        ends_at + 8 * words
+    } else {
+        l4 + 4
+    };
+    if ctx.data() + needed > ctx.data_end() {
+        ctx.pull_data(needed as u32).ok()?;
+    }
+    if !later_fragment {
+        let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
+            (l4 + 16, 0)
+        } else {
+            // A UDP checksum of 0 (none, over IPv4) stays 0.
+            (l4 + 6, u64::from(BPF_F_MARK_MANGLED_0))
+        };
+        if ends_changed {
+            ctx.l4_csum_replace(
+                checksum_at,
+                0,
+                u64::from(ends_diff),
+                u64::from(BPF_F_PSEUDO_HDR) | mangled_zero,
+            )
+            .ok()?;
+        }
+        if ports_changed {
+            let ports_diff = csum_add(!ports_old, ports_new);
+            ctx.l4_csum_replace(checksum_at, 0, u64::from(ports_diff), mangled_zero)
+                .ok()?;
+            let ports: *mut u32 = header_at(ctx.data(), ctx.data_end(), l4).ok()?;
+            // SAFETY: bounds checked by `header_at`; the frame is writable.
+            unsafe { core::ptr::write_unaligned(ports, ports_new) };
+        }
+    }
+    if !ends_changed {
         return Some(());
     }
-    // The ports, source then destination.
-    load_into(ctx, l4, (&raw mut s.ports_old).cast(), 4)?;
-    let old = s.ports_old.to_ne_bytes();
-    let [source_port, destination_port] = ports;
-    s.ports_new = if source.is_null() {
-        u32::from_ne_bytes([old[0], old[1], destination_port[0], destination_port[1]])
+    if ipv4 {
+        let header: *mut [u8; 12] = header_at(ctx.data(), ctx.data_end(), EthHdr::LEN + 8).ok()?;
+        // SAFETY: bounds checked by `header_at` (TTL to the destination);
+        // the frame is writable; scratch words as above.
+        unsafe {
+            let header = header.cast::<u8>();
+            let checksum = header.add(2).cast::<[u8; 2]>();
+            let old = u16::from_ne_bytes(*checksum);
+            *checksum = csum_fold(csum_add(ends_diff, !u32::from(old))).to_ne_bytes();
+            core::ptr::write_unaligned(header.add(4).cast::<u32>(), aligned_word(source, 0));
+            core::ptr::write_unaligned(header.add(8).cast::<u32>(), aligned_word(destination, 0));
+        }
     } else {
-        u32::from_ne_bytes([
-            source_port[0],
-            source_port[1],
-            destination_port[0],
-            destination_port[1],
-        ])
-    };
-    if s.ports_new != s.ports_old {
-        // SAFETY: two 4-byte values of the scratch area.
-        let diff = unsafe { bpf_csum_diff(&raw mut s.ports_old, 4, &raw mut s.ports_new, 4, 0) };
-        ctx.l4_csum_replace(checksum_at, 0, diff as u64, mangled_zero)
-            .ok()?;
-        store_from(ctx, l4, (&raw mut s.ports_new).cast(), 4)?;
+        let ends: *mut [u32; 8] = header_at(ctx.data(), ctx.data_end(), ends_at).ok()?;
+        for i in 0..4 {
+            // SAFETY: as above.
+            unsafe {
+                core::ptr::write_unaligned(ends.cast::<u32>().add(i), aligned_word(source, i));
+                core::ptr::write_unaligned(
+                    ends.cast::<u32>().add(4 + i),
+                    aligned_word(destination, i),
+                );
+            }
+        }
     }
     Some(())
 }
 
-/// `len` bytes of the packet at `offset` into `to` (scratch memory).
+/// Word `i` of the 16-byte address at `address`.
+///
+/// # Safety
+/// `address` points into the scratch area at a 4-aligned offset
+/// (`SCRATCH_ALIGNED`), and `i` < 4.
 #[inline(always)]
-fn load_into(ctx: &TcContext, offset: usize, to: *mut core::ffi::c_void, len: u32) -> Option<()> {
-    // SAFETY: `to` holds `len` bytes (the caller's scratch buffer).
-    let loaded = unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, offset as u32, to, len) };
-    (loaded == 0).then_some(())
+unsafe fn aligned_word(address: *const [u8; 16], i: usize) -> u32 {
+    // SAFETY: the caller's promise; the map value is 8-aligned.
+    unsafe { *address.cast::<u32>().add(i) }
 }
 
-/// `len` bytes of `from` (scratch memory) into the packet at `offset`.
+// SCRATCH_ALIGNED: the scratch addresses `rewrite` reads a word at a time
+// lie at 4-aligned offsets of a 4-aligned struct.
+const _: () = {
+    use core::mem::offset_of;
+    assert!(align_of::<Scratch>() >= 4);
+    assert!(offset_of!(Scratch, key) % 4 == 0);
+    assert!(offset_of!(NatKey, src) % 4 == 0 && offset_of!(NatKey, dst) % 4 == 0);
+    assert!(offset_of!(Scratch, nat_source) % 4 == 0);
+    assert!((offset_of!(Scratch, forward) + offset_of!(NatForward, backend)) % 4 == 0);
+    assert!(offset_of!(Scratch, reverse) % 4 == 0);
+    assert!(offset_of!(NatReverse, client) % 4 == 0 && offset_of!(NatReverse, frontend) % 4 == 0);
+};
+
+/// One's-complement addition, as the kernel's `csum_add`.
 #[inline(always)]
-fn store_from(
-    ctx: &TcContext,
-    offset: usize,
-    from: *mut core::ffi::c_void,
-    len: u32,
-) -> Option<()> {
-    // SAFETY: `from` holds `len` bytes (the caller's scratch buffer).
-    let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb as *mut _, offset as u32, from, len, 0) };
-    (stored == 0).then_some(())
+fn csum_add(sum: u32, value: u32) -> u32 {
+    let (added, carry) = sum.overflowing_add(value);
+    added.wrapping_add(u32::from(carry))
+}
+
+/// A 32-bit one's-complement sum folded to 16 bits and inverted: a
+/// checksum field's value, as the kernel's `csum_fold`.
+#[inline(always)]
+fn csum_fold(sum: u32) -> u16 {
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
 }

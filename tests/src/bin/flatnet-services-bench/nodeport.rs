@@ -76,15 +76,18 @@ fn api_slice(service: &str, endpoint: SocketAddr) -> Value {
     })
 }
 
-/// The run time the kernel charged the programs pinned for `datapath`
-/// (tail-called programs count in their caller's), in ns.
-fn programs_run_ns(datapath: &flatnet_datapath::bpf::Datapath) -> u64 {
+/// Per program pinned for `datapath`: its name, the runs the kernel
+/// counted and the run time it charged, in ns (tail-called programs count
+/// in their caller's).
+fn programs_run(datapath: &flatnet_datapath::bpf::Datapath) -> Vec<(String, u64, u64)> {
     datapath
         .pinned_programs()
-        .iter()
-        .filter_map(|name| aya::programs::ProgramInfo::from_pin(datapath.pin_dir().join(name)).ok())
-        .map(|info| info.run_time().as_nanos() as u64)
-        .sum()
+        .into_iter()
+        .filter_map(|name| {
+            let info = aya::programs::ProgramInfo::from_pin(datapath.pin_dir().join(&name)).ok()?;
+            Some((name, info.run_count(), info.run_time().as_nanos() as u64))
+        })
+        .collect()
 }
 
 /// Polls `done` every 10 ms for up to `limit`.
@@ -198,13 +201,30 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         // One more eBPF slice, outside the rates: what the kernel charged
         // cp-1's programs per connection (statistics cost every program a
         // clock read or two, so they stay off while the rates are taken).
-        let bpf_ns_per_connection = {
+        let (bpf_ns_per_connection, per_program) = {
             let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
-            let before = programs_run_ns(&cp.datapath());
+            let before = programs_run(&cp.datapath());
             let to = SocketAddr::from((cp.spec.address(), measured_port));
             let seen = measure(None, &clusters[0]._switch.path(), to, slice)?;
             let connections = seen["connections"].as_f64().unwrap_or(f64::NAN);
-            (programs_run_ns(&cp.datapath()) - before) as f64 / connections
+            let mut total_ns = 0;
+            let mut per_program = serde_json::Map::new();
+            for (name, runs, ns) in programs_run(&cp.datapath()) {
+                let (runs_before, ns_before) = before
+                    .iter()
+                    .find(|(n, ..)| *n == name)
+                    .map_or((0, 0), |(_, r, t)| (*r, *t));
+                let (runs, ns) = (runs - runs_before, ns - ns_before);
+                total_ns += ns;
+                if runs > 0 {
+                    per_program.insert(
+                        name,
+                        json!({"runs_per_connection": runs as f64 / connections,
+                               "ns_per_run": ns as f64 / runs as f64}),
+                    );
+                }
+            }
+            (total_ns as f64 / connections, per_program)
         };
         // One EndpointSlice change: the measured Service's endpoint moved.
         let name = format!("svc-{}", count / 2);
@@ -256,6 +276,7 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             "ebpf_cp1_bpf_ns_per_connection".into(),
             json!(bpf_ns_per_connection),
         );
+        row.insert("ebpf_cp1_programs".into(), Value::Object(per_program));
         rows.push(Value::Object(row));
         updates.push(
             json!({"services": count, "agent_update_us": agent_update_us,
