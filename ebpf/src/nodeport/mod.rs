@@ -794,24 +794,29 @@ fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
         let offset = unsafe { bpf_get_prandom_u32() } % span;
         let port = (u32::from(NAT_PORT_MIN) + offset) as u16;
         s.reply.dst_port = port.to_be_bytes();
-        if NAT_REVERSE
-            .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
-            .is_ok()
-            || (take_spent(s) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok())
-        {
+        // Looked up first: a write that finds the port taken has already
+        // taken a node off the LRU's free list and must give it back, two
+        // trips through its locks for nothing.
+        let taken = match NAT_REVERSE.get_ptr(&s.reply) {
+            None => NAT_REVERSE
+                .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
+                .is_ok(),
+            Some(held) => {
+                take_spent(s, held) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok()
+            }
+        };
+        if taken {
             return Some(s.reply.dst_port);
         }
     }
     None
 }
 
-/// Whether the flow holding `s.reply`'s node port is spent; if so its
-/// forward entry is forgotten (its reverse one is then overwritten).
+/// Whether the flow holding `s.reply`'s node port (its reverse entry,
+/// `held`) is spent; if so its forward entry is forgotten (its reverse one
+/// is then overwritten).
 #[inline(always)]
-fn take_spent(s: &mut Scratch) -> bool {
-    let Some(held) = NAT_REVERSE.get_ptr(&s.reply) else {
-        return false;
-    };
+fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
     // SAFETY: a valid map value for the program's run; read once.
     s.spent = unsafe { core::ptr::read_volatile(held) };
     let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
