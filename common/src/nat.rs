@@ -129,7 +129,9 @@ pub struct NatForward {
     /// `NAT_F_*`.
     pub flags: u32,
     /// When a packet of the flow last passed (monotonic ns, refreshed at
-    /// most once a second).
+    /// most once a second; from the coarse clock, `bpf_ktime_get_coarse_ns`:
+    /// the last tick's time, never ahead of `CLOCK_MONOTONIC`, and no
+    /// clock-source read per packet).
     pub last_ns: u64,
 }
 const _: () = assert!(size_of::<NatForward>() == 32);

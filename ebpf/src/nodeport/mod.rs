@@ -41,7 +41,7 @@ use aya_ebpf::{
         BPF_FIB_LOOKUP_SRC, BPF_NOEXIST,
     },
     btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
-    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_coarse_ns},
     macros::btf_map,
     programs::TcContext,
 };
@@ -353,10 +353,8 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
                 protocol: ip.proto,
                 _pad: 0,
             };
-            key.src = [0; 16];
-            key.dst = [0; 16];
-            key.src[..4].copy_from_slice(&ip.src_addr);
-            key.dst[..4].copy_from_slice(&ip.dst_addr);
+            set_address(&raw mut key.src, ip.src_addr.as_ptr(), 1);
+            set_address(&raw mut key.dst, ip.dst_addr.as_ptr(), 1);
             key.protocol = ip.proto;
             key.family = 4;
             EthHdr::LEN + Ipv4Hdr::LEN
@@ -365,8 +363,8 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
             let ip: *const Ipv6Hdr = header_at(start, end, EthHdr::LEN).ok()?;
             // SAFETY: bounds checked by `header_at`.
             let ip = unsafe { &*ip };
-            key.src = ip.src_addr;
-            key.dst = ip.dst_addr;
+            set_address(&raw mut key.src, ip.src_addr.as_ptr(), 4);
+            set_address(&raw mut key.dst, ip.dst_addr.as_ptr(), 4);
             key.protocol = ip.next_hdr;
             key.family = 6;
             s.fragment = FRAGMENT_NONE;
@@ -432,6 +430,27 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
     key.dst_port = [ports[2], ports[3]];
     s.l4 = l4 as u32;
     Some(())
+}
+
+/// `address` (a 16-byte address of the scratch area) set to `words` words
+/// read from `from` (the packet), the rest zero. Word by word: plain
+/// assignments compile to calls of byte-at-a-time `memset`/`memmove`
+/// here, on every packet.
+#[inline(always)]
+fn set_address(address: *mut [u8; 16], from: *const u8, words: usize) {
+    for i in 0..4 {
+        // SAFETY: `address` lies at a 4-aligned offset of the scratch area
+        // (`SCRATCH_ALIGNED`); `from` holds `words` words (the caller's
+        // bounds-checked header).
+        unsafe {
+            let word = if i < words {
+                core::ptr::read_unaligned(from.cast::<u32>().add(i))
+            } else {
+                0
+            };
+            core::ptr::write_volatile(address.cast::<u32>().add(i), word);
+        }
+    }
 }
 
 /// An IPv6 fragment header at `at` (`key` holding the packet's ends): the
@@ -535,7 +554,7 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
     s.forward = unsafe { core::ptr::read_volatile(known) };
     load_nat_source(s);
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let closes = s.closing & !s.forward.flags != 0;
     if now.wrapping_sub(s.forward.last_ns) > REFRESH_NS || closes {
         s.forward.last_ns = now;
@@ -621,7 +640,7 @@ fn new_flow(ctx: &TcContext, s: &mut Scratch, listening: u32, uplink: u32) -> Fl
     };
     s.backend = *backend;
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     s.reverse = NatReverse {
         client: flow.src,
         frontend: flow.dst,
@@ -959,7 +978,7 @@ fn reply_out(ctx: &TcContext, s: &mut Scratch, known: *mut NatReverse) -> i32 {
     // SAFETY: a valid map value for the program's run; read once.
     s.reverse = unsafe { core::ptr::read_volatile(known) };
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let closes = s.closing & !s.reverse.flags != 0;
     if now.wrapping_sub(s.reverse.last_ns) > REFRESH_NS || closes {
         s.reverse.flags |= s.closing;
