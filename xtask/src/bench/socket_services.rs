@@ -135,8 +135,8 @@ fn nodeport_table(nodeport: &Value) -> String {
 fn ceiling_table(rows: &[Value]) -> String {
     let mut out = String::from(
         "
-| NodePort Services | cp-1's BPF programs per connection (ns) | eBPF / nftables with them free (ceiling) |
-|---:|---:|---:|
+| NodePort Services | cp-1's BPF programs per connection (ns) | their runs per connection | ns per run of `from_uplink` (with `nodeport_in`) | eBPF / nftables with them free (ceiling) |
+|---:|---:|---:|---:|---:|
 ",
     );
     for row in rows {
@@ -146,11 +146,23 @@ fn ceiling_table(rows: &[Value]) -> String {
         let ebpf = row["ebpf"]["per_second"].as_f64().unwrap_or(f64::NAN);
         let nftables = row["nftables"]["per_second"].as_f64().unwrap_or(f64::NAN);
         let ceiling = 1.0 / (1.0 / ebpf - bpf_ns * 1e-9) / nftables;
+        // Per program (pinned under the datapath's id): the runs of all of
+        // them, and the uplink's ingress program's time per run.
+        let programs = row["ebpf_cp1_programs"].as_object();
+        let runs: f64 = programs
+            .iter()
+            .flat_map(|p| p.values())
+            .filter_map(|p| p["runs_per_connection"].as_f64())
+            .sum();
+        let uplink_ns = programs
+            .and_then(|p| p.iter().find(|(name, _)| name.starts_with("from_uplink")))
+            .map_or(Value::Null, |(_, p)| p["ns_per_run"].clone());
         out.push_str(&format!(
-            "| {} | {} | {ceiling:.2} |
+            "| {} | {} | {runs:.1} | {} | {ceiling:.2} |
 ",
             row["services"],
             number(&row["ebpf_cp1_bpf_ns_per_connection"]),
+            number(&uplink_ns),
         ));
     }
     out
