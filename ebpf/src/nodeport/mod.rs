@@ -756,8 +756,8 @@ fn local_masquerade_source(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> boo
     if s.key.family == 4 || unsafe { ENDPOINTS_V6.get(s.backend.address) }.is_none() {
         return false;
     }
-    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
-    s.fib = unsafe { core::mem::zeroed() };
+    // All-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    zero_words(&raw mut s.fib);
     s.fib.ifindex = uplink;
     s.fib.l4_protocol = s.key.protocol;
     s.fib.family = crate::remote::AF_INET6;
@@ -1038,8 +1038,8 @@ enum Toward {
 }
 
 /// Sets both ends of the packet at once, as `toward` says, in place
-/// (direct packet access; the headers are pulled into the linear part
-/// first if they are not there). The checksum differences are computed
+/// (direct packet access: `parse` read the same headers there, and no
+/// helper has moved the packet since). The checksum differences are computed
 /// here (RFC 1624) from the ends `parse` read (`s.key`): the addresses'
 /// (into the IPv4 header's, written here, and the transport's through its
 /// pseudo-header) and the ports'. Only the transport checksum goes
@@ -1050,7 +1050,8 @@ enum Toward {
 #[inline(never)]
 fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
     // Where the new ends are in the scratch area (pointers, not copies:
-    // the program's calls share 512 bytes of stack); no source: kept.
+    // the program's calls share 512 bytes of stack); a kept source points
+    // at the packet's own (`s.key`).
     let (source, destination, ports): (*const [u8; 16], *const [u8; 16], [[u8; 2]; 2]) =
         match toward {
             Toward::Backend if s.forward.nat_port != [0; 2] => (
@@ -1113,20 +1114,6 @@ fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
     // Bounded for the verifier: a transport header starts within the
     // first 255 bytes (`parse` took no other).
     let l4 = (s.l4 & 0xff) as usize;
-    // The addresses, source then destination: adjacent in both headers.
-    let ends_at = if ipv4 {
-        EthHdr::LEN + 12
-    } else {
-        EthHdr::LEN + 8
-    };
-    let needed = if later_fragment {
-        ends_at + 8 * words
-    } else {
-        l4 + 4
-    };
-    if ctx.data() + needed > ctx.data_end() {
-        ctx.pull_data(needed as u32).ok()?;
-    }
     if !later_fragment {
         let (checksum_at, mangled_zero) = if s.key.protocol == IPPROTO_TCP {
             (l4 + 16, 0)
@@ -1168,7 +1155,8 @@ fn rewrite(ctx: &TcContext, s: &mut Scratch, toward: Toward) -> Option<()> {
             core::ptr::write_unaligned(header.add(8).cast::<u32>(), aligned_word(destination, 0));
         }
     } else {
-        let ends: *mut [u32; 8] = header_at(ctx.data(), ctx.data_end(), ends_at).ok()?;
+        // The addresses, source then destination, from byte 8 of the header.
+        let ends: *mut [u32; 8] = header_at(ctx.data(), ctx.data_end(), EthHdr::LEN + 8).ok()?;
         for i in 0..4 {
             // SAFETY: as above.
             unsafe {
