@@ -143,6 +143,9 @@ pub(crate) struct Scratch {
     /// The `NAT_F_*` flags the packet sets: `NAT_F_CLOSING` for a TCP FIN,
     /// with `NAT_F_RESET` for a RST.
     closing: u32,
+    /// 1: the packet opens a TCP connection (a SYN without ACK). On a flow
+    /// whose connection is over, its client reused the port (`reopens`).
+    opening: u32,
     /// The source a translated flow's packets to its backend are given
     /// (`nat_source`).
     nat_source: [u8; 16],
@@ -173,6 +176,8 @@ const FRAGMENT_FIRST: u32 = 1;
 const FRAGMENT_LATER: u32 = 2;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 /// Free node ports tried for a new flow before it is dropped.
 const NAT_PORT_TRIES: u32 = 16;
 /// A flow's `last_ns` is written at most this often.
@@ -404,14 +409,17 @@ fn parse(ctx: &TcContext, s: &mut Scratch) -> Option<()> {
         key.src_port = ports.src_port;
         key.dst_port = ports.dst_port;
         s.closing = 0;
+        s.opening = 0;
         s.l4 = l4 as u32;
         return Some(());
     }
+    s.opening = 0;
     s.closing = match key.protocol {
         IPPROTO_TCP => {
             let flags: *const u8 = header_at(start, end, l4 + 13).ok()?;
             // SAFETY: bounds checked by `header_at`.
             let flags = unsafe { *flags };
+            s.opening = u32::from(flags & (TCP_SYN | TCP_ACK) == TCP_SYN);
             if flags & TCP_RST != 0 {
                 NAT_F_CLOSING | NAT_F_RESET
             } else if flags & TCP_FIN != 0 {
@@ -530,7 +538,10 @@ pub(crate) fn from_outside(ctx: &TcContext, uplink: u32) -> Option<i32> {
     {
         return None;
     }
-    match NAT_FORWARD.get_ptr_mut(&s.key) {
+    let known = NAT_FORWARD
+        .get_ptr_mut(&s.key)
+        .filter(|&known| s.opening == 0 || !reopens(s, known));
+    match known {
         Some(known) => refresh_forward(s, known),
         // A later fragment starts no flow.
         None if s.fragment == FRAGMENT_LATER => return None,
@@ -568,20 +579,7 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
     if closes {
         // The way back closes too: its node port may be reused once idle
         // (`take_spent` reads the reverse entry).
-        let translated = s.forward.nat_port != [0; 2];
-        s.reply = NatKey {
-            src: s.forward.backend,
-            dst: if translated { s.nat_source } else { s.key.src },
-            src_port: s.forward.backend_port,
-            dst_port: if translated {
-                s.forward.nat_port
-            } else {
-                s.key.src_port
-            },
-            protocol: s.key.protocol,
-            family: s.key.family,
-            _pad: [0; 2],
-        };
+        set_reply_of_forward(s);
         if let Some(back) = NAT_REVERSE.get_ptr_mut(&s.reply) {
             // SAFETY: a valid map value for the program's run; racing
             // writers only write a time or a flag.
@@ -592,6 +590,61 @@ fn refresh_forward(s: &mut Scratch, known: *mut NatForward) {
             }
         }
     }
+}
+
+/// `s.reply`: the replies' tuple of the flow in `s.forward` (its client's
+/// tuple in `s.key`, its source in `s.nat_source`).
+#[inline(always)]
+fn set_reply_of_forward(s: &mut Scratch) {
+    let translated = s.forward.nat_port != [0; 2];
+    s.reply = NatKey {
+        src: s.forward.backend,
+        dst: if translated { s.nat_source } else { s.key.src },
+        src_port: s.forward.backend_port,
+        dst_port: if translated {
+            s.forward.nat_port
+        } else {
+            s.key.src_port
+        },
+        protocol: s.key.protocol,
+        family: s.key.family,
+        _pad: [0; 2],
+    };
+}
+
+/// Whether a SYN (`s.opening`) of a known flow (`known`) opens a new
+/// connection on its client's tuple: the old one was closed or reset (its
+/// flags, either way), or its node port is no longer its own. Then the old
+/// flow is forgotten both ways, and the SYN starts a new one, as conntrack
+/// kills a closed connection's entry when a SYN reopens its tuple and NATs
+/// the SYN afresh. Else it is a retransmitted SYN of the flow. (Kept, the
+/// old flow's closing flags would mark the new connection's node port
+/// spent, and another client's new flow could take it while it is live.)
+#[inline(never)]
+fn reopens(s: &mut Scratch, known: *mut NatForward) -> bool {
+    // SAFETY: a valid map value for the program's run; read once.
+    s.forward = unsafe { core::ptr::read_volatile(known) };
+    load_nat_source(s);
+    set_reply_of_forward(s);
+    let mut over = s.forward.flags & NAT_F_CLOSING != 0;
+    let mut owned = false;
+    if let Some(back) = NAT_REVERSE.get_ptr(&s.reply) {
+        // SAFETY: a valid map value for the program's run; read once.
+        s.spent = unsafe { core::ptr::read_volatile(back) };
+        owned = s.spent.client == s.key.src
+            && s.spent.client_port == s.key.src_port
+            && s.spent.frontend == s.key.dst
+            && s.spent.frontend_port == s.key.dst_port;
+        over |= s.spent.flags & NAT_F_CLOSING != 0;
+    }
+    if owned && !over {
+        return false;
+    }
+    if owned {
+        let _ = NAT_REVERSE.remove(&s.reply);
+    }
+    let _ = NAT_FORWARD.remove(&s.key);
+    true
 }
 
 /// What became of a flow's first packet.
@@ -839,7 +892,8 @@ fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
     // SAFETY: a valid map value for the program's run; read once.
     s.spent = unsafe { core::ptr::read_volatile(held) };
     let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
-    let spent = if s.reply.protocol == IPPROTO_TCP {
+    let tcp = s.reply.protocol == IPPROTO_TCP;
+    let spent = if tcp {
         // A reset flow is done at once; one closed by a FIN may still be
         // finishing its handshake.
         s.spent.flags & NAT_F_RESET != 0
@@ -859,6 +913,28 @@ fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
         family: s.reply.family,
         _pad: [0; 2],
     };
+    // The client's tuple may have a flow of its own by now, on another
+    // port (its old forward entry forgotten first, by the LRU): that one
+    // is kept. A UDP flow's client may still be sending, though nothing
+    // came back: as conntrack, its flow is idle only when neither way is
+    // used.
+    let Some(forward) = NAT_FORWARD.get_ptr(&s.spent_key) else {
+        return true;
+    };
+    // SAFETY: a valid map value for the program's run; each field read once.
+    let (port, backend, last_ns) = unsafe {
+        (
+            core::ptr::read_volatile(&(*forward).nat_port),
+            core::ptr::read_volatile(&(*forward).backend),
+            core::ptr::read_volatile(&(*forward).last_ns),
+        )
+    };
+    if port != s.reply.dst_port || backend != s.reply.src {
+        return true;
+    }
+    if !tcp && s.reverse.last_ns.wrapping_sub(last_ns) <= UDP_REUSE_NS {
+        return false;
+    }
     let _ = NAT_FORWARD.remove(&s.spent_key);
     true
 }

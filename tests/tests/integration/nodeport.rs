@@ -832,27 +832,7 @@ fn closed_flows_give_their_node_ports_back() {
     // that runs pods.
     let (_bystander, remote) = (cp.pod(), worker.pod());
     let _server = Echo::start(&remote.netns, "remote");
-    stub.add(
-        Kind::Service,
-        tcp_node_port_service("one", Ipv4Addr::new(10, 96, 9, 32), NODE_PORT),
-    );
-    stub.add(
-        Kind::EndpointSlice,
-        api_slice("one", &[(remote.ip, "worker-1")]),
-    );
-    let key = service_key(Ipv4Addr::UNSPECIFIED.into(), NODE_PORT, 6);
-    wait_until("cp-1 to serve the NodePort", SETTLE, || {
-        cp.datapath()
-            .service_backends(&key)
-            .unwrap()
-            .is_some_and(|set| set.len() == 1)
-            && cp
-                .datapath()
-                .external_port_bits()
-                .unwrap()
-                .contains(&(NODE_PORT, external_port::NODEPORT_TCP))
-    });
-    let to = SocketAddr::from((cp.spec.address(), NODE_PORT));
+    let to = serve_one_tcp_node_port(&stub, cp, remote.ip);
     let dropped_before = cp.packets(action::NODEPORT_DROPPED);
     let failures = outside.run(|| {
         let mut failures = Vec::new();
@@ -884,6 +864,118 @@ fn closed_flows_give_their_node_ports_back() {
     );
     assert_eq!(cp.packets(action::NODEPORT_DROPPED), dropped_before);
     assert!(cp.packets(action::NODEPORT_TO_NODE) >= 12000);
+    for node in &cluster.nodes {
+        node.stop_agent();
+        node.datapath().detach_services().unwrap();
+    }
+}
+
+/// A TCP NodePort (`NODE_PORT`) whose one backend is `backend` on
+/// worker-1, once cp-1 serves it: its address there.
+fn serve_one_tcp_node_port(stub: &ApiStub, cp: &SimNode, backend: Ipv4Addr) -> SocketAddr {
+    stub.add(
+        Kind::Service,
+        tcp_node_port_service("one", Ipv4Addr::new(10, 96, 9, 32), NODE_PORT),
+    );
+    stub.add(
+        Kind::EndpointSlice,
+        api_slice("one", &[(backend, "worker-1")]),
+    );
+    let key = service_key(Ipv4Addr::UNSPECIFIED.into(), NODE_PORT, 6);
+    wait_until("cp-1 to serve the NodePort", SETTLE, || {
+        cp.datapath()
+            .service_backends(&key)
+            .unwrap()
+            .is_some_and(|set| set.len() == 1)
+            && cp
+                .datapath()
+                .external_port_bits()
+                .unwrap()
+                .contains(&(NODE_PORT, external_port::NODEPORT_TCP))
+    });
+    SocketAddr::from((cp.spec.address(), NODE_PORT))
+}
+
+/// A TCP connection to `to` from `port` of the namespace the thread is in
+/// (the port reused at once: `SO_REUSEADDR`).
+fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
+    socket.connect_timeout(&to.into(), Duration::from_secs(3))?;
+    let conn = TcpStream::from(socket);
+    conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+    Ok(conn)
+}
+
+/// A client that reuses its port for a new connection, right after its
+/// last one on that port was reset, or closed by FINs both ways, gets a new
+/// flow, as conntrack gives a SYN that reopens a closed connection's tuple
+/// a new entry: the old flow's closing marks must not stay on the new
+/// connection, where they said its node port was free for another client's
+/// new flow while it was in use (under many clients at once, a connection
+/// then lost its replies to, and was reset by, the other one). Outside
+/// through cp-1, the backend on worker-1.
+#[flatnet_test(root)]
+fn a_client_reopening_its_port_gets_a_flow_of_its_own() {
+    let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
+    let stub = ApiStub::from_fixture();
+    let (cluster, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
+    let (_bystander, remote) = (cp.pod(), worker.pod());
+    let _server = Echo::start(&remote.netns, "remote");
+    let to = serve_one_tcp_node_port(&stub, cp, remote.ip);
+    // The outside host (the switch namespace, the test's own) reuses
+    // ports in TIME_WAIT for any destination, not only loopback.
+    cluster
+        ._switch
+        .exec(&["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"]);
+    let flows_of = |port: u16| -> Vec<_> {
+        cp.datapath()
+            .nat_flows()
+            .unwrap()
+            .into_iter()
+            .filter(|flow| flow.client.port() == port)
+            .collect()
+    };
+    for (port, reset) in [(41001, true), (41002, false)] {
+        let answer = cluster._switch.run(|| -> std::io::Result<String> {
+            let mut first = connect_from(port, to)?;
+            first.write_all(b"first")?;
+            if reset {
+                socket2::SockRef::from(&first).set_linger(Some(Duration::ZERO))?;
+            } else {
+                // Closed both ways: the client's end waits in TIME_WAIT,
+                // which `tcp_tw_reuse` lets a new connect() take after
+                // `tcp_tw_reuse_delay` (1 s).
+                first.shutdown(Shutdown::Write)?;
+                first.read_to_string(&mut String::new())?;
+            }
+            drop(first);
+            if !reset {
+                std::thread::sleep(Duration::from_millis(1200));
+            }
+            let mut second = connect_from(port, to)?;
+            second.write_all(b"second")?;
+            // Up, its request sent, not yet closed: the flow is live.
+            std::thread::sleep(Duration::from_millis(200));
+            let live = flows_of(port);
+            assert_eq!(live.len(), 1, "reset: {reset}: {live:?}");
+            assert!(
+                !live[0].closing,
+                "reset: {reset}: a live connection marked closing: {live:?}"
+            );
+            second.shutdown(Shutdown::Write)?;
+            let mut answer = String::new();
+            second.read_to_string(&mut answer)?;
+            Ok(answer)
+        });
+        assert_eq!(
+            answer.expect("the second connection"),
+            format!("remote {}", cp.spec.address()),
+            "reset: {reset}"
+        );
+    }
     for node in &cluster.nodes {
         node.stop_agent();
         node.datapath().detach_services().unwrap();
