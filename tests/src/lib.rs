@@ -49,7 +49,9 @@ pub use network::{Network, Pod};
 pub use outside_host::OutsideHost;
 pub use requirements::{Needed, reference_plugins, requirements, tool_exists};
 pub use tc_hooks::{TcHook, bpftool_ok, tc_hooks, wait_for_tcx};
-pub use traffic::{in_ns, stream_during, tcp_echo, tcp_echo_via, tcp_source, udp_source};
+pub use traffic::{
+    ExchangeServer, in_ns, stream_during, tcp_echo, tcp_echo_via, tcp_source, udp_source,
+};
 
 /// Where the built binaries are (FLATNET_BIN_DIR, which xtask sets, or
 /// target/debug), checked to be newer than their sources on first use.

@@ -1,11 +1,16 @@
 //! Traffic between namespaces: TCP echo, one UDP datagram and the source
-//! it arrived with, a TCP stream kept up while something else runs.
+//! it arrived with, a TCP stream kept up while something else runs, a
+//! server of short request/response connections.
 
 use flatnet_harness::{ReadThroughSignals, RecvThroughSignals};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::Ordering;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::{Netns, enter_thread};
 
@@ -220,4 +225,63 @@ pub fn stream_during(
     let sent = sender.join().expect("sender");
     let received = receiver.join().expect("receiver");
     (sent, received)
+}
+
+/// Serves short exchanges on TCP `port` (IPv4) in a namespace: per
+/// connection, `message` bytes read and the same written back, then a
+/// close. Each of its threads waits for the next connection in poll(2),
+/// so it takes it as soon as it arrives (a sleep between accept tries
+/// would add its own delay to every connection); a connection whose
+/// client goes quiet is given up after 2 s, so no thread stalls. Stopped
+/// on drop.
+pub struct ExchangeServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ExchangeServer {
+    /// `threads` connections served at once.
+    pub fn start(netns: &Netns, port: u16, message: usize, threads: usize) -> Self {
+        let listener = netns
+            .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+            .expect("exchange server bind");
+        // A connection reset between poll and accept must not block a stop.
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                let listener = listener.try_clone().expect("listener clone");
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; message];
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut ready = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                        if !matches!(poll(&mut ready, PollTimeout::from(100u8)), Ok(n) if n > 0) {
+                            continue;
+                        }
+                        // Another thread may have taken it.
+                        let Ok((mut conn, _)) = listener.accept() else {
+                            continue;
+                        };
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_nodelay(true);
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                        if conn.read_exact(&mut buf).is_ok() {
+                            let _ = conn.write_all(&buf);
+                        }
+                    }
+                })
+            })
+            .collect();
+        ExchangeServer { stop, threads }
+    }
+}
+
+impl Drop for ExchangeServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }

@@ -23,20 +23,18 @@
 //! Usage: flatnet-services-bench <seconds> <count>... ; prints one JSON line.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use flatnet_datapath::bpf::{Outside, service_backend, service_key};
+use flatnet_tests::ExchangeServer;
 use flatnet_tests::Network;
 use flatnet_tests::cgroup::TestCgroup;
 use kube_proxy_fixture::{KubeProxy, Mode, Protocol, ServicePort};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::{Value, json};
 
 mod nodeport;
@@ -93,60 +91,6 @@ fn kube_proxy(mode: Mode) -> KubeProxy {
     }
 }
 
-/// A 64-byte echo server in `netns` on `BACKEND_PORT`, until dropped.
-struct Echo {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Echo {
-    /// Serves one connection at a time. It waits for the next one in
-    /// poll(2), so it takes each as soon as it arrives (a sleep between
-    /// accept tries would add its own delay, about the same on every path,
-    /// to every connection and hide the paths' differences); the timeout
-    /// only bounds how long a stop waits.
-    fn start(netns: &flatnet_harness::Netns) -> Self {
-        let listener = netns
-            .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, BACKEND_PORT)))
-            .expect("echo bind");
-        // A connection reset between poll and accept must not block a stop.
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; MESSAGE];
-                while !stop.load(Ordering::Relaxed) {
-                    let mut ready = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-                    if !matches!(poll(&mut ready, PollTimeout::from(100u8)), Ok(n) if n > 0) {
-                        continue;
-                    }
-                    if let Ok((mut conn, _)) = listener.accept() {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_nodelay(true);
-                        if conn.read_exact(&mut buf).is_ok() {
-                            let _ = conn.write_all(&buf);
-                        }
-                    }
-                }
-            })
-        };
-        Echo {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// The client process: connections to `to` for `seconds`, each one
 /// connect + 64 bytes each way + an abortive close (no TIME_WAIT piling
 /// up). {"connections", "per_second", "p50_us", "p99_us"}.
@@ -171,8 +115,11 @@ fn client(
         let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))
             .with_context(|| format!("connecting to {to}"))?;
         conn.set_nodelay(true)?;
+        // A lost answer fails the run, rather than hang it.
+        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
         conn.write_all(&buf)?;
-        conn.read_exact(&mut buf)?;
+        conn.read_exact(&mut buf)
+            .with_context(|| format!("reading the answer from {to}"))?;
         socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO))?;
         drop(conn);
         samples.push(begin.elapsed().as_secs_f64() * 1e6);
@@ -262,7 +209,7 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
     // rules.
     let clients = [client_pod(&net), client_pod(&net), client_pod(&net)];
     let server_pod = net.pod();
-    let _echo = Echo::start(&server_pod.netns);
+    let _echo = ExchangeServer::start(&server_pod.netns, BACKEND_PORT, MESSAGE, 1);
     let backend = SocketAddr::from((server_pod.ip(), BACKEND_PORT));
     let datapath = net.datapath();
     let cgroup = TestCgroup::new("flatnet-bench-")?;

@@ -19,7 +19,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use anyhow::ensure;
+use anyhow::{Context, ensure};
 use flatnet_datapath::bpf::service_key;
 use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::cluster::{Cluster, NodeSpec, specs};
@@ -27,7 +27,9 @@ use flatnet_tests::kube_stub::{ApiStub, Kind};
 use kube_proxy_fixture::{Mode, ServicePort};
 use serde_json::{Value, json};
 
-use super::{BACKEND_PORT, Echo, PORT, SLICES, idle_backend, measure, median};
+use flatnet_tests::ExchangeServer;
+
+use super::{BACKEND_PORT, MESSAGE, PORT, SLICES, idle_backend, measure, median};
 
 /// NodePort number `i` (kube-proxy's range is a flag; 10,000 NodePorts do
 /// not fit in the default 30000-32767).
@@ -133,7 +135,10 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
             .iter()
             .map(|c| (c.node("cp-1").pod(), c.node("worker-1").pod()))
             .collect();
-        let _echoes: Vec<Echo> = pods.iter().map(|(_, b)| Echo::start(&b.netns)).collect();
+        let _echoes: Vec<ExchangeServer> = pods
+            .iter()
+            .map(|(_, b)| ExchangeServer::start(&b.netns, BACKEND_PORT, MESSAGE, 1))
+            .collect();
         for cluster in &clusters {
             cluster
                 ._switch
@@ -191,7 +196,8 @@ pub fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
         for _ in 0..SLICES {
             for (i, cluster) in clusters.iter().enumerate() {
                 let to = SocketAddr::from((cluster.node("cp-1").spec.address(), measured_port));
-                let seen = measure(None, &cluster._switch.path(), to, slice)?;
+                let seen = measure(None, &cluster._switch.path(), to, slice)
+                    .with_context(|| format!("path {}", PATHS[i]))?;
                 rates[i].push(seen["per_second"].as_f64().unwrap_or(f64::NAN));
                 p50s[i].push(seen["p50_us"].as_f64().unwrap_or(f64::NAN));
                 p99s[i].push(seen["p99_us"].as_f64().unwrap_or(f64::NAN));
