@@ -615,11 +615,13 @@ fn set_reply_of_forward(s: &mut Scratch) {
 /// Whether a SYN (`s.opening`) of a known flow (`known`) opens a new
 /// connection on its client's tuple: the old one was closed or reset (its
 /// flags, either way), or its node port is no longer its own. Then the old
-/// flow is forgotten both ways, and the SYN starts a new one, as conntrack
-/// kills a closed connection's entry when a SYN reopens its tuple and NATs
-/// the SYN afresh. Else it is a retransmitted SYN of the flow. (Kept, the
-/// old flow's closing flags would mark the new connection's node port
-/// spent, and another client's new flow could take it while it is live.)
+/// flow's forward entry is forgotten and the SYN starts a new flow, as
+/// conntrack kills a closed connection's entry when a SYN reopens its tuple
+/// and NATs the SYN afresh. Else it is a retransmitted SYN of the flow.
+/// (Kept, the old flow's closing flags would mark the new connection's node
+/// port spent, and another client's new flow could take it while it is
+/// live.) The old reverse entry stays, spent, for a new flow to take: a
+/// removal here could remove one another CPU has just written there.
 #[inline(never)]
 fn reopens(s: &mut Scratch, known: *mut NatForward) -> bool {
     // SAFETY: a valid map value for the program's run; read once.
@@ -639,9 +641,6 @@ fn reopens(s: &mut Scratch, known: *mut NatForward) -> bool {
     }
     if owned && !over {
         return false;
-    }
-    if owned {
-        let _ = NAT_REVERSE.remove(&s.reply);
     }
     let _ = NAT_FORWARD.remove(&s.key);
     true
