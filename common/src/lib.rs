@@ -75,6 +75,13 @@ pub const MAP_NODE_SOURCES: &str = "NODE_SOURCES";
 /// frontend's (`NAT_F_LOCAL_SOURCE`). Written by the NodePort path from the
 /// FIB (`BPF_FIB_LOOKUP_SRC`).
 pub const MAP_NAT_LOCAL_SOURCES: &str = "NAT_LOCAL_SOURCES";
+/// Node ports being taken from spent flows, by the reply tuple, each for
+/// the length of one program run: a new flow writes its claim only if
+/// none is there, so of two CPUs that found the same spent port at once,
+/// one takes it (`NAT_CLAIMS_MAX` at once).
+pub const MAP_NAT_CLAIMS: &str = "NAT_CLAIMS";
+/// Claims held at once: one per CPU running the NodePort path, at most.
+pub const NAT_CLAIMS_MAX: u32 = 1024;
 /// The ports outside clients reach frontends on (`nat::external_port`
 /// bits by port number), and the uplink's translation of each such flow:
 /// forward (by the client's tuple) and reverse (by the backend's reply).

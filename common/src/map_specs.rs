@@ -150,6 +150,8 @@ pub mod maps {
         MapSpec::new::<u32, [u8; 16]>(MAP_NODE_SOURCES, MapKind::Array, 2);
     pub const NAT_LOCAL_SOURCES: MapSpec =
         MapSpec::new::<u32, [u8; 16]>(MAP_NAT_LOCAL_SOURCES, MapKind::Array, 2);
+    pub const NAT_CLAIMS: MapSpec =
+        MapSpec::new::<NatKey, u32>(MAP_NAT_CLAIMS, MapKind::Hash, NAT_CLAIMS_MAX);
     pub const NODEPORT_CALLS: MapSpec = MapSpec::new::<u32, u32>(
         MAP_NODEPORT_CALLS,
         MapKind::ProgArray,
@@ -158,7 +160,7 @@ pub mod maps {
 }
 
 /// Every map, in the order they are pinned.
-pub const MAP_SPECS: [MapSpec; 32] = [
+pub const MAP_SPECS: [MapSpec; 33] = [
     maps::ENDPOINTS_V4,
     maps::ENDPOINTS_V6,
     maps::HOST_VETHS,
@@ -191,4 +193,5 @@ pub const MAP_SPECS: [MapSpec; 32] = [
     maps::PEER_NODES_V4,
     maps::PEER_NODES_V6,
     maps::NAT_LOCAL_SOURCES,
+    maps::NAT_CLAIMS,
 ];

@@ -40,7 +40,7 @@ use aya_ebpf::{
         BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_FIB_LOOKUP_OUTPUT, BPF_FIB_LOOKUP_SKIP_NEIGH,
         BPF_FIB_LOOKUP_SRC, BPF_NOEXIST,
     },
-    btf_maps::{Array, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
     helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_coarse_ns},
     macros::btf_map,
     programs::TcContext,
@@ -108,6 +108,12 @@ const _: () = assert!(maps::NAT_FRAGMENTS6.holds::<FragmentKey6, FragmentPorts>(
 static NAT_LOCAL_SOURCES: Array<[u8; 16], { maps::NAT_LOCAL_SOURCES.max_entries as usize }> =
     Array::new();
 const _: () = assert!(maps::NAT_LOCAL_SOURCES.holds::<u32, [u8; 16]>());
+
+/// Node ports being taken from spent flows (`take_claimed`).
+#[btf_map]
+static NAT_CLAIMS: HashMap<NatKey, u32, { maps::NAT_CLAIMS.max_entries as usize }> =
+    HashMap::new();
+const _: () = assert!(maps::NAT_CLAIMS.holds::<NatKey, u32>());
 
 /// What the path works on for the packet at hand, per CPU (a program runs
 /// to its end on one CPU).
@@ -855,8 +861,8 @@ fn load_nat_source(s: &mut Scratch) {
 
 /// Writes `s.reverse` under `s.reply` with a node port nobody has for the
 /// same backend and node address, or one a spent flow holds (closed, or
-/// idle: `spent`), which is forgotten both ways; the port, or None when
-/// the tries ran out.
+/// idle: `take_spent`), which is forgotten both ways; the port, or None
+/// when the tries ran out.
 #[inline(always)]
 fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
     let span = u32::from(NAT_PORT_MAX - NAT_PORT_MIN) + 1;
@@ -872,9 +878,7 @@ fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
             None => NAT_REVERSE
                 .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
                 .is_ok(),
-            Some(held) => {
-                take_spent(s, held) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok()
-            }
+            Some(held) => spent_at_a_glance(s, held) && take_claimed(s),
         };
         if taken {
             return Some(s.reply.dst_port);
@@ -884,23 +888,54 @@ fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
 }
 
 /// Whether the flow holding `s.reply`'s node port (its reverse entry,
-/// `held`) is spent; if so its forward entry is forgotten (its reverse one
-/// is then overwritten).
+/// `held`, read into `s.spent`) looks spent by its own marks: a reset TCP
+/// flow at once, one closed by a FIN once idle a while (it may still be
+/// finishing its handshake), a UDP flow once its replies are idle.
 #[inline(always)]
-fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
+fn spent_at_a_glance(s: &mut Scratch, held: *const NatReverse) -> bool {
     // SAFETY: a valid map value for the program's run; read once.
     s.spent = unsafe { core::ptr::read_volatile(held) };
     let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
-    let tcp = s.reply.protocol == IPPROTO_TCP;
-    let spent = if tcp {
-        // A reset flow is done at once; one closed by a FIN may still be
-        // finishing its handshake.
+    if s.reply.protocol == IPPROTO_TCP {
         s.spent.flags & NAT_F_RESET != 0
             || (s.spent.flags & NAT_F_CLOSING != 0 && idle > TCP_CLOSED_REUSE_NS)
     } else {
         idle > UDP_REUSE_NS
+    }
+}
+
+/// Takes `s.reply`'s node port, which looked spent, under a claim
+/// (`NAT_CLAIMS`, written only where none is): another CPU's new flow may
+/// have found the same port at the same time, and two writes would give
+/// both flows one port. The port's entry is read again under the claim
+/// (the other flow may have it by now), and the claim given back.
+#[inline(always)]
+fn take_claimed(s: &mut Scratch) -> bool {
+    if NAT_CLAIMS
+        .insert(&s.reply, &0, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        return false;
+    }
+    let taken = match NAT_REVERSE.get_ptr(&s.reply) {
+        None => NAT_REVERSE
+            .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
+            .is_ok(),
+        Some(held) => {
+            take_spent(s, held) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok()
+        }
     };
-    if !spent {
+    let _ = NAT_CLAIMS.remove(&s.reply);
+    taken
+}
+
+/// Whether the flow holding `s.reply`'s node port (its reverse entry,
+/// `held`) is spent; if so its forward entry is forgotten (its reverse one
+/// is then overwritten).
+#[inline(always)]
+fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
+    let tcp = s.reply.protocol == IPPROTO_TCP;
+    if !spent_at_a_glance(s, held) {
         return false;
     }
     s.spent_key = NatKey {
