@@ -62,7 +62,7 @@ pub mod external_port {
 /// A flow as a packet names it (IPv4 in the first 4 bytes of each address;
 /// ports in network order).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct NatKey {
     pub src: [u8; 16],
     pub dst: [u8; 16],

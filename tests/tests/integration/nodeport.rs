@@ -914,8 +914,10 @@ fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
 /// a new entry: the old flow's closing marks must not stay on the new
 /// connection, where they said its node port was free for another client's
 /// new flow while it was in use (under many clients at once, a connection
-/// then lost its replies to, and was reset by, the other one). Outside
-/// through cp-1, the backend on worker-1.
+/// then lost its replies to, and was reset by, the other one). The old
+/// flow's way back, which no flow leads to any more, is what the agent's
+/// collector forgets, and forgetting it leaves the new connection whole.
+/// Outside through cp-1, the backend on worker-1.
 #[flatnet_test(root)]
 fn a_client_reopening_its_port_gets_a_flow_of_its_own() {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
@@ -942,6 +944,7 @@ fn a_client_reopening_its_port_gets_a_flow_of_its_own() {
         let answer = cluster._switch.run(|| -> std::io::Result<String> {
             let mut first = connect_from(port, to)?;
             first.write_all(b"first")?;
+            let old_port = flows_of(port)[0].nat_port;
             if reset {
                 socket2::SockRef::from(&first).set_linger(Some(Duration::ZERO))?;
             } else {
@@ -965,6 +968,17 @@ fn a_client_reopening_its_port_gets_a_flow_of_its_own() {
                 !live[0].closing,
                 "reset: {reset}: a live connection marked closing: {live:?}"
             );
+            // The old flow's way back is left to the collector (or a new
+            // flow taking its port), and only that: forgetting every way
+            // back no flow leads to keeps the live connection whole.
+            let orphans = cp.datapath().orphan_nat_replies().unwrap();
+            assert!(orphans.iter().all(|o| o.closing), "{orphans:?}");
+            if live[0].nat_port != old_port {
+                assert_eq!(orphans.len(), 1, "reset: {reset}: {orphans:?}");
+            }
+            for orphan in &orphans {
+                cp.datapath().forget_orphan_nat_reply(orphan).unwrap();
+            }
             second.shutdown(Shutdown::Write)?;
             let mut answer = String::new();
             second.read_to_string(&mut answer)?;

@@ -32,7 +32,8 @@
 //!   `flatnet_nat_flows` and `flatnet_nat_flows_max` (flows from outside
 //!   the node that the uplink translated, as the last collection counted
 //!   them, and what the table holds: its pressure),
-//!   `flatnet_nat_expired_total` (idle ones collected).
+//!   `flatnet_nat_expired_total` (idle ones collected, and ways back no
+//!   flow leads to).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

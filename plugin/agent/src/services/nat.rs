@@ -112,14 +112,42 @@ pub fn collect(datapath: &Datapath, metrics: &AgentMetrics) {
         }
     }
     metrics.nat_flows.set((flows.len() - forgotten) as i64);
-    metrics.nat_expired.inc_by(forgotten as u64);
-    if forgotten > 0 {
+    let orphans = collect_orphans(datapath, now);
+    metrics.nat_expired.inc_by((forgotten + orphans) as u64);
+    if forgotten + orphans > 0 {
         tracing::info!(
             forgotten,
+            orphans,
             left = flows.len() - forgotten,
-            "collected idle translated flows"
+            "collected idle translated flows and ways back no flow leads to"
         );
     }
+}
+
+/// Ways back no flow leads to (a client reopened its tuple, or the LRU
+/// forgot the forward entry first), forgotten once idle past a closed TCP
+/// flow's timeout (UDP: its own): none serves a connection any more, and
+/// a new flow may be writing one it has not yet led to. How many went.
+fn collect_orphans(datapath: &Datapath, now: u64) -> usize {
+    let orphans = match datapath.orphan_nat_replies() {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the translated flows' ways back");
+            return 0;
+        }
+    };
+    let mut forgotten = 0;
+    for orphan in &orphans {
+        let idle = Duration::from_nanos(now.saturating_sub(orphan.last_ns));
+        if !expired(orphan.protocol, true, idle) {
+            continue;
+        }
+        match datapath.forget_orphan_nat_reply(orphan) {
+            Ok(()) => forgotten += 1,
+            Err(e) => tracing::warn!(error = %e, ?orphan, "cannot forget a way back"),
+        }
+    }
+    forgotten
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ pub use host_veth::{
     attach_filter, attach_host_veth, attach_xdp_then_filter, move_to_tcx, move_xdp_mode_to_tcx,
     prepare_pod_for_xdp,
 };
-pub use nat::NatFlow;
+pub use nat::{NatFlow, OrphanReply, orphan_replies};
 pub use policy::{
     PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
 };

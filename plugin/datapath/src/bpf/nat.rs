@@ -32,6 +32,38 @@ pub struct NatFlow {
     reverse_key: NatKey,
 }
 
+/// A way back (`NAT_REVERSE` entry) no flow's forward entry leads to: its
+/// client reopened the tuple (a new flow took over, the old way back left
+/// spent for a new flow's taking), or the LRU forgot the forward entry
+/// first. Of no use to anyone: collected once idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrphanReply {
+    pub protocol: u8,
+    /// A TCP FIN or RST passed.
+    pub closing: bool,
+    /// When a reply last passed (monotonic ns).
+    pub last_ns: u64,
+    key: NatKey,
+}
+
+/// The ways back among `replies` that no forward entry leads to
+/// (`leading`: the reverse keys the forward entries name).
+pub fn orphan_replies(
+    leading: &std::collections::HashSet<NatKey>,
+    replies: impl IntoIterator<Item = (NatKey, NatReverse)>,
+) -> Vec<OrphanReply> {
+    replies
+        .into_iter()
+        .filter(|(key, _)| !leading.contains(key))
+        .map(|(key, reply)| OrphanReply {
+            protocol: key.protocol,
+            closing: reply.flags & NAT_F_CLOSING != 0,
+            last_ns: reply.last_ns,
+            key,
+        })
+        .collect()
+}
+
 fn socket(address: &[u8; 16], port: [u8; 2], family: u8) -> SocketAddr {
     SocketAddr::new(address_of(address, family), u16::from_be_bytes(port))
 }
@@ -157,9 +189,71 @@ impl Datapath {
         Ok(found)
     }
 
+    /// The ways back no flow leads to (`OrphanReply`). A new flow's way
+    /// back is written just before its forward entry: the caller forgets
+    /// only idle ones.
+    pub fn orphan_nat_replies(&self) -> Result<Vec<OrphanReply>> {
+        if !self.map_path(MAP_NAT_REVERSE).exists() {
+            return Ok(Vec::new());
+        }
+        let leading = self
+            .nat_flows()?
+            .into_iter()
+            .map(|flow| flow.reverse_key)
+            .collect();
+        let mut replies = Vec::new();
+        for entry in self.nat_reverse()?.iter() {
+            replies.push(entry.map_err(|e| Error::bpf(format!("reading {MAP_NAT_REVERSE}"), e))?);
+        }
+        Ok(orphan_replies(&leading, replies))
+    }
+
+    /// Forgets a way back no flow leads to.
+    pub fn forget_orphan_nat_reply(&self, orphan: &OrphanReply) -> Result<()> {
+        ignore_missing(self.nat_reverse()?.remove(&orphan.key))
+    }
+
     /// Forgets a translated flow, both ways.
     pub fn forget_nat_flow(&self, flow: &NatFlow) -> Result<()> {
         ignore_missing(self.nat_forward()?.remove(&flow.forward_key))?;
         ignore_missing(self.nat_reverse()?.remove(&flow.reverse_key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(port: u16) -> NatKey {
+        NatKey {
+            dst_port: port.to_be_bytes(),
+            protocol: 6,
+            family: 4,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_ways_back_no_flow_leads_to_are_orphans() {
+        let leading = [key(61000)].into_iter().collect();
+        let closed = NatReverse {
+            flags: NAT_F_CLOSING | flatnet_common::NAT_F_RESET,
+            last_ns: 7,
+            ..Default::default()
+        };
+        let orphans = orphan_replies(
+            &leading,
+            [(key(61000), NatReverse::default()), (key(61001), closed)],
+        );
+        assert_eq!(
+            orphans,
+            [OrphanReply {
+                protocol: 6,
+                closing: true,
+                last_ns: 7,
+                key: key(61001),
+            }]
+        );
+        assert!(orphan_replies(&leading, [(key(61000), closed)]).is_empty());
     }
 }
