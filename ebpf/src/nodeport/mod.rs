@@ -111,8 +111,7 @@ const _: () = assert!(maps::NAT_LOCAL_SOURCES.holds::<u32, [u8; 16]>());
 
 /// Node ports being taken from spent flows (`take_claimed`).
 #[btf_map]
-static NAT_CLAIMS: HashMap<NatKey, u32, { maps::NAT_CLAIMS.max_entries as usize }> =
-    HashMap::new();
+static NAT_CLAIMS: HashMap<NatKey, u32, { maps::NAT_CLAIMS.max_entries as usize }> = HashMap::new();
 const _: () = assert!(maps::NAT_CLAIMS.holds::<NatKey, u32>());
 
 /// What the path works on for the packet at hand, per CPU (a program runs
@@ -921,9 +920,7 @@ fn take_claimed(s: &mut Scratch) -> bool {
         None => NAT_REVERSE
             .insert(&s.reply, &s.reverse, u64::from(BPF_NOEXIST))
             .is_ok(),
-        Some(held) => {
-            take_spent(s, held) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok()
-        }
+        Some(held) => take_spent(s, held) && NAT_REVERSE.insert(&s.reply, &s.reverse, 0).is_ok(),
     };
     let _ = NAT_CLAIMS.remove(&s.reply);
     taken
