@@ -971,7 +971,8 @@ fn a_client_reopening_its_port_gets_a_flow_of_its_own() {
             // The old flow's way back is left to the collector (or a new
             // flow taking its port), and only that: forgetting every way
             // back no flow leads to keeps the live connection whole.
-            let orphans = cp.datapath().orphan_nat_replies().unwrap();
+            let flows = cp.datapath().nat_flows().unwrap();
+            let orphans = cp.datapath().orphan_nat_replies(&flows).unwrap();
             assert!(orphans.iter().all(|o| o.closing), "{orphans:?}");
             if live[0].nat_port != old_port {
                 assert_eq!(orphans.len(), 1, "reset: {reset}: {orphans:?}");

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use flatnet_common::MAX_NAT_FLOWS;
-use flatnet_datapath::bpf::Datapath;
+use flatnet_datapath::bpf::{Datapath, NatFlow};
 
 use crate::metrics::AgentMetrics;
 use crate::services::sync::FrontendKey;
@@ -112,7 +112,7 @@ pub fn collect(datapath: &Datapath, metrics: &AgentMetrics) {
         }
     }
     metrics.nat_flows.set((flows.len() - forgotten) as i64);
-    let orphans = collect_orphans(datapath, now);
+    let orphans = collect_orphans(datapath, &flows, now);
     metrics.nat_expired.inc_by((forgotten + orphans) as u64);
     if forgotten + orphans > 0 {
         tracing::info!(
@@ -128,8 +128,8 @@ pub fn collect(datapath: &Datapath, metrics: &AgentMetrics) {
 /// forgot the forward entry first), forgotten once idle past a closed TCP
 /// flow's timeout (UDP: its own): none serves a connection any more, and
 /// a new flow may be writing one it has not yet led to. How many went.
-fn collect_orphans(datapath: &Datapath, now: u64) -> usize {
-    let orphans = match datapath.orphan_nat_replies() {
+fn collect_orphans(datapath: &Datapath, flows: &[NatFlow], now: u64) -> usize {
+    let orphans = match datapath.orphan_nat_replies(flows) {
         Ok(orphans) => orphans,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the translated flows' ways back");

@@ -189,18 +189,15 @@ impl Datapath {
         Ok(found)
     }
 
-    /// The ways back no flow leads to (`OrphanReply`). A new flow's way
-    /// back is written just before its forward entry: the caller forgets
-    /// only idle ones.
-    pub fn orphan_nat_replies(&self) -> Result<Vec<OrphanReply>> {
+    /// The ways back no flow of `flows` (what `nat_flows` read just
+    /// before) leads to (`OrphanReply`). A new flow's way back is written
+    /// just before its forward entry, and one may have come since `flows`
+    /// was read: the caller forgets only idle ones.
+    pub fn orphan_nat_replies(&self, flows: &[NatFlow]) -> Result<Vec<OrphanReply>> {
         if !self.map_path(MAP_NAT_REVERSE).exists() {
             return Ok(Vec::new());
         }
-        let leading = self
-            .nat_flows()?
-            .into_iter()
-            .map(|flow| flow.reverse_key)
-            .collect();
+        let leading = flows.iter().map(|flow| flow.reverse_key).collect();
         let mut replies = Vec::new();
         for entry in self.nat_reverse()?.iter() {
             replies.push(entry.map_err(|e| Error::bpf(format!("reading {MAP_NAT_REVERSE}"), e))?);
