@@ -166,6 +166,17 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
             || processes_marked(&marker) == 0,
         );
         let veth = net.host_veth(&id, "eth0");
+        let expected_links = usize::from(stage == "tcx link pinned");
+        if stage != "datapath attached" {
+            // A killed process's environment goes (exit_mm) before its
+            // files are closed (exit_files), so its unpinned link can
+            // outlive the wait above by a moment: wait for the close.
+            wait_until(
+                "the killed mover's unpinned link to close",
+                Duration::from_secs(10),
+                || links_on_hook(&veth) == expected_links,
+            );
+        }
         let hooks = tc_hooks(&veth);
         let result = if stage == "datapath attached" {
             assert_eq!(added.status.signal(), Some(9), "{stage}: not killed");
@@ -176,9 +187,7 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
             retry.json()
         } else {
             assert!(added.status.success(), "{stage}: the ADD itself failed");
-            let on_link = hooks.iter().filter(|h| h.link_id.is_some()).count();
-            let expected_links = usize::from(stage == "tcx link pinned");
-            assert_eq!(on_link, expected_links, "{stage}: {hooks:?}");
+            assert_eq!(links_on_hook(&veth), expected_links, "{stage}: {hooks:?}");
             assert!(
                 filters.iter().all(|filter| hooks.contains(filter)),
                 "{stage}: a filter is gone: {hooks:?}"
@@ -206,6 +215,14 @@ fn crashes_around_the_attachment_leave_one_program_on_the_hook() {
         assert!(net.redirected_bytes() > before + (128 << 10), "{stage}");
     }
     let _ = std::fs::remove_file(&conflist);
+}
+
+/// How many of the veth's tc hooks are tcx links (not cls_bpf filters).
+fn links_on_hook(veth: &str) -> usize {
+    tc_hooks(veth)
+        .iter()
+        .filter(|hook| hook.link_id.is_some())
+        .count()
 }
 
 /// Processes whose environment carries `FLATNET_TEST_MARK=<marker>`.
