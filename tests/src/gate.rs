@@ -33,6 +33,15 @@ pub struct Gate;
 
 /// Waits until no test of another file runs, then lets this one in.
 pub fn enter(module_path: &str) -> Gate {
+    // The first test also sees to it that a signal ending the run (a CI
+    // timeout, ^C) still removes the namespaces, mounts and networks the
+    // running tests made.
+    static ON_SIGNAL: std::sync::Once = std::sync::Once::new();
+    ON_SIGNAL.call_once(|| {
+        if let Err(e) = crate::remove_on_signal() {
+            eprintln!("no clean-up on signals: {e}");
+        }
+    });
     let file = file_of(module_path);
     let mut state = running();
     while state.0.as_ref().is_some_and(|open| *open != file) {

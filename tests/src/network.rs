@@ -25,6 +25,8 @@ pub struct Network {
     pub subnet_prefix: String,
     pub ipam_dir: PathBuf,
     pub conf: Value,
+    /// Removed should a signal end the process (`remove_on_signal`).
+    listed: Option<crate::Listed>,
 }
 
 impl Network {
@@ -54,12 +56,19 @@ impl Network {
             "bridge": unique("flg"),
             "ipam": ipam(&subnet, &gateway, &ipam_dir.display().to_string()),
         });
+        let gateway_device = conf["bridge"].as_str().unwrap_or_default().to_string();
+        let listed = {
+            let (name, gateway_device, ipam_dir) =
+                (name.clone(), gateway_device.clone(), ipam_dir.clone());
+            crate::made_here(move || remove_network(&name, &gateway_device, &ipam_dir))
+        };
         Network {
-            gateway_device: conf["bridge"].as_str().unwrap_or_default().to_string(),
+            gateway_device,
             name,
             subnet_prefix: prefix,
             ipam_dir,
             conf,
+            listed: Some(listed),
         }
     }
 
@@ -144,22 +153,31 @@ impl Network {
 
 impl Drop for Network {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.gateway_device])
-            .output();
-        let _ = self.datapath().remove_pins();
-        // The pin root goes with the last network in it (remove_dir leaves
-        // one that still holds another's pins).
-        let _ = std::fs::remove_dir(self.datapath().root());
-        let _ = std::fs::remove_dir_all(&self.ipam_dir);
-        // The plugin keeps a network's lock file (deleting a lock others may
-        // wait on is unsafe); a test network is the test's alone.
-        let _ = std::fs::remove_file(format!(
-            "{}/{}.lock",
-            flatnet_datapath::lock::LOCK_DIR,
-            flatnet_datapath::lock::network(&self.name)
-        ));
+        remove_network(&self.name, &self.gateway_device, &self.ipam_dir);
+        if let Some(listed) = self.listed.take() {
+            listed.removed();
+        }
     }
+}
+
+/// What network `name` may leave on the node, removed.
+fn remove_network(name: &str, gateway_device: &str, ipam_dir: &Path) {
+    let _ = Command::new("ip")
+        .args(["link", "del", gateway_device])
+        .output();
+    let datapath = Datapath::new(name);
+    let _ = datapath.remove_pins();
+    // The pin root goes with the last network in it (remove_dir leaves
+    // one that still holds another's pins).
+    let _ = std::fs::remove_dir(datapath.root());
+    let _ = std::fs::remove_dir_all(ipam_dir);
+    // The plugin keeps a network's lock file (deleting a lock others may
+    // wait on is unsafe); a test network is the test's alone.
+    let _ = std::fs::remove_file(format!(
+        "{}/{}.lock",
+        flatnet_datapath::lock::LOCK_DIR,
+        flatnet_datapath::lock::network(name)
+    ));
 }
 
 /// A pod: its namespace and ADD result; DEL is called on drop.

@@ -68,6 +68,8 @@ fn main() -> anyhow::Result<()> {
             install::install(&args)
         }
         Task::Demo(args) => {
+            // ^C or a timeout still takes the demo's namespaces back.
+            flatnet_harness::remove_on_signal()?;
             setup::all()?;
             install::install(&args)?;
             demo::run(&args)
@@ -81,6 +83,9 @@ fn main() -> anyhow::Result<()> {
             test::fuzz_smoke(seconds)
         }
         Task::Bench(args) => {
+            // As for the demo: the bench's own namespaces and its children
+            // (the bench binaries, which clean up after themselves too).
+            flatnet_harness::remove_on_signal()?;
             setup::all()?;
             bench::run(&args)
         }

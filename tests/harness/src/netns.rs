@@ -13,6 +13,8 @@ use crate::command::{CommandError, output, run_ok};
 /// A named network namespace (`ip netns add`), deleted on drop.
 pub struct Netns {
     pub name: String,
+    /// Deleted should a signal end the process (`crate::remove_on_signal`).
+    listed: Option<crate::Listed>,
 }
 
 impl Netns {
@@ -35,11 +37,22 @@ impl Netns {
         Self::unique("ftest-").unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The namespace `name`, made by someone else, now this one's to
+    /// delete (on drop, or on a signal).
+    pub fn adopt(name: &str) -> Self {
+        let owned = name.to_string();
+        let listed = crate::made_here(move || {
+            let _ = Command::new("ip").args(["netns", "del", &owned]).output();
+        });
+        Netns {
+            name: name.to_string(),
+            listed: Some(listed),
+        }
+    }
+
     fn add(name: &str) -> Result<Self, CommandError> {
         output(Command::new("ip").args(["netns", "add", name]))?;
-        let ns = Netns {
-            name: name.to_string(),
-        };
+        let ns = Self::adopt(name);
         // Loopback up, as a runtime would have it.
         output(&mut ns.command(&["ip", "link", "set", "lo", "up"]))?;
         Ok(ns)
@@ -91,6 +104,9 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+        if let Some(listed) = self.listed.take() {
+            listed.removed();
+        }
     }
 }
 

@@ -248,6 +248,9 @@ impl Drop for Flannel {
 }
 
 fn main() -> anyhow::Result<()> {
+    // A run ended by a signal (timeout, ^C) still removes its namespaces,
+    // mounts and agents.
+    flatnet_tests::remove_on_signal()?;
     let vxlan = Cluster::started(&two_nodes(), &["--routing", "vxlan"]);
     let direct = Cluster::started(&two_nodes(), &["--routing", "direct"]);
     let flannel = Flannel::new()?;

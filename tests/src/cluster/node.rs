@@ -4,7 +4,7 @@
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,6 +28,9 @@ pub struct SimNode {
     /// The plugin's stdin as last built from the conflist: DEL still has it
     /// once an uninstall removed the conflist, as a runtime keeps its copy.
     pub plugin_stdin: Mutex<Option<Vec<u8>>>,
+    /// Its state (`remove_node_state`), removed should a signal end the
+    /// process (`crate::remove_on_signal`).
+    pub(super) listed: Option<crate::Listed>,
 }
 
 impl SimNode {
@@ -259,24 +262,32 @@ impl SimNode {
 impl Drop for SimNode {
     fn drop(&mut self) {
         self.stop_agent();
-        // Its pins, counter slots and hostPort records (the cluster's
-        // bpffs goes after the nodes).
-        let _ = self.datapath().remove_pins();
-        for path in [
-            flatnet_datapath::node::markers::ready_marker(&self.network),
-            flatnet_datapath::node::markers::managed_marker(&self.network),
-            PathBuf::from(format!("/run/flatnet/network-{}.lock", self.network)),
-            // An agent-managed network keeps these past its last DEL; the
-            // node's namespace (and its nftables table) goes with the test.
-            PathBuf::from(format!("/run/flatnet/masq-{}", self.network)),
-            // The agent's record of which policies select which pod.
-            flatnet_datapath::node::markers::policy_names_file(&self.network),
-            // What the agent tells ADD of the namespaces' policies.
-            flatnet_datapath::node::first_packet::isolation_file(&self.network),
-        ] {
-            let _ = std::fs::remove_file(path);
+        remove_node_state(&self.pin_root, &self.network);
+        if let Some(listed) = self.listed.take() {
+            listed.removed();
         }
-        // ADD's pod records (its pods' DELs took theirs).
-        flatnet_datapath::node::first_packet::PodRecord::remove_all(&self.network);
     }
+}
+
+/// What node network `network` (pins under `pin_root`) keeps on the
+/// machine: its pins, counter slots and hostPort records (the cluster's
+/// bpffs goes after the nodes), and its files under /run/flatnet.
+pub(super) fn remove_node_state(pin_root: &Path, network: &str) {
+    let _ = Datapath::with_root(pin_root, network).remove_pins();
+    for path in [
+        flatnet_datapath::node::markers::ready_marker(network),
+        flatnet_datapath::node::markers::managed_marker(network),
+        PathBuf::from(format!("/run/flatnet/network-{network}.lock")),
+        // An agent-managed network keeps these past its last DEL; the
+        // node's namespace (and its nftables table) goes with the test.
+        PathBuf::from(format!("/run/flatnet/masq-{network}")),
+        // The agent's record of which policies select which pod.
+        flatnet_datapath::node::markers::policy_names_file(network),
+        // What the agent tells ADD of the namespaces' policies.
+        flatnet_datapath::node::first_packet::isolation_file(network),
+    ] {
+        let _ = std::fs::remove_file(path);
+    }
+    // ADD's pod records (its pods' DELs took theirs).
+    flatnet_datapath::node::first_packet::PodRecord::remove_all(network);
 }

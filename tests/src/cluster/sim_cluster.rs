@@ -16,6 +16,8 @@ pub struct Cluster {
     pub peer_file: PathBuf,
     pub nodes: Vec<SimNode>,
     pub _switch: Netns,
+    /// The bpffs, unmounted should a signal end the process.
+    listed: Option<crate::Listed>,
 }
 
 impl Cluster {
@@ -33,6 +35,7 @@ impl Cluster {
             Some("mode=0700"),
         )
         .expect("mount a test bpffs");
+        let listed = Some(crate::mount_made(&bpffs, &dir));
         let switch = Netns::new();
         switch.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
         switch.exec(&["ip", "link", "set", "br0", "up"]);
@@ -42,6 +45,7 @@ impl Cluster {
             bpffs: bpffs.clone(),
             nodes: Vec::new(),
             _switch: switch,
+            listed,
         };
         let segments: std::collections::BTreeSet<u8> = specs.iter().map(|s| s.segment).collect();
         let routed = segments.len() > 1;
@@ -148,15 +152,21 @@ impl Cluster {
             }
             let node_dir = dir.join(&spec.name);
             std::fs::create_dir_all(&node_dir).expect("node dir");
+            let (network, pin_root) = (format!("{id}-{}", spec.name), bpffs.join(&spec.name));
+            let listed = {
+                let (network, pin_root) = (network.clone(), pin_root.clone());
+                crate::made_here(move || super::node::remove_node_state(&pin_root, &network))
+            };
             cluster.nodes.push(SimNode {
                 spec: spec.clone(),
-                network: format!("{id}-{}", spec.name),
+                network,
                 netns,
-                pin_root: bpffs.join(&spec.name),
+                pin_root,
                 dir: node_dir,
                 agent: Mutex::new(None),
                 agent_flags: Vec::new(),
                 plugin_stdin: Mutex::new(None),
+                listed: Some(listed),
             });
         }
         cluster
@@ -319,5 +329,8 @@ impl Drop for Cluster {
         }
         let _ = nix::mount::umount2(&self.bpffs, nix::mount::MntFlags::MNT_DETACH);
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(listed) = self.listed.take() {
+            listed.removed();
+        }
     }
 }

@@ -28,6 +28,7 @@ mod programs;
 mod protocol;
 mod reclaim;
 mod services;
+mod signals;
 mod socket_lb;
 mod spec;
 mod tcx;

@@ -126,12 +126,8 @@ impl Pair {
     ) -> anyhow::Result<Self> {
         let mut pair = Pair {
             label,
-            a: Netns {
-                name: a.to_string(),
-            },
-            b: Netns {
-                name: b.to_string(),
-            },
+            a: Netns::adopt(a),
+            b: Netns::adopt(b),
             ip_a: ip_a.to_string(),
             ip_b: ip_b.to_string(),
             host_veth_a: String::new(),

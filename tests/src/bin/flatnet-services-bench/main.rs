@@ -292,6 +292,9 @@ fn run(seconds: f64, counts: &[usize]) -> anyhow::Result<Value> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // A run ended by a signal (timeout, ^C) still removes its namespaces,
+    // mounts and agents.
+    flatnet_tests::remove_on_signal()?;
     if args.first().map(String::as_str) == Some("--client") {
         let [_, cgroup, netns, to, seconds] = args.as_slice() else {
             bail!("--client <cgroup|-> <netns> <address:port> <seconds>");

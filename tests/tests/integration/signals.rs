@@ -1,0 +1,134 @@
+//! A run ended by a signal (a CI timeout, `timeout`, ^C) skips every
+//! `Drop`: what it made must still go (`flatnet_tests::remove_on_signal`).
+//! The file runs alone (`gate`), so whatever is new on the node after its
+//! test is that test's.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use flatnet_tests::*;
+
+/// The objects a bench or a test may leave: namespaces, host links, the
+/// plugin's run state, pins, scratch folders, mounts, and processes that
+/// run flatnet's binaries.
+fn node_objects() -> BTreeSet<String> {
+    let mut objects = BTreeSet::new();
+    for place in [
+        "/run/netns",
+        "/sys/class/net",
+        "/run/flatnet",
+        "/sys/fs/bpf/flatnet",
+        "/tmp",
+    ] {
+        for entry in std::fs::read_dir(place).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if place != "/tmp" || name.starts_with("flatnet-") {
+                objects.insert(format!("{place}/{name}"));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    objects.extend(
+        mounts
+            .lines()
+            .filter(|line| line.contains("flatnet"))
+            .map(|line| format!("mount {line}")),
+    );
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&bin_dir().display().to_string()) {
+            objects.insert(format!("process {cmdline}"));
+        }
+    }
+    objects
+}
+
+/// A child process, sent SIGTERM and waited for on drop (a failed test's
+/// bench still removes what it made).
+struct Ended(Child);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            terminate(&self.0);
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn terminate(child: &Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+}
+
+/// The Services bench, ended by SIGTERM while its host-namespace network
+/// (pods, an IPAM folder, pins, a gateway device) is up, then (a second
+/// run) while a simulated cluster (a bpffs mount, node namespaces, agents
+/// and their run state) is. One after the other: each judges what is new
+/// on the node since it began.
+#[flatnet_test(root)]
+fn a_bench_ended_by_a_signal_leaves_nothing_behind() {
+    bench_ended_when("network's pods", |made| {
+        made.iter()
+            .any(|object| object.starts_with("/tmp/flatnet-test-ipam-"))
+            && made.iter().any(|object| object.starts_with("/run/netns/"))
+    });
+    bench_ended_when("simulated cluster's agents", |made| {
+        made.iter()
+            .any(|object| object.contains("/flatnet-cluster-"))
+            && made.iter().any(|object| object.contains("flatnet-agent"))
+    });
+}
+
+/// Starts the Services bench, sends it SIGTERM once the node's objects
+/// show `what` (`up`), and checks that it exits as a process the signal
+/// ended (143, not an abort), leaves none of them, and puts the host's
+/// forwarding switches back.
+fn bench_ended_when(what: &str, up: impl Fn(&BTreeSet<String>) -> bool) {
+    let before = node_objects();
+    let forwarding_before = forwarding::host();
+    let mut bench = Ended(
+        Command::new(bin("flatnet-services-bench"))
+            .args(["2", "10"])
+            .env("FLATNET_BIN_DIR", bin_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the Services bench"),
+    );
+    wait_until(
+        &format!("the bench's {what}"),
+        Duration::from_secs(120),
+        || up(&node_objects()),
+    );
+    let bench = &mut bench.0;
+    terminate(bench);
+    let status = bench.wait().expect("waiting for the bench");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(bench.stderr.as_mut().expect("stderr"), &mut stderr)
+        .expect("the bench's stderr");
+    // 143: exit(128 + SIGTERM) after the clean-up; an abort has no code.
+    assert_eq!(status.code(), Some(143), "{status:?}: {stderr}");
+    assert!(
+        stderr.contains("removing what this process made"),
+        "{stderr}"
+    );
+    // A killed agent's zombie or a namespace's last process may take a
+    // moment to go.
+    let mut left = Vec::new();
+    let gone = poll_until(Duration::from_secs(10), POLL_INTERVAL, || {
+        left = node_objects().difference(&before).cloned().collect();
+        left.is_empty()
+    });
+    assert!(
+        gone,
+        "left behind by the bench ended among {what}: {left:#?}"
+    );
+    assert_eq!(forwarding::host(), forwarding_before);
+}
