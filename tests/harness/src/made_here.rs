@@ -105,13 +105,13 @@ fn remove_everything_made() {
 }
 
 /// Every process descended from this one ended (and with the last of them
-/// the namespaces they held): asked first (SIGTERM: a bench binary under
-/// `cargo xtask bench` then removes what it made itself), killed (SIGKILL)
-/// if still there after 5 s.
+/// the namespaces they held): all asked at once (SIGTERM: a bench binary
+/// under `cargo xtask bench` then removes what it made itself while its
+/// agents stop), killed (SIGKILL) if still there after 15 s.
 fn stop_descendants() {
     let descendants = descendants_of(std::process::id(), &parents());
     let all_gone = || descendants.iter().all(|pid| !running(*pid));
-    for (signal, patience) in [(Signal::SIGTERM, 5), (Signal::SIGKILL, 2)] {
+    for (signal, patience) in [(Signal::SIGTERM, 15), (Signal::SIGKILL, 2)] {
         for pid in &descendants {
             let _ = kill(Pid::from_raw(*pid as i32), signal);
         }
