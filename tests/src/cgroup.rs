@@ -1,10 +1,13 @@
 //! A cgroup v2 directory of a test's (or the bench's) own, for the Service
 //! socket programs: attached there, they act on the processes put in it
-//! only. Removed on drop (its processes have exited by then).
+//! only. Removed on drop (its processes have exited by then), or, should a
+//! signal end the process, with its processes killed first
+//! (`crate::remove_on_signal`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-pub struct TestCgroup(pub PathBuf);
+pub struct TestCgroup(pub PathBuf, Option<crate::Listed>);
 
 impl TestCgroup {
     pub fn new(prefix: &str) -> std::io::Result<Self> {
@@ -13,14 +16,31 @@ impl TestCgroup {
         })?;
         let dir = root.join(crate::unique(prefix));
         std::fs::create_dir(&dir)?;
-        Ok(TestCgroup(dir))
+        let listed = {
+            let dir = dir.clone();
+            crate::made_here(move || kill_and_remove(&dir))
+        };
+        Ok(TestCgroup(dir, Some(listed)))
     }
+}
+
+/// The cgroup at `dir` emptied (`cgroup.kill`: SIGKILL to every process
+/// in it; a cgroup with processes cannot be removed) and removed.
+fn kill_and_remove(dir: &Path) {
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    crate::poll_until(Duration::from_secs(2), crate::POLL_INTERVAL, || {
+        std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|procs| procs.trim().is_empty())
+    });
+    let _ = std::fs::remove_dir(dir);
 }
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir(&self.0) {
             eprintln!("removing {}: {e}", self.0.display());
+        }
+        if let Some(listed) = self.1.take() {
+            listed.removed();
         }
     }
 }

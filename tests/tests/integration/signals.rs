@@ -10,8 +10,8 @@ use std::time::Duration;
 use flatnet_tests::*;
 
 /// The objects a bench or a test may leave: namespaces, host links, the
-/// plugin's run state, pins, scratch folders, mounts, and processes that
-/// run flatnet's binaries.
+/// plugin's run state, pins, cgroups, scratch folders, mounts, and
+/// processes that run flatnet's binaries.
 fn node_objects() -> BTreeSet<String> {
     let mut objects = BTreeSet::new();
     for place in [
@@ -19,11 +19,15 @@ fn node_objects() -> BTreeSet<String> {
         "/sys/class/net",
         "/run/flatnet",
         "/sys/fs/bpf/flatnet",
+        "/sys/fs/cgroup/unified",
         "/tmp",
     ] {
         for entry in std::fs::read_dir(place).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if place != "/tmp" || name.starts_with("flatnet-") {
+            // In /tmp and the cgroup root only flatnet's own (a cgroup's
+            // control files are no objects).
+            let others = matches!(place, "/tmp" | "/sys/fs/cgroup/unified");
+            if !others || name.starts_with("flatnet-") {
                 objects.insert(format!("{place}/{name}"));
             }
         }
