@@ -18,6 +18,7 @@ fn node_objects() -> BTreeSet<String> {
         "/run/netns",
         "/sys/class/net",
         "/run/flatnet",
+        "/sys/fs/bpf",
         "/sys/fs/bpf/flatnet",
         "/sys/fs/cgroup/unified",
         "/tmp",
