@@ -14,8 +14,10 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// How to take back one thing made here, by the number it was listed under.
-type Undo = Box<dyn FnOnce() + Send>;
+/// How to take back one thing made here, by the number it was listed
+/// under. Run twice on a signal (see `remove_everything_made`), so it must
+/// do no harm when the thing is gone already.
+type Undo = Box<dyn Fn() + Send>;
 
 static MADE: Mutex<BTreeMap<u64, Undo>> = Mutex::new(BTreeMap::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -37,8 +39,9 @@ impl Listed {
     }
 }
 
-/// Lists something made here with `undo`, which takes it back.
-pub fn made_here(undo: impl FnOnce() + Send + 'static) -> Listed {
+/// Lists something made here with `undo`, which takes it back (and does
+/// nothing when it is gone already).
+pub fn made_here(undo: impl Fn() + Send + 'static) -> Listed {
     let number = NEXT.fetch_add(1, Ordering::Relaxed);
     made().insert(number, Box::new(undo));
     Listed(number)
@@ -91,17 +94,24 @@ pub fn remove_on_signal() -> std::io::Result<()> {
 static REMOVING: AtomicBool = AtomicBool::new(false);
 
 fn remove_everything_made() {
-    let listed = std::mem::take(&mut *made());
     // The newest first, as `Drop` takes them back: a pod's namespace
     // before its network, a node's before its cluster's bpffs. Before the
     // children are stopped: the rest of the process notices stopped
     // children and may fail, and abort, while this thread still works; a
     // deleted name's namespace lives on with its processes, and goes with
     // the last of them.
-    for (_, undo) in listed.into_iter().rev() {
+    let mut listed = std::mem::take(&mut *made());
+    for undo in listed.values().rev() {
         undo();
     }
     stop_descendants();
+    // Again once the children are gone: a plugin or an agent still running
+    // may have written a file again (a network's lock), and the rest of
+    // the process may have listed something new meanwhile.
+    listed.append(&mut made());
+    for undo in listed.values().rev() {
+        undo();
+    }
 }
 
 /// Every process descended from this one ended (and with the last of them
