@@ -9,23 +9,17 @@ use std::path::Path;
 /// Node-wide files the plugin keeps on purpose (locks others may wait on).
 const KEPT: &[&str] = &["/run/flatnet/bpffs.lock", "/run/flatnet/nftables.lock"];
 
-/// Where test objects live, each listed one level deep.
-const PLACES: &[&str] = &[
-    "/run/netns",
-    "/sys/class/net",
-    "/run/flatnet",
-    "/sys/fs/bpf",
-    "/sys/fs/bpf/flatnet",
-    "/sys/fs/cgroup/unified",
-    "/tmp",
-];
-
 /// The objects on the node at one moment, as paths.
 pub struct NodeObjects(BTreeSet<String>);
 
 impl NodeObjects {
     pub fn now() -> Self {
-        NodeObjects(PLACES.iter().flat_map(|place| entries(place)).collect())
+        NodeObjects(
+            flatnet_harness::TEST_OBJECT_PLACES
+                .iter()
+                .flat_map(|place| entries(place))
+                .collect(),
+        )
     }
 
     /// What exists now and did not in `before`, minus what is kept on

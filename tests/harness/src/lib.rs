@@ -28,7 +28,7 @@ pub use cni::{
 };
 pub use command::{CommandError, bpftool, describe, output, run_ok};
 pub use conflist::{ChainError, Conflist};
-pub use made_here::{Listed, made_here, mount_made, remove_on_signal};
+pub use made_here::{Listed, TEST_OBJECT_PLACES, made_here, mount_made, remove_on_signal};
 pub use netns::{Netns, enter, enter_thread};
 pub use require::{REQUIRE_ROOT_ENV, Verdict, is_root, require, verdict};
 pub use signals::{ReadThroughSignals, RecvThroughSignals};

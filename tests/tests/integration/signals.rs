@@ -14,15 +14,7 @@ use flatnet_tests::*;
 /// processes that run flatnet's binaries.
 fn node_objects() -> BTreeSet<String> {
     let mut objects = BTreeSet::new();
-    for place in [
-        "/run/netns",
-        "/sys/class/net",
-        "/run/flatnet",
-        "/sys/fs/bpf",
-        "/sys/fs/bpf/flatnet",
-        "/sys/fs/cgroup/unified",
-        "/tmp",
-    ] {
+    for &place in TEST_OBJECT_PLACES {
         for entry in std::fs::read_dir(place).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             // In /tmp and the cgroup root only flatnet's own (a cgroup's
