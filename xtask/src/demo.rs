@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use flatnet_common::{MAP_ENDPOINTS_V4, MAP_STATS, PIN_ROOT, action};
-use flatnet_harness::Netns;
+use flatnet_harness::{Listed, Netns, made_here};
 
 use crate::cni::{Plugin, first_ip, first_plugin_conf};
 use crate::install::{CONFLIST_FILE, InstallArgs, REFERENCE_PLUGINS};
@@ -18,16 +18,23 @@ use crate::util::{heading, run_bpftool, run_cmd};
 /// step failed.
 struct Demo {
     plugin: Plugin,
-    pods: Vec<(Netns, String)>,
+    /// Each pod's namespace, container id, and its DEL listed for a signal
+    /// (run before the namespace, listed earlier, is deleted).
+    pods: Vec<(Netns, String, Listed)>,
 }
 
 impl Drop for Demo {
     fn drop(&mut self) {
-        for (netns, container_id) in self.pods.drain(..) {
-            if let Err(e) = self.plugin.call("DEL", &container_id, &netns.path()) {
-                eprintln!("demo cleanup: {e}");
-            }
+        for (netns, container_id, listed) in self.pods.drain(..) {
+            delete_pod(&self.plugin, &container_id, &netns.path());
+            listed.removed();
         }
+    }
+}
+
+fn delete_pod(plugin: &Plugin, container_id: &str, netns: &Path) {
+    if let Err(e) = plugin.call("DEL", container_id, netns) {
+        eprintln!("demo cleanup: {e}");
     }
 }
 
@@ -58,7 +65,14 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
             netns.path().display()
         );
         pods.push((ip, host_veth));
-        demo.pods.push((netns, container_id));
+        // ^C during the demo: the pod's address and the network's pins go
+        // with its DEL, as on drop.
+        let listed = {
+            let (plugin, container_id, path) =
+                (demo.plugin.clone(), container_id.clone(), netns.path());
+            made_here(move || delete_pod(&plugin, &container_id, &path))
+        };
+        demo.pods.push((netns, container_id, listed));
     }
     let ((ip_a, veth_a), (ip_b, _)) = (&pods[0], &pods[1]);
     let (ns_a, ns_b) = (&demo.pods[0].0, &demo.pods[1].0);
@@ -120,8 +134,9 @@ pub fn run(args: &InstallArgs) -> anyhow::Result<()> {
     )?;
 
     heading("DEL both pods");
-    for (netns, container_id) in std::mem::take(&mut demo.pods) {
+    for (netns, container_id, listed) in std::mem::take(&mut demo.pods) {
         demo.plugin.call("DEL", &container_id, &netns.path())?;
+        listed.removed();
         println!("deleted {container_id}");
     }
     println!("done: the pods, their veths, addresses and endpoint entries are gone");
