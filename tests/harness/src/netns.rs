@@ -41,9 +41,7 @@ impl Netns {
     /// delete (on drop, or on a signal).
     pub fn adopt(name: &str) -> Self {
         let owned = name.to_string();
-        let listed = crate::made_here(move || {
-            let _ = Command::new("ip").args(["netns", "del", &owned]).output();
-        });
+        let listed = crate::made_here(move || delete(&owned));
         Netns {
             name: name.to_string(),
             listed: Some(listed),
@@ -101,13 +99,16 @@ impl Default for Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        delete(&self.name);
         if let Some(listed) = self.listed.take() {
             listed.removed();
         }
     }
+}
+
+/// Deletes the namespace `name` (nothing when it is gone already).
+fn delete(name: &str) {
+    let _ = Command::new("ip").args(["netns", "del", name]).output();
 }
 
 /// Moves the calling thread into the network namespace at `netns`, for
