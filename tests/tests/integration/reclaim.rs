@@ -391,6 +391,12 @@ fn the_runtime_killed_mid_add_leaks_nothing() {
 
     // Again, and this time the runtime loses its record of the sandbox.
     let (sandbox, address) = kill_the_runtime_mid_add(&mut cri);
+    // The agent's clock for an unlisted attachment may have started while
+    // the ADD was in flight (containerd lists a sandbox only once its
+    // network is up); a pass that sees the restarted runtime list it stops
+    // that clock. Two passes: the first may have asked the runtime before
+    // the restart.
+    cri.wait_passes(2);
     // The runtime can stop listing the sandbox from the removal on (a pass
     // during the restart may already miss it), so the grace period is
     // measured from before the removal.
