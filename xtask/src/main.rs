@@ -8,7 +8,6 @@ mod e2e;
 #[cfg(test)]
 mod flag_tables;
 mod install;
-mod leaks;
 mod setup;
 mod test;
 mod util;

@@ -110,9 +110,12 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if let Some(filter) = &args.filter {
         cmd.args(["--", filter]);
     }
-    let before = crate::leaks::NodeObjects::now();
+    // Namespaces, links, pins, run state, cgroups, scratch folders, bpffs
+    // mounts and processes of the build: what is new afterwards leaked.
+    let bin_dir = util::target_dir(false);
+    let before = flatnet_harness::NodeObjects::now(&bin_dir);
     run_cmd(&mut cmd)?;
-    let leaked = crate::leaks::NodeObjects::new_since(&before);
+    let leaked = flatnet_harness::NodeObjects::now(&bin_dir).new_since(&before);
     anyhow::ensure!(
         leaked.is_empty(),
         "the tests left {} object(s) on the node (each test removes what it makes, also when it fails):\n  {}",

@@ -14,19 +14,6 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// Where what a test or bench makes on the node lives, each place to be
-/// listed one level deep (the suite's leak check, `cargo xtask test`, and
-/// the signal test look there).
-pub const TEST_OBJECT_PLACES: &[&str] = &[
-    "/run/netns",
-    "/sys/class/net",
-    "/run/flatnet",
-    "/sys/fs/bpf",
-    "/sys/fs/bpf/flatnet",
-    "/sys/fs/cgroup/unified",
-    "/tmp",
-];
-
 /// How to take back one thing made here, by the number it was listed
 /// under. Run twice on a signal (see `remove_everything_made`), so it must
 /// do no harm when the thing is gone already.

@@ -3,45 +3,16 @@
 //! The file runs alone (`gate`), so whatever is new on the node after its
 //! test is that test's.
 
-use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use flatnet_tests::*;
 
-/// The objects a bench or a test may leave: namespaces, host links, the
+/// The node's objects (`NodeObjects`): namespaces, host links, the
 /// plugin's run state, pins, cgroups, scratch folders, mounts, and
 /// processes that run flatnet's binaries.
-fn node_objects() -> BTreeSet<String> {
-    let mut objects = BTreeSet::new();
-    for &place in TEST_OBJECT_PLACES {
-        for entry in std::fs::read_dir(place).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // In /tmp and the cgroup root only flatnet's own (a cgroup's
-            // control files are no objects).
-            let others = matches!(place, "/tmp" | "/sys/fs/cgroup/unified");
-            if !others || name.starts_with("flatnet-") {
-                objects.insert(format!("{place}/{name}"));
-            }
-        }
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
-    objects.extend(
-        mounts
-            .lines()
-            .filter(|line| line.contains("flatnet"))
-            .map(|line| format!("mount {line}")),
-    );
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(&bin_dir().display().to_string()) {
-            objects.insert(format!("process {cmdline}"));
-        }
-    }
-    objects
+fn node_objects() -> NodeObjects {
+    NodeObjects::now(&bin_dir())
 }
 
 /// A child process, sent SIGTERM and waited for on drop (a failed test's
@@ -71,15 +42,11 @@ fn terminate(child: &Child) {
 /// on the node since it began.
 #[flatnet_test(root)]
 fn a_bench_ended_by_a_signal_leaves_nothing_behind() {
-    bench_ended_when("network's pods", |made| {
-        made.iter()
-            .any(|object| object.starts_with("/tmp/flatnet-test-ipam-"))
-            && made.iter().any(|object| object.starts_with("/run/netns/"))
+    bench_ended_when("network's pods", |node| {
+        node.any_contains("/tmp/flatnet-test-ipam-") && node.any_contains("/run/netns/")
     });
-    bench_ended_when("simulated cluster's agents", |made| {
-        made.iter()
-            .any(|object| object.contains("/flatnet-cluster-"))
-            && made.iter().any(|object| object.contains("flatnet-agent"))
+    bench_ended_when("simulated cluster's agents", |node| {
+        node.any_contains("/flatnet-cluster-") && node.any_contains("flatnet-agent")
     });
 }
 
@@ -87,7 +54,7 @@ fn a_bench_ended_by_a_signal_leaves_nothing_behind() {
 /// show `what` (`up`), and checks that it exits as a process the signal
 /// ended (143, not an abort), leaves none of them, and puts the host's
 /// forwarding switches back.
-fn bench_ended_when(what: &str, up: impl Fn(&BTreeSet<String>) -> bool) {
+fn bench_ended_when(what: &str, up: impl Fn(&NodeObjects) -> bool) {
     let before = node_objects();
     let forwarding_before = forwarding::host();
     let mut bench = Ended(
@@ -120,7 +87,7 @@ fn bench_ended_when(what: &str, up: impl Fn(&BTreeSet<String>) -> bool) {
     // moment to go.
     let mut left = Vec::new();
     let gone = poll_until(Duration::from_secs(10), POLL_INTERVAL, || {
-        left = node_objects().difference(&before).cloned().collect();
+        left = node_objects().new_since(&before);
         left.is_empty()
     });
     assert!(
