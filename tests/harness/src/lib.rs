@@ -31,7 +31,7 @@ pub use command::{CommandError, bpftool, describe, output, run_ok};
 pub use conflist::{ChainError, Conflist};
 pub use made_here::{Listed, made_here, mount_made, remove_on_signal};
 pub use netns::{Netns, enter, enter_thread};
-pub use node_objects::{NodeObjects, TEST_OBJECT_PLACES};
+pub use node_objects::NodeObjects;
 pub use require::{REQUIRE_ROOT_ENV, Verdict, is_root, require, verdict};
 pub use signals::{ReadThroughSignals, RecvThroughSignals};
 pub use wait::{POLL_INTERVAL, poll_until, wait_until};

@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Where what a test or bench makes on the node lives, each place to be
 /// listed one level deep.
-pub const TEST_OBJECT_PLACES: &[&str] = &[
+const TEST_OBJECT_PLACES: &[&str] = &[
     "/run/netns",
     "/sys/class/net",
     "/run/flatnet",
@@ -34,7 +34,7 @@ const KEPT: &[&str] = &[
     "/sys/fs/cgroup/unified/libpod_parent",
 ];
 
-/// The objects on the node at one moment: paths in [`TEST_OBJECT_PLACES`],
+/// The objects on the node at one moment: the entries of `TEST_OBJECT_PLACES`,
 /// `mount <line>` for each mount with flatnet in it, and `process
 /// <command line>` for each process running a binary of the build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,19 +89,18 @@ fn entries(place: &str) -> Vec<String> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|entry| is_object(place, &entry.file_name().to_string_lossy(), entry))
-        .map(|entry| Path::new(place).join(entry.file_name()))
-        .map(|path| path.to_string_lossy().into_owned())
+        .filter(|entry| is_object(place, entry))
+        .map(|entry| format!("{place}/{}", entry.file_name().to_string_lossy()))
         .collect()
 }
 
-fn is_object(place: &str, name: &str, entry: &std::fs::DirEntry) -> bool {
+fn is_object(place: &str, entry: &std::fs::DirEntry) -> bool {
     match place {
         // A cgroup's control files (cgroup.procs, ...) are not objects.
         "/sys/fs/cgroup/unified" => entry.file_type().is_ok_and(|kind| kind.is_dir()),
         // In /tmp only the scratch folders of flatnet's own: the compiler,
         // cargo and whoever else uses /tmp meanwhile are not the suite.
-        "/tmp" => name.starts_with("flatnet-"),
+        "/tmp" => entry.file_name().to_string_lossy().starts_with("flatnet-"),
         _ => true,
     }
 }
@@ -134,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn only_flatnets_scratch_folders_and_cgroup_folders_are_listed() {
+    fn in_tmp_only_flatnets_scratch_folders_are_listed() {
         let scratch = Path::new("/tmp").join(crate::unique("flatnet-objects-"));
         let other = Path::new("/tmp").join(crate::unique("someone-else-"));
         std::fs::create_dir(&scratch).expect("scratch folder");
