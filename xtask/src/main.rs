@@ -46,8 +46,13 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Write docs/benchmarks.md and the README's benchmark table from results/ (no measuring).
     Docs,
-    /// Build Kubernetes 1.20.2, e2e.test, agnhost and pause for real-cluster tests, in $FLATNET_CACHE.
-    E2eBuild,
+    /// Build Kubernetes (the servers, kubelet, kube-proxy, e2e.test, agnhost), etcd,
+    /// containerd 2, cri-tools and pause from their Go modules, in $FLATNET_CACHE.
+    E2eBuild {
+        /// The Kubernetes release (major.minor.patch).
+        #[arg(long, default_value = e2e::build::DEFAULT_RELEASE)]
+        kubernetes: e2e::build::Release,
+    },
     /// A cluster of real kubelets, kube-proxy, API server and containerd
     /// with flatnet as its CNI, and the upstream sig-network and
     /// NetworkPolicy e2e suites of the same release run on it.
@@ -93,8 +98,8 @@ fn main() -> anyhow::Result<()> {
             setup::all()?;
             e2e::run(&args)
         }
-        Task::E2eBuild => {
-            let built = e2e::build::prepare()?;
+        Task::E2eBuild { kubernetes } => {
+            let built = e2e::build::prepare(&kubernetes)?;
             println!("{built}");
             Ok(())
         }

@@ -152,6 +152,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             full: false,
             services: None,
             focus: None,
+            kubernetes: crate::e2e::build::DEFAULT_RELEASE.parse()?,
             nodes: 2,
             keep: false,
             debug_build: true,

@@ -21,6 +21,8 @@ use super::plan::{self, Plan};
 pub enum ServicesMode {
     /// kube-proxy (iptables) on every node, flatnet hands its flows to the stack.
     KubeProxy,
+    /// kube-proxy in its nftables mode (GA since 1.33) on every node.
+    KubeProxyNftables,
     /// No kube-proxy: flatnet-agent `--services ebpf` balances ClusterIPs
     /// at the socket.
     Ebpf,
@@ -30,7 +32,24 @@ impl ServicesMode {
     pub fn name(self) -> &'static str {
         match self {
             ServicesMode::KubeProxy => "kube-proxy",
+            ServicesMode::KubeProxyNftables => "kube-proxy-nftables",
             ServicesMode::Ebpf => "ebpf",
+        }
+    }
+
+    /// Every mode, in the order runs take them.
+    pub const ALL: [ServicesMode; 3] = [
+        ServicesMode::KubeProxy,
+        ServicesMode::KubeProxyNftables,
+        ServicesMode::Ebpf,
+    ];
+
+    /// kube-proxy's `mode` when it runs.
+    pub fn kube_proxy_mode(self) -> Option<&'static str> {
+        match self {
+            ServicesMode::KubeProxy => Some("iptables"),
+            ServicesMode::KubeProxyNftables => Some("nftables"),
+            ServicesMode::Ebpf => None,
         }
     }
 }
@@ -60,7 +79,7 @@ impl Cluster {
     ) -> anyhow::Result<Self> {
         let started = Instant::now();
         let pki = Pki::create(&plan.dir.join("pki"))?;
-        let control_plane = ControlPlane::start(&plan, &pki, &built.bin_dir, &built.etcd)?;
+        let control_plane = ControlPlane::start(&plan, &pki, &built.bin_dir, &built.etcd())?;
         println!(
             "e2e: control plane ready in {:.1} s",
             started.elapsed().as_secs_f64()
@@ -79,15 +98,15 @@ impl Cluster {
                             index,
                             &control_plane.host,
                             pki,
-                            &built.bin_dir,
+                            built,
                             images,
                         )?;
                         // kube-proxy comes with the node, before its CNI
                         // (kubeadm's DaemonSet runs on the host network):
                         // the agent reaches the API server through the
                         // `kubernetes` Service it translates.
-                        if mode == ServicesMode::KubeProxy {
-                            node.start_kube_proxy(&built.bin_dir)?;
+                        if let Some(proxy_mode) = mode.kube_proxy_mode() {
+                            node.start_kube_proxy(&built.bin_dir, proxy_mode)?;
                         }
                         Ok(node)
                     })

@@ -34,13 +34,16 @@ pub struct E2eArgs {
     /// default is the subset CI runs).
     #[arg(long)]
     pub full: bool,
-    /// Which Services modes to run (default: both).
+    /// Which Services mode to run (default: each of them).
     #[arg(long, value_enum)]
     pub services: Option<ServicesMode>,
     /// Run only the specs matching this regular expression (ginkgo focus),
     /// instead of the suites.
     #[arg(long)]
     pub focus: Option<String>,
+    /// The Kubernetes release (major.minor.patch), built from its Go modules.
+    #[arg(long, default_value = build::DEFAULT_RELEASE)]
+    pub kubernetes: build::Release,
     /// Nodes of the cluster.
     #[arg(long, default_value_t = 2)]
     pub nodes: u8,
@@ -80,7 +83,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         println!("e2e: nothing of an earlier run is left on this machine");
         return Ok(());
     }
-    let built = build::prepare()?;
+    let built = build::prepare(&args.kubernetes)?;
     clean_up_leftovers();
     tear_down_on_signal()?;
 
@@ -108,7 +111,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
 
     let modes = match args.services {
         Some(mode) => vec![mode],
-        None => vec![ServicesMode::KubeProxy, ServicesMode::Ebpf],
+        None => ServicesMode::ALL.to_vec(),
     };
     let mut outcome = Ok(());
     let mut reports = Vec::new();
@@ -158,7 +161,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     suites::print_summary(&reports);
     if args.full && args.focus.is_none() {
         let header = format!(
-            "{} UTC, commit {}, flatnet's {} build; Kubernetes v1.20.2 (e2e.test and ginkgo from the same source), {} nodes, containerd 1.6; `cargo xtask e2e --full`",
+            "{} UTC, commit {}, flatnet's {} build; Kubernetes {} (e2e.test and ginkgo from the same module), {} nodes, containerd {}; `cargo xtask e2e --full`",
             util::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M"]))
                 .unwrap_or_default()
                 .trim(),
@@ -172,7 +175,9 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
             .trim(),
             if args.debug_build { "debug" } else { "release" },
+            built.release.tag(),
             args.nodes,
+            build::CONTAINERD_VERSION,
         );
         suites::write_results(&reports, &util::root().join("results"), &header)?;
     }
@@ -299,7 +304,7 @@ fn clean_up_leftovers() {
         println!("e2e: removing the cgroup {root}, left by an earlier run");
         node::remove_cgroup_tree(&root);
     }
-    for mode in [ServicesMode::KubeProxy, ServicesMode::Ebpf] {
+    for mode in ServicesMode::ALL {
         let dir = PathBuf::from(STATE_DIR).join(mode.name());
         for machine in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             host::remove_made_mount_points(&machine.path());

@@ -1,4 +1,4 @@
-//! A worker node: containerd 1.6 with its CRI plugin, kubelet and (in
+//! A worker node: containerd 2 with its CRI plugin, kubelet and (in
 //! `--services kube-proxy` runs) kube-proxy, on a machine of its own
 //! (`host.rs`), plugged into the control plane's bridge. flatnet is not
 //! started here: its agent arrives as the DaemonSet's pod, as on a real
@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use flatnet_harness::containerd::{ContainerdConfig, Cri};
 
+use super::build::Built;
 use super::daemon::Daemon;
 use super::host::Host;
 use super::pki::{Pki, Subject};
@@ -32,7 +33,7 @@ const REGISTRIES: &[&str] = &[
 ];
 const CLOSED_PORT: &str = "http://127.0.0.1:9";
 
-/// Global sysctls kubelet 1.20 writes (setupKernelTunables): saved before
+/// Global sysctls kubelet writes (setupKernelTunables): saved before
 /// and restored after a run by `sysctls.rs`.
 pub const KUBELET_SYSCTLS: &[&str] = &[
     "vm/overcommit_memory",
@@ -64,7 +65,7 @@ impl Node {
         index: u8,
         control_plane: &Host,
         pki: &Pki,
-        bin: &Path,
+        built: &Built,
         images: &[PathBuf],
     ) -> anyhow::Result<Self> {
         let name = plan.node_name(index);
@@ -85,9 +86,9 @@ impl Node {
         };
         node.plug_in(control_plane)?;
         node.make_cgroup_root()?;
-        node.write_configuration(plan, pki)?;
-        node.start_containerd(images)?;
-        node.start_kubelet(bin)?;
+        node.write_configuration(plan, pki, built)?;
+        node.start_containerd(built, images)?;
+        node.start_kubelet(&built.bin_dir)?;
         Ok(node)
     }
 
@@ -167,7 +168,7 @@ impl Node {
         std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))
     }
 
-    fn write_configuration(&self, plan: &Plan, pki: &Pki) -> anyhow::Result<()> {
+    fn write_configuration(&self, plan: &Plan, pki: &Pki, built: &Built) -> anyhow::Result<()> {
         let server = plan.api_server_url();
         let name = &self.name;
         // Credentials: kubelet as system:node:<name> (Node authorizer and
@@ -211,8 +212,16 @@ impl Node {
         // of this cluster has no resolver beyond the cluster's own.
         self.write("/etc/kubernetes/resolv.conf", "options ndots:1\n")?;
         self.write("/etc/kubernetes/kubelet.yaml", &self.kubelet_config())?;
-        self.write("/etc/kubernetes/kube-proxy.yaml", &self.kube_proxy_config())?;
-        self.write("/etc/containerd/config.toml", &containerd_config())?;
+        for mode in ["iptables", "nftables"] {
+            self.write(
+                &format!("/etc/kubernetes/kube-proxy-{mode}.yaml"),
+                &self.kube_proxy_config(mode),
+            )?;
+        }
+        self.write(
+            "/etc/containerd/config.toml",
+            &containerd_config(&built.bin("containerd-shim-runc-v2")),
+        )?;
         for registry in REGISTRIES {
             self.write(
                 &format!("/etc/containerd/certs.d/{registry}/hosts.toml"),
@@ -246,8 +255,12 @@ authorization:
 tlsCertFile: /etc/kubernetes/pki/kubelet.crt
 tlsPrivateKeyFile: /etc/kubernetes/pki/kubelet.key
 rotateCertificates: false
+containerRuntimeEndpoint: unix://{socket}
 cgroupDriver: cgroupfs
 cgroupRoot: {cgroup_root}
+# This machine's cgroups are the hybrid layout (v1 controllers, v2 without
+# them), which kubelet refuses since 1.35 unless told otherwise.
+failCgroupV1: false
 clusterDNS:
 - {dns}
 clusterDomain: {domain}
@@ -267,13 +280,14 @@ evictionHard:
 serializeImagePulls: false
 "#,
             address = self.address,
+            socket = SOCKET,
             cgroup_root = self.cgroup_root,
             dns = plan::DNS_SERVICE_ADDRESS,
             domain = plan::DNS_DOMAIN,
         )
     }
 
-    fn kube_proxy_config(&self) -> String {
+    fn kube_proxy_config(&self, mode: &str) -> String {
         format!(
             r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -285,7 +299,7 @@ bindAddress: {address}
 healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
 clusterCIDR: {cluster_cidr}
-mode: iptables
+mode: {mode}
 conntrack:
   # nf_conntrack_max is global (and read-only outside the host's network
   # namespace): left alone. The per-namespace TCP timeouts are set.
@@ -295,23 +309,25 @@ conntrack:
             name = self.name,
             address = self.address,
             cluster_cidr = plan::CLUSTER_CIDR,
+            mode = mode,
         )
     }
 
-    fn start_containerd(&mut self, images: &[PathBuf]) -> anyhow::Result<()> {
-        let mut cmd = self.host.command("/usr/bin/containerd");
-        cmd.args(["--config", "/etc/containerd/config.toml"]);
+    fn start_containerd(&mut self, built: &Built, images: &[PathBuf]) -> anyhow::Result<()> {
+        let mut cmd = self.host.command(built.containerd());
+        cmd.args(["--config", "/etc/containerd/config.toml"])
+            // Its shim (containerd-shim-runc-v2) is found on PATH.
+            .env("PATH", path_with(&built.bin_dir));
         let mut daemon = Daemon::start(&self.host, "containerd", cmd, &self.logs)?;
+        let ctr = built.ctr().display().to_string();
         daemon.wait_ready(Duration::from_secs(30), "its socket", || {
-            self.host
-                .run("ctr", &["--address", SOCKET, "version"])
-                .is_ok()
+            self.host.run(&ctr, &["--address", SOCKET, "version"]).is_ok()
         })?;
         self.containerd = Some(daemon);
         for image in images {
             self.host
                 .run(
-                    "ctr",
+                    &ctr,
                     &[
                         "--address",
                         SOCKET,
@@ -329,7 +345,7 @@ conntrack:
 
     fn start_kubelet(&mut self, bin: &Path) -> anyhow::Result<()> {
         // kubeadm's kubelet.service restarts kubelet whenever it exits
-        // (Restart=always): kubelet 1.20 exits 255 on a fatal error at start
+        // (Restart=always): kubelet exits 255 on a fatal error at start
         // and relies on that. The node does the same, a few times, with the
         // log of each exit printed; an exit after start stays an error.
         let mut attempt = 1;
@@ -338,14 +354,12 @@ conntrack:
             cmd.args([
                 "--config=/etc/kubernetes/kubelet.yaml",
                 "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
-                "--container-runtime=remote",
-                &format!("--container-runtime-endpoint=unix://{SOCKET}"),
                 &format!("--hostname-override={}", self.name),
                 &format!("--node-ip={}", self.address),
                 "--v=1",
             ])
-            // kubelet 1.20's in-tree ECR credential provider asks the EC2
-            // metadata address at start.
+            // Old kubelets' in-tree ECR credential provider asked the EC2
+            // metadata address at start; any AWS SDK in it is told not to.
             .env("AWS_EC2_METADATA_DISABLED", "true");
             let mut daemon = Daemon::start(&self.host, "kubelet", cmd, &self.logs)?;
             let started = daemon.wait_ready(Duration::from_secs(60), "healthz", || {
@@ -371,9 +385,11 @@ conntrack:
         }
     }
 
-    pub fn start_kube_proxy(&mut self, bin: &Path) -> anyhow::Result<()> {
+    /// kube-proxy in `mode` (iptables or nftables).
+    pub fn start_kube_proxy(&mut self, bin: &Path, mode: &str) -> anyhow::Result<()> {
         let mut cmd = self.host.command(bin.join("kube-proxy"));
-        cmd.args(["--config=/etc/kubernetes/kube-proxy.yaml", "--v=1"]);
+        cmd.arg(format!("--config=/etc/kubernetes/kube-proxy-{mode}.yaml"))
+            .arg("--v=1");
         let mut daemon = Daemon::start(&self.host, "kube-proxy", cmd, &self.logs)?;
         let healthz = format!("http://{}:10256/healthz", self.address);
         daemon.wait_ready(Duration::from_secs(60), "healthz", || {
@@ -431,21 +447,28 @@ const KUBELET_STARTS: u32 = 3;
 
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
 
-/// containerd 1.6 at its default paths (the node's own), CRI as kubelet
-/// 1.20 needs it, every registry pointed at a closed port (`certs.d`).
-fn containerd_config() -> String {
+/// PATH with `dir` first.
+fn path_with(dir: &Path) -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)))
+        .unwrap_or(path)
+}
+
+/// containerd 2 at its default paths (the node's own), CRI as kubelet
+/// needs it, every registry pointed at a closed port (`certs.d`).
+fn containerd_config(shim: &Path) -> String {
     ContainerdConfig {
         paths: None,
         cri: Some(Cri {
-            // kubelet 1.20's default sandbox image, imported from pause.c.
-            sandbox_image: "k8s.gcr.io/pause:3.2".to_string(),
+            // The sandbox image, imported from pause.c.
+            sandbox_image: crate::e2e::images::PAUSE.to_string(),
             cni_bin_dir: "/opt/cni/bin".into(),
             cni_conf_dir: "/etc/cni/net.d".into(),
             runc: None,
             registry_config_path: Some("/etc/containerd/certs.d".into()),
         }),
     }
-    .to_toml()
+    .to_toml_v3(shim)
 }
 
 /// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers and

@@ -1,36 +1,34 @@
 //! `cargo xtask e2e-build`: everything a real Kubernetes cluster test needs,
-//! prepared idempotently. Debian packages (etcd, containerd, Go 1.19, ...),
-//! Kubernetes 1.20.2 built from Debian bookworm's source package (the only
-//! full tree with `vendor/` this machine can reach: no Go module proxy), the
-//! e2e suite with its internet check removed, agnhost, and a static pause.
+//! prepared idempotently. Kubernetes of the chosen release (the servers,
+//! kubelet, kube-proxy, kubectl, the e2e suite, ginkgo, agnhost), etcd,
+//! containerd 2 and cri-tools, each built from its Go module through the
+//! Go module proxy by a small module of our own (`go_module.rs`); Debian's
+//! runc; a static pause.
 //!
-//! Everything lands in `$FLATNET_CACHE/k8s-v1.20.2` (default
+//! Everything lands in `$FLATNET_CACHE/k8s-v<release>` (default
 //! `/var/cache/flatnet`), outside the checkout, so a fresh clone on the same
 //! machine reuses it; `bin/.complete` is written last and makes a second run
 //! a check of stamps only.
 
-mod internet_check;
+mod go_module;
 mod kubernetes;
 mod pause;
-mod source;
+mod runtime;
 
 use std::fmt;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use anyhow::{Context, bail};
 use nix::fcntl::{Flock, FlockArg};
 
-use internet_check::verify_patched;
 use kubernetes::kubernetes;
+pub use runtime::CONTAINERD_VERSION;
 use pause::pause;
-use source::{SOURCE_PACKAGE, SOURCE_VERSION, source};
 
 /// Debian packages the cluster tests run or build with.
 pub const PACKAGES: &[&str] = &[
-    "golang-1.19-go",
-    "etcd-server",
-    "containerd",
     "runc",
     "gcc",
     "libc6-dev",
@@ -53,16 +51,61 @@ pub const PACKAGES: &[&str] = &[
     "nftables",
     "binutils",
     "containernetworking-plugins",
-    // The Kubernetes tree's own build: its Makefile, and rsync for placing
-    // the binaries under _output/bin (Build-Depends of the source package).
-    "make",
-    "rsync",
 ];
 
-const CACHE_SUBDIR: &str = "k8s-v1.20.2";
+/// The Kubernetes release the clusters run unless `--kubernetes` says
+/// otherwise: the newest the Go module proxy serves.
+pub const DEFAULT_RELEASE: &str = "1.37.2";
+
 const DEFAULT_CACHE: &str = "/var/cache/flatnet";
 
-/// Binaries copied from the tree's build output into `bin/`.
+/// A Kubernetes release, `major.minor.patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl Release {
+    /// `v1.37.2`: the tag of `k8s.io/kubernetes`.
+    pub fn tag(&self) -> String {
+        format!("v{self}")
+    }
+
+    /// `v0.37.2`: the tag of its staging modules (`k8s.io/api`, ...).
+    pub fn staging_tag(&self) -> String {
+        format!("v0.{}.{}", self.minor, self.patch)
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl FromStr for Release {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> anyhow::Result<Self> {
+        let parts: Vec<&str> = text.trim_start_matches('v').split('.').collect();
+        let [major, minor, patch] = parts[..] else {
+            bail!("a Kubernetes release is major.minor.patch (e.g. {DEFAULT_RELEASE}), not {text:?}");
+        };
+        let number = |part: &str| {
+            part.parse::<u32>()
+                .with_context(|| format!("{part:?} in {text:?} is not a number"))
+        };
+        Ok(Release {
+            major: number(major)?,
+            minor: number(minor)?,
+            patch: number(patch)?,
+        })
+    }
+}
+
+/// Binaries of the Kubernetes module in `bin/`.
 pub const KUBE_BINARIES: &[&str] = &[
     "kube-apiserver",
     "kubelet",
@@ -78,7 +121,11 @@ pub const KUBE_BINARIES: &[&str] = &[
 
 /// Every binary `bin/` holds when complete.
 pub fn binaries() -> impl Iterator<Item = &'static str> {
-    KUBE_BINARIES.iter().copied().chain([PAUSE])
+    KUBE_BINARIES
+        .iter()
+        .chain(runtime::BINARIES)
+        .copied()
+        .chain([PAUSE])
 }
 
 const PAUSE: &str = "pause";
@@ -88,16 +135,15 @@ const STAMP: &str = ".complete";
 /// Where the prepared pieces are.
 #[derive(Debug, Clone)]
 pub struct Built {
-    /// `<cache>/k8s-v1.20.2`: all of the below.
+    pub release: Release,
+    /// `<cache>/k8s-v1.37.2`: all of the below.
     pub root: PathBuf,
-    /// The Kubernetes binaries, agnhost, ginkgo, e2e.test and pause.
+    /// Every binary built (Kubernetes, etcd, containerd, cri-tools, pause).
     pub bin_dir: PathBuf,
-    /// The patched Kubernetes tree (for the e2e suite's manifests, if needed).
+    /// The release's source (the module cache's read-only copy): the e2e
+    /// suite's fixtures, agnhost's files.
     pub source_dir: PathBuf,
-    /// Debian's etcd, which kube-apiserver 1.20 works with.
-    pub etcd: PathBuf,
-    /// Debian's containerd and runc (CRI for kubelet 1.20).
-    pub containerd: PathBuf,
+    /// Debian's runc (containerd's runtime).
     pub runc: PathBuf,
 }
 
@@ -105,116 +151,101 @@ impl Built {
     pub fn bin(&self, name: &str) -> PathBuf {
         self.bin_dir.join(name)
     }
+
+    pub fn etcd(&self) -> PathBuf {
+        self.bin("etcd")
+    }
+
+    pub fn containerd(&self) -> PathBuf {
+        self.bin("containerd")
+    }
+
+    pub fn ctr(&self) -> PathBuf {
+        self.bin("ctr")
+    }
 }
 
 impl fmt::Display for Built {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Kubernetes:  {}", self.release)?;
         writeln!(f, "cache:       {}", self.root.display())?;
-        writeln!(f, "source tree: {}", self.source_dir.display())?;
+        writeln!(f, "source:      {}", self.source_dir.display())?;
         writeln!(f, "binaries:    {}", self.bin_dir.display())?;
         for name in binaries() {
             writeln!(f, "  {}", self.bin(name).display())?;
         }
-        writeln!(f, "etcd:        {}", self.etcd.display())?;
-        writeln!(f, "containerd:  {}", self.containerd.display())?;
         write!(f, "runc:        {}", self.runc.display())
     }
 }
 
-/// The cache's layout, all under `root`.
-struct Layout {
-    root: PathBuf,
-    bin: PathBuf,
-    src: PathBuf,
-    apt: PathBuf,
-    download: PathBuf,
-    gopath: PathBuf,
-    gocache: PathBuf,
-}
-
-impl Layout {
-    fn new(root: PathBuf) -> Self {
-        Layout {
-            bin: root.join("bin"),
-            src: root.join("src"),
-            apt: root.join("apt"),
-            download: root.join("download"),
-            gopath: root.join("gopath"),
-            // Where the tree's hack/lib/golang.sh points GOCACHE (and GOPATH,
-            // at _output/local/go) whatever the environment says; inside the
-            // cache folder, so a rebuild takes seconds.
-            gocache: root.join("src/_output/local/go/cache"),
-            root,
-        }
-    }
-
-    fn stamp(&self) -> PathBuf {
-        self.bin.join(STAMP)
-    }
-
-    fn built(&self) -> Built {
-        Built {
-            root: self.root.clone(),
-            bin_dir: self.bin.clone(),
-            source_dir: self.src.clone(),
-            etcd: PathBuf::from("/usr/bin/etcd"),
-            containerd: PathBuf::from("/usr/bin/containerd"),
-            runc: PathBuf::from("/usr/sbin/runc"),
-        }
-    }
-}
-
-/// `$FLATNET_CACHE` or `/var/cache/flatnet`, plus `k8s-v1.20.2`.
-pub fn cache_root() -> PathBuf {
+/// `$FLATNET_CACHE` or `/var/cache/flatnet`.
+fn cache_base() -> PathBuf {
     std::env::var_os("FLATNET_CACHE")
         .filter(|dir| !dir.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
-        .join(CACHE_SUBDIR)
 }
 
-/// Installs the missing packages, then fetches, patches and builds what the
-/// stamp does not already vouch for.
-pub fn prepare() -> anyhow::Result<Built> {
-    packages()?;
-    let layout = Layout::new(cache_root());
-    let built = layout.built();
-    for tool in [&built.etcd, &built.containerd, &built.runc] {
-        if !tool.exists() {
-            bail!(
-                "{} is missing although its package is installed: reinstall it (apt-get install --reinstall)",
-                tool.display()
-            );
-        }
-    }
-    if complete(&layout) {
-        println!("e2e-build: {} is complete", layout.bin.display());
-        return Ok(built);
-    }
+/// The release's folder in the cache.
+pub fn cache_root(release: &Release) -> PathBuf {
+    cache_base().join(format!("k8s-{}", release.tag()))
+}
 
-    fs::create_dir_all(&layout.root).with_context(|| {
+/// The source folder a complete build recorded in its stamp.
+fn recorded_source(stamp: &str) -> Option<PathBuf> {
+    stamp
+        .lines()
+        .find_map(|line| line.strip_prefix("# source "))
+        .map(PathBuf::from)
+}
+
+/// Installs the missing packages, then builds what the stamp does not
+/// already vouch for.
+pub fn prepare(release: &Release) -> anyhow::Result<Built> {
+    crate::setup::ensure_packages(PACKAGES)?;
+    let root = cache_root(release);
+    let bin = root.join("bin");
+    let runc = PathBuf::from("/usr/sbin/runc");
+    if !runc.exists() {
+        bail!(
+            "{} is missing although its package is installed: reinstall it (apt-get install --reinstall runc)",
+            runc.display()
+        );
+    }
+    let built = |source_dir: PathBuf| Built {
+        release: *release,
+        root: root.clone(),
+        bin_dir: bin.clone(),
+        source_dir,
+        runc: runc.clone(),
+    };
+    if let Some(source) = complete(&bin) {
+        println!("e2e-build: {} is complete", bin.display());
+        return Ok(built(source));
+    }
+    fs::create_dir_all(&root).with_context(|| {
         format!(
             "cannot create {}: run as root or set FLATNET_CACHE to a writable folder",
-            layout.root.display()
+            root.display()
         )
     })?;
-    // Two runs at once (a CI job and a developer) would unpack and build
-    // over each other; the second waits, then finds the stamp.
-    let _lock = lock(&layout.root.join(".lock"))?;
-    if complete(&layout) {
-        println!(
-            "e2e-build: {} was completed meanwhile",
-            layout.bin.display()
-        );
-        return Ok(built);
+    // Two runs at once (a CI job and a developer) would build over each
+    // other; the second waits, then finds the stamp.
+    let _lock = lock(&root.join(".lock"))?;
+    if let Some(source) = complete(&bin) {
+        println!("e2e-build: {} was completed meanwhile", bin.display());
+        return Ok(built(source));
     }
-
-    source(&layout)?;
-    verify_patched(&layout.src)?;
-    kubernetes(&layout)?;
-    pause(&layout)?;
-    write_stamp(&layout)?;
-    Ok(built)
+    let started = std::time::Instant::now();
+    let source = kubernetes(release, &root, &bin)?;
+    runtime::build(&root, &bin)?;
+    pause(&root, &bin.join(PAUSE))?;
+    write_stamp(release, &bin, &source)?;
+    println!(
+        "e2e-build: Kubernetes {release} and its runtime built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(built(source))
 }
 
 fn lock(path: &Path) -> anyhow::Result<Flock<File>> {
@@ -233,45 +264,62 @@ fn lock(path: &Path) -> anyhow::Result<Flock<File>> {
     }
 }
 
-/// True when the stamp lists every binary with the size it has on disk.
-fn complete(layout: &Layout) -> bool {
-    let Ok(stamp) = fs::read_to_string(layout.stamp()) else {
-        return false;
-    };
-    binaries().all(|name| {
-        let Ok(meta) = fs::metadata(layout.bin.join(name)) else {
+/// The source folder, when the stamp lists every binary with the size it
+/// has on disk and the source it was built from is still there.
+fn complete(bin: &Path) -> Option<PathBuf> {
+    let stamp = fs::read_to_string(bin.join(STAMP)).ok()?;
+    let all_there = binaries().all(|name| {
+        let Ok(meta) = fs::metadata(bin.join(name)) else {
             return false;
         };
         stamp.lines().any(|line| {
             let mut words = line.split_whitespace();
             words.next() == Some(name) && words.next() == Some(meta.len().to_string().as_str())
         })
-    })
+    });
+    let source = recorded_source(&stamp)?;
+    (all_there && source.join("go.mod").exists()).then_some(source)
 }
 
-fn write_stamp(layout: &Layout) -> anyhow::Result<()> {
-    let mut text = format!("# {SOURCE_PACKAGE} {SOURCE_VERSION}, built by cargo xtask e2e-build\n");
+fn write_stamp(release: &Release, bin: &Path, source: &Path) -> anyhow::Result<()> {
+    let mut text = format!(
+        "# Kubernetes {release}, built by cargo xtask e2e-build\n# source {}\n",
+        source.display()
+    );
     for name in binaries() {
-        let path = layout.bin.join(name);
+        let path = bin.join(name);
         let meta =
             fs::metadata(&path).with_context(|| format!("{} was not built", path.display()))?;
         text.push_str(&format!("{name} {}\n", meta.len()));
     }
-    write_atomically(&layout.stamp(), text.as_bytes())?;
-    println!("e2e-build: wrote {}", layout.stamp().display());
+    let stamp = bin.join(STAMP);
+    let partial = stamp.with_extension("partial");
+    fs::write(&partial, text).with_context(|| format!("cannot write {}", partial.display()))?;
+    fs::rename(&partial, &stamp).with_context(|| format!("cannot write {}", stamp.display()))?;
+    println!("e2e-build: wrote {}", stamp.display());
     Ok(())
 }
 
-/// Writes through a temporary file and a rename, so that a crash never
-/// leaves a half-written file that looks finished.
-fn write_atomically(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
-    let partial = path.with_extension("partial");
-    fs::write(&partial, contents).with_context(|| format!("cannot write {}", partial.display()))?;
-    fs::rename(&partial, path).with_context(|| format!("cannot write {}", path.display()))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-// --- Debian packages --------------------------------------------------------
+    #[test]
+    fn releases_parse_and_name_their_tags() {
+        let release: Release = "1.37.2".parse().unwrap();
+        assert_eq!(release.tag(), "v1.37.2");
+        assert_eq!(release.staging_tag(), "v0.37.2");
+        assert_eq!("v1.35.4".parse::<Release>().unwrap().minor, 35);
+        assert!("1.37".parse::<Release>().is_err());
+        assert!("1.x.2".parse::<Release>().is_err());
+    }
 
-fn packages() -> anyhow::Result<()> {
-    crate::setup::ensure_packages(PACKAGES)
+    #[test]
+    fn the_stamp_names_its_source() {
+        let stamp = "# Kubernetes 1.37.2\n# source /m/k8s.io/kubernetes@v1.37.2\nkubelet 1\n";
+        assert_eq!(
+            recorded_source(stamp),
+            Some(PathBuf::from("/m/k8s.io/kubernetes@v1.37.2"))
+        );
+    }
 }

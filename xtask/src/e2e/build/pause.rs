@@ -6,7 +6,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use super::{Layout, PAUSE};
+use std::path::Path;
+
 use crate::util::{heading, output, run_cmd};
 
 /// The pod sandbox's process: no registry can be reached for
@@ -36,10 +37,10 @@ int main(void) {
 }
 "#;
 
-/// Compiles the pause program statically into `bin/pause`.
-pub(super) fn pause(layout: &Layout) -> anyhow::Result<()> {
+/// Compiles the pause program statically into `to`.
+pub(super) fn pause(root: &Path, to: &Path) -> anyhow::Result<()> {
     heading("pause (static)");
-    let dir = layout.root.join("pause");
+    let dir = root.join("pause");
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let source = dir.join("pause.c");
     fs::write(&source, PAUSE_C).with_context(|| format!("cannot write {}", source.display()))?;
@@ -55,10 +56,9 @@ pub(super) fn pause(layout: &Layout) -> anyhow::Result<()> {
     if !is_static_elf(&elf) {
         bail!("{} is not a static ELF executable", partial.display());
     }
-    let to = layout.bin.join(PAUSE);
-    fs::rename(&partial, &to).with_context(|| format!("cannot write {}", to.display()))?;
+    fs::rename(&partial, to).with_context(|| format!("cannot write {}", to.display()))?;
     // It must run where nothing else is: no loader, no shared libraries.
-    let said = output(Command::new("file").arg(&to)).unwrap_or_default();
+    let said = output(Command::new("file").arg(to)).unwrap_or_default();
     println!("{}", said.trim());
     Ok(())
 }

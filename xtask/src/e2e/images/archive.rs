@@ -526,10 +526,10 @@ mod tests {
 
     #[test]
     fn stems_are_file_safe() {
-        let spec = ImageSpec::new(&[AGNHOST], Rootfs::new());
+        let spec = ImageSpec::new(&[AGNHOST[0]], Rootfs::new());
         assert_eq!(
             archive_stem(&spec),
-            "k8s.gcr.io_e2e-test-images_agnhost_2.21"
+            "registry.k8s.io_e2e-test-images_agnhost_2.66.1"
         );
     }
 }

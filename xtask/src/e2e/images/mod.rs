@@ -16,7 +16,7 @@
 //!   owner root), so the same inputs always give the same image ID; and
 //!   [`cached_archive`], which writes it only when its inputs changed.
 //! - The images, one function each ([`pause`], [`agnhost`], [`busybox`], ...),
-//!   named exactly as kubelet and the e2e suite of Kubernetes 1.20 ask for
+//!   named exactly as containerd and the e2e suite of Kubernetes 1.37 ask for
 //!   them, most on one shared [`toolbox`] of command-line tools.
 //!
 //! [`Rootfs`]: rootfs::Rootfs
@@ -46,29 +46,27 @@ use test_images::test_images;
 
 // --- Image names ------------------------------------------------------------
 
-/// kubelet 1.20's default sandbox image (`--pod-infra-container-image`),
+/// The sandbox image containerd runs for every pod (its `pinned_images`),
 /// and the e2e suite's `imageutils.GetPauseImageName()`.
-pub const PAUSE: &str = "k8s.gcr.io/pause:3.2";
+pub const PAUSE: &str = "registry.k8s.io/pause:3.10.2";
 /// The names below are the e2e suite's, from
-/// `test/utils/image/manifest.go` of Kubernetes 1.20.2.
-pub const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
-pub const BUSYBOX: &str = "docker.io/library/busybox:1.29";
-pub const JESSIE_DNSUTILS: &str = "gcr.io/kubernetes-e2e-test-images/jessie-dnsutils:1.0";
-pub const NGINX: &[&str] = &[
-    "docker.io/library/nginx:1.14-alpine",
-    "docker.io/library/nginx:1.15-alpine",
+/// `test/utils/image/manifest.go` of Kubernetes 1.37.2 (the suite asks for
+/// the previous agnhost too: the same image under both names).
+pub const AGNHOST: &[&str] = &[
+    "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+    "registry.k8s.io/e2e-test-images/agnhost:2.55",
 ];
-pub const HTTPD: &[&str] = &[
-    "docker.io/library/httpd:2.4.38-alpine",
-    "docker.io/library/httpd:2.4.39-alpine",
+pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+pub const NGINX: &[&str] = &[
+    "registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
+    "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",
 ];
 /// `[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout`'s host
 /// exec pod (`sleep`, `conntrack -L`, `grep`).
-pub const DEBIAN_IPTABLES: &str = "k8s.gcr.io/build-image/debian-iptables:buster-v1.3.0";
-/// The agent's DaemonSet image (xtask/deploy/kubernetes/daemonset.yaml).
+pub const DISTROLESS_IPTABLES: &str = "registry.k8s.io/build-image/distroless-iptables:v0.9.9";
 /// The invalid-conntrack test's packet injector (built from the same tree).
-pub const REGRESSION_74839: &str =
-    "gcr.io/kubernetes-e2e-test-images/regression-issue-74839-amd64:1.0";
+pub const REGRESSION_74839: &str = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5";
+/// The agent's DaemonSet image (xtask/deploy/kubernetes/daemonset.yaml).
 pub const FLATNET: &str = "localhost/flatnet:0.1.0";
 pub const CLUSTER_DNS: &str = "localhost/flatnet-cluster-dns:0.1.0";
 
@@ -275,15 +273,8 @@ mod tests {
     #[ignore = "root, containerd and the Kubernetes cache: run by hand"]
     fn containerd_runs_the_images() {
         assert!(crate::util::is_root(), "run this test as root");
-        let root = super::super::build::cache_root();
-        let kube = Built {
-            bin_dir: root.join("bin"),
-            source_dir: root.join("src"),
-            etcd: PathBuf::from("/usr/bin/etcd"),
-            containerd: PathBuf::from("/usr/bin/containerd"),
-            runc: PathBuf::from("/usr/sbin/runc"),
-            root,
-        };
+        let release = super::super::build::DEFAULT_RELEASE.parse().unwrap();
+        let kube = super::super::build::prepare(&release).unwrap();
         // Built first by `cargo xtask build --release` and `cargo build
         // --release -p flatnet-cluster-dns`; missing ones fail the check.
         let cluster_dns_binary = cluster_dns_binary(true);
@@ -346,16 +337,16 @@ mod tests {
                 ],
                 "rc=4",
             ),
-            (JESSIE_DNSUTILS, false, vec!["dig", "-v"], "DiG 9.18"),
+            (AGNHOST[0], false, vec!["dig", "-v"], "DiG 9.18"),
             (
-                JESSIE_DNSUTILS,
+                AGNHOST[0],
                 false,
                 vec!["nslookup", "-version"],
                 "nslookup 9.18",
             ),
-            (JESSIE_DNSUTILS, false, vec!["host", "-V"], "host 9.18"),
+            (AGNHOST[0], false, vec!["host", "-V"], "host 9.18"),
             (
-                JESSIE_DNSUTILS,
+                AGNHOST[0],
                 false,
                 vec![
                     "sh",
@@ -379,7 +370,7 @@ mod tests {
             // The storage utils' HostExec: nsenter into PID 1's mount
             // namespace (here the container's own), then `sh -c`.
             (
-                AGNHOST,
+                AGNHOST[0],
                 true,
                 vec![
                     "nsenter",
@@ -391,11 +382,11 @@ mod tests {
                 ],
                 "entered",
             ),
-            (AGNHOST, false, vec!["/agnhost", "--help"], "netexec"),
+            (AGNHOST[0], false, vec!["/agnhost", "--help"], "netexec"),
             // The CoreDNS stand-in ("DNS should support configurable pod
             // resolv.conf"): runs, reads the Corefile it is given.
             (
-                AGNHOST,
+                AGNHOST[0],
                 false,
                 vec![
                     "sh",
@@ -405,7 +396,7 @@ mod tests {
                 "cannot read the Corefile /nonexistent: No such file or directory (os error 2)\nexit=1",
             ),
             (
-                AGNHOST,
+                AGNHOST[0],
                 false,
                 vec![
                     "sh",
@@ -426,19 +417,7 @@ mod tests {
                 "Welcome to nginx!",
             ),
             (
-                HTTPD[1],
-                false,
-                vec![
-                    "sh",
-                    "-c",
-                    "httpd-foreground & sleep 1; curl -s http://127.0.0.1/index.html; \
-                     mv /usr/local/apache2/htdocs/index.html /tmp/; \
-                     curl -s -o /dev/null -w ' code=%{http_code}' http://127.0.0.1/index.html",
-                ],
-                "It works!</h1></body></html>\n code=404",
-            ),
-            (
-                DEBIAN_IPTABLES,
+                DISTROLESS_IPTABLES,
                 true,
                 vec![
                     "sh",

@@ -7,9 +7,7 @@ use super::flatnet_images::cluster_dns_origin;
 use super::rootfs::{Origin, Rootfs};
 use super::spec::ImageSpec;
 use super::toolbox::{iptables, toolbox};
-use super::{
-    AGNHOST, BUSYBOX, DEBIAN_IPTABLES, HTTPD, JESSIE_DNSUTILS, NGINX, PAUSE, REGRESSION_74839,
-};
+use super::{AGNHOST, BUSYBOX, DISTROLESS_IPTABLES, NGINX, PAUSE, REGRESSION_74839};
 use crate::e2e::build::Built;
 
 /// The sandbox image: the static pause program of the Kubernetes cache
@@ -52,15 +50,14 @@ pub fn agnhost(kube: &Built, cluster_dns: &Path) -> anyhow::Result<ImageSpec> {
         )?;
     }
     rootfs.dir("/uploads", 0o755)?;
-    Ok(ImageSpec::new(&[AGNHOST], rootfs)
+    Ok(ImageSpec::new(AGNHOST, rootfs)
         .entrypoint(&["/agnhost"])
         .cmd(&["pause"]))
 }
 
 /// regression-issue-74839: "KubeProxy should resolve connection reset issue
-/// #74839" sends an out-of-window TCP segment from it. The 1.20 tree's
-/// source finds its address in `POD_IP`, which the 1.20 spec never sets
-/// (upstream's 1.0 image predates that change), so the stand-in sets it
+/// #74839" sends an out-of-window TCP segment from it. Its source finds its
+/// address in `POD_IP`; where a spec does not set it, the image sets it
 /// from the pod's own /etc/hosts before it starts.
 pub fn regression_issue_74839(kube: &Built) -> anyhow::Result<ImageSpec> {
     let mut rootfs = toolbox()?;
@@ -76,18 +73,12 @@ pub fn regression_issue_74839(kube: &Built) -> anyhow::Result<ImageSpec> {
     ]))
 }
 
-/// busybox:1.29, as the suite's generic shell image: the toolbox, `sh`.
+/// busybox, as the suite's generic shell image: the toolbox, `sh`.
 pub fn busybox() -> anyhow::Result<ImageSpec> {
     Ok(ImageSpec::new(&[BUSYBOX], toolbox()?).cmd(&["sh"]))
 }
 
-/// jessie-dnsutils (Debian jessie with dnsutils upstream): the toolbox
-/// has its dig, nslookup, host and getent.
-pub fn jessie_dnsutils() -> anyhow::Result<ImageSpec> {
-    Ok(ImageSpec::new(&[JESSIE_DNSUTILS], toolbox()?).cmd(&["sh"]))
-}
-
-/// Stands in for nginx 1.14/1.15-alpine: the toolbox, and busybox's httpd
+/// Stands in for the e2e nginx images: the toolbox, and busybox's httpd
 /// serving nginx's document root `/usr/share/nginx/html` (an index.html) on
 /// port 80, started by an `nginx` script that ignores its arguments so the
 /// upstream `nginx -g 'daemon off;'` command works. What differs: it is no
@@ -109,31 +100,6 @@ pub fn nginx() -> anyhow::Result<ImageSpec> {
     Ok(ImageSpec::new(NGINX, rootfs).cmd(&["nginx", "-g", "daemon off;"]))
 }
 
-/// Stands in for httpd 2.4.38/2.4.39-alpine: the toolbox, and busybox's
-/// httpd serving Apache's document root `/usr/local/apache2/htdocs` on port
-/// 80 through the upstream command `httpd-foreground`. A real file server
-/// on the real path matters: the StatefulSet tests break and restore the
-/// readiness probe by moving `htdocs/index.html` away and back, which a
-/// server answering every path (agnhost netexec) would not notice. What
-/// differs: no Apache (no modules, no httpd.conf, no CGI), the tools are
-/// the toolbox's rather than alpine's, and it exits on SIGTERM at once.
-pub fn httpd() -> anyhow::Result<ImageSpec> {
-    let mut rootfs = toolbox()?;
-    rootfs.bytes(
-        "/usr/local/apache2/htdocs/index.html",
-        b"<html><body><h1>It works!</h1></body></html>\n",
-        0o644,
-    )?;
-    rootfs.bytes(
-        "/usr/local/bin/httpd-foreground",
-        static_server_script("httpd", "/usr/local/apache2/htdocs").as_bytes(),
-        0o755,
-    )?;
-    let mut spec = ImageSpec::new(HTTPD, rootfs).cmd(&["httpd-foreground"]);
-    spec.working_dir = "/usr/local/apache2".to_string();
-    Ok(spec)
-}
-
 /// A start script serving `root` on port 80 with busybox's httpd in the
 /// foreground. The shell stays PID 1 with a TERM trap: as PID 1, busybox's
 /// httpd would ignore SIGTERM and every pod deletion would wait out its
@@ -149,9 +115,9 @@ fn static_server_script(stands_in_for: &str, root: &str) -> String {
     )
 }
 
-/// debian-iptables (upstream: Debian buster with iptables and conntrack):
-/// the toolbox with iptables (nft backend) and conntrack.
-pub fn debian_iptables() -> anyhow::Result<ImageSpec> {
+/// distroless-iptables (upstream: iptables and conntrack on a distroless
+/// base): the toolbox with iptables (nft backend) and conntrack.
+pub fn distroless_iptables() -> anyhow::Result<ImageSpec> {
     let mut rootfs = toolbox()?;
     iptables(&mut rootfs)?;
     rootfs.binary(
@@ -159,7 +125,7 @@ pub fn debian_iptables() -> anyhow::Result<ImageSpec> {
         "/usr/sbin/conntrack",
         &Origin::Debian("conntrack"),
     )?;
-    Ok(ImageSpec::new(&[DEBIAN_IPTABLES], rootfs).cmd(&["/bin/sh"]))
+    Ok(ImageSpec::new(&[DISTROLESS_IPTABLES], rootfs).cmd(&["/bin/sh"]))
 }
 
 /// Every image the e2e suite's pods and the nodes' sandboxes use (not
@@ -170,10 +136,8 @@ pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<Image
         pause(kube)?,
         agnhost(kube, cluster_dns)?,
         busybox()?,
-        jessie_dnsutils()?,
         nginx()?,
-        httpd()?,
-        debian_iptables()?,
+        distroless_iptables()?,
         regression_issue_74839(kube)?,
     ])
 }

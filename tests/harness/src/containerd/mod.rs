@@ -1,9 +1,12 @@
-//! containerd 1.6's configuration (`version = 2`) as every containerd of
-//! this project runs it: the CRI suites' (a containerd per test), the real
-//! cluster's nodes (`cargo xtask e2e`) and the image check's. What this
+//! containerd's configuration as every containerd of this project runs it:
+//! containerd 1.6's (`version = 2`) for the CRI suites (a containerd per
+//! test) and the image check, containerd 2's (`version = 3`, [`v3`]) for
+//! the real cluster's nodes (`cargo xtask e2e`). What this
 //! machine kind needs is said once here: the snapshotters that cannot work
 //! are off, and the CRI plugin restricts oom_score_adj (this machine refuses
 //! a negative one, which every sandbox asks for).
+
+mod v3;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -38,7 +41,7 @@ pub struct ContainerdConfig {
 }
 
 /// Plugins that cannot work on this machine kind or would probe it.
-const DISABLED: &[&str] = &[
+pub(crate) const DISABLED: &[&str] = &[
     "io.containerd.snapshotter.v1.aufs",
     "io.containerd.snapshotter.v1.btrfs",
     "io.containerd.snapshotter.v1.devmapper",
