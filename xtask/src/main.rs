@@ -57,6 +57,9 @@ enum Task {
     /// with flatnet as its CNI, and the upstream sig-network and
     /// NetworkPolicy e2e suites of the same release run on it.
     E2e(e2e::E2eArgs),
+    /// cri-tools' CRI validation suite (critest) against containerd 2
+    /// with flatnet as its CNI; writes results/critest.md.
+    Critest(e2e::critest::CritestArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -98,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             setup::all()?;
             e2e::run(&args)
         }
+        Task::Critest(args) => e2e::critest::run(&args),
         Task::E2eBuild { kubernetes } => {
             let built = e2e::build::prepare(&kubernetes)?;
             println!("{built}");

@@ -7,6 +7,7 @@
 pub mod build;
 mod cluster;
 mod control_plane;
+pub mod critest;
 mod daemon;
 mod first_packet;
 mod guard;

@@ -10,7 +10,7 @@
 //! machine reuses it; `bin/.complete` is written last and makes a second run
 //! a check of stamps only.
 
-mod go_module;
+pub(crate) mod go_module;
 mod kubernetes;
 mod pause;
 mod runtime;
@@ -24,8 +24,8 @@ use anyhow::{Context, bail};
 use nix::fcntl::{Flock, FlockArg};
 
 use kubernetes::kubernetes;
-pub use runtime::CONTAINERD_VERSION;
 use pause::pause;
+pub use runtime::{CONTAINERD_VERSION, CRI_TOOLS_VERSION};
 
 /// Debian packages the cluster tests run or build with.
 pub const PACKAGES: &[&str] = &[
@@ -91,7 +91,9 @@ impl FromStr for Release {
     fn from_str(text: &str) -> anyhow::Result<Self> {
         let parts: Vec<&str> = text.trim_start_matches('v').split('.').collect();
         let [major, minor, patch] = parts[..] else {
-            bail!("a Kubernetes release is major.minor.patch (e.g. {DEFAULT_RELEASE}), not {text:?}");
+            bail!(
+                "a Kubernetes release is major.minor.patch (e.g. {DEFAULT_RELEASE}), not {text:?}"
+            );
         };
         let number = |part: &str| {
             part.parse::<u32>()
@@ -246,6 +248,33 @@ pub fn prepare(release: &Release) -> anyhow::Result<Built> {
         started.elapsed().as_secs_f64()
     );
     Ok(built(source))
+}
+
+/// [`prepare`], or, given `binaries`, a folder of the same binaries built
+/// elsewhere (containerd, its shim, ctr, crictl, critest, pause): for
+/// work on a task that needs only those while e2e-build runs.
+pub fn prepare_binaries(release: &Release, binaries: Option<&Path>) -> anyhow::Result<Built> {
+    let Some(dir) = binaries else {
+        return prepare(release);
+    };
+    for name in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "crictl",
+        "critest",
+        "pause",
+    ] {
+        if !dir.join(name).is_file() {
+            bail!("{} has no {name}", dir.display());
+        }
+    }
+    Ok(Built {
+        release: *release,
+        root: dir.to_path_buf(),
+        bin_dir: dir.to_path_buf(),
+        source_dir: dir.to_path_buf(),
+        runc: PathBuf::from("/usr/sbin/runc"),
+    })
 }
 
 fn lock(path: &Path) -> anyhow::Result<Flock<File>> {

@@ -28,6 +28,7 @@
 //! [`toolbox`]: toolbox::toolbox
 
 mod archive;
+mod critest_images;
 mod flatnet_images;
 mod rootfs;
 mod shared_libraries;
@@ -97,6 +98,24 @@ pub fn for_cluster(kube: &Built, release: bool) -> anyhow::Result<Vec<PathBuf>> 
     specs.push(flatnet(&binaries)?);
     specs.push(cluster_dns(&cluster_dns_binary)?);
     cached_archives(&specs, &kube.root.join("images"))
+}
+
+/// The images `cargo xtask critest` serves from its registry, as
+/// archives in `dir` (rebuilt only when their inputs changed), each with
+/// the names it is pushed under; `pause` is the Kubernetes cache's pause
+/// program, `work` a folder for what the images compile.
+pub fn for_critest(
+    pause: &Path,
+    work: &Path,
+    dir: &Path,
+) -> anyhow::Result<Vec<(Vec<String>, PathBuf)>> {
+    let specs = critest_images::critest_images(pause, work)?;
+    let archives = cached_archives(&specs, dir)?;
+    Ok(specs
+        .into_iter()
+        .map(|spec| spec.names)
+        .zip(archives)
+        .collect())
 }
 
 /// A copy of `binary` in `dir` without its DWARF sections (`objcopy

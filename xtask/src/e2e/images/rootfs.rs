@@ -190,6 +190,20 @@ impl Rootfs {
         )
     }
 
+    /// A file with these contents in place of whatever `path` was
+    /// (an image's own /etc/passwd instead of the base's).
+    pub fn replace_bytes(&mut self, path: &str, contents: &[u8], mode: u32) -> anyhow::Result<()> {
+        let path = image_path(Path::new(path))?;
+        self.entries.insert(
+            path,
+            Entry::Bytes {
+                contents: contents.to_vec(),
+                mode,
+            },
+        );
+        Ok(())
+    }
+
     /// A symlink at `path` pointing at `target` (kept as given: relative
     /// targets resolve from `path`'s directory).
     pub fn symlink(&mut self, path: &str, target: &str) -> anyhow::Result<()> {

@@ -19,6 +19,9 @@ pub struct ImageSpec {
     pub cmd: Vec<String>,
     pub env: Vec<String>,
     pub working_dir: String,
+    /// The image's `User` (`uid`, `name`, `uid:gid`, ...); empty: root,
+    /// and the config says nothing (so images without one keep their IDs).
+    pub user: String,
 }
 
 impl ImageSpec {
@@ -31,6 +34,7 @@ impl ImageSpec {
             cmd: Vec::new(),
             env: vec![PATH_ENV.to_string()],
             working_dir: "/".to_string(),
+            user: String::new(),
         }
     }
 
@@ -41,6 +45,11 @@ impl ImageSpec {
 
     pub(super) fn cmd(mut self, args: &[&str]) -> Self {
         self.cmd = args.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    pub(super) fn user(mut self, user: &str) -> Self {
+        self.user = user.to_string();
         self
     }
 
@@ -55,7 +64,7 @@ impl ImageSpec {
                 json!(args)
             }
         };
-        json!({
+        let mut config = json!({
             "architecture": architecture(),
             "os": "linux",
             "created": "1970-01-01T00:00:00Z",
@@ -70,7 +79,11 @@ impl ImageSpec {
                 "created": "1970-01-01T00:00:00Z",
                 "created_by": "cargo xtask e2e (xtask/src/e2e/images.rs)",
             }],
-        })
+        });
+        if !self.user.is_empty() {
+            config["config"]["User"] = json!(self.user);
+        }
+        config
     }
 }
 

@@ -94,23 +94,23 @@ pub fn nginx() -> anyhow::Result<ImageSpec> {
     )?;
     rootfs.bytes(
         "/usr/sbin/nginx",
-        static_server_script("nginx", "/usr/share/nginx/html").as_bytes(),
+        static_server_script("nginx", "/usr/share/nginx/html", 80).as_bytes(),
         0o755,
     )?;
     Ok(ImageSpec::new(NGINX, rootfs).cmd(&["nginx", "-g", "daemon off;"]))
 }
 
-/// A start script serving `root` on port 80 with busybox's httpd in the
+/// A start script serving `root` on `port` with busybox's httpd in the
 /// foreground. The shell stays PID 1 with a TERM trap: as PID 1, busybox's
 /// httpd would ignore SIGTERM and every pod deletion would wait out its
 /// grace period.
-fn static_server_script(stands_in_for: &str, root: &str) -> String {
+pub(super) fn static_server_script(stands_in_for: &str, root: &str, port: u16) -> String {
     format!(
         "#!/bin/sh\n\
          # Stands in for {stands_in_for} (flatnet's e2e images): busybox's httpd\n\
-         # serves {root} on port 80; arguments are ignored.\n\
+         # serves {root} on port {port}; arguments are ignored.\n\
          trap 'exit 0' TERM INT\n\
-         /usr/bin/busybox httpd -f -v -p 80 -h {root} &\n\
+         /usr/bin/busybox httpd -f -v -p {port} -h {root} &\n\
          wait $!\n"
     )
 }

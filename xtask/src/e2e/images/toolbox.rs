@@ -147,6 +147,26 @@ pub fn toolbox() -> anyhow::Result<Rootfs> {
     // links it, so ldd does not list it.
     let libgcc = format!("/usr/lib/{}/libgcc_s.so.1", multiarch());
     rootfs.copy(Path::new(&libgcc), &libgcc, &Origin::Debian("libgcc-s1"))?;
+    link_applets(&mut rootfs, &taken)?;
+    Ok(rootfs)
+}
+
+/// busybox-static alone, every applet linked (what upstream's busybox
+/// images are: `sh` is busybox's own), on the base.
+pub fn busybox_only() -> anyhow::Result<Rootfs> {
+    let mut rootfs = Rootfs::base();
+    rootfs.binary(
+        Path::new(BUSYBOX_HOST),
+        "/usr/bin/busybox",
+        &Origin::Debian("busybox-static"),
+    )?;
+    link_applets(&mut rootfs, &BTreeSet::new())?;
+    Ok(rootfs)
+}
+
+/// A link to /usr/bin/busybox for each of its applets whose name is not
+/// `taken` by another tool.
+fn link_applets(rootfs: &mut Rootfs, taken: &BTreeSet<String>) -> anyhow::Result<()> {
     let applets = output(Command::new(BUSYBOX_HOST).arg("--list-full"))
         .with_context(|| format!("cannot list {BUSYBOX_HOST}'s applets"))?;
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
@@ -157,7 +177,7 @@ pub fn toolbox() -> anyhow::Result<Rootfs> {
         }
         rootfs.symlink(&format!("/{applet}"), "/usr/bin/busybox")?;
     }
-    Ok(rootfs)
+    Ok(())
 }
 
 /// The names xtables-nft-multi answers to, each a link to it in /usr/sbin.
