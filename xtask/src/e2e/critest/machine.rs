@@ -21,7 +21,8 @@ use anyhow::{Context, bail};
 
 use super::super::build::Built;
 use super::super::daemon::Daemon;
-use super::super::host::{self, Host};
+use super::super::host::Host;
+use super::cleanup::{k8s_cgroups, remove_state};
 use super::registry;
 use flatnet_harness::containerd::{ContainerdConfig, Cri};
 
@@ -38,12 +39,14 @@ const GATEWAY: &str = "10.88.77.1";
 const BRIDGE: &str = "flcritest0";
 
 /// The conflist: flatnet (with flatnet-ipam) and the reference portmap
-/// for the CRI's port mappings.
+/// for the CRI's port mappings. CNI 1.0.0 only: offered 1.1.0, containerd
+/// 2 asks every plugin of the list for STATUS, which Debian's portmap
+/// (plugins 1.1.1) does not know ("missing containerID"), and the network
+/// would never be ready.
 pub fn conflist() -> String {
     format!(
         r#"{{
   "cniVersion": "1.0.0",
-  "cniVersions": ["1.0.0", "1.1.0"],
   "name": "{NETWORK}",
   "plugins": [
     {{
@@ -67,6 +70,10 @@ pub fn conflist() -> String {
 
 pub struct Machine {
     pub host: Host,
+    /// A process of the machine in an IPC namespace of its own, which
+    /// containerd and critest enter: critest's HostIpc specs make a shared
+    /// memory segment "on the host" (`ipcmk`) and never remove it.
+    ipc_holder: std::process::Child,
     pub logs: PathBuf,
     crictl: PathBuf,
     containerd: Option<Daemon>,
@@ -76,24 +83,23 @@ pub struct Machine {
     made_cgroups: Vec<PathBuf>,
 }
 
-/// The `k8s.io` folder of every cgroup hierarchy.
-fn k8s_cgroups() -> Vec<PathBuf> {
-    super::super::node::cgroup_hierarchies()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|h| h.join("k8s.io"))
-        .collect()
-}
-
 impl Machine {
     /// Makes the machine and writes its CNI and containerd configuration.
     pub fn create(built: &Built, plugins: &[PathBuf], logs: &Path) -> anyhow::Result<Self> {
-        clean_up(&built.bin("crictl"));
+        super::cleanup::clean_up(&built.bin("crictl"));
         std::fs::create_dir_all(logs)?;
         let made_cgroups = k8s_cgroups().into_iter().filter(|p| !p.exists()).collect();
         let host = Host::create(NAME, &Path::new(STATE_DIR).join(NAME))?;
+        let mut holder = host.command("unshare");
+        holder
+            .args(["--ipc", "sleep", "infinity"])
+            .stdin(std::process::Stdio::null());
+        let ipc_holder = holder
+            .spawn()
+            .context("cannot start the holder of the machine's IPC namespace (unshare)")?;
         let machine = Machine {
             host,
+            ipc_holder,
             logs: logs.to_path_buf(),
             crictl: built.bin("crictl"),
             containerd: None,
@@ -139,6 +145,30 @@ impl Machine {
         Ok(machine)
     }
 
+    /// `program` entered into the machine's namespaces and its IPC one.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["--target", &self.ipc_holder.id().to_string()])
+            .args(["--mount", "--uts", "--net", "--ipc", "--"])
+            .arg(program);
+        cmd
+    }
+
+    /// Waits until the IPC holder has its namespace (unshare has run).
+    fn wait_for_ipc_namespace(&self) -> anyhow::Result<()> {
+        let pid = self.ipc_holder.id();
+        let own = std::fs::read_link("/proc/self/ns/ipc")?;
+        for _ in 0..200 {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            let ipc = std::fs::read_link(format!("/proc/{pid}/ns/ipc")).unwrap_or_default();
+            if exe.ends_with("sleep") && ipc != own {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("the machine's IPC namespace holder (pid {pid}) did not start")
+    }
+
     /// Starts the registry (blobs in the machine's folder) and pushes
     /// `images` (archive, names) into it.
     pub fn serve_images(
@@ -158,18 +188,32 @@ impl Machine {
     /// Starts containerd and waits for its CRI to say the runtime and the
     /// network are ready.
     pub fn start_containerd(&mut self, built: &Built) -> anyhow::Result<()> {
-        let mut cmd = self.host.command(built.containerd());
+        self.wait_for_ipc_namespace()?;
+        let mut cmd = self.command(built.containerd());
         cmd.args(["--config", "/etc/containerd/config.toml"]);
         let mut daemon = Daemon::start(&self.host, "containerd", cmd, &self.logs)?;
         let crictl = self.crictl.display().to_string();
         let endpoint = format!("unix://{SOCKET}");
-        daemon.wait_ready(Duration::from_secs(60), "CRI's NetworkReady", || {
-            self.host
-                .run(&crictl, &["--runtime-endpoint", &endpoint, "info"])
-                .is_ok_and(|info| {
-                    info.contains("\"NetworkReady\"") && !info.contains("\"status\": false")
-                })
-        })?;
+        let last = std::cell::RefCell::new(String::from("no answer"));
+        let ready = daemon.wait_ready(Duration::from_secs(60), "CRI's NetworkReady", || match self
+            .host
+            .run(
+                &crictl,
+                &["--runtime-endpoint", &endpoint, "info", "-o", "json"],
+            ) {
+            Ok(info) => {
+                let ready = cri_ready(&info);
+                *last.borrow_mut() = info;
+                ready
+            }
+            Err(e) => {
+                *last.borrow_mut() = format!("{e:#}");
+                false
+            }
+        });
+        if let Err(e) = ready {
+            bail!("{e:#}\ncrictl info said: {}", last.borrow());
+        }
         self.containerd = Some(daemon);
         Ok(())
     }
@@ -200,6 +244,8 @@ impl Machine {
             registry.stop();
         }
         self.host.shut_down();
+        let _ = self.ipc_holder.kill();
+        let _ = self.ipc_holder.wait();
         remove_state(&self.made_cgroups);
         left
     }
@@ -222,6 +268,22 @@ impl Machine {
             Err(e) => vec![format!("cannot look for the network's leftovers: {e:#}")],
         }
     }
+}
+
+/// Whether `crictl info -o json` says RuntimeReady and NetworkReady.
+fn cri_ready(info: &str) -> bool {
+    let Ok(info) = serde_json::from_str::<serde_json::Value>(info) else {
+        return false;
+    };
+    let conditions = info["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ["RuntimeReady", "NetworkReady"].iter().all(|wanted| {
+        conditions
+            .iter()
+            .any(|c| c["type"] == *wanted && c["status"] == true)
+    })
 }
 
 /// Every sandbox stopped and removed through CRI (CNI DEL for each).
@@ -247,87 +309,35 @@ fn remove_sandboxes(host: &Host, crictl: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a machine of an earlier (killed) run left, or this one's on a
-/// signal: its sandboxes removed through CRI while its containerd still
-/// answers, then its processes, network namespace, folder and cgroups.
-pub fn clean_up(crictl: &Path) {
-    let netns = Path::new("/run/netns").join(NAME);
-    if !netns.exists() {
-        let _ = std::fs::remove_dir_all(STATE_DIR);
-        return;
-    }
-    println!("critest: taking down {NAME}, left by an earlier run");
-    let inode = nix::sys::stat::stat(&netns).map(|s| s.st_ino).unwrap_or(0);
-    let net = PathBuf::from(format!("net:[{inode}]"));
-    // Any process of the machine (the namespace holder is one) lets
-    // crictl in through nsenter.
-    let member = members("net", &net).into_iter().next();
-    if let Some(pid) = member {
-        let _ = Command::new("timeout")
-            .args([
-                "90",
-                "nsenter",
-                "--target",
-                &pid.to_string(),
-                "--mount",
-                "--uts",
-                "--net",
-                "--",
-            ])
-            .arg(crictl)
-            .args([
-                "--runtime-endpoint",
-                &format!("unix://{SOCKET}"),
-                "rmp",
-                "--all",
-                "--force",
-            ])
-            .output();
-        if let Ok(mnt) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) {
-            host::kill_mount_namespace(&mnt);
-        }
-    }
-    host::kill_namespace_members("net", &net);
-    let _ = Command::new("ip").args(["netns", "delete", NAME]).output();
-    host::remove_made_mount_points(&Path::new(STATE_DIR).join(NAME));
-    remove_state(&[]);
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Pids whose `kind` namespace is `ns`.
-fn members(kind: &str, ns: &Path) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
-                .ok()
-                .as_deref()
-                == Some(ns)
-        })
-        .collect()
-}
+    #[test]
+    fn cri_is_ready_when_both_conditions_are() {
+        let info = |network: bool| {
+            format!(
+                r#"{{"status": {{"conditions": [
+                    {{"type": "RuntimeReady", "status": true}},
+                    {{"type": "NetworkReady", "status": {network}, "reason": "NetworkPluginNotReady"}}
+                ]}}, "config": {{"enableSelinux": false}}}}"#
+            )
+        };
+        assert!(cri_ready(&info(true)));
+        assert!(!cri_ready(&info(false)));
+        assert!(!cri_ready("not json"));
+    }
 
-/// The cgroups of the machine's containers (named by the runc state it
-/// kept), the `k8s.io` folders this run made, and the state folder.
-fn remove_state(made_cgroups: &[PathBuf]) {
-    let runc = Path::new(STATE_DIR)
-        .join(NAME)
-        .join("root/run/containerd/runc/k8s.io");
-    let ids: Vec<String> = std::fs::read_dir(&runc)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    for parent in k8s_cgroups() {
-        for id in &ids {
-            let _ = std::fs::remove_dir(parent.join(id));
-        }
+    #[test]
+    fn the_conflist_chains_portmap_after_flatnet() {
+        let conflist: serde_json::Value = serde_json::from_str(&conflist()).unwrap();
+        assert_eq!(conflist["name"], NETWORK);
+        assert_eq!(conflist["plugins"][0]["type"], "flatnet");
+        assert_eq!(
+            conflist["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            SUBNET
+        );
+        assert_eq!(conflist["plugins"][1]["type"], "portmap");
+        assert_eq!(conflist["plugins"][1]["capabilities"]["portMappings"], true);
     }
-    for made in made_cgroups {
-        let _ = std::fs::remove_dir(made);
-    }
-    let _ = std::fs::remove_dir_all(STATE_DIR);
 }

@@ -5,6 +5,7 @@
 //! its results grouped into networking specs and the rest
 //! (`report.rs`), written to `results/critest.md`.
 
+mod cleanup;
 mod machine;
 mod registry;
 mod report;
@@ -68,7 +69,7 @@ pub fn run(args: &CritestArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&logs);
     let crictl = built.bin("crictl");
     flatnet_harness::remove_on_signal()?;
-    let listed = flatnet_harness::made_here(move || machine::clean_up(&crictl));
+    let listed = flatnet_harness::made_here(move || cleanup::clean_up(&crictl));
     let mut machine = machine::Machine::create(&built, &plugins, &logs)?;
     let outcome = run_on(&mut machine, args, &built, &crane, &images, &logs);
     heading("critest: tear-down");
@@ -108,7 +109,7 @@ fn run_on(
     let report_dir = logs.join("junit");
     std::fs::create_dir_all(&report_dir)?;
     let endpoint = format!("unix://{}", machine::SOCKET);
-    let mut cmd = machine.host.command(built.bin("critest"));
+    let mut cmd = machine.command(built.bin("critest"));
     cmd.arg(format!("--runtime-endpoint={endpoint}"))
         .arg(format!("--image-endpoint={endpoint}"))
         .arg("--ginkgo.no-color")

@@ -44,9 +44,22 @@ const GROUP: &str = "root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\nadm:x:4:\ntty:x
     www-data:x:33:\noperator:x:37:\nutmp:x:43:\nplugdev:x:46:\nstaff:x:50:\n\
     lock:x:54:\nnetdev:x:82:\nusers:x:100:\nnogroup:x:65534:\n";
 
-/// busybox-static with upstream busybox's users and groups.
+/// busybox-static with upstream busybox's users and groups, and two
+/// tools upstream's busybox has as applets and Debian's busybox-static
+/// lacks: `pgrep` (critest's sleep check) and `ipcs` (its IPC namespace
+/// specs), from procps and util-linux.
 fn busybox_rootfs() -> anyhow::Result<Rootfs> {
     let mut rootfs = busybox_only()?;
+    rootfs.binary(
+        Path::new("/usr/bin/pgrep"),
+        "/usr/bin/pgrep",
+        &Origin::Debian("procps"),
+    )?;
+    rootfs.binary(
+        Path::new("/usr/bin/ipcs"),
+        "/usr/bin/ipcs",
+        &Origin::Debian("util-linux"),
+    )?;
     rootfs.replace_bytes("/etc/passwd", PASSWD.as_bytes(), 0o644)?;
     rootfs.replace_bytes("/etc/group", GROUP.as_bytes(), 0o644)?;
     Ok(rootfs)
@@ -127,24 +140,93 @@ int main(void) {
 }
 "#;
 
-/// Compiles [`NNP_C`] statically into `dir` (when not there yet).
-fn nnp_binary(dir: &Path) -> anyhow::Result<PathBuf> {
+/// The nginx stand-in's master process, at /usr/sbin/nginx: as nginx's
+/// master, it is named `nginx` (`pidof nginx`), shows "nginx: master
+/// process" in its command line and writes its pid to
+/// /var/run/nginx.pid, which critest's PID-namespace specs look for; its
+/// "worker" is busybox's httpd serving `$NGINX_ROOT` on `$NGINX_PORT`.
+/// It exits on SIGTERM/SIGINT, taking httpd with it.
+const NGINX_C: &str = r#"#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#define MASTER "nginx: master process nginx -g daemon off;"
+static pid_t worker;
+static void quit(int sig) { (void)sig; if (worker > 0) kill(worker, SIGTERM); _exit(0); }
+int main(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], MASTER) != 0) {
+        char *args[] = {MASTER, NULL};
+        execv("/usr/sbin/nginx", args);
+        perror("execv /usr/sbin/nginx");
+        return 1;
+    }
+    const char *port = getenv("NGINX_PORT");
+    const char *root = getenv("NGINX_ROOT");
+    if (!port) port = "80";
+    if (!root) root = "/usr/share/nginx/html";
+    FILE *pid_file = fopen("/var/run/nginx.pid", "w");
+    if (pid_file) { fprintf(pid_file, "%d\n", (int)getpid()); fclose(pid_file); }
+    signal(SIGTERM, quit);
+    signal(SIGINT, quit);
+    printf("nginx (a stand-in): busybox httpd serving %s on port %s\n", root, port);
+    fflush(stdout);
+    worker = fork();
+    if (worker == 0) {
+        execl("/usr/bin/busybox", "httpd", "-f", "-v", "-p", port, "-h", root, (char *)NULL);
+        perror("execl busybox httpd");
+        _exit(1);
+    }
+    int status = 0;
+    while (waitpid(worker, &status, 0) < 0) {}
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+"#;
+
+/// Compiles `source` statically into `dir/name` (when not there yet).
+fn compiled(dir: &Path, name: &str, source: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let source = dir.join("nnp.c");
-    let binary = dir.join("nnp");
-    let unchanged = std::fs::read_to_string(&source).is_ok_and(|text| text == NNP_C);
+    let source_path = dir.join(format!("{name}.c"));
+    let binary = dir.join(name);
+    let unchanged = std::fs::read_to_string(&source_path).is_ok_and(|text| text == source);
     if unchanged && binary.is_file() {
         return Ok(binary);
     }
-    std::fs::write(&source, NNP_C).with_context(|| format!("cannot write {}", source.display()))?;
+    std::fs::write(&source_path, source)
+        .with_context(|| format!("cannot write {}", source_path.display()))?;
     run_cmd(
         Command::new("gcc")
             .args(["-Os", "-static", "-s", "-Wall", "-Werror", "-o"])
             .arg(&binary)
-            .arg(&source),
+            .arg(&source_path),
     )
-    .context("cannot compile nnp: gcc and libc6-dev (for the static libc) are needed")?;
+    .with_context(|| {
+        format!("cannot compile {name}: gcc and libc6-dev (for the static libc) are needed")
+    })?;
     Ok(binary)
+}
+
+/// The nginx stand-in (see [`NGINX_C`]) serving an index.html from
+/// `root` on `port`. No nginx.conf, no reverse proxy: critest only
+/// fetches its main page and looks at its process.
+fn nginx(names: &[&str], root: &str, port: u16, work: &Path) -> anyhow::Result<ImageSpec> {
+    let mut rootfs = busybox_rootfs()?;
+    rootfs.bytes(
+        &format!("{root}/index.html"),
+        b"<html><body><h1>nginx (a stand-in)</h1></body></html>\n",
+        0o644,
+    )?;
+    rootfs.copy(
+        &compiled(work, "nginx", NGINX_C)?,
+        "/usr/sbin/nginx",
+        &Origin::Built("compiled by cargo xtask critest".to_string()),
+    )?;
+    rootfs.dir("/var/run", 0o755)?;
+    let mut spec = ImageSpec::new(names, rootfs).cmd(&["nginx", "-g", "daemon off;"]);
+    spec.env.push(format!("NGINX_PORT={port}"));
+    spec.env.push(format!("NGINX_ROOT={root}"));
+    Ok(spec)
 }
 
 /// Every image critest pulls (but `test-image-digest`), plus the sandbox
@@ -171,14 +253,11 @@ pub fn critest_images(pause: &Path, work: &Path) -> anyhow::Result<Vec<ImageSpec
         .entrypoint(&["/pause"]),
         // The default test image: busybox, `sh`.
         ImageSpec::new(&[&format!("{E2E}/busybox:1.29-2")], busybox_rootfs()?).cmd(&["sh"]),
-        // nginx 1.14 on port 80: busybox's httpd. No nginx.conf, no
-        // reverse proxy; critest only fetches its main page.
-        web_server(
+        nginx(
             &[&format!("{E2E}/nginx:1.14-2")],
-            "nginx",
             "/usr/share/nginx/html",
             80,
-            "/usr/sbin/nginx",
+            work,
         )?,
         // Apache httpd 2.4 on port 80, saying "httpd" in its log as
         // Apache does when it starts: busybox's httpd.
@@ -190,21 +269,20 @@ pub fn critest_images(pause: &Path, work: &Path) -> anyhow::Result<Vec<ImageSpec
             "/usr/local/bin/httpd-foreground",
         )?,
         // hostnet-nginx: nginx on 12003, for the host-network specs.
-        web_server(
+        nginx(
             &[&format!(
                 "{CRI_TOOLS}/hostnet-nginx-{}:latest",
                 architecture()
             )],
-            "nginx",
             "/usr/share/nginx/html",
             12003,
-            "/usr/sbin/nginx",
+            work,
         )?,
     ];
     let mut nnp = busybox_rootfs()?;
     nnp.bytes(
         "/usr/local/bin/nnp",
-        &std::fs::read(nnp_binary(work)?).context("cannot read the compiled nnp")?,
+        &std::fs::read(compiled(work, "nnp", NNP_C)?).context("cannot read the compiled nnp")?,
         0o4755,
     )?;
     specs.push(
