@@ -1,5 +1,5 @@
-//! The machine critest runs on: a network, mount and UTS namespace of its
-//! own (`e2e::host::Host`: private /run, /etc/cni/net.d, /opt/cni/bin,
+//! The machine critest runs on: a network, mount, UTS and IPC namespace
+//! of its own (`e2e::host::Host`: private /run, /etc/cni/net.d, /opt/cni/bin,
 //! /var/lib/containerd, ... and here /tmp too), with containerd 2 at its
 //! default paths in it, flatnet (and the reference portmap and loopback)
 //! as its CNI, and the registry critest pulls from on its loopback.

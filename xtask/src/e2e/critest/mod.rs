@@ -154,7 +154,7 @@ fn header(built: &Built, seconds: f64, left: &[String]) -> String {
     format!(
         "{} UTC, commit {}, `cargo xtask critest` in {seconds:.0} s: critest {} against containerd {} \
          (both from e2e-build's cache, {}), Debian's runc, flatnet's release build with the reference \
-         portmap and loopback plugins (network `{}`, {}), on a network, mount and UTS namespace of its own. \
+         portmap and loopback plugins (network `{}`, {}), on network, mount, UTS and IPC namespaces of its own. \
          Images: stand-ins built from Debian's busybox-static (see xtask/src/e2e/images/critest_images.rs), \
          pulled from a registry on that namespace's loopback (go-containerregistry's `crane registry serve`). \
          After every sandbox was removed: {}.",
