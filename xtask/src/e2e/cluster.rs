@@ -93,14 +93,8 @@ impl Cluster {
                 .map(|index| {
                     let (plan, control_plane, pki) = (&plan, &control_plane, &pki);
                     scope.spawn(move || {
-                        let mut node = Node::start(
-                            plan,
-                            index,
-                            &control_plane.host,
-                            pki,
-                            built,
-                            images,
-                        )?;
+                        let mut node =
+                            Node::start(plan, index, &control_plane.host, pki, built, images)?;
                         // kube-proxy comes with the node, before its CNI
                         // (kubeadm's DaemonSet runs on the host network):
                         // the agent reaches the API server through the

@@ -15,6 +15,7 @@ pub mod images;
 mod node;
 mod pki;
 mod plan;
+mod runtime_status;
 mod suites;
 mod sysctls;
 

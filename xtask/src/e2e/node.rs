@@ -321,7 +321,9 @@ conntrack:
         let mut daemon = Daemon::start(&self.host, "containerd", cmd, &self.logs)?;
         let ctr = built.ctr().display().to_string();
         daemon.wait_ready(Duration::from_secs(30), "its socket", || {
-            self.host.run(&ctr, &["--address", SOCKET, "version"]).is_ok()
+            self.host
+                .run(&ctr, &["--address", SOCKET, "version"])
+                .is_ok()
         })?;
         self.containerd = Some(daemon);
         for image in images {

@@ -186,10 +186,21 @@ pub struct ModeReport {
     /// flatnet's first-packet check (first_packet.rs).
     #[serde(default)]
     pub first_packet: Option<FirstPacketReport>,
+    /// STATUS through containerd with the agent away (runtime_status.rs).
+    #[serde(default)]
+    pub runtime_status: Option<RuntimeStatusReport>,
     /// When, at which commit and with which build this mode ran (results/
     /// keeps each mode's latest run, so the two may differ).
     #[serde(default)]
     pub run: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuntimeStatusReport {
+    pub node: String,
+    pub message: String,
+    pub not_ready_after_seconds: f64,
+    pub ready_again_after_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -204,6 +215,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         mode: cluster.mode.name().to_string(),
         suites: Vec::new(),
         first_packet: None,
+        runtime_status: None,
         run: String::new(),
     };
     let probe = super::first_packet::check(cluster)?;
@@ -215,6 +227,17 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         tries: probe.tries,
         through: probe.through,
         opened_after_seconds: probe.opened_after,
+    });
+    let status = super::runtime_status::check(cluster)?;
+    println!(
+        "e2e: STATUS through containerd ({}): with the agent away {} went NotReady in {:.1} s (\"{}\"), Ready again {:.1} s after it came back",
+        report.mode, status.node, status.not_ready_after, status.message, status.ready_again_after
+    );
+    report.runtime_status = Some(RuntimeStatusReport {
+        node: status.node,
+        message: status.message,
+        not_ready_after_seconds: status.not_ready_after,
+        ready_again_after_seconds: status.ready_again_after,
     });
     let chosen: Vec<(String, String, String, u8)> = match &args.focus {
         // By hand, [Serial] specs too: one process.

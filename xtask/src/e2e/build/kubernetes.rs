@@ -29,7 +29,10 @@ const COMMANDS: &[&str] = &[
 
 /// The packages whose version variables the tree's build sets
 /// (hack/lib/version.sh).
-const VERSION_PACKAGES: &[&str] = &["k8s.io/client-go/pkg/version", "k8s.io/component-base/version"];
+const VERSION_PACKAGES: &[&str] = &[
+    "k8s.io/client-go/pkg/version",
+    "k8s.io/component-base/version",
+];
 
 /// Downloads `k8s.io/kubernetes` at the release (its source folder is
 /// returned: the suite's fixtures, agnhost's TLS pair), then builds it.

@@ -24,8 +24,8 @@ use anyhow::{Context, bail};
 use nix::fcntl::{Flock, FlockArg};
 
 use kubernetes::kubernetes;
-pub use runtime::CONTAINERD_VERSION;
 use pause::pause;
+pub use runtime::CONTAINERD_VERSION;
 
 /// Debian packages the cluster tests run or build with.
 pub const PACKAGES: &[&str] = &[
@@ -91,7 +91,9 @@ impl FromStr for Release {
     fn from_str(text: &str) -> anyhow::Result<Self> {
         let parts: Vec<&str> = text.trim_start_matches('v').split('.').collect();
         let [major, minor, patch] = parts[..] else {
-            bail!("a Kubernetes release is major.minor.patch (e.g. {DEFAULT_RELEASE}), not {text:?}");
+            bail!(
+                "a Kubernetes release is major.minor.patch (e.g. {DEFAULT_RELEASE}), not {text:?}"
+            );
         };
         let number = |part: &str| {
             part.parse::<u32>()
