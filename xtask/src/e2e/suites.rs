@@ -218,6 +218,20 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         runtime_status: None,
         run: String::new(),
     };
+    // Only the cluster's own components, flatnet's agents and the DNS have
+    // asked the API server anything yet: none of it may be deprecated.
+    let deprecated = deprecated_apis(
+        &cluster
+            .control_plane
+            .kubectl(&["get", "--raw", "/metrics"])?,
+    );
+    if !deprecated.is_empty() {
+        bail!(
+            "the API server served deprecated APIs before the suites ran (flatnet's agent or the cluster's bring-up asked for them): {}",
+            deprecated.join(", ")
+        );
+    }
+    println!("e2e: deprecated APIs requested by the cluster and flatnet's agents: none");
     let probe = super::first_packet::check(cluster)?;
     println!(
         "e2e: first packet ({}): {} of {} tries from a new pod under a deny-all-egress policy got through; {:.1} s after the policy was deleted they did",
@@ -275,6 +289,31 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(cluster.logs().join("report.json"), json)?;
     Ok(report)
+}
+
+/// The `group/version resource` of every deprecated API the API server
+/// has served (its `apiserver_requested_deprecated_apis` metric).
+fn deprecated_apis(metrics: &str) -> Vec<String> {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("apiserver_requested_deprecated_apis{"))
+        .map(|labels| {
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                    .map(|value| value.split('"').next().unwrap_or_default())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            format!(
+                "{}/{} {}",
+                label("group"),
+                label("version"),
+                label("resource")
+            )
+        })
+        .collect()
 }
 
 fn skip_expression(skips: &[(&str, &str)], serial: bool) -> String {
@@ -568,6 +607,18 @@ pub fn verdict(reports: &[ModeReport]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deprecated_apis_are_read_from_the_metric() {
+        let metrics = "# HELP apiserver_requested_deprecated_apis Gauge\n\
+                       apiserver_requested_deprecated_apis{group=\"discovery.k8s.io\",removed_release=\"1.25\",resource=\"endpointslices\",subresource=\"\",version=\"v1beta1\"} 1\n\
+                       apiserver_request_total{code=\"200\"} 5\n";
+        assert_eq!(
+            deprecated_apis(metrics),
+            ["discovery.k8s.io/v1beta1 endpointslices"]
+        );
+        assert!(deprecated_apis("apiserver_request_total 1\n").is_empty());
+    }
 
     #[test]
     fn a_serial_suite_runs_serial_specs_and_skips_the_rest_as_others_do() {
