@@ -1,6 +1,9 @@
 //! Builds the eBPF datapath (crate `flatnet-ebpf`) for bpfel-unknown-none with
-//! nightly, `-Z build-std=core` and BTF, and leaves the object in OUT_DIR, where
+//! `-Z build-std=core` and BTF, and leaves the object in OUT_DIR, where
 //! `src/bpf/mod.rs` embeds it. `cargo xtask setup` installs what this needs.
+//! The toolchain: `$FLATNET_EBPF_TOOLCHAIN`, else nightly when rustup has
+//! it, else stable with `RUSTC_BOOTSTRAP=1` (which lets stable take `-Z`
+//! flags; it ships the same LLVM as nightly does).
 use std::env;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +34,13 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: build scripts are single-threaded; the child cargo inherits PATH.
     unsafe { env::set_var("PATH", env::join_paths(dirs)?) };
 
+    println!("cargo:rerun-if-env-changed=FLATNET_EBPF_TOOLCHAIN");
+    let toolchain = ebpf_toolchain();
+    if toolchain != "nightly" {
+        // SAFETY: as above; aya-build's cargo inherits it and then passes
+        // `-Z build-std=core` to a stable compiler.
+        unsafe { env::set_var("RUSTC_BOOTSTRAP", "1") };
+    }
     let ebpf_dir = workspace.join("ebpf");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     let object = out_dir.join("flatnet-ebpf");
@@ -39,10 +49,11 @@ fn main() -> anyhow::Result<()> {
     // again, `core` included (~1.5 min). The object depends only on the
     // eBPF crate's and common's sources, Cargo.lock and the nightly
     // toolchain: kept once per profile under that key.
-    let cached = out_dir
-        .ancestors()
-        .nth(3)
-        .map(|profile| profile.join("ebpf-object").join(object_key(&workspace)));
+    let cached = out_dir.ancestors().nth(3).map(|profile| {
+        profile
+            .join("ebpf-object")
+            .join(object_key(&workspace, &toolchain))
+    });
     match &cached {
         Some(cached) if cached.exists() => {
             println!("cargo:rerun-if-changed={}", ebpf_dir.display());
@@ -56,7 +67,7 @@ fn main() -> anyhow::Result<()> {
                     .ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", ebpf_dir.display()))?,
                 ..Default::default()
             };
-            aya_build::build_ebpf([ebpf], aya_build::Toolchain::default())?;
+            aya_build::build_ebpf([ebpf], aya_build::Toolchain::Custom(&toolchain))?;
             if let Some(cached) = &cached {
                 keep(&object, cached)?;
             }
@@ -71,10 +82,25 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The toolchain the eBPF object is built with (see the top of this file;
+/// xtask's setup chooses the same way: `util::ebpf_toolchain`).
+fn ebpf_toolchain() -> String {
+    if let Ok(chosen) = env::var("FLATNET_EBPF_TOOLCHAIN")
+        && !chosen.is_empty()
+    {
+        return chosen;
+    }
+    let nightly = std::process::Command::new("rustup")
+        .args(["run", "nightly", "rustc", "-V"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if nightly { "nightly" } else { "stable" }.to_string()
+}
+
 /// What the object is built from: every file of ebpf/ and common/ (build
-/// output and hidden files aside), Cargo.lock, and the nightly toolchain
-/// aya-build uses (`rustc -vV`, its commit and LLVM included).
-fn object_key(workspace: &Path) -> String {
+/// output and hidden files aside), Cargo.lock, and the toolchain aya-build
+/// uses (`rustc -vV`, its commit and LLVM included).
+fn object_key(workspace: &Path, toolchain: &str) -> String {
     let mut hasher = sha2::Sha256::new();
     for dir in ["ebpf", "common"] {
         let mut files = Vec::new();
@@ -92,7 +118,7 @@ fn object_key(workspace: &Path) -> String {
     }
     hasher.update(std::fs::read(workspace.join("Cargo.lock")).unwrap_or_default());
     let toolchain = std::process::Command::new("rustup")
-        .args(["run", "nightly", "rustc", "-vV"])
+        .args(["run", toolchain, "rustc", "-vV"])
         .output()
         .map(|out| out.stdout)
         .unwrap_or_default();

@@ -25,6 +25,8 @@ pub mod gate;
 /// A stub of the Kubernetes API server: list and watch of the objects the
 /// agent follows.
 pub mod kube_stub;
+/// Where a datagram died: each namespace's counters on its path.
+pub mod path_report;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
 pub mod test_run;
 

@@ -85,7 +85,7 @@ fn bpftool_with_tcx() -> anyhow::Result<()> {
 }
 
 /// cargo-fuzz in .tools/bin, for the fuzz smoke stage of `cargo xtask test`
-/// (the targets themselves build with nightly, already needed for eBPF).
+/// (the targets themselves build with the eBPF toolchain).
 fn cargo_fuzz() -> anyhow::Result<()> {
     let tools = util::root().join(".tools");
     if has_version(&tools.join("bin/cargo-fuzz"), CARGO_FUZZ_VERSION) {
@@ -113,34 +113,50 @@ fn has_version(path: &std::path::Path, version: &str) -> bool {
         .is_ok_and(|said| said.split_whitespace().any(|word| word == version))
 }
 
-/// nightly's rust-src, for `-Z build-std=core`.
+/// The eBPF toolchain's sysroot (`util::ebpf_toolchain`: nightly when
+/// installed, else stable).
+fn ebpf_sysroot() -> anyhow::Result<std::path::PathBuf> {
+    let toolchain = util::ebpf_toolchain();
+    let sysroot =
+        output(Command::new("rustc").args([&format!("+{toolchain}"), "--print", "sysroot"]))
+            .with_context(|| {
+                format!("the {toolchain} toolchain (for the eBPF object) does not run")
+            })?;
+    Ok(std::path::PathBuf::from(sysroot.trim()))
+}
+
+/// The eBPF toolchain's rust-src, for `-Z build-std=core`.
 fn rust_src() -> anyhow::Result<()> {
-    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
-        .context("the nightly toolchain is needed to build the eBPF object")?;
-    let library = std::path::Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
+    let library = ebpf_sysroot()?.join("lib/rustlib/src/rust/library/core");
     if library.exists() {
         return Ok(());
     }
-    heading("rust-src for nightly");
-    run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    let toolchain = util::ebpf_toolchain();
+    heading(&format!("rust-src for {toolchain}"));
+    run_cmd(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        &toolchain,
+    ]))
 }
 
 /// bpf-linker in .tools/bin, linked against the libLLVM that ships inside
-/// the nightly toolchain (same LLVM major as rustc; no system LLVM needed).
+/// the eBPF toolchain (same LLVM major as its rustc; no system LLVM needed).
 fn bpf_linker() -> anyhow::Result<()> {
     let tools = util::root().join(".tools");
     let linker = tools.join("bin/bpf-linker");
-    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
-    let nightly_lib = std::path::Path::new(sysroot.trim()).join("lib");
-    let libllvm = std::fs::read_dir(&nightly_lib)?
+    let toolchain_lib = ebpf_sysroot()?.join("lib");
+    let libllvm = std::fs::read_dir(&toolchain_lib)?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .find(|path| {
             path.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libLLVM.so.") && n.ends_with("-nightly"))
+                .is_some_and(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
         })
-        .with_context(|| format!("no libLLVM.so.*-nightly in {}", nightly_lib.display()))?;
+        .with_context(|| format!("no libLLVM.so.* in {}", toolchain_lib.display()))?;
     let llvm_dir = tools.join("llvm/lib");
     std::fs::create_dir_all(&llvm_dir)?;
     // LLVM_PREFIX wants lib/libLLVM.so at build time; the built binary asks

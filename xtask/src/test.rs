@@ -26,18 +26,23 @@ pub struct TestArgs {
     pub no_e2e: bool,
 }
 
-/// rustup's `cargo +nightly` (`$CARGO` is stable's own binary, which knows
-/// no `+toolchain`), with .tools/bin (cargo-fuzz) on PATH.
+/// rustup's `cargo +<the eBPF toolchain>` (`$CARGO` is stable's own
+/// binary, which knows no `+toolchain`), with .tools/bin (cargo-fuzz) on
+/// PATH; on stable, `RUSTC_BOOTSTRAP=1` for the sanitizer's `-Z` flags.
 fn nightly_cargo() -> std::process::Command {
     let path = util::cargo()
         .get_envs()
         .find_map(|(key, value)| (key == "PATH").then_some(value).flatten())
         .map(ToOwned::to_owned);
     let mut cmd = std::process::Command::new("cargo");
-    // Set by the stable cargo running xtask; +nightly must win.
-    cmd.arg("+nightly")
+    let toolchain = util::ebpf_toolchain();
+    // Set by the stable cargo running xtask; +toolchain must win.
+    cmd.arg(format!("+{toolchain}"))
         .current_dir(util::root())
         .env_remove("RUSTUP_TOOLCHAIN");
+    if toolchain != "nightly" {
+        cmd.env("RUSTC_BOOTSTRAP", "1");
+    }
     if let Some(path) = path {
         cmd.env("PATH", path);
     }

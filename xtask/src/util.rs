@@ -86,6 +86,22 @@ impl Drop for SavedForwarding {
 }
 
 /// `cargo` with the project-local tools (bpf-linker) on PATH.
+/// The toolchain the eBPF object (and the fuzz targets) are built with:
+/// `$FLATNET_EBPF_TOOLCHAIN`, else nightly when rustup has it, else stable
+/// with `RUSTC_BOOTSTRAP=1` (plugin/datapath/build.rs chooses the same).
+pub fn ebpf_toolchain() -> String {
+    if let Ok(chosen) = std::env::var("FLATNET_EBPF_TOOLCHAIN")
+        && !chosen.is_empty()
+    {
+        return chosen;
+    }
+    let nightly = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "-V"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if nightly { "nightly" } else { "stable" }.to_string()
+}
+
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root());

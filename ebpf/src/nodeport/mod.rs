@@ -894,7 +894,9 @@ fn free_port(s: &mut Scratch) -> Option<[u8; 2]> {
 fn spent_at_a_glance(s: &mut Scratch, held: *const NatReverse) -> bool {
     // SAFETY: a valid map value for the program's run; read once.
     s.spent = unsafe { core::ptr::read_volatile(held) };
-    let idle = s.reverse.last_ns.wrapping_sub(s.spent.last_ns);
+    // Saturating: another CPU may have stamped the flow just after this
+    // one read the clock; wrapped, a live flow would look idle for ages.
+    let idle = s.reverse.last_ns.saturating_sub(s.spent.last_ns);
     if s.reply.protocol == IPPROTO_TCP {
         s.spent.flags & NAT_F_RESET != 0
             || (s.spent.flags & NAT_F_CLOSING != 0 && idle > TCP_CLOSED_REUSE_NS)
@@ -963,7 +965,7 @@ fn take_spent(s: &mut Scratch, held: *const NatReverse) -> bool {
     if port != s.reply.dst_port || backend != s.reply.src {
         return true;
     }
-    if !tcp && s.reverse.last_ns.wrapping_sub(last_ns) <= UDP_REUSE_NS {
+    if !tcp && s.reverse.last_ns.saturating_sub(last_ns) <= UDP_REUSE_NS {
         return false;
     }
     let _ = NAT_FORWARD.remove(&s.spent_key);

@@ -32,3 +32,4 @@ mod signals;
 mod socket_lb;
 mod spec;
 mod tcx;
+mod tcx_move;

@@ -19,6 +19,7 @@ use flatnet_datapath::bpf::{Outside, service_key};
 use flatnet_tests::cgroup::TestCgroup;
 use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::{ApiStub, Kind};
+use flatnet_tests::path_report::{ipv6_path_report, udp_exchange};
 use flatnet_tests::*;
 
 use crate::socket_lb::{
@@ -638,6 +639,14 @@ fn clients_outside_reach_node_ports_over_ipv6() {
         Echo::start(&remote.netns, "remote"),
     ];
     let backends6 = [(local6, "cp-1"), (remote6, "worker-1")];
+    // Where a datagram goes, for a failure to say where it died.
+    let path = [
+        ("client", outside),
+        ("cp-1", &cp.netns),
+        ("worker-1", &worker.netns),
+        ("local pod", &local.netns),
+        ("remote pod", &remote.netns),
+    ];
     stub.add(
         Kind::Service,
         dual_stack_node_port_service("np6", 31, NODE_PORT),
@@ -691,9 +700,16 @@ fn clients_outside_reach_node_ports_over_ipv6() {
             "TCP from outside to {to}"
         );
         let answers: BTreeSet<String> = (0..16)
-            .map(|_| {
-                let (answer, from) =
-                    udp_ask(outside, to).unwrap_or_else(|e| panic!("UDP to {to}: {e}"));
+            .map(|try_| {
+                let (answer, from) = udp_exchange(outside, to).unwrap_or_else(|lost| {
+                    panic!(
+                        "UDP to {to} (try {try_}, client port {}): {}; answer late: {:?}\n{}",
+                        lost.client_port,
+                        lost.error,
+                        lost.late,
+                        ipv6_path_report(&path, &[cp, worker])
+                    )
+                });
                 assert_eq!(from, to, "a UDP answer's source");
                 answer
             })
@@ -750,42 +766,9 @@ fn clients_outside_reach_node_ports_over_ipv6() {
     for node in [cp, worker] {
         let to = SocketAddr::from((node.spec.address6(), NODE_PORT));
         if let Some(try_) = (0..8).find(|_| !udp_refused(outside, to)) {
-            let icmp6 = |netns: &Netns| {
-                netns.exec(&[
-                    "nstat",
-                    "-az",
-                    "Icmp6InDestUnreachs",
-                    "Icmp6OutDestUnreachs",
-                    "Icmp6InErrors",
-                    "Icmp6InCsumErrors",
-                    "Icmp6OutRateLimitHost",
-                    "Icmp6OutRateLimitGlobal",
-                    "Ip6InNoRoutes",
-                    "Ip6OutNoRoutes",
-                    "Ip6InDiscards",
-                    "Ip6OutForwDatagrams",
-                ])
-            };
-            let stats = |node: &SimNode| -> Vec<String> {
-                let all = node.datapath().stats().unwrap();
-                action::NAMES
-                    .iter()
-                    .zip(all)
-                    .filter(|(_, s)| s.packets > 0)
-                    .map(|(name, s)| format!("{name}={}", s.packets))
-                    .collect()
-            };
             panic!(
-                "UDP to {to}, its backends listening on nothing, was not refused (try {try_})\n\
-                 client: {}\nlocal pod: {}\nremote pod: {}\ncp-1: {}\nworker-1: {}\n\
-                 cp-1 actions: {:?}\nworker-1 actions: {:?}",
-                icmp6(outside),
-                icmp6(&local.netns),
-                icmp6(&remote.netns),
-                icmp6(&cp.netns),
-                icmp6(&worker.netns),
-                stats(cp),
-                stats(worker)
+                "UDP to {to}, its backends listening on nothing, was not refused (try {try_})\n{}",
+                ipv6_path_report(&path, &[cp, worker])
             );
         }
     }

@@ -46,12 +46,16 @@ fn link_pin(net: &Network, role: LinkRole, dev: &str) -> PathBuf {
     net.datapath().link_path(role, dev)
 }
 
-/// Waits for ADD's move to tcx (after its answer), then checks it.
+/// Waits for ADD's move to tcx (after its answer), then checks it: no
+/// cls_bpf filter left (the clsact qdisc stays, empty: deleting it would
+/// drop what the stack sends into the pod meanwhile, see `tcx_move`).
 fn wait_for_one_tcx_link(net: &Network, dev: &str) {
     wait_for_tcx(dev);
     assert_one_tcx_link(net, dev);
-    let qdiscs = run_ok(Command::new("tc").args(["qdisc", "show", "dev", dev]));
-    assert!(!qdiscs.contains("clsact"), "{dev}: {qdiscs}");
+    for hook in ["ingress", "egress"] {
+        let filters = run_ok(Command::new("tc").args(["filter", "show", "dev", dev, hook]));
+        assert!(filters.trim().is_empty(), "{dev} {hook}: {filters}");
+    }
 }
 
 /// Exactly flatnet's two programs at `dev`'s hooks, each on a pinned tcx

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::cluster::Cluster;
+use super::images::AGNHOST;
 
 const SERVER_NS: &str = "flatnet-first-packet-server";
 const CLIENT_NS: &str = "flatnet-first-packet-client";
-const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
 
 /// What the probe saw.
 pub struct FirstPacket {
@@ -41,6 +41,7 @@ fn run(cluster: &Cluster) -> anyhow::Result<FirstPacket> {
     // probe crosses nodes.
     let server_node = &cluster.nodes[cluster.nodes.len() - 1].name;
     let client_node = &cluster.nodes[0].name;
+    let agnhost = AGNHOST[0];
     cp.apply(&format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -56,7 +57,7 @@ spec:
   nodeName: {server_node}
   containers:
   - name: server
-    image: {AGNHOST}
+    image: {agnhost}
     args: ["netexec", "--http-port=8080"]
 "#
     ))?;
@@ -107,7 +108,7 @@ spec:
   nodeName: {client_node}
   containers:
   - name: client
-    image: {AGNHOST}
+    image: {agnhost}
     command: ["/bin/sh", "-c"]
     args:
     - |

@@ -16,6 +16,7 @@ pub mod images;
 mod node;
 mod pki;
 mod plan;
+mod runtime_status;
 mod suites;
 mod sysctls;
 

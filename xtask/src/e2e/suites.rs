@@ -186,10 +186,21 @@ pub struct ModeReport {
     /// flatnet's first-packet check (first_packet.rs).
     #[serde(default)]
     pub first_packet: Option<FirstPacketReport>,
+    /// STATUS through containerd with the agent away (runtime_status.rs).
+    #[serde(default)]
+    pub runtime_status: Option<RuntimeStatusReport>,
     /// When, at which commit and with which build this mode ran (results/
     /// keeps each mode's latest run, so the two may differ).
     #[serde(default)]
     pub run: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuntimeStatusReport {
+    pub node: String,
+    pub message: String,
+    pub not_ready_after_seconds: f64,
+    pub ready_again_after_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -204,8 +215,23 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         mode: cluster.mode.name().to_string(),
         suites: Vec::new(),
         first_packet: None,
+        runtime_status: None,
         run: String::new(),
     };
+    // Only the cluster's own components, flatnet's agents and the DNS have
+    // asked the API server anything yet: none of it may be deprecated.
+    let deprecated = deprecated_apis(
+        &cluster
+            .control_plane
+            .kubectl(&["get", "--raw", "/metrics"])?,
+    );
+    if !deprecated.is_empty() {
+        bail!(
+            "the API server served deprecated APIs before the suites ran (flatnet's agent or the cluster's bring-up asked for them): {}",
+            deprecated.join(", ")
+        );
+    }
+    println!("e2e: deprecated APIs requested by the cluster and flatnet's agents: none");
     let probe = super::first_packet::check(cluster)?;
     println!(
         "e2e: first packet ({}): {} of {} tries from a new pod under a deny-all-egress policy got through; {:.1} s after the policy was deleted they did",
@@ -215,6 +241,17 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         tries: probe.tries,
         through: probe.through,
         opened_after_seconds: probe.opened_after,
+    });
+    let status = super::runtime_status::check(cluster)?;
+    println!(
+        "e2e: STATUS through containerd ({}): with the agent away {} went NotReady in {:.1} s (\"{}\"), Ready again {:.1} s after it came back",
+        report.mode, status.node, status.not_ready_after, status.message, status.ready_again_after
+    );
+    report.runtime_status = Some(RuntimeStatusReport {
+        node: status.node,
+        message: status.message,
+        not_ready_after_seconds: status.not_ready_after,
+        ready_again_after_seconds: status.ready_again_after,
     });
     let chosen: Vec<(String, String, String, u8)> = match &args.focus {
         // By hand, [Serial] specs too: one process.
@@ -252,6 +289,31 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(cluster.logs().join("report.json"), json)?;
     Ok(report)
+}
+
+/// The `group/version resource` of every deprecated API the API server
+/// has served (its `apiserver_requested_deprecated_apis` metric).
+fn deprecated_apis(metrics: &str) -> Vec<String> {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("apiserver_requested_deprecated_apis{"))
+        .map(|labels| {
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                    .map(|value| value.split('"').next().unwrap_or_default())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            format!(
+                "{}/{} {}",
+                label("group"),
+                label("version"),
+                label("resource")
+            )
+        })
+        .collect()
 }
 
 fn skip_expression(skips: &[(&str, &str)], serial: bool) -> String {
@@ -545,6 +607,18 @@ pub fn verdict(reports: &[ModeReport]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deprecated_apis_are_read_from_the_metric() {
+        let metrics = "# HELP apiserver_requested_deprecated_apis Gauge\n\
+                       apiserver_requested_deprecated_apis{group=\"discovery.k8s.io\",removed_release=\"1.25\",resource=\"endpointslices\",subresource=\"\",version=\"v1beta1\"} 1\n\
+                       apiserver_request_total{code=\"200\"} 5\n";
+        assert_eq!(
+            deprecated_apis(metrics),
+            ["discovery.k8s.io/v1beta1 endpointslices"]
+        );
+        assert!(deprecated_apis("apiserver_request_total 1\n").is_empty());
+    }
 
     #[test]
     fn a_serial_suite_runs_serial_specs_and_skips_the_rest_as_others_do() {

@@ -6,6 +6,7 @@
 #[cfg(test)]
 mod manifests;
 pub mod uninstall;
+pub mod versions;
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -46,6 +47,9 @@ pub struct ConflistSpec {
     /// The GSO size pods may send (`pods_gso_size`): `bigTcp` false at 64
     /// KiB or less, that size above; None leaves the plugin's default.
     pub big_tcp: Option<u32>,
+    /// The CNI versions offered in `cniVersions` (`versions.rs`): 1.1.0
+    /// only when every chained plugin speaks it.
+    pub cni_versions: Vec<&'static str>,
 }
 
 /// The largest GSO packet pods may build, given the limits of the devices
@@ -84,7 +88,7 @@ pub fn node_plugins(portmap: bool, bandwidth: bool) -> Vec<&'static str> {
 /// The conflist for a node owning `pod_cidrs`: flatnet with flatnet-ipam
 /// handing out each CIDR, the first address of each as the gateway.
 /// `cniVersion` 1.0.0 for runtimes whose libcni stops there; `cniVersions`
-/// lets newer ones use 1.1.0 (STATUS, GC).
+/// lets newer ones use 1.1.0 (STATUS, GC) when the chain speaks it.
 pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<Value> {
     if pod_cidrs.is_empty() {
         return Err(AgentError::Config(
@@ -148,7 +152,7 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
     }
     Ok(json!({
         "cniVersion": "1.0.0",
-        "cniVersions": ["1.0.0", "1.1.0"],
+        "cniVersions": spec.cni_versions,
         "name": spec.network,
         "plugins": plugins,
     }))
@@ -340,6 +344,7 @@ mod tests {
             host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
+            cni_versions: vec!["1.0.0", "1.1.0"],
         }
     }
 

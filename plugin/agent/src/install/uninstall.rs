@@ -313,6 +313,7 @@ mod tests {
             host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
+            cni_versions: vec!["1.0.0", "1.1.0"],
         };
         let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
         assert!(is_agents_conflist(&list, "pods"));

@@ -247,6 +247,7 @@ impl Agent {
         self.attach_uplink(uplink).await?;
         let mtu = Some(self.pod_mtu(self.uplink_mtu(uplink).await?, me));
         let spec = ConflistSpec {
+            cni_versions: self.cni_versions(),
             network: self.args.network.clone(),
             bridge: self.args.bridge.clone(),
             datapath: self.conf.datapath,
@@ -267,6 +268,24 @@ impl Agent {
             tracing::info!(path = %path.display(), cidrs = ?me.pod_cidrs, "conflist written");
         }
         Ok(())
+    }
+
+    /// The CNI versions the conflist offers: 1.1.0 only when every chained
+    /// reference plugin on the node speaks it (install/versions.rs).
+    fn cni_versions(&self) -> Vec<&'static str> {
+        let chained = install::chained(self.args.chains_portmap(), self.args.chain_bandwidth);
+        let said: Vec<_> = chained
+            .iter()
+            .map(|name| install::versions::supported_versions(&self.args.cni_bin_dir.join(name)))
+            .collect();
+        let versions = install::versions::conflist_versions(&said);
+        if !versions.contains(&"1.1.0") {
+            tracing::info!(
+                plugins = ?chained.iter().zip(&said).collect::<Vec<_>>(),
+                "a chained plugin does not speak CNI 1.1.0: the conflist offers 1.0.0 only (the runtime then asks no STATUS or GC)"
+            );
+        }
+        versions
     }
 
     /// With ipMasq (or rules a pod made under an earlier setting): the

@@ -136,8 +136,15 @@ pub async fn move_xdp_mode_to_tcx(
 }
 
 /// `to_pod` alone onto its tcx link (the second half of `move_to_tcx` and
-/// of `move_xdp_mode_to_tcx`), its cls_bpf filter off after, the clsact
-/// qdisc too if nothing else uses it. Without tcx the filter stays.
+/// of `move_xdp_mode_to_tcx`), its cls_bpf filter off after. Without tcx
+/// the filter stays. The clsact qdisc stays too, empty: deleting a qdisc
+/// deactivates the device (`qdisc_graft` -> `dev_deactivate`, ingress and
+/// clsact included), and until it is active again its transmit queue is
+/// the noop qdisc, which drops whatever the stack sends into the pod
+/// meanwhile (`QDISC_DROP`). The fast path's redirects never meet that
+/// queue; UDP from another node, which its stack forwards, does: one
+/// datagram lost in the IPv6 NodePort test, while the move ran late
+/// under load (`tcx_move::moving_to_tcx_drops_nothing_the_stack_sends_into_the_pod`).
 async fn move_to_pod_to_tcx(
     datapath: &Datapath,
     host: &Netlink,
@@ -149,8 +156,7 @@ async fn move_to_pod_to_tcx(
     }
     datapath.update_to_pod_link(ifname)?;
     host.remove_tc_bpf(TcHook::Egress, index, TC_PRIORITY, TC_HANDLE)
-        .await?;
-    host.remove_clsact_if_unused(index).await
+        .await
 }
 
 /// XDP mode only, for a new pod: its interface `ifname` (in namespace

@@ -146,12 +146,6 @@ impl Netlink {
             .map_err(|e| kernel(format!("attaching XDP to interface #{index}"), e))
     }
 
-    /// Filters of any kind at tc ingress and egress of `index` (0 without
-    /// a clsact qdisc).
-    async fn filter_count(&self, index: u32) -> Result<usize> {
-        Ok(self.filters(index, false).await?.len() + self.filters(index, true).await?.len())
-    }
-
     /// The tc filters at the ingress (or egress) hook of `index`; none
     /// when it has no clsact qdisc.
     async fn filters(&self, index: u32, egress: bool) -> Result<Vec<TcMessage>> {
@@ -177,36 +171,6 @@ impl Netlink {
             }
         }
         Ok(found)
-    }
-
-    /// Deletes the clsact qdisc of `index` when no filter is left on it (a
-    /// veth moved to tcx): no qdisc of flatnet's stays in the way of another
-    /// plugin's (the bandwidth plugin's `ingress`).
-    pub async fn remove_clsact_if_unused(&self, index: u32) -> Result<()> {
-        /// TC_H_CLSACT, as in `add_clsact`.
-        const TC_H_CLSACT: u32 = 0xffff_fff1;
-        let has_clsact = self
-            .qdiscs(index)
-            .await?
-            .iter()
-            .any(|(_, kind)| kind == "clsact");
-        if !has_clsact || self.filter_count(index).await? > 0 {
-            return Ok(());
-        }
-        let mut message = TcMessage::with_index(index as i32);
-        message.header.parent = TcHandle::from(TC_H_CLSACT);
-        message.header.handle = TcHandle::from(0xffff_0000);
-        match self
-            .acked(RouteNetlinkMessage::DelQueueDiscipline(message), 0)
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(errno(&e), Some(ENOENT) | Some(EINVAL) | Some(ENODEV)) => Ok(()),
-            Err(e) => Err(kernel(
-                format!("removing the clsact qdisc of interface #{index}"),
-                e,
-            )),
-        }
     }
 
     /// The qdiscs on `index`, as (parent handle, kind): the shapers another

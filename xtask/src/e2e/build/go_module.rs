@@ -157,6 +157,25 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     fs::create_dir_all(bin).with_context(|| format!("cannot create {}", bin.display()))?;
     let text = go_mod(module);
+    // What the last complete build of this module was made from: the same
+    // again, with every output still there, is not built again.
+    let recipe = format!(
+        "{text}\nldflags: {}\ntags: {}\nsources: {:?}\n",
+        module.ldflags.join(" "),
+        module.tags.join(","),
+        module.sources
+    );
+    let stamp = dir.join(".built");
+    let outputs_there = module
+        .commands
+        .iter()
+        .chain(&module.test_binaries)
+        .all(|(_, name)| bin.join(name).exists());
+    if outputs_there && fs::read_to_string(&stamp).ok().as_deref() == Some(recipe.as_str()) {
+        println!("e2e-build: {} is built", module.name);
+        return Ok(());
+    }
+    let _ = fs::remove_file(&stamp);
     let go_mod_path = dir.join("go.mod");
     // Written anew each time: tidy then resolves it from what it names.
     fs::write(&go_mod_path, &text)
@@ -179,6 +198,10 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
     let flags = module.ldflags.join(" ");
     let tags = module.tags.join(",");
     for (package, name) in &module.commands {
+        if let Some(parent) = bin.join(name).parent() {
+            fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
         let mut cmd = go(&dir);
         cmd.args(["build", "-trimpath", "-tags", &tags, "-ldflags"])
             .arg(format!("-s -w {flags}"))
@@ -206,6 +229,7 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
             bail!("go did not make {}", bin.join(name).display());
         }
     }
+    fs::write(&stamp, recipe).with_context(|| format!("cannot write {}", stamp.display()))?;
     Ok(())
 }
 

@@ -25,7 +25,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use kubernetes::kubernetes;
 use pause::pause;
-pub use runtime::{CONTAINERD_VERSION, CRI_TOOLS_VERSION};
+pub use runtime::{CNI_PLUGINS_DIR, CONTAINERD_VERSION, CRI_TOOLS_VERSION};
 
 /// Debian packages the cluster tests run or build with.
 pub const PACKAGES: &[&str] = &[

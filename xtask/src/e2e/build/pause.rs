@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::util::{heading, output, run_cmd};
 
 /// The pod sandbox's process: no registry can be reached for
-/// k8s.gcr.io/pause, and all it must do is hold the namespaces, exit on
+/// registry.k8s.io/pause, and all it must do is hold the namespaces, exit on
 /// SIGINT/SIGTERM and reap what it inherits as PID 1.
 const PAUSE_C: &str = r#"#include <signal.h>
 #include <stddef.h>

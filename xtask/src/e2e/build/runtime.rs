@@ -2,7 +2,9 @@
 //! module is itself a `main`; the root module is not served at 3.7),
 //! containerd 2 with its runc shim and `ctr`, and cri-tools (`crictl`, and
 //! `critest`, the CRI validation suite, a test binary upstream builds with
-//! `go test -c`).
+//! `go test -c`), and the CNI reference plugins flatnet's conflist chains
+//! (Debian bookworm's 1.1.1 stop at CNI 1.0.0: at 1.1.0 containerd 2 asks
+//! each plugin for STATUS, which they fail).
 
 use std::path::Path;
 
@@ -11,6 +13,19 @@ use super::go_module::{self, GoModule};
 pub const ETCD_VERSION: &str = "v3.7.3";
 pub const CONTAINERD_VERSION: &str = "v2.4.2";
 pub const CRI_TOOLS_VERSION: &str = "v1.37.0";
+pub const CNI_PLUGINS_VERSION: &str = "v1.10.0";
+
+/// The reference plugins built, by their folder in the module.
+const CNI_PLUGINS: &[(&str, &str)] = &[
+    ("meta", "portmap"),
+    ("meta", "bandwidth"),
+    ("meta", "tuning"),
+    ("main", "loopback"),
+    ("ipam", "host-local"),
+];
+
+/// Where the reference plugins go, under `bin/`.
+pub const CNI_PLUGINS_DIR: &str = "cni";
 
 /// The binaries this file builds into `bin/`.
 pub const BINARIES: &[&str] = &[
@@ -20,6 +35,11 @@ pub const BINARIES: &[&str] = &[
     "ctr",
     "crictl",
     "critest",
+    "cni/portmap",
+    "cni/bandwidth",
+    "cni/tuning",
+    "cni/loopback",
+    "cni/host-local",
 ];
 
 fn etcd() -> GoModule {
@@ -93,9 +113,34 @@ fn cri_tools() -> GoModule {
     }
 }
 
-/// Builds etcd, containerd and cri-tools into `bin`.
+fn cni_plugins() -> GoModule {
+    let module = "github.com/containernetworking/plugins";
+    GoModule {
+        name: "cni-plugins",
+        requires: vec![(module.to_string(), CNI_PLUGINS_VERSION.to_string())],
+        replaces: Vec::new(),
+        commands: CNI_PLUGINS
+            .iter()
+            .map(|(kind, name)| {
+                (
+                    format!("{module}/plugins/{kind}/{name}"),
+                    format!("{CNI_PLUGINS_DIR}/{name}"),
+                )
+            })
+            .collect(),
+        test_binaries: Vec::new(),
+        ldflags: vec![format!(
+            "-X {module}/pkg/utils/buildversion.BuildVersion={CNI_PLUGINS_VERSION}"
+        )],
+        tags: Vec::new(),
+        sources: Vec::new(),
+    }
+}
+
+/// Builds etcd, containerd, cri-tools and the CNI reference plugins into
+/// `bin`.
 pub(super) fn build(root: &Path, bin: &Path) -> anyhow::Result<()> {
-    for module in [etcd(), containerd(), cri_tools()] {
+    for module in [etcd(), containerd(), cri_tools(), cni_plugins()] {
         go_module::build(&module, root, bin)?;
     }
     Ok(())

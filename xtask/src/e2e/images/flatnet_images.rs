@@ -30,20 +30,23 @@ impl FlatnetBinaries {
 }
 
 /// The agent's DaemonSet image, as xtask/deploy/Containerfile builds it on
-/// Debian: the agent and the two plugins in /usr/local/bin, Debian's
-/// reference CNI plugins in /usr/lib/cni (installed onto nodes that lack
-/// them), nft (ipMasq sets), iptables (portmap's DEL in the reclaim loop)
-/// and ip (taking an old XDP program off a device).
-pub fn flatnet(binaries: &FlatnetBinaries) -> anyhow::Result<ImageSpec> {
+/// Debian: the agent and the two plugins in /usr/local/bin, the reference
+/// CNI plugins of `reference_plugins` in /usr/lib/cni (installed onto
+/// nodes that lack them or have older ones), nft (ipMasq sets), iptables
+/// (portmap's DEL in the reclaim loop) and ip (taking an old XDP program
+/// off a device).
+pub fn flatnet(binaries: &FlatnetBinaries, reference_plugins: &Path) -> anyhow::Result<ImageSpec> {
     let build = Origin::Built("build it with `cargo xtask build --release`".to_string());
     let mut rootfs = Rootfs::base();
     rootfs.binary(&binaries.agent, "/usr/local/bin/flatnet-agent", &build)?;
     rootfs.binary(&binaries.plugin, "/usr/local/bin/flatnet", &build)?;
     rootfs.binary(&binaries.ipam, "/usr/local/bin/flatnet-ipam", &build)?;
     rootfs.tree(
-        Path::new("/usr/lib/cni"),
+        reference_plugins,
         "/usr/lib/cni",
-        &Origin::Debian("containernetworking-plugins"),
+        &Origin::Built(
+            "the CNI reference plugins are built by `cargo xtask e2e-build`".to_string(),
+        ),
     )?;
     rootfs.binary(
         Path::new("/usr/sbin/nft"),

@@ -95,7 +95,10 @@ pub fn for_cluster(kube: &Built, release: bool) -> anyhow::Result<Vec<PathBuf>> 
         };
     }
     let mut specs = test_images(kube, &cluster_dns_binary)?;
-    specs.push(flatnet(&binaries)?);
+    specs.push(flatnet(
+        &binaries,
+        &kube.bin(crate::e2e::build::CNI_PLUGINS_DIR),
+    )?);
     specs.push(cluster_dns(&cluster_dns_binary)?);
     cached_archives(&specs, &kube.root.join("images"))
 }
@@ -299,7 +302,13 @@ mod tests {
         let cluster_dns_binary = cluster_dns_binary(true);
         let mut specs = test_images(&kube, &cluster_dns_binary).unwrap();
         let flatnet_binaries = FlatnetBinaries::of_build(true).unwrap();
-        specs.push(flatnet(&flatnet_binaries).unwrap());
+        specs.push(
+            flatnet(
+                &flatnet_binaries,
+                &kube.bin(crate::e2e::build::CNI_PLUGINS_DIR),
+            )
+            .unwrap(),
+        );
         specs.push(cluster_dns(&cluster_dns_binary).unwrap());
         let archives =
             cached_archives(&specs, &crate::util::root().join("target/e2e-images-check")).unwrap();
