@@ -330,7 +330,7 @@ mod tests {
         .unwrap();
         let slice = slice_from_v1beta1(object).expect("reads as v1");
         assert_eq!(slice.address_type, "IPv4");
-        let endpoint = &slice.endpoints[0];
+        let endpoint = &slice.endpoints.as_deref().unwrap_or_default()[0];
         assert_eq!(endpoint.addresses, vec!["10.244.1.5".to_string()]);
         assert_eq!(endpoint.node_name.as_deref(), Some("node-2"));
         assert_eq!(endpoint.zone.as_deref(), Some("a"));
