@@ -89,9 +89,9 @@ struct ApiState {
     events: Vec<(u64, Kind, Value)>,
     lists: HashMap<Kind, usize>,
     watches: HashMap<Kind, usize>,
-    /// The discovery.k8s.io version EndpointSlices are served at ("v1",
-    /// "v1beta1" as Kubernetes 1.17-1.20, or "" for neither); None: v1.
-    slice_version: Option<&'static str>,
+    /// EndpointSlices not served at all (an API server without
+    /// discovery.k8s.io/v1, as before Kubernetes 1.21).
+    no_slices: bool,
 }
 
 /// The stub's objects; cheap to clone (shared).
@@ -131,15 +131,10 @@ impl ApiStub {
         stub
     }
 
-    /// Serves EndpointSlices only at discovery.k8s.io/`version` ("v1beta1"
-    /// as Kubernetes 1.20 does, "" for an API server without them): the
-    /// other version's path answers 404 with a Status, as kube-apiserver.
-    pub fn serve_slices_as(&self, version: &'static str) {
-        self.lock().slice_version = Some(version);
-    }
-
-    fn slice_version(&self) -> &'static str {
-        self.lock().slice_version.unwrap_or("v1")
+    /// Serves no EndpointSlices: discovery.k8s.io/v1's path answers 404
+    /// with a Status, as kube-apiserver does for an API it does not serve.
+    pub fn without_endpoint_slices(&self) {
+        self.lock().no_slices = true;
     }
 
     fn lock(&self) -> MutexGuard<'_, ApiState> {
@@ -154,7 +149,7 @@ impl ApiStub {
         state.version += 1;
         let version = state.version;
         object["metadata"]["resourceVersion"] = json!(version.to_string());
-        object["apiVersion"] = json!(self.api_version_of(kind, &state));
+        object["apiVersion"] = json!(kind.api_version());
         object["kind"] = json!(kind.name());
         let key = key_of(&object);
         let objects = state.objects.entry(kind).or_default();
@@ -220,15 +215,6 @@ impl ApiStub {
         self.lock().watches.get(&kind).copied().unwrap_or(0)
     }
 
-    fn api_version_of(&self, kind: Kind, state: &ApiState) -> String {
-        match (kind, state.slice_version) {
-            (Kind::EndpointSlice, Some(version)) if !version.is_empty() => {
-                format!("discovery.k8s.io/{version}")
-            }
-            _ => kind.api_version().to_string(),
-        }
-    }
-
     pub fn router(&self) -> axum::Router {
         let mut router = axum::Router::new();
         for kind in Kind::ALL {
@@ -236,32 +222,24 @@ impl ApiStub {
                 kind.path(),
                 axum::routing::get(
                     move |State(stub): State<ApiStub>, RawQuery(raw): RawQuery| {
-                        collection(kind, stub, raw, "v1")
+                        collection(kind, stub, raw)
                     },
                 ),
             );
         }
-        router = router.route(
-            "/apis/discovery.k8s.io/v1beta1/endpointslices",
-            axum::routing::get(
-                move |State(stub): State<ApiStub>, RawQuery(raw): RawQuery| {
-                    collection(Kind::EndpointSlice, stub, raw, "v1beta1")
-                },
-            ),
-        );
         router.with_state(self.clone())
     }
 }
 
 /// A list of `kind`, or with `watch=true` its events after the asked
 /// resourceVersion, one JSON object a line, then the ones to come.
-async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>, version: &str) -> Response {
+async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response {
     // kube's parameters are plain words and numbers: no percent-decoding needed.
     let raw = raw.unwrap_or_default();
     let query: HashMap<&str, &str> = raw.split('&').filter_map(|p| p.split_once('=')).collect();
     let json_type = [(header::CONTENT_TYPE, "application/json")];
-    if kind == Kind::EndpointSlice && stub.slice_version() != version {
-        // What kube-apiserver answers for a version it does not serve.
+    if kind == Kind::EndpointSlice && stub.lock().no_slices {
+        // What kube-apiserver answers for an API it does not serve.
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                             "status": "Failure", "message": "the server could not find the requested resource",
                             "reason": "NotFound", "details": {}, "code": 404});
@@ -277,7 +255,7 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>, version: &st
             .unwrap_or_default();
         let list = json!({
             "kind": format!("{}List", kind.name()),
-            "apiVersion": stub.api_version_of(kind, &state),
+            "apiVersion": kind.api_version(),
             "metadata": {"resourceVersion": state.version.to_string()},
             "items": items,
         });

@@ -42,10 +42,10 @@ pub enum ServerError {
     Health(#[source] std::io::Error),
 }
 
-/// The Services / Endpoints watches.
+/// The Services / EndpointSlices watches.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    #[error("the Services and Endpoints watch streams ended")]
+    #[error("the Services and EndpointSlices watch streams ended")]
     Ended,
     #[error("the DNS server is gone (snapshot channel closed)")]
     ServerGone,

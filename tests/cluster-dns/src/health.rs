@@ -1,5 +1,5 @@
 //! The kubelet's probes: `GET /health` (the process serves) and
-//! `GET /ready` (the Services and Endpoints have been listed, so answers
+//! `GET /ready` (the Services and EndpointSlices have been listed, so answers
 //! are complete; 503 before).
 
 use axum::Router;
@@ -25,7 +25,7 @@ async fn ready(State(snapshots): State<SnapshotReceiver>) -> (StatusCode, &'stat
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "Services and Endpoints not listed yet\n",
+            "Services and EndpointSlices not listed yet\n",
         )
     }
 }

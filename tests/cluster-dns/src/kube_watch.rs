@@ -1,7 +1,7 @@
-//! The snapshot source in a cluster: core/v1 Services and Endpoints of
-//! every namespace (Endpoints, not EndpointSlices: discovery.k8s.io/v1
-//! does not exist in Kubernetes 1.20), each kept in a kube reflector
-//! store by its own watcher (a re-list after a broken watch, backoff on
+//! The snapshot source in a cluster: core/v1 Services and
+//! discovery.k8s.io/v1 EndpointSlices of every namespace (not core/v1
+//! Endpoints, deprecated since Kubernetes 1.33), each kept in a kube
+//! reflector store by its own watcher (a re-list after a broken watch, backoff on
 //! errors). Once both have been listed, every burst of events yields a
 //! new snapshot on the channel the DNS server reads.
 
@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -22,7 +23,7 @@ use crate::error::WatchError;
 use crate::snapshot::{ClusterSnapshot, ZoneConfig};
 
 /// The kinds watched, for log lines; indexes of `listed`.
-const KINDS: [&str; 2] = ["Service", "Endpoints"];
+const KINDS: [&str; 2] = ["Service", "EndpointSlice"];
 
 /// One watch event: which kind, and whether it completed a list.
 type Item = Result<(usize, bool), (usize, watcher::Error)>;
@@ -73,8 +74,8 @@ pub async fn run(
     snapshots: watch::Sender<Arc<ClusterSnapshot>>,
 ) -> Result<(), WatchError> {
     let (services, service_events) = reflected::<Service>(&client, 0);
-    let (endpoints, endpoint_events) = reflected::<Endpoints>(&client, 1);
-    let mut events = futures::stream::select_all([service_events, endpoint_events]);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 1);
+    let mut events = futures::stream::select_all([service_events, slice_events]);
     let mut listed = [false; KINDS.len()];
     while let Some(first) = events.next().await {
         // Take the whole burst that is already there, then build once.
@@ -100,11 +101,11 @@ pub async fn run(
             continue;
         }
         let service_objects = services.state();
-        let endpoint_objects = endpoints.state();
+        let slice_objects = slices.state();
         let snapshot = ClusterSnapshot::build(
             config.clone(),
             service_objects.iter().map(Arc::as_ref),
-            endpoint_objects.iter().map(Arc::as_ref),
+            slice_objects.iter().map(Arc::as_ref),
             serial_now(),
         );
         let first_sync = !snapshots.borrow().is_synced();
@@ -114,7 +115,7 @@ pub async fn run(
         if first_sync {
             tracing::info!(
                 services = service_objects.len(),
-                endpoints = endpoint_objects.len(),
+                endpoint_slices = slice_objects.len(),
                 "serving the cluster zone"
             );
         }

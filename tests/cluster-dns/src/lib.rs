@@ -1,14 +1,17 @@
 //! flatnet-cluster-dns: the cluster DNS server of flatnet's real-cluster
-//! e2e harness (Kubernetes 1.20, kubelet + containerd + kube-proxy,
-//! flatnet as CNI). It stands in for CoreDNS, which is not packaged in
-//! Debian and whose Go modules cannot be fetched here, and serves what the
-//! upstream e2e tests ask of cluster DNS: the Kubernetes DNS-based service
+//! e2e harness (kubelet + containerd + kube-proxy, flatnet as CNI). It
+//! stands in for CoreDNS, which is not packaged in Debian and whose Go
+//! modules cannot be fetched here, and serves what the upstream e2e tests
+//! ask of cluster DNS: the Kubernetes DNS-based service
 //! discovery specification (github.com/kubernetes/dns,
 //! docs/specification.md), shaped like CoreDNS's `kubernetes` plugin in
 //! `pods insecure` mode.
 //!
-//! It watches core/v1 Services and Endpoints cluster-wide and serves, over
-//! UDP and TCP:
+//! It watches core/v1 Services and discovery.k8s.io/v1 EndpointSlices
+//! cluster-wide (a Service's slices found by their
+//! `kubernetes.io/service-name` label and merged, as CoreDNS's kubernetes
+//! plugin finds them; an endpoint ready unless its `conditions.ready` is
+//! false) and serves, over UDP and TCP:
 //!
 //! - `<svc>.<ns>.svc.<zone>`: A/AAAA, the ClusterIP(s) of ClusterIP,
 //!   NodePort and LoadBalancer services; the ready endpoint addresses of
@@ -34,7 +37,7 @@
 //! never forwards a query nor contacts any DNS server: there is no
 //! upstream, by design (the harness has no network beyond the machine).
 //!
-//! The parts: [`snapshot`] turns Services and Endpoints into the names of
+//! The parts: [`snapshot`] turns Services and EndpointSlices into the names of
 //! the zones; [`resolver`] answers a question from a snapshot (pure, unit
 //! tested); [`server`] serves it with hickory; [`kube_watch`] feeds it
 //! snapshots from the API server; [`health`] answers the probes.
@@ -109,6 +112,7 @@ pub mod hosts;
 pub mod kube_watch;
 pub mod resolver;
 pub mod server;
+mod slices;
 pub mod snapshot;
 
 use std::net::SocketAddr;

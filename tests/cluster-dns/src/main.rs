@@ -2,7 +2,7 @@
 //! harness, in place of CoreDNS (not packaged in Debian, and its Go
 //! modules cannot be fetched here). It serves the Kubernetes DNS schema
 //! for the cluster zone and the reverse zones from the API server's
-//! Services and Endpoints, refuses every other name, and never forwards a
+//! Services and EndpointSlices, refuses every other name, and never forwards a
 //! query anywhere: there is no upstream, by design. See the library's doc
 //! (src/lib.rs) for the records. Logs are JSON lines on stderr.
 //!

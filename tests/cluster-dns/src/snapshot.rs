@@ -1,24 +1,24 @@
 //! The cluster as DNS sees it: every name that exists in the cluster zone
-//! and in the reverse zones, with its data, built from Services and
-//! Endpoints. It is rebuilt whole after each change the watches see and
-//! read, never changed, by every query (see `resolver.rs`).
+//! and in the reverse zones, with its data, built from Services and their
+//! EndpointSlices (see `slices.rs`). It is rebuilt whole after each change
+//! the watches see and read, never changed, by every query (see
+//! `resolver.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use hickory_server::proto::ProtoError;
 use hickory_server::proto::rr::Name;
-use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::error::ConfigError;
+use crate::slices::{self, SlicePort};
 
 /// The version of the Kubernetes DNS schema served at `dns-version.<zone>`
 /// (what CoreDNS reports for the specification it follows).
 pub const DNS_SCHEMA_VERSION: &str = "1.1.0";
-
-/// The specification's own way to count not-ready addresses as ready.
-const TOLERATE_UNREADY_ANNOTATION: &str = "service.alpha.kubernetes.io/tolerate-unready-endpoints";
 
 /// A zone this server answers for, with the names its SOA record holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,8 +142,8 @@ pub(crate) struct NameData {
 #[derive(Debug, Clone)]
 pub struct ClusterSnapshot {
     pub(crate) config: ZoneConfig,
-    /// False until the Services and Endpoints have both been listed: until
-    /// then no name can be said not to exist.
+    /// False until the Services and EndpointSlices have both been listed:
+    /// until then no name can be said not to exist.
     pub(crate) synced: bool,
     /// The SOA serial.
     pub(crate) serial: u32,
@@ -162,19 +162,16 @@ impl ClusterSnapshot {
         }
     }
 
-    /// The view of `services` and `endpoints` (all namespaces). `serial`
+    /// The view of `services` and `slices` (all namespaces). `serial`
     /// becomes the SOA serial (the watches use the time of the change).
     /// Objects that cannot be named in DNS are left out, with a warning.
     pub fn build<'a>(
         config: ZoneConfig,
         services: impl IntoIterator<Item = &'a Service>,
-        endpoints: impl IntoIterator<Item = &'a Endpoints>,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
         serial: u32,
     ) -> Self {
-        let endpoints_by_service: HashMap<(&str, &str), &Endpoints> = endpoints
-            .into_iter()
-            .filter_map(|e| Some((object_key(&e.metadata)?, e)))
-            .collect();
+        let slices_by_service = slices::by_service(slices);
         // Sorted, so that answers list their records in a stable order.
         let services: BTreeMap<(&str, &str), &Service> = services
             .into_iter()
@@ -187,9 +184,8 @@ impl ClusterSnapshot {
             endpoint_pointers: BTreeMap::new(),
         };
         for (key, service) in services {
-            if let Err(error) =
-                builder.add_service(key, service, endpoints_by_service.get(&key).copied())
-            {
+            let slices = slices_by_service.get(&key).map(Vec::as_slice);
+            if let Err(error) = builder.add_service(key, service, slices.unwrap_or_default()) {
                 tracing::warn!(namespace = key.0, service = key.1, %error, "service left out of DNS");
             }
         }
@@ -213,7 +209,7 @@ impl ClusterSnapshot {
     }
 }
 
-/// (namespace, name): how a Service and its Endpoints pair up.
+/// A Service's (namespace, name).
 fn object_key(metadata: &ObjectMeta) -> Option<(&str, &str)> {
     Some((metadata.namespace.as_deref()?, metadata.name.as_deref()?))
 }
@@ -258,40 +254,13 @@ fn service_kind(service: &Service) -> Result<Option<ServiceKind>, ProtoError> {
 }
 
 /// A port's SRV owner: `_<name>._<proto>.<service name>`.
-fn srv_name(
-    port_name: &str,
-    protocol: Option<&str>,
-    service_name: &Name,
-) -> Result<Name, ProtoError> {
-    let protocol = protocol.unwrap_or("TCP").to_ascii_lowercase();
+fn srv_name(port_name: &str, protocol: &str, service_name: &Name) -> Result<Name, ProtoError> {
+    let protocol = protocol.to_ascii_lowercase();
     Name::from_labels([
         format!("_{}", port_name.to_ascii_lowercase()).into_bytes(),
         format!("_{protocol}").into_bytes(),
     ])?
     .append_domain(service_name)
-}
-
-/// The endpoint's name under its service: its hostname, else its address
-/// with dashes (as CoreDNS: 10-244-1-5, fd00--5).
-fn endpoint_label(address: &EndpointAddress, ip: IpAddr) -> String {
-    match address.hostname.as_deref().filter(|h| !h.is_empty()) {
-        Some(hostname) => hostname.to_ascii_lowercase(),
-        None => ip.to_string().replace(['.', ':'], "-"),
-    }
-}
-
-/// A subset's ready addresses: `addresses`, plus `notReadyAddresses` when
-/// the service tolerates unready endpoints.
-fn ready_addresses(
-    subset: &EndpointSubset,
-    tolerate_unready: bool,
-) -> impl Iterator<Item = &EndpointAddress> {
-    let not_ready = if tolerate_unready {
-        subset.not_ready_addresses.as_deref().unwrap_or_default()
-    } else {
-        &[]
-    };
-    subset.addresses.iter().flatten().chain(not_ready)
 }
 
 struct Builder<'c> {
@@ -318,7 +287,7 @@ impl Builder<'_> {
         &mut self,
         (namespace, name): (&str, &str),
         service: &Service,
-        endpoints: Option<&Endpoints>,
+        slices: &[&EndpointSlice],
     ) -> Result<(), ProtoError> {
         let Some(kind) = service_kind(service)? else {
             return Ok(());
@@ -327,12 +296,6 @@ impl Builder<'_> {
             Name::from_labels([name.as_bytes(), namespace.as_bytes(), "svc".as_bytes()])?
                 .append_domain(self.config.zone())?
                 .to_lowercase();
-        let tolerate_unready = service
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(TOLERATE_UNREADY_ANNOTATION))
-            .is_some_and(|v| v == "true");
         let headless = matches!(kind, ServiceKind::Headless);
         match kind {
             ServiceKind::ExternalName(target) => {
@@ -356,55 +319,62 @@ impl Builder<'_> {
                     let Ok(number) = u16::try_from(port.port) else {
                         continue;
                     };
-                    let target = ServiceTarget {
+                    let port = SlicePort {
+                        name: port.name.as_deref().filter(|n| !n.is_empty()),
+                        protocol: port.protocol.as_deref().unwrap_or("TCP"),
                         port: number,
-                        target: service_name.clone(),
                     };
-                    push_new(&mut self.entry(&service_name).services, target.clone());
-                    if let Some(port_name) = port.name.as_deref().filter(|n| !n.is_empty()) {
-                        let owner = srv_name(port_name, port.protocol.as_deref(), &service_name)?;
-                        push_new(&mut self.entry(&owner).services, target);
-                    }
+                    self.add_srv(&service_name, &port, &service_name)?;
                 }
             }
             ServiceKind::Headless => {}
         }
-        for subset in endpoints
-            .and_then(|e| e.subsets.as_deref())
-            .unwrap_or_default()
-        {
-            for address in ready_addresses(subset, tolerate_unready) {
-                let Ok(ip) = address.ip.parse::<IpAddr>() else {
-                    tracing::warn!(namespace, service = name, ip = %address.ip, "unparsable endpoint address left out");
-                    continue;
-                };
-                let endpoint_name = Name::from_labels([endpoint_label(address, ip).into_bytes()])?
-                    .append_domain(&service_name)?;
-                push_new(&mut self.entry(&endpoint_name).addresses, ip);
-                push_new(
-                    self.endpoint_pointers.entry(ip).or_default(),
-                    endpoint_name.clone(),
-                );
-                if !headless {
-                    // A ClusterIP service's SRV records point at the service.
-                    continue;
-                }
-                push_new(&mut self.entry(&service_name).addresses, ip);
-                for port in subset.ports.iter().flatten() {
-                    let Ok(number) = u16::try_from(port.port) else {
+        for slice in slices.iter().filter(|s| slices::holds_ips(s)) {
+            let ports = slices::ports(slice);
+            for endpoint in slices::ready_endpoints(slice) {
+                for text in &endpoint.addresses {
+                    let Ok(ip) = text.parse::<IpAddr>() else {
+                        tracing::warn!(namespace, service = name, ip = %text, "unparsable endpoint address left out");
                         continue;
                     };
-                    let target = ServiceTarget {
-                        port: number,
-                        target: endpoint_name.clone(),
-                    };
-                    push_new(&mut self.entry(&service_name).services, target.clone());
-                    if let Some(port_name) = port.name.as_deref().filter(|n| !n.is_empty()) {
-                        let owner = srv_name(port_name, port.protocol.as_deref(), &service_name)?;
-                        push_new(&mut self.entry(&owner).services, target);
+                    let label = slices::endpoint_label(endpoint, ip);
+                    let endpoint_name =
+                        Name::from_labels([label.into_bytes()])?.append_domain(&service_name)?;
+                    push_new(&mut self.entry(&endpoint_name).addresses, ip);
+                    push_new(
+                        self.endpoint_pointers.entry(ip).or_default(),
+                        endpoint_name.clone(),
+                    );
+                    if !headless {
+                        // A ClusterIP service's SRV records point at the service.
+                        continue;
+                    }
+                    push_new(&mut self.entry(&service_name).addresses, ip);
+                    for port in &ports {
+                        self.add_srv(&service_name, port, &endpoint_name)?;
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// SRV to `target` for `port` of the service: at the service's name,
+    /// and at `_<port>._<proto>.<service>` when the port has a name.
+    fn add_srv(
+        &mut self,
+        service_name: &Name,
+        port: &SlicePort<'_>,
+        target: &Name,
+    ) -> Result<(), ProtoError> {
+        let target = ServiceTarget {
+            port: port.port,
+            target: target.clone(),
+        };
+        push_new(&mut self.entry(service_name).services, target.clone());
+        if let Some(port_name) = port.name {
+            let owner = srv_name(port_name, port.protocol, service_name)?;
+            push_new(&mut self.entry(&owner).services, target);
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The Kubernetes side: `kube_watch::run` against a stub of the API
-//! server's core/v1 services and endpoints collections on 127.0.0.1 (list,
-//! then a watch stream fed by the test). Loopback only.
+//! server's core/v1 services and discovery.k8s.io/v1 endpointslices
+//! collections on 127.0.0.1 (list, then a watch stream fed by the test).
+//! Loopback only.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -68,15 +69,25 @@ fn db_service() -> Value {
                     "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}})
 }
 
-fn db_endpoints() -> Value {
-    json!({"apiVersion": "v1", "kind": "Endpoints",
-           "metadata": {"namespace": "demo", "name": "db", "resourceVersion": "7"},
-           "subsets": [{"addresses": [{"ip": "10.244.1.7", "hostname": "db-0"}],
-                        "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}]})
+/// One of db's slices: `endpoints` as (address, hostname, ready).
+fn db_slice(name: &str, version: &str, endpoints: &[(&str, &str, bool)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(address, hostname, ready)| {
+            json!({"addresses": [address], "hostname": hostname,
+                   "conditions": {"ready": ready}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"namespace": "demo", "name": name, "resourceVersion": version,
+                        "labels": {"kubernetes.io/service-name": "db"}},
+           "addressType": "IPv4",
+           "endpoints": endpoints,
+           "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]})
 }
 
-fn list(kind: &str, items: Vec<Value>) -> Value {
-    json!({"apiVersion": "v1", "kind": format!("{kind}List"),
+fn list(api_version: &str, kind: &str, items: Vec<Value>) -> Value {
+    json!({"apiVersion": api_version, "kind": format!("{kind}List"),
            "metadata": {"resourceVersion": "10"}, "items": items})
 }
 
@@ -106,22 +117,26 @@ async fn wait_for(
 }
 
 #[tokio::test]
-async fn services_and_endpoints_become_snapshots() {
+async fn services_and_endpoint_slices_become_snapshots() {
     let (service_events, service_receiver) = mpsc::unbounded_channel();
-    let (_endpoint_events, endpoint_receiver) = mpsc::unbounded_channel();
+    let (slice_events, slice_receiver) = mpsc::unbounded_channel();
     let stub: Stub = Arc::new(HashMap::from([
         (
             "services",
             Collection {
-                list: list("Service", vec![web_service(), db_service()]),
+                list: list("v1", "Service", vec![web_service(), db_service()]),
                 events: Mutex::new(Some(service_receiver)),
             },
         ),
         (
-            "endpoints",
+            "endpointslices",
             Collection {
-                list: list("Endpoints", vec![db_endpoints()]),
-                events: Mutex::new(Some(endpoint_receiver)),
+                list: list(
+                    "discovery.k8s.io/v1",
+                    "EndpointSlice",
+                    vec![db_slice("db-a", "7", &[("10.244.1.7", "db-0", true)])],
+                ),
+                events: Mutex::new(Some(slice_receiver)),
             },
         ),
     ]));
@@ -133,9 +148,9 @@ async fn services_and_endpoints_become_snapshots() {
             }),
         )
         .route(
-            "/api/v1/endpoints",
+            "/apis/discovery.k8s.io/v1/endpointslices",
             get(|State(stub): State<Stub>, RawQuery(query): RawQuery| {
-                collection("endpoints", stub, query)
+                collection("endpointslices", stub, query)
             }),
         )
         .with_state(stub);
@@ -171,6 +186,27 @@ async fn services_and_endpoints_become_snapshots() {
         .unwrap();
     wait_for(&mut snapshots, |s| {
         addresses(s, "added.demo.svc.cluster.local.", RecordType::A).is_some()
+    })
+    .await;
+
+    // A second slice of db: its endpoints join the first's; one that
+    // turns not ready leaves.
+    slice_events
+        .send(json!({"type": "ADDED", "object": db_slice(
+            "db-b", "12", &[("10.244.2.8", "db-1", true)])}))
+        .unwrap();
+    wait_for(&mut snapshots, |s| {
+        addresses(s, "db.demo.svc.cluster.local.", RecordType::A)
+            == Some(vec![ip("10.244.1.7"), ip("10.244.2.8")])
+    })
+    .await;
+    slice_events
+        .send(json!({"type": "MODIFIED", "object": db_slice(
+            "db-a", "13", &[("10.244.1.7", "db-0", false)])}))
+        .unwrap();
+    wait_for(&mut snapshots, |s| {
+        addresses(s, "db.demo.svc.cluster.local.", RecordType::A) == Some(vec![ip("10.244.2.8")])
+            && addresses(s, "db-0.db.demo.svc.cluster.local.", RecordType::A).is_none()
     })
     .await;
 

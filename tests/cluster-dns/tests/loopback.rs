@@ -16,14 +16,15 @@ use hickory_net::proto::op::{Edns, Message, MessageType, OpCode, Query, Response
 use hickory_net::proto::rr::{Name, RData, Record, RecordType};
 use hickory_net::runtime::TokioRuntimeProvider;
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
 use common::{TIMEOUT, query, tcp_client, udp_client};
 
-/// Endpoints of the big headless service: more A records than fit 512
+/// Endpoints of the big headless service (one EndpointSlice): more A records than fit 512
 /// bytes (or EDNS's 1232) over UDP.
 const MANY: usize = 100;
 
@@ -49,16 +50,22 @@ fn cluster(extra_service: Option<&str>) -> ClusterSnapshot {
             "spec": {"clusterIP": "10.96.0.42", "ports": [{"port": 80}]}
         })));
     }
-    let addresses: Vec<serde_json::Value> = (0..MANY)
-        .map(|i| json!({"ip": format!("10.244.{}.{}", i / 200, i % 200 + 1)}))
+    let endpoints: Vec<serde_json::Value> = (0..MANY)
+        .map(|i| {
+            json!({"addresses": [format!("10.244.{}.{}", i / 200, i % 200 + 1)],
+                   "conditions": {"ready": true}})
+        })
         .collect();
-    let endpoints: Endpoints = serde_json::from_value(json!({
-        "metadata": {"namespace": "demo", "name": "many"},
-        "subsets": [{"addresses": addresses, "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}]
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"namespace": "demo", "name": "many-abcde",
+                     "labels": {"kubernetes.io/service-name": "many"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
     }))
     .unwrap();
     let config = ZoneConfig::new("cluster.local", 5).unwrap();
-    ClusterSnapshot::build(config, services.iter(), [endpoints].iter(), 1)
+    ClusterSnapshot::build(config, services.iter(), [slice].iter(), 1)
 }
 
 type Snapshots = watch::Sender<Arc<ClusterSnapshot>>;

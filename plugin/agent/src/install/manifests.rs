@@ -83,7 +83,7 @@ fn the_daemon_set_runs_the_agent_on_the_host_network_with_the_host_paths() {
     let set: DaemonSet = one(DAEMON_SET);
     let account: ServiceAccount = one(SERVICE_ACCOUNT);
     let config: ConfigMap = one(CONFIG_MAP);
-    let pod = set.spec.unwrap().template.spec.unwrap();
+    let pod = set.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.service_account_name, account.metadata.name);
     assert!(
@@ -218,12 +218,12 @@ fn images_are_named_as_podman_stores_them() {
     );
     let set: DaemonSet = one(DAEMON_SET);
     let uninstall: DaemonSet = one(UNINSTALL);
-    let agent_image = set.spec.unwrap().template.spec.unwrap().containers[0]
+    let agent_image = set.spec.template.spec.unwrap().containers[0]
         .image
         .clone()
         .unwrap();
     assert_eq!(image_domain(&agent_image), "localhost", "{agent_image}");
-    let pod = uninstall.spec.unwrap().template.spec.unwrap();
+    let pod = uninstall.spec.template.spec.unwrap();
     for container in pod.init_containers.unwrap().iter().chain(&pod.containers) {
         assert_eq!(container.image.as_deref(), Some(agent_image.as_str()));
     }
@@ -235,8 +235,8 @@ fn the_uninstall_daemon_set_runs_uninstall_with_the_agents_settings() {
     let uninstall: DaemonSet = one(UNINSTALL);
     let config: ConfigMap = one(CONFIG_MAP);
     assert_ne!(uninstall.metadata.name, agent.metadata.name);
-    let agent_pod = agent.spec.unwrap().template.spec.unwrap();
-    let pod = uninstall.spec.unwrap().template.spec.unwrap();
+    let agent_pod = agent.spec.template.spec.unwrap();
+    let pod = uninstall.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     let init = &pod.init_containers.as_ref().unwrap()[0];
     let command = init.command.as_ref().unwrap();

@@ -9,12 +9,10 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use futures::TryStreamExt;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -24,13 +22,20 @@ use tokio::sync::watch;
 
 use crate::metrics::AgentMetrics;
 
-/// The kinds, for log lines.
-const KINDS: [&str; 5] = [
-    "NetworkPolicy",
-    "Pod",
-    "Namespace",
-    "Service",
-    "EndpointSlice",
+/// A kind's name and the API version it is watched at.
+const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
+    (K::KIND, K::API_VERSION)
+}
+
+/// The kinds, for log lines and readiness: every one is served by each
+/// Kubernetes release flatnet supports (EndpointSlice v1 since 1.21,
+/// NetworkPolicy v1 since 1.7), none deprecated.
+const KINDS: [(&str, &str); 5] = [
+    kind::<NetworkPolicy>(),
+    kind::<Pod>(),
+    kind::<Namespace>(),
+    kind::<Service>(),
+    kind::<EndpointSlice>(),
 ];
 
 /// What the watches have seen so far.
@@ -49,8 +54,6 @@ pub struct PolicyObjects {
 struct Health {
     listed: [bool; KINDS.len()],
     errors: [Option<String>; KINDS.len()],
-    /// The EndpointSlice API version in use.
-    slices: &'static str,
 }
 
 impl Health {
@@ -61,19 +64,35 @@ impl Health {
             .iter()
             .enumerate()
             .filter(|(i, _)| !self.listed[*i])
-            .map(|(i, kind)| {
-                let what = if i == 4 {
-                    format!("{kind} ({})", self.slices)
-                } else {
-                    kind.to_string()
-                };
-                match &self.errors[i] {
-                    Some(error) => format!("{what} cannot be listed: {error}"),
-                    None => format!("{what} not listed yet"),
-                }
+            .map(|(i, (kind, api_version))| match &self.errors[i] {
+                Some(error) => format!("{kind} ({api_version}) cannot be listed: {error}"),
+                None => format!("{kind} ({api_version}) not listed yet"),
             })
             .collect();
         (!missing.is_empty()).then(|| missing.join("; "))
+    }
+}
+
+/// A watch's error as readiness and the log say it. A 404 for the kind's
+/// collection means the API server does not serve its API version
+/// (discovery.k8s.io/v1 before Kubernetes 1.21, say): that is said before
+/// the error itself.
+fn describe(kind: usize, error: &watcher::Error) -> String {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        watcher::Error::WatchError(status) => Some(status.code),
+        _ => None,
+    };
+    match status {
+        Some(404) => {
+            let api_version = KINDS[kind].1;
+            format!(
+                "the API server does not serve {api_version} (every Kubernetes release flatnet supports, 1.35 and later, does): {error}"
+            )
+        }
+        _ => error.to_string(),
     }
 }
 
@@ -115,119 +134,17 @@ fn item<K>(kind: usize, event: Result<Event<K>, watcher::Error>) -> Item {
         .map_err(|e| (kind, e))
 }
 
-/// Where the API server serves EndpointSlices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SliceApi {
-    /// discovery.k8s.io/v1: Kubernetes 1.21 and later.
-    V1,
-    /// discovery.k8s.io/v1beta1 only: Kubernetes 1.17 to 1.20.
-    V1Beta1,
-}
-
-fn v1beta1_slices() -> ApiResource {
-    ApiResource {
-        group: "discovery.k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "discovery.k8s.io/v1beta1".into(),
-        kind: "EndpointSlice".into(),
-        plural: "endpointslices".into(),
-    }
-}
-
-/// v1 unless the API server answers 404 for it and serves v1beta1; any
-/// other answer (the server unreachable, forbidden) is left to v1's watch
-/// to report and retry.
-async fn slice_api(client: &Client) -> SliceApi {
-    let probe = ListParams::default().limit(1);
-    let missing = |result: &kube::Result<_>| matches!(result, Err(kube::Error::Api(status)) if status.code == 404);
-    let v1 = Api::<EndpointSlice>::all(client.clone()).list(&probe).await;
-    if !missing(&v1) {
-        return SliceApi::V1;
-    }
-    let v1beta1 = Api::<DynamicObject>::all_with(client.clone(), &v1beta1_slices())
-        .list(&probe)
-        .await;
-    if v1beta1.is_ok() {
-        SliceApi::V1Beta1
-    } else {
-        SliceApi::V1
-    }
-}
-
-/// A discovery.k8s.io/v1beta1 EndpointSlice as v1: the same fields, but the
-/// endpoint's node is `topology["kubernetes.io/hostname"]` (v1's `nodeName`)
-/// and its zone `topology["topology.kubernetes.io/zone"]` (v1's `zone`).
-pub fn slice_from_v1beta1(object: DynamicObject) -> Option<EndpointSlice> {
-    let mut value = serde_json::to_value(&object).ok()?;
-    value["apiVersion"] = "discovery.k8s.io/v1".into();
-    if let Some(endpoints) = value.get_mut("endpoints").and_then(|e| e.as_array_mut()) {
-        for endpoint in endpoints {
-            let topology = endpoint.get("topology").cloned().unwrap_or_default();
-            if let Some(node) = topology.get("kubernetes.io/hostname") {
-                endpoint["nodeName"] = node.clone();
-            }
-            if let Some(zone) = topology.get("topology.kubernetes.io/zone") {
-                endpoint["zone"] = zone.clone();
-            }
-        }
-    }
-    serde_json::from_value(value).ok()
-}
-
-/// [`reflected`] for EndpointSlices served as v1beta1, kept as v1 objects.
-fn reflected_v1beta1_slices(
-    client: &Client,
-    kind: usize,
-) -> (
-    Store<EndpointSlice>,
-    Pin<Box<dyn Stream<Item = Item> + Send>>,
-) {
-    let (store, writer) = reflector::store();
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &v1beta1_slices());
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        // An object that does not read as v1 is left out (and said).
-        .try_filter_map(|event| {
-            let converted = match event {
-                Event::Apply(o) => slice_from_v1beta1(o).map(Event::Apply),
-                Event::Delete(o) => slice_from_v1beta1(o).map(Event::Delete),
-                Event::InitApply(o) => slice_from_v1beta1(o).map(Event::InitApply),
-                Event::Init => Some(Event::Init),
-                Event::InitDone => Some(Event::InitDone),
-            };
-            if converted.is_none() {
-                tracing::warn!("a v1beta1 EndpointSlice that does not read as v1 is left out");
-            }
-            std::future::ready(Ok(converted))
-        })
-        .reflect(writer)
-        .map(move |event| item(kind, event));
-    (store, Box::pin(events))
-}
-
 /// Starts the watches. The receiver's value changes after every
-/// event once all three kinds have been listed (never before: a plan from
+/// event once all five kinds have been listed (never before: a plan from
 /// a partial view would isolate pods from peers not seen yet); its sender
 /// closing means the watches ended.
-pub async fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Receiver<u64>) {
+pub fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Receiver<u64>) {
     let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0);
     let (pods, pod_events) = reflected::<Pod>(&client, 1);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2);
     let (services, service_events) = reflected::<Service>(&client, 3);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 4);
     let health = Arc::new(Mutex::new(Health::default()));
-    let (slices, slice_events) = match slice_api(&client).await {
-        SliceApi::V1 => {
-            health.lock().expect("fresh").slices = "discovery.k8s.io/v1";
-            reflected::<EndpointSlice>(&client, 4)
-        }
-        SliceApi::V1Beta1 => {
-            tracing::info!(
-                "EndpointSlices from discovery.k8s.io/v1beta1 (the API server has no v1)"
-            );
-            health.lock().expect("fresh").slices = "discovery.k8s.io/v1beta1";
-            reflected_v1beta1_slices(&client, 4)
-        }
-    };
     let mut events = futures::stream::select_all([
         policy_events,
         pod_events,
@@ -244,7 +161,7 @@ pub async fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, wat
                 Ok((kind, init_done)) => {
                     if init_done && !listed[kind] {
                         listed[kind] = true;
-                        tracing::info!(kind = KINDS[kind], "listed for network policy");
+                        tracing::info!(kind = KINDS[kind].0, "listed for network policy");
                     }
                     if init_done && let Ok(mut health) = watched_health.lock() {
                         health.listed[kind] = true;
@@ -259,9 +176,10 @@ pub async fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, wat
                 // the node not ready for policy, with this error as why.
                 Err((kind, e)) => {
                     metrics.policy_errors.inc();
-                    tracing::warn!(kind = KINDS[kind], error = %e, "network policy watch error; retrying");
+                    let error = describe(kind, &e);
+                    tracing::warn!(kind = KINDS[kind].0, %error, "network policy watch error; retrying");
                     if let Ok(mut health) = watched_health.lock() {
-                        health.errors[kind] = Some(e.to_string());
+                        health.errors[kind] = Some(error);
                     }
                 }
             }
@@ -311,34 +229,62 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_v1beta1_slice_reads_as_v1_with_its_node_and_zone() {
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1beta1",
-            "kind": "EndpointSlice",
-            "metadata": {"namespace": "default", "name": "web-abc",
-                         "labels": {"kubernetes.io/service-name": "web"}},
-            "addressType": "IPv4",
-            "endpoints": [{
-                "addresses": ["10.244.1.5"],
-                "conditions": {"ready": true},
-                "topology": {"kubernetes.io/hostname": "node-2",
-                             "topology.kubernetes.io/zone": "a"}
-            }],
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    fn not_found() -> watcher::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource"
         }))
         .unwrap();
-        let slice = slice_from_v1beta1(object).expect("reads as v1");
-        assert_eq!(slice.address_type, "IPv4");
-        let endpoint = &slice.endpoints[0];
-        assert_eq!(endpoint.addresses, vec!["10.244.1.5".to_string()]);
-        assert_eq!(endpoint.node_name.as_deref(), Some("node-2"));
-        assert_eq!(endpoint.zone.as_deref(), Some("a"));
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn readiness_names_each_kind_not_listed_with_its_api_version() {
+        let mut health = Health {
+            listed: [true, true, true, true, false],
+            ..Health::default()
+        };
         assert_eq!(
-            endpoint.conditions.as_ref().and_then(|c| c.ready),
-            Some(true)
+            health.problem().as_deref(),
+            Some("EndpointSlice (discovery.k8s.io/v1) not listed yet")
         );
-        let ports = slice.ports.unwrap_or_default();
-        assert_eq!(ports[0].port, Some(8080));
+        health.listed[0] = false;
+        health.errors[4] = Some(describe(4, &not_found()));
+        let problem = health.problem().unwrap();
+        assert!(
+            problem.starts_with("NetworkPolicy (networking.k8s.io/v1) not listed yet; EndpointSlice (discovery.k8s.io/v1) cannot be listed: the API server does not serve discovery.k8s.io/v1 (every Kubernetes release flatnet supports, 1.35 and later, does)"),
+            "{problem}"
+        );
+        health.listed = [true; KINDS.len()];
+        assert_eq!(health.problem(), None);
+    }
+
+    #[test]
+    fn an_error_other_than_not_found_is_said_as_it_is() {
+        let forbidden: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "endpointslices.discovery.k8s.io is forbidden"
+        }))
+        .unwrap();
+        let error = watcher::Error::InitialListFailed(kube::Error::Api(Box::new(forbidden)));
+        let said = describe(4, &error);
+        assert!(!said.contains("does not serve"), "{said}");
+        assert!(said.contains("is forbidden"), "{said}");
+    }
+
+    #[test]
+    fn every_kind_is_watched_at_a_current_api_version() {
+        // GA versions only, none deprecated on Kubernetes 1.37 (core/v1
+        // Endpoints is, since 1.33: EndpointSlices stand for it).
+        assert_eq!(
+            KINDS,
+            [
+                ("NetworkPolicy", "networking.k8s.io/v1"),
+                ("Pod", "v1"),
+                ("Namespace", "v1"),
+                ("Service", "v1"),
+                ("EndpointSlice", "discovery.k8s.io/v1"),
+            ]
+        );
     }
 }

@@ -105,8 +105,7 @@ pub async fn run(args: Args) -> Result<()> {
             let client = kube_source::client(agent.args.kube_api_server.as_deref()).await?;
             let services_ebpf = agent.args.services == ServicesMode::Ebpf;
             if agent.args.network_policy || services_ebpf {
-                let (objects, changes) =
-                    policy_watch::spawn(client.clone(), agent.metrics.clone()).await;
+                let (objects, changes) = policy_watch::spawn(client.clone(), agent.metrics.clone());
                 agent.objects = Some(objects);
                 policy_rx = Some(changes);
             }

@@ -265,7 +265,7 @@ fn backends(
         let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()) else {
             continue;
         };
-        for endpoint in &slice.endpoints {
+        for endpoint in slice.endpoints.iter().flatten() {
             if local_node.is_some_and(|node| endpoint.node_name.as_deref() != Some(node)) {
                 continue;
             }

@@ -1,52 +1,20 @@
-//! EndpointSlices as Kubernetes 1.17-1.20 serve them (v1beta1 only), or
-//! none at all: enforced on the first, reported down (new pods isolated,
-//! never open) on the second.
+//! An API server without discovery.k8s.io/v1 EndpointSlices (Kubernetes
+//! before 1.21, or one that does not serve them): NetworkPolicy reported
+//! down, saying which API is missing, and new pods isolated, never open.
 
 use super::*;
 
-/// Kubernetes 1.17-1.20 serve EndpointSlices as discovery.k8s.io/v1beta1
-/// only: the agent reads them there and enforces policy. An API server
-/// without them at all leaves NetworkPolicy down, and the agent says so
-/// (`/readyz`, the feature gauge, CNI STATUS), while new pods start
+/// The agent needs discovery.k8s.io/v1 EndpointSlices (Services'
+/// backends judge egress to a ClusterIP). An API server without them
+/// leaves NetworkPolicy down, and the agent says so, naming the API it
+/// lacks (`/readyz`, the feature gauge, CNI STATUS), while new pods start
 /// isolated both ways: never silently open.
 #[flatnet_test(root)]
-fn endpoint_slices_of_kubernetes_1_20_or_none_at_all() {
-    let (policy_ready, policy_down) = (
-        "flatnet_agent_feature_ready{feature=\"network_policy\"} 1",
-        "flatnet_agent_feature_ready{feature=\"network_policy\"} 0",
-    );
-    // Kubernetes 1.20: v1beta1 only.
-    {
-        let cluster = cluster();
-        let stub = ApiStub::from_fixture();
-        stub.serve_slices_as("v1beta1");
-        for namespace in NAMESPACES {
-            stub.add(Kind::Namespace, model_namespace(namespace));
-        }
-        let _served = cluster.start_agents_on_api(&stub);
-        let n1 = &cluster.nodes[0];
-        wait_until("NetworkPolicy up on v1beta1 EndpointSlices", SETTLE, || {
-            n1.metrics().contains(policy_ready)
-        });
-        assert!(n1.agent_log().contains("discovery.k8s.io/v1beta1"));
-        assert!(
-            n1.agent_http("/readyz").starts_with("HTTP/1.0 200"),
-            "{}",
-            n1.agent_http("/readyz")
-        );
-        stub.add(Kind::NetworkPolicy, deny_all_egress("x"));
-        stub.add(Kind::Pod, pending_pod("x", "a", &n1.spec.name));
-        let pod = n1.pod_in(Netns::new(), &kubelet_args("x", "a"));
-        wait_until("x/a's egress isolation written", SETTLE, || {
-            policy_flags(n1, pod.ip) == flatnet_common::POLICY_F_EGRESS
-        });
-        let errors = metric(&n1.metrics(), "flatnet_policy_errors_total").unwrap_or(0.0);
-        assert_eq!(errors, 0.0, "{}", n1.agent_log());
-    }
-    // No EndpointSlice API at all.
+fn an_api_server_without_endpoint_slices_v1_leaves_policy_down() {
+    let policy_down = "flatnet_agent_feature_ready{feature=\"network_policy\"} 0";
     let cluster = cluster();
     let stub = ApiStub::from_fixture();
-    stub.serve_slices_as("");
+    stub.without_endpoint_slices();
     let n1 = &cluster.nodes[0];
     let listener = n1
         .netns
@@ -55,12 +23,13 @@ fn endpoint_slices_of_kubernetes_1_20_or_none_at_all() {
     let served = ServedStub::serve(stub.clone(), listener);
     n1.start_agent(&Peers::Api(served.url.clone()));
     let marker = n1.ready_marker();
-    wait_until("the agent to say NetworkPolicy is down", SETTLE, || {
-        std::fs::read_to_string(&marker).is_ok_and(|m| m.contains("\"down\""))
+    wait_until("the agent to say which API it lacks", SETTLE, || {
+        std::fs::read_to_string(&marker)
+            .is_ok_and(|m| m.contains("\"down\"") && m.contains("does not serve"))
     });
     let said = std::fs::read_to_string(&marker).unwrap();
     assert!(
-        said.contains("NetworkPolicy is not enforced on this node: EndpointSlice (discovery.k8s.io/v1) cannot be listed"),
+        said.contains("NetworkPolicy is not enforced on this node: EndpointSlice (discovery.k8s.io/v1) cannot be listed: the API server does not serve discovery.k8s.io/v1"),
         "{said}"
     );
     let page = n1.agent_http("/readyz");
