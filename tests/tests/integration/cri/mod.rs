@@ -204,6 +204,8 @@ impl Node {
             host_ports_in_bpf: false,
             bandwidth: true,
             big_tcp: None,
+            // containerd 1.6's libcni reads cniVersion alone.
+            cni_versions: vec!["1.0.0", "1.1.0"],
         };
         let list = render_conflist(&spec, &cidrs).expect("the agent's conflist");
         node.write_conf("10-flatnet.conflist", &list);
