@@ -16,6 +16,25 @@ use super::host::Host;
 use super::pki::{Pki, Subject};
 use super::plan::{self, Plan};
 
+/// Audited: flatnet's agents and the cluster DNS, at the Metadata level
+/// (who asked what, and the API server's annotations such as
+/// `k8s.io/deprecated`); nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users:
+  - system:serviceaccount:kube-system:flatnet-agent
+  - system:serviceaccount:kube-system:flatnet-cluster-dns
+- level: None
+";
+
+/// The API server's audit log of flatnet's requests.
+pub fn audit_log(plan: &Plan) -> PathBuf {
+    plan.logs.join("audit.log")
+}
+
 pub struct ControlPlane {
     pub host: Host,
     pub admin_kubeconfig: PathBuf,
@@ -121,8 +140,16 @@ impl ControlPlane {
         })?;
         control_plane.daemons.push(etcd_daemon);
 
+        // Every request of flatnet's agents and the cluster DNS is audited
+        // (metadata only), so a deprecated API they use is found by its
+        // audit annotation (suites.rs reads it).
+        let audit_policy = plan.dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)
+            .with_context(|| format!("writing {}", audit_policy.display()))?;
         let mut apiserver = control_plane.host.command(bin.join("kube-apiserver"));
         apiserver
+            .arg(format!("--audit-policy-file={}", audit_policy.display()))
+            .arg(format!("--audit-log-path={}", audit_log(plan).display()))
             .arg(format!("--advertise-address={address}"))
             .arg("--bind-address=0.0.0.0")
             .arg(format!("--secure-port={}", plan::API_PORT))

@@ -189,6 +189,10 @@ pub struct ModeReport {
     /// STATUS through containerd with the agent away (runtime_status.rs).
     #[serde(default)]
     pub runtime_status: Option<RuntimeStatusReport>,
+    /// Requests of flatnet's agents and the cluster DNS the API server
+    /// audited (none of them to a deprecated API).
+    #[serde(default)]
+    pub audited_requests: usize,
     /// When, at which commit and with which build this mode ran (results/
     /// keeps each mode's latest run, so the two may differ).
     #[serde(default)]
@@ -216,22 +220,9 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         suites: Vec::new(),
         first_packet: None,
         runtime_status: None,
+        audited_requests: 0,
         run: String::new(),
     };
-    // Only the cluster's own components, flatnet's agents and the DNS have
-    // asked the API server anything yet: none of it may be deprecated.
-    let deprecated = deprecated_apis(
-        &cluster
-            .control_plane
-            .kubectl(&["get", "--raw", "/metrics"])?,
-    );
-    if !deprecated.is_empty() {
-        bail!(
-            "the API server served deprecated APIs before the suites ran (flatnet's agent or the cluster's bring-up asked for them): {}",
-            deprecated.join(", ")
-        );
-    }
-    println!("e2e: deprecated APIs requested by the cluster and flatnet's agents: none");
     let probe = super::first_packet::check(cluster)?;
     println!(
         "e2e: first packet ({}): {} of {} tries from a new pod under a deny-all-egress policy got through; {:.1} s after the policy was deleted they did",
@@ -286,34 +277,47 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         println!("e2e: {}", suite.row(&report.mode));
         report.suites.push(suite);
     }
+    // Everything flatnet's agents and the DNS asked during the whole run.
+    let audit = super::control_plane::audit_log(&cluster.plan);
+    let audited = std::fs::read_to_string(&audit)
+        .with_context(|| format!("reading the API server's audit log {}", audit.display()))?;
+    let deprecated = deprecated_requests(&audited);
+    if !deprecated.is_empty() {
+        bail!(
+            "flatnet's agents or the cluster DNS asked for deprecated APIs (the API server's audit log {}):\n  {}",
+            audit.display(),
+            deprecated.join("\n  ")
+        );
+    }
+    println!(
+        "e2e: deprecated APIs asked for by flatnet's agents and the cluster DNS: none ({} requests audited)",
+        audited.lines().count()
+    );
+    report.audited_requests = audited.lines().count();
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(cluster.logs().join("report.json"), json)?;
     Ok(report)
 }
 
-/// The `group/version resource` of every deprecated API the API server
-/// has served (its `apiserver_requested_deprecated_apis` metric).
-fn deprecated_apis(metrics: &str) -> Vec<String> {
-    metrics
+/// `user: verb uri` of every audited request (flatnet's agents and the
+/// cluster DNS, control_plane.rs) the API server marked deprecated.
+pub fn deprecated_requests(audit_log: &str) -> Vec<String> {
+    let mut found: Vec<String> = audit_log
         .lines()
-        .filter_map(|line| line.strip_prefix("apiserver_requested_deprecated_apis{"))
-        .map(|labels| {
-            let label = |name: &str| {
-                labels
-                    .split(',')
-                    .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                    .map(|value| value.split('"').next().unwrap_or_default())
-                    .unwrap_or_default()
-                    .to_string()
-            };
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["annotations"]["k8s.io/deprecated"] == "true")
+        .map(|event| {
             format!(
-                "{}/{} {}",
-                label("group"),
-                label("version"),
-                label("resource")
+                "{}: {} {}",
+                event["user"]["username"].as_str().unwrap_or("?"),
+                event["verb"].as_str().unwrap_or("?"),
+                event["requestURI"].as_str().unwrap_or("?")
             )
         })
-        .collect()
+        .collect();
+    found.sort();
+    found.dedup();
+    found
 }
 
 fn skip_expression(skips: &[(&str, &str)], serial: bool) -> String {
@@ -609,15 +613,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn deprecated_apis_are_read_from_the_metric() {
-        let metrics = "# HELP apiserver_requested_deprecated_apis Gauge\n\
-                       apiserver_requested_deprecated_apis{group=\"discovery.k8s.io\",removed_release=\"1.25\",resource=\"endpointslices\",subresource=\"\",version=\"v1beta1\"} 1\n\
-                       apiserver_request_total{code=\"200\"} 5\n";
-        assert_eq!(
-            deprecated_apis(metrics),
-            ["discovery.k8s.io/v1beta1 endpointslices"]
+    fn deprecated_requests_are_read_from_the_audit_log() {
+        let log = concat!(
+            r#"{"verb":"list","requestURI":"/api/v1/endpoints","user":{"username":"system:serviceaccount:kube-system:flatnet-cluster-dns"},"annotations":{"k8s.io/deprecated":"true"}}"#,
+            "\n",
+            r#"{"verb":"watch","requestURI":"/api/v1/pods","user":{"username":"system:serviceaccount:kube-system:flatnet-agent"},"annotations":{"authorization.k8s.io/decision":"allow"}}"#,
+            "\nnot json\n"
         );
-        assert!(deprecated_apis("apiserver_request_total 1\n").is_empty());
+        assert_eq!(
+            deprecated_requests(log),
+            ["system:serviceaccount:kube-system:flatnet-cluster-dns: list /api/v1/endpoints"]
+        );
+        assert!(deprecated_requests("").is_empty());
     }
 
     #[test]
