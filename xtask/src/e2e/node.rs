@@ -457,8 +457,8 @@ fn path_with(dir: &Path) -> std::ffi::OsString {
 }
 
 /// containerd 2 at its default paths (the node's own), CRI as kubelet
-/// needs it, every registry pointed at a closed port (`certs.d`).
-fn containerd_config(shim: &Path) -> String {
+/// needs it, registries as `certs.d` says (here: each at a closed port).
+pub(crate) fn containerd_config(shim: &Path) -> String {
     ContainerdConfig {
         paths: None,
         cri: Some(Cri {

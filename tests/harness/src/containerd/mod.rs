@@ -52,14 +52,26 @@ pub(crate) const DISABLED: &[&str] = &[
 impl ContainerdConfig {
     /// The configuration file's text.
     pub fn to_toml(&self) -> String {
-        let mut toml = String::from("version = 2\n");
-        if let Some(paths) = &self.paths {
-            let _ = writeln!(toml, "root = {:?}", paths.root.display().to_string());
-            let _ = writeln!(toml, "state = {:?}", paths.state.display().to_string());
-        }
         let mut disabled: Vec<&str> = DISABLED.to_vec();
         if self.cri.is_none() {
             disabled.insert(0, "io.containerd.grpc.v1.cri");
+        }
+        let mut toml = self.head(2, &disabled);
+        if let Some(cri) = &self.cri {
+            toml.push_str(&cri.to_toml());
+        }
+        toml
+    }
+}
+
+impl ContainerdConfig {
+    /// What both versions share: the version, the state paths, the plugins
+    /// turned off, no debug or metrics socket, the sockets' addresses.
+    fn head(&self, version: u8, disabled: &[&str]) -> String {
+        let mut toml = format!("version = {version}\n");
+        if let Some(paths) = &self.paths {
+            let _ = writeln!(toml, "root = {:?}", paths.root.display().to_string());
+            let _ = writeln!(toml, "state = {:?}", paths.state.display().to_string());
         }
         toml.push_str("disabled_plugins = [\n");
         for plugin in disabled {
@@ -77,14 +89,25 @@ impl ContainerdConfig {
                 paths.opt.display().to_string()
             );
         }
-        if let Some(cri) = &self.cri {
-            toml.push_str(&cri.to_toml());
-        }
         toml
     }
 }
 
 impl Cri {
+    /// runc's binary and state folder lines, when not the defaults.
+    fn runc_options(&self) -> String {
+        self.runc
+            .as_ref()
+            .map(|(binary, root)| {
+                format!(
+                    "        BinaryName = {:?}\n        Root = {:?}\n",
+                    binary.display().to_string(),
+                    root.display().to_string()
+                )
+            })
+            .unwrap_or_default()
+    }
+
     fn to_toml(&self) -> String {
         let section = "plugins.\"io.containerd.grpc.v1.cri\"";
         let mut toml = format!(
@@ -114,14 +137,7 @@ impl Cri {
 ",
             self.sandbox_image
         );
-        if let Some((binary, root)) = &self.runc {
-            let _ = write!(
-                toml,
-                "        BinaryName = {:?}\n        Root = {:?}\n",
-                binary.display().to_string(),
-                root.display().to_string()
-            );
-        }
+        toml.push_str(&self.runc_options());
         let _ = write!(
             toml,
             "

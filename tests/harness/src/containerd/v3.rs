@@ -26,11 +26,6 @@ impl ContainerdConfig {
     /// (containerd looks `containerd-shim-runc-v2` up on PATH otherwise,
     /// and may find another containerd's).
     pub fn to_toml_v3(&self, shim: &Path) -> String {
-        let mut toml = String::from("version = 3\n");
-        if let Some(paths) = &self.paths {
-            let _ = writeln!(toml, "root = {:?}", paths.root.display().to_string());
-            let _ = writeln!(toml, "state = {:?}", paths.state.display().to_string());
-        }
         let mut disabled: Vec<&str> = DISABLED
             .iter()
             // containerd 2 has no aufs snapshotter to turn off.
@@ -45,23 +40,7 @@ impl ContainerdConfig {
                 "io.containerd.cri.v1.runtime",
             ]);
         }
-        toml.push_str("disabled_plugins = [\n");
-        for plugin in disabled {
-            let _ = writeln!(toml, "  {plugin:?},");
-        }
-        toml.push_str(
-            "]\n\n[debug]\n  address = \"\"\n  level = \"info\"\n\n[metrics]\n  address = \"\"\n",
-        );
-        if let Some(paths) = &self.paths {
-            let socket = paths.socket.display().to_string();
-            let _ = write!(
-                toml,
-                "\n[grpc]\n  address = {socket:?}\n\n[ttrpc]\n  address = {:?}\n\n\
-                 [plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
-                format!("{socket}.ttrpc"),
-                paths.opt.display().to_string()
-            );
-        }
+        let mut toml = self.head(3, &disabled);
         let Some(cri) = &self.cri else {
             return toml;
         };
@@ -108,14 +87,7 @@ impl ContainerdConfig {
 ",
             shim.display().to_string()
         );
-        if let Some((binary, root)) = &cri.runc {
-            let _ = write!(
-                toml,
-                "        BinaryName = {:?}\n        Root = {:?}\n",
-                binary.display().to_string(),
-                root.display().to_string()
-            );
-        }
+        toml.push_str(&cri.runc_options());
         let _ = write!(
             toml,
             "

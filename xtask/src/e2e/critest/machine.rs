@@ -24,7 +24,6 @@ use super::super::daemon::Daemon;
 use super::super::host::Host;
 use super::cleanup::{k8s_cgroups, remove_state};
 use super::registry;
-use flatnet_harness::containerd::{ContainerdConfig, Cri};
 
 /// The machine's name (its network namespace, its hostname).
 pub const NAME: &str = "flatnet-critest";
@@ -129,17 +128,7 @@ impl Machine {
             root.join("etc/cni/net.d/10-flatnet-critest.conflist"),
             conflist(),
         )?;
-        let config = ContainerdConfig {
-            paths: None,
-            cri: Some(Cri {
-                sandbox_image: crate::e2e::images::PAUSE.to_string(),
-                cni_bin_dir: "/opt/cni/bin".into(),
-                cni_conf_dir: "/etc/cni/net.d".into(),
-                runc: None,
-                registry_config_path: Some("/etc/containerd/certs.d".into()),
-            }),
-        }
-        .to_toml_v3(&built.bin("containerd-shim-runc-v2"));
+        let config = crate::e2e::node::containerd_config(&built.bin("containerd-shim-runc-v2"));
         std::fs::write(root.join("etc/containerd/config.toml"), config)?;
         registry::write_certs_d(&root.join("etc/containerd/certs.d"))?;
         Ok(machine)
