@@ -58,6 +58,9 @@ pub const AGNHOST: &[&str] = &[
     "registry.k8s.io/e2e-test-images/agnhost:2.55",
 ];
 pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+/// The DNS specs' glibc querier (`dig`, `getent` through glibc's
+/// resolver), beside agnhost's musl one.
+pub const GLIBC_DNS_TESTING: &str = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1";
 pub const NGINX: &[&str] = &[
     "registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
     "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",

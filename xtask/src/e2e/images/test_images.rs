@@ -7,7 +7,9 @@ use super::flatnet_images::cluster_dns_origin;
 use super::rootfs::{Origin, Rootfs};
 use super::spec::ImageSpec;
 use super::toolbox::{iptables, toolbox};
-use super::{AGNHOST, BUSYBOX, DISTROLESS_IPTABLES, NGINX, PAUSE, REGRESSION_74839};
+use super::{
+    AGNHOST, BUSYBOX, DISTROLESS_IPTABLES, GLIBC_DNS_TESTING, NGINX, PAUSE, REGRESSION_74839,
+};
 use crate::e2e::build::Built;
 
 /// The sandbox image: the static pause program of the Kubernetes cache
@@ -78,6 +80,12 @@ pub fn busybox() -> anyhow::Result<ImageSpec> {
     Ok(ImageSpec::new(&[BUSYBOX], toolbox()?).cmd(&["sh"]))
 }
 
+/// glibc-dns-testing (upstream: Debian with dnsutils, for glibc's
+/// resolver): the toolbox is Debian's glibc userland with dig and getent.
+pub fn glibc_dns_testing() -> anyhow::Result<ImageSpec> {
+    Ok(ImageSpec::new(&[GLIBC_DNS_TESTING], toolbox()?).cmd(&["sh"]))
+}
+
 /// Stands in for the e2e nginx images: the toolbox, and busybox's httpd
 /// serving nginx's document root `/usr/share/nginx/html` (an index.html) on
 /// port 80, started by an `nginx` script that ignores its arguments so the
@@ -136,6 +144,7 @@ pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<Image
         pause(kube)?,
         agnhost(kube, cluster_dns)?,
         busybox()?,
+        glibc_dns_testing()?,
         nginx()?,
         distroless_iptables()?,
         regression_issue_74839(kube)?,
