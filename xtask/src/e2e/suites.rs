@@ -268,7 +268,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         std::fs::create_dir_all(&dir)?;
         run_e2e(cluster, built, &focus, &skip, parallel, &dir)?;
         cluster.check()?;
-        let specs = read_junit(&dir)?;
+        let specs = selected(read_junit(&dir)?);
         let suite = SuiteReport {
             suite: name,
             seconds: started.elapsed().as_secs_f64(),
@@ -395,6 +395,27 @@ pub fn read_junit(dir: &Path) -> anyhow::Result<Vec<SpecResult>> {
     Ok(specs)
 }
 
+/// The specs the run selected: ginkgo v2 lists every spec a focus or a
+/// skip left out as skipped in 0 s with the message "skipped" alone (a
+/// spec that skips itself says why).
+pub fn selected(specs: Vec<SpecResult>) -> Vec<SpecResult> {
+    specs
+        .into_iter()
+        .filter(|s| !(s.outcome == Outcome::Skipped && s.seconds == 0.0 && s.message == "skipped"))
+        .collect()
+}
+
+/// ginkgo's suite-level nodes, as its JUnit report names them.
+const SUITE_NODES: &[&str] = &[
+    "[BeforeSuite]",
+    "[SynchronizedBeforeSuite]",
+    "[ReportBeforeSuite]",
+    "[AfterSuite]",
+    "[SynchronizedAfterSuite]",
+    "[ReportAfterSuite]",
+    "[DeferCleanup (Suite)]",
+];
+
 fn parse_junit(text: &str) -> anyhow::Result<Vec<SpecResult>> {
     let document = roxmltree::Document::parse(text)?;
     let mut specs = Vec::new();
@@ -402,7 +423,12 @@ fn parse_junit(text: &str) -> anyhow::Result<Vec<SpecResult>> {
         .descendants()
         .filter(|n| n.has_tag_name("testcase"))
     {
-        let name = case.attribute("name").unwrap_or_default().to_string();
+        // ginkgo v2 names a spec by its node: "[It] [sig-network] ...".
+        let full_name = case.attribute("name").unwrap_or_default();
+        let name = full_name
+            .strip_prefix("[It] ")
+            .unwrap_or(full_name)
+            .to_string();
         let seconds: f64 = case
             .attribute("time")
             .and_then(|t| t.parse().ok())
@@ -422,17 +448,17 @@ fn parse_junit(text: &str) -> anyhow::Result<Vec<SpecResult>> {
         } else if let Some(skipped) = child("skipped") {
             let text = message(skipped);
             if seconds == 0.0 && text.is_empty() {
-                // Not selected by the focus.
+                // Not selected by the focus (ginkgo v1).
                 continue;
             }
             (Outcome::Skipped, text)
         } else {
             (Outcome::Passed, String::new())
         };
-        // ginkgo's own BeforeSuite/AfterSuite entries.
-        if name.is_empty()
-            || name.starts_with("[SynchronizedBeforeSuite]") && outcome == Outcome::Passed
-        {
+        // ginkgo's own suite-level entries (before and after the suite, its
+        // reporters): only a failed one says anything about the run.
+        let suite_node = SUITE_NODES.iter().any(|node| name.starts_with(node));
+        if name.is_empty() || suite_node && outcome == Outcome::Passed {
             continue;
         }
         specs.push(SpecResult {
@@ -661,5 +687,31 @@ more</failure>
         assert!(specs[1].message.starts_with("boom"));
         assert_eq!(specs[2].outcome, Outcome::Skipped);
         assert_eq!(specs[2].message, "Requires at least 2 nodes");
+    }
+
+    #[test]
+    fn ginkgo_v2_reports_name_specs_by_node_and_list_the_suites_nodes() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuites><testsuite name="Kubernetes e2e suite">
+  <testcase name="[ReportBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+  <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1.2"></testcase>
+  <testcase name="[It] [sig-network] a passes" classname="Kubernetes e2e suite" status="passed" time="12.5"></testcase>
+  <testcase name="[It] [sig-network] b skips itself" classname="Kubernetes e2e suite" status="skipped" time="0.4"><skipped message="skipped - Requires at least 2 nodes"></skipped></testcase>
+  <testcase name="[It] [sig-storage] c not selected" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+  <testcase name="[ReportAfterSuite] Kubernetes e2e suite report" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+  <testcase name="[SynchronizedAfterSuite]" classname="Kubernetes e2e suite" status="failed" time="3"><failure message="cleanup failed"></failure></testcase>
+</testsuite></testsuites>"#;
+        let specs = selected(parse_junit(xml).unwrap());
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "[sig-network] a passes",
+                "[sig-network] b skips itself",
+                "[SynchronizedAfterSuite]"
+            ]
+        );
+        assert_eq!(specs[1].outcome, Outcome::Skipped);
+        assert_eq!(specs[2].outcome, Outcome::Failed);
     }
 }
