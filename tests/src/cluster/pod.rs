@@ -46,7 +46,17 @@ impl SimNode {
             .iter()
             .map(|(key, value)| (key.to_string(), value.as_os_str().to_owned()))
             .collect();
-        call.run(&self.bin_dir().join("flatnet"), &self.plugin_stdin())
+        let mut stdin = self.plugin_stdin();
+        if matches!(command, "STATUS" | "GC") {
+            // Verbs of CNI 1.1.0, which a runtime asks at that version
+            // only: the node's conflist offers 1.0.0 alone when a chained
+            // reference plugin (Debian's) stops there.
+            let mut conf: serde_json::Value =
+                serde_json::from_slice(&stdin).expect("the plugin's stdin is JSON");
+            conf["cniVersion"] = serde_json::json!("1.1.0");
+            stdin = conf.to_string().into_bytes();
+        }
+        call.run(&self.bin_dir().join("flatnet"), &stdin)
     }
 
     pub fn pod(&self) -> SimPod<'_> {
