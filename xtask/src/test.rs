@@ -158,6 +158,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             services: None,
             focus: None,
             kubernetes: crate::e2e::build::DEFAULT_RELEASE.parse()?,
+            dual_stack: false,
             nodes: 2,
             keep: false,
             debug_build: true,

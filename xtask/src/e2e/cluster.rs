@@ -37,6 +37,15 @@ impl ServicesMode {
         }
     }
 
+    /// A run's name: the mode, and the families when both.
+    pub fn run_name(self, dual_stack: bool) -> String {
+        if dual_stack {
+            format!("{}-dual-stack", self.name())
+        } else {
+            self.name().to_string()
+        }
+    }
+
     /// Every mode, in the order runs take them.
     pub const ALL: [ServicesMode; 3] = [
         ServicesMode::KubeProxy,
@@ -155,27 +164,44 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Waits for kube-controller-manager to give every node a pod CIDR and
-    /// routes each on the control plane machine (host-gw, as flatnet's
-    /// agents route them between the nodes).
+    /// Waits for kube-controller-manager to give every node its pod CIDRs
+    /// (one per family) and routes each on the control plane machine via
+    /// the node's address of that family (host-gw, as flatnet's agents
+    /// route them between the nodes).
     fn route_pod_cidrs(&self) -> anyhow::Result<()> {
+        let families = if self.plan.dual_stack { 2 } else { 1 };
         for node in &self.nodes {
-            let mut cidr = String::new();
+            let mut cidrs = Vec::new();
             self.control_plane.wait_for(
                 Duration::from_secs(60),
-                "a pod CIDR for each node",
+                "a pod CIDR of each family for each node",
                 || {
-                    cidr = self
+                    cidrs = self
                         .control_plane
-                        .kubectl(&["get", "node", &node.name, "-o", "jsonpath={.spec.podCIDR}"])
+                        .kubectl(&[
+                            "get",
+                            "node",
+                            &node.name,
+                            "-o",
+                            "jsonpath={.spec.podCIDRs[*]}",
+                        ])
                         .unwrap_or_default()
-                        .trim()
-                        .to_string();
-                    !cidr.is_empty()
+                        .split_whitespace()
+                        .map(str::to_string)
+                        .collect();
+                    cidrs.len() == families
                 },
             )?;
-            self.control_plane
-                .route_pods(&cidr, &node.address.to_string())?;
+            for cidr in &cidrs {
+                let ipv6 = cidr.contains(':');
+                let via = self
+                    .plan
+                    .node_addresses(node.index)
+                    .into_iter()
+                    .find(|a| a.is_ipv6() == ipv6)
+                    .with_context(|| format!("no address of {cidr}'s family on {}", node.name))?;
+                self.control_plane.route_pods(cidr, &via)?;
+            }
         }
         Ok(())
     }
@@ -232,6 +258,11 @@ impl Cluster {
                 )
             })?;
         Ok(())
+    }
+
+    /// The run's name: its Services mode, and the families when both.
+    pub fn name(&self) -> String {
+        self.mode.run_name(self.plan.dual_stack)
     }
 
     /// Every daemon of the cluster still running.

@@ -47,10 +47,23 @@ impl ControlPlane {
     pub fn start(plan: &Plan, pki: &Pki, bin: &Path, etcd: &Path) -> anyhow::Result<Self> {
         let host = Host::create(&plan.control_plane_name(), &plan.dir.join("control-plane"))?;
         let sh = |script: &str| host.run("sh", &["-euc", script]);
+        // IPv6 without duplicate address detection: the segment is ours,
+        // and a tentative address would fail the first binds.
+        let ipv6 = if plan.dual_stack {
+            format!(
+                "ip addr add {}/{} dev {} nodad",
+                plan::CONTROL_PLANE_ADDRESS6,
+                plan::UNDERLAY6_PREFIX,
+                plan::BRIDGE
+            )
+        } else {
+            String::new()
+        };
         sh(&format!(
             "ip link set lo up
              ip link add {bridge} type bridge
              ip addr add {address}/{prefix} dev {bridge}
+             {ipv6}
              ip link set {bridge} up
              mkdir -p /var/lib/etcd && mount -t tmpfs -o size=512m tmpfs /var/lib/etcd",
             bridge = plan::BRIDGE,
@@ -154,7 +167,10 @@ impl ControlPlane {
             .arg("--bind-address=0.0.0.0")
             .arg(format!("--secure-port={}", plan::API_PORT))
             .arg("--etcd-servers=http://127.0.0.1:2379")
-            .arg(format!("--service-cluster-ip-range={}", plan::SERVICE_CIDR))
+            .arg(format!(
+                "--service-cluster-ip-range={}",
+                plan.service_cidrs()
+            ))
             .arg("--service-node-port-range=30000-32767")
             .arg("--allow-privileged=true")
             .arg("--authorization-mode=Node,RBAC")
@@ -208,9 +224,17 @@ impl ControlPlane {
             .arg("--bind-address=127.0.0.1")
             .arg("--leader-elect=false")
             .arg("--allocate-node-cidrs=true")
-            .arg(format!("--cluster-cidr={}", plan::CLUSTER_CIDR))
-            .arg("--node-cidr-mask-size=24")
-            .arg(format!("--service-cluster-ip-range={}", plan::SERVICE_CIDR))
+            .arg(format!("--cluster-cidr={}", plan.cluster_cidrs()))
+            // Per family: the single-family flag is refused on dual-stack.
+            .arg("--node-cidr-mask-size-ipv4=24")
+            .arg(format!(
+                "--node-cidr-mask-size-ipv6={}",
+                plan::NODE_CIDR_MASK6
+            ))
+            .arg(format!(
+                "--service-cluster-ip-range={}",
+                plan.service_cidrs()
+            ))
             .arg(format!(
                 "--cluster-signing-cert-file={}",
                 pki.ca_cert.display()
@@ -318,7 +342,9 @@ impl ControlPlane {
 
     /// A route on the control plane machine to a node's pod CIDR (the API
     /// server reaches pods when it proxies to them).
-    pub fn route_pods(&self, pod_cidr: &str, node_address: &str) -> anyhow::Result<()> {
+    pub fn route_pods(&self, pod_cidr: &str, node_address: &IpAddr) -> anyhow::Result<()> {
+        let node_address = node_address.to_string();
+        let node_address = node_address.as_str();
         self.host
             .run("ip", &["route", "replace", pod_cidr, "via", node_address])?;
         Ok(())

@@ -8,8 +8,8 @@
 //!
 //! Before the real guard goes on, [`self_test`] proves the same rules drop
 //! and count: in two namespaces of its own, a datagram from a cluster
-//! address is sent across a veth with the guard in the sender's namespace,
-//! and must be counted and never arrive.
+//! address of each family is sent across a veth with the guard in the
+//! sender's namespace, and must be counted and never arrive.
 
 use std::process::Command;
 use std::time::Duration;
@@ -29,14 +29,25 @@ const COUNTER: &str = "leaked";
 /// a drop of anything from or to the cluster's ranges leaving through a
 /// device other than loopback.
 pub fn ruleset(ranges: &[&str]) -> String {
-    let set = ranges.join(", ");
+    // One set per family: nft matches IPv4 ranges with `ip`, IPv6 with `ip6`.
+    let (ipv6, ipv4): (Vec<&str>, Vec<&str>) = ranges.iter().partition(|r| r.contains(':'));
+    let mut rules = String::new();
+    for (family, set) in [("ip", ipv4), ("ip6", ipv6)] {
+        if set.is_empty() {
+            continue;
+        }
+        let set = set.join(", ");
+        for direction in ["saddr", "daddr"] {
+            rules.push_str(&format!(
+                "    oifname != \"lo\" {family} {direction} {{ {set} }} counter name {COUNTER} drop\n"
+            ));
+        }
+    }
     let chain = |name: &str, hook: &str| {
         format!(
             "  chain {name} {{
     type filter hook {hook} priority -400; policy accept;
-    oifname != \"lo\" ip saddr {{ {set} }} counter name {COUNTER} drop
-    oifname != \"lo\" ip daddr {{ {set} }} counter name {COUNTER} drop
-  }}
+{rules}  }}
 "
         )
     };
@@ -122,45 +133,44 @@ pub fn self_test() -> anyhow::Result<()> {
         &format!(
             "ip link add g0 type veth peer name g1 netns {receiver}
              ip addr add 172.29.0.250/24 dev g0
+             ip addr add fd29::fa/64 dev g0 nodad
              ip link set g0 up",
             receiver = receiver.name
         ),
     )?;
     sh(
         &receiver,
-        "ip addr add 172.29.0.251/24 dev g1; ip link set g1 up",
+        "ip addr add 172.29.0.251/24 dev g1; ip addr add fd29::fb/64 dev g1 nodad; ip link set g1 up",
     )?;
     let guard = Guard::install(Some(&sender.name))?;
-    // The receiver listens for one datagram; the sender sends one.
+    // One datagram of each family, each from a cluster address.
+    for (from, to) in [("172.29.0.250", "172.29.0.251"), ("fd29::fa", "fd29::fb")] {
+        let before = guard.dropped()?;
+        let received = send_one_datagram(&sender, &receiver, to)?;
+        if guard.dropped()? == before {
+            bail!("the guard's self-test: a datagram from {from} was not counted");
+        }
+        if !received.is_empty() {
+            bail!("the guard's self-test: a datagram from {from} got through");
+        }
+    }
+    Ok(())
+}
+
+/// What `receiver` got of one datagram `sender` sent to `to`.
+fn send_one_datagram(sender: &Netns, receiver: &Netns, to: &str) -> anyhow::Result<Vec<u8>> {
     let listener = receiver
-        .command(&[
-            "timeout",
-            "3",
-            "nc",
-            "-u",
-            "-l",
-            "-W",
-            "1",
-            "172.29.0.251",
-            "4999",
-        ])
+        .command(&["timeout", "3", "nc", "-u", "-l", "-W", "1", to, "4999"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("starting nc in the guard's self-test")?;
     std::thread::sleep(Duration::from_millis(300));
-    sh(
-        &sender,
-        "printf leak | nc -u -w 1 172.29.0.251 4999 || true",
-    )?;
-    let received = listener.wait_with_output()?;
-    let dropped = guard.dropped()?;
-    if dropped == 0 {
-        bail!("the guard's self-test: a datagram from 172.29.0.250 was not counted");
-    }
-    if !received.stdout.is_empty() {
-        bail!("the guard's self-test: a datagram from 172.29.0.250 got through");
-    }
-    Ok(())
+    output(&mut sender.command(&[
+        "sh",
+        "-c",
+        &format!("printf leak | nc -u -w 1 {to} 4999 || true"),
+    ]))?;
+    Ok(listener.wait_with_output()?.stdout)
 }
 
 #[cfg(test)]
@@ -169,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_ruleset_guards_every_range_both_ways_in_every_hook() {
-        let rules = ruleset(&["10.0.0.0/8", "192.0.2.0/24"]);
+        let rules = ruleset(&["10.0.0.0/8", "192.0.2.0/24", "fd00::/8"]);
         for hook in ["output", "forward", "postrouting"] {
             assert!(
                 rules.contains(&format!("type filter hook {hook}")),
@@ -188,7 +198,9 @@ mod tests {
                 .count(),
             3
         );
-        assert_eq!(rules.matches("oifname != \"lo\"").count(), 6);
+        assert_eq!(rules.matches("ip6 saddr { fd00::/8 }").count(), 3);
+        assert_eq!(rules.matches("ip6 daddr { fd00::/8 }").count(), 3);
+        assert_eq!(rules.matches("oifname != \"lo\"").count(), 12);
     }
 
     #[test]

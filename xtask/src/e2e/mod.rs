@@ -5,6 +5,7 @@
 //! runs the upstream e2e suites of the same release on it.
 
 pub mod build;
+mod cgroups;
 mod cluster;
 mod control_plane;
 pub mod critest;
@@ -46,6 +47,10 @@ pub struct E2eArgs {
     /// The Kubernetes release (major.minor.patch), built from its Go modules.
     #[arg(long, default_value = build::DEFAULT_RELEASE)]
     pub kubernetes: build::Release,
+    /// IPv4 and IPv6 (IPv4 first): node addresses, pod CIDRs and Service
+    /// ranges of both families, and the `[Feature:IPv6DualStack]` specs.
+    #[arg(long)]
+    pub dual_stack: bool,
     /// Nodes of the cluster.
     #[arg(long, default_value_t = 2)]
     pub nodes: u8,
@@ -124,7 +129,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         // The cluster is down: nothing of it may stay (a process kept in a
         // machine's cgroup keeps the cgroup, and the next cluster reuses it
         // with whatever is attached to it).
-        let mut left = node::leftovers();
+        let mut left = cgroups::leftovers();
         let shims = machine_shims();
         if !shims.is_empty() {
             left.push(format!("containerd shims {shims:?}"));
@@ -197,13 +202,15 @@ fn run_mode(
     built: &build::Built,
     images: &[PathBuf],
 ) -> anyhow::Result<suites::ModeReport> {
-    let logs = logs_root().join(mode.name());
+    let name = mode.run_name(args.dual_stack);
+    let logs = logs_root().join(&name);
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
     let plan = plan::Plan {
-        dir: PathBuf::from(STATE_DIR).join(mode.name()),
+        dir: PathBuf::from(STATE_DIR).join(&name),
         logs: logs.clone(),
         nodes: args.nodes,
+        dual_stack: args.dual_stack,
     };
     let mut cluster = cluster::Cluster::up(plan, mode, built, images)?;
     let report = suites::run(&mut cluster, args, built)?;
@@ -291,20 +298,20 @@ fn clean_up_leftovers() {
             .args(["netns", "delete", &name])
             .output();
         if let Some(index) = name.strip_prefix(&format!("{}-node-", plan::PREFIX)) {
-            node::remove_cgroup_tree(&format!("/{}-node-{index}", plan::PREFIX));
+            cgroups::remove_cgroup_tree(&format!("/{}-node-{index}", plan::PREFIX));
         }
     }
     kill_orphaned_shims();
     // Machines' cgroups a teardown could not remove (something was left
     // in them): what is in them is killed, then they go.
-    let roots: std::collections::BTreeSet<String> = node::cgroup_hierarchies()
+    let roots: std::collections::BTreeSet<String> = cgroups::cgroup_hierarchies()
         .unwrap_or_default()
         .iter()
-        .flat_map(|hierarchy| node::machine_cgroups(hierarchy))
+        .flat_map(|hierarchy| cgroups::machine_cgroups(hierarchy))
         .collect();
     for root in roots {
         println!("e2e: removing the cgroup {root}, left by an earlier run");
-        node::remove_cgroup_tree(&root);
+        cgroups::remove_cgroup_tree(&root);
     }
     for mode in ServicesMode::ALL {
         let dir = PathBuf::from(STATE_DIR).join(mode.name());

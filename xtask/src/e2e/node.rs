@@ -12,6 +12,7 @@ use anyhow::Context;
 use flatnet_harness::containerd::{ContainerdConfig, Cri};
 
 use super::build::Built;
+use super::cgroups::{cgroup_hierarchies, remove_cgroup_tree};
 use super::daemon::Daemon;
 use super::host::Host;
 use super::pki::{Pki, Subject};
@@ -48,6 +49,8 @@ pub struct Node {
     pub index: u8,
     pub name: String,
     pub address: Ipv4Addr,
+    /// Every address of the node, IPv4 first (IPv6 too on dual-stack).
+    pub addresses: Vec<IpAddr>,
     pub host: Host,
     /// kubelet's cgroupRoot: the node's own subtree of every hierarchy.
     pub cgroup_root: String,
@@ -78,13 +81,14 @@ impl Node {
             cgroup_root: format!("/{name}"),
             name,
             address,
+            addresses: plan.node_addresses(index),
             host,
             containerd: None,
             kubelet: None,
             kube_proxy: None,
             logs,
         };
-        node.plug_in(control_plane)?;
+        node.plug_in(plan, control_plane)?;
         node.make_cgroup_root()?;
         node.write_configuration(plan, pki, built)?;
         node.start_containerd(built, images)?;
@@ -93,9 +97,9 @@ impl Node {
     }
 
     /// The node's `eth0` on the control plane's bridge; routes to the
-    /// Services' range through it (kube-proxy translates on the way out,
+    /// Services' ranges through it (kube-proxy translates on the way out,
     /// but a route must exist for the first lookup). No default route.
-    fn plug_in(&self, control_plane: &Host) -> anyhow::Result<()> {
+    fn plug_in(&self, plan: &Plan, control_plane: &Host) -> anyhow::Result<()> {
         let port = format!("{}-n{}", plan::PREFIX, self.index);
         let node_pid = self.host.pid().to_string();
         control_plane
@@ -117,6 +121,17 @@ impl Node {
                 ),
             ],
         )?;
+        // IPv6 without duplicate address detection (our own segment): a
+        // tentative address would fail kubelet's first binds.
+        let ipv6 = match self.addresses.get(1) {
+            Some(address6) if plan.dual_stack => format!(
+                "ip addr add {address6}/{prefix} dev eth0 nodad
+                 ip -6 route add {services} dev eth0",
+                prefix = plan::UNDERLAY6_PREFIX,
+                services = plan::SERVICE_CIDR6,
+            ),
+            _ => String::new(),
+        };
         self.host.run(
             "sh",
             &[
@@ -125,7 +140,8 @@ impl Node {
                     "ip link set lo up
                      ip addr add {address}/{prefix} dev eth0
                      ip link set eth0 up
-                     ip route add {services} dev eth0",
+                     ip route add {services} dev eth0
+                     {ipv6}",
                     address = self.address,
                     prefix = plan::UNDERLAY_PREFIX,
                     services = plan::SERVICE_CIDR,
@@ -185,7 +201,7 @@ impl Node {
             &format!("{name}-kubelet-serving"),
             name,
             &[name],
-            &[IpAddr::V4(self.address)],
+            &self.addresses,
         )?;
         let proxy = pki.client(
             &format!("{name}-kube-proxy"),
@@ -215,7 +231,7 @@ impl Node {
         for mode in ["iptables", "nftables"] {
             self.write(
                 &format!("/etc/kubernetes/kube-proxy-{mode}.yaml"),
-                &self.kube_proxy_config(mode),
+                &self.kube_proxy_config(plan, mode),
             )?;
         }
         self.write(
@@ -287,7 +303,7 @@ serializeImagePulls: false
         )
     }
 
-    fn kube_proxy_config(&self, mode: &str) -> String {
+    fn kube_proxy_config(&self, plan: &Plan, mode: &str) -> String {
         format!(
             r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -308,7 +324,7 @@ conntrack:
 "#,
             name = self.name,
             address = self.address,
-            cluster_cidr = plan::CLUSTER_CIDR,
+            cluster_cidr = plan.cluster_cidrs(),
             mode = mode,
         )
     }
@@ -357,7 +373,7 @@ conntrack:
                 "--config=/etc/kubernetes/kubelet.yaml",
                 "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
                 &format!("--hostname-override={}", self.name),
-                &format!("--node-ip={}", self.address),
+                &format!("--node-ip={}", self.node_ips()),
                 "--v=1",
             ])
             // Old kubelets' in-tree ECR credential provider asked the EC2
@@ -385,6 +401,12 @@ conntrack:
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// kubelet's `--node-ip`: the node's addresses, comma-separated.
+    fn node_ips(&self) -> String {
+        let ips: Vec<String> = self.addresses.iter().map(IpAddr::to_string).collect();
+        ips.join(",")
     }
 
     /// kube-proxy in `mode` (iptables or nftables).
@@ -471,181 +493,4 @@ pub(crate) fn containerd_config(shim: &Path) -> String {
         }),
     }
     .to_toml_v3(shim)
-}
-
-/// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers and
-/// the v2 `unified` one of a hybrid layout, or the v2 root alone).
-pub fn cgroup_hierarchies() -> anyhow::Result<Vec<PathBuf>> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(mountinfo
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let dash = fields.iter().position(|f| *f == "-")?;
-            let fs_type = fields.get(dash + 1)?;
-            (*fs_type == "cgroup" || *fs_type == "cgroup2").then(|| PathBuf::from(fields[4]))
-        })
-        .filter(|p| p.starts_with("/sys/fs/cgroup"))
-        .collect())
-}
-
-/// Removes `root` and everything under it from every hierarchy, deepest
-/// first (a cgroup is removed with rmdir once it is empty of processes):
-/// what is still in it is killed first (the pods' containers outlive
-/// kubelet and containerd, reparented to init, and a kept cgroup is
-/// reused by the next cluster, with whatever was attached to it).
-pub fn remove_cgroup_tree(root: &str) {
-    let Ok(hierarchies) = cgroup_hierarchies() else {
-        return;
-    };
-    for _ in 0..50 {
-        let left = processes_in(&hierarchies, root);
-        if left.is_empty() {
-            break;
-        }
-        for pid in left {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for hierarchy in hierarchies {
-        let top = hierarchy.join(root.trim_start_matches('/'));
-        let mut dirs = Vec::new();
-        collect_dirs(&top, &mut dirs);
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-        for dir in dirs {
-            detach_bpf_links(&dir);
-            let _ = std::fs::remove_dir(&dir);
-        }
-    }
-}
-
-/// Detaches the BPF links attached to cgroup `dir` (the agents' Service
-/// socket programs): an interrupted run's outlive it, and when the cgroup
-/// is not removed (a process left in it) the next cluster reusing its
-/// name runs them first, with the dead cluster's maps (a ClusterIP sent
-/// to a backend that no longer exists).
-fn detach_bpf_links(dir: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(dir) else {
-        return;
-    };
-    let Ok(out) = std::process::Command::new("bpftool")
-        .args(["-j", "link", "show"])
-        .output()
-    else {
-        return;
-    };
-    for id in cgroup_link_ids(&String::from_utf8_lossy(&out.stdout), meta.ino()) {
-        println!("e2e: detaching BPF link {id} left on {}", dir.display());
-        let _ = std::process::Command::new("bpftool")
-            .args(["link", "detach", "id", &id.to_string()])
-            .output();
-    }
-}
-
-/// The links of `bpftool -j link show` attached to the cgroup whose id (its
-/// directory's inode on cgroup2) is `cgroup_id`.
-fn cgroup_link_ids(links_json: &str, cgroup_id: u64) -> Vec<u64> {
-    let Ok(serde_json::Value::Array(links)) = serde_json::from_str(links_json) else {
-        return Vec::new();
-    };
-    links
-        .iter()
-        .filter(|link| link["type"] == "cgroup" && link["cgroup_id"] == cgroup_id)
-        .filter_map(|link| link["id"].as_u64())
-        .collect()
-}
-
-/// The processes in cgroup `root` or under it, in any of `hierarchies`.
-fn processes_in(hierarchies: &[PathBuf], root: &str) -> std::collections::BTreeSet<i32> {
-    let mut dirs = Vec::new();
-    for hierarchy in hierarchies {
-        collect_dirs(&hierarchy.join(root.trim_start_matches('/')), &mut dirs);
-    }
-    dirs.iter()
-        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
-        .flat_map(|procs| {
-            procs
-                .lines()
-                .filter_map(|pid| pid.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect()
-}
-
-/// What a cluster left behind on this machine (the leak check after each):
-/// processes still in a machine's cgroup tree, BPF links still attached to
-/// a machine's cgroup.
-pub fn leftovers() -> Vec<String> {
-    let Ok(hierarchies) = cgroup_hierarchies() else {
-        return Vec::new();
-    };
-    let mut left = Vec::new();
-    let links = std::process::Command::new("bpftool")
-        .args(["-j", "link", "show"])
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-        .unwrap_or_default();
-    for hierarchy in &hierarchies {
-        for root in machine_cgroups(hierarchy) {
-            let entry = hierarchy.join(root.trim_start_matches('/'));
-            let pids = processes_in(std::slice::from_ref(hierarchy), &root);
-            if !pids.is_empty() {
-                left.push(format!("processes {pids:?} in {}", entry.display()));
-            }
-            use std::os::unix::fs::MetadataExt;
-            if let Ok(meta) = entry.metadata()
-                && !cgroup_link_ids(&links, meta.ino()).is_empty()
-            {
-                left.push(format!("BPF links on {}", entry.display()));
-            }
-        }
-    }
-    left
-}
-
-/// The machines' top cgroups in `hierarchy` ("/fe2e-node-1", ...).
-pub fn machine_cgroups(hierarchy: &Path) -> Vec<String> {
-    let prefix = format!("{}-", plan::PREFIX);
-    std::fs::read_dir(hierarchy)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|entry| entry.path().is_dir())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with(&prefix))
-        .map(|name| format!("/{name}"))
-        .collect()
-}
-
-fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    out.push(dir.to_path_buf());
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            collect_dirs(&entry.path(), out);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_links_of_the_cgroup_are_named() {
-        let links = r#"[{"id":7,"type":"cgroup","prog_id":1,"cgroup_id":6903},
-            {"id":8,"type":"cgroup","prog_id":2,"cgroup_id":0},
-            {"id":9,"type":"tcx","prog_id":3},
-            {"id":10,"type":"cgroup","prog_id":4,"cgroup_id":6903}]"#;
-        assert_eq!(cgroup_link_ids(links, 6903), [7, 10]);
-        assert!(cgroup_link_ids(links, 1).is_empty());
-        assert!(cgroup_link_ids("not json", 6903).is_empty());
-    }
 }

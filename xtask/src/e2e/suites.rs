@@ -53,12 +53,8 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
         "SCTP: not built into this kernel",
     ),
     (
-        r"\[Feature:Networking-IPv4\]|\[Feature:Networking-DNS\]",
-        "dials 8.8.8.8 or google.com: no traffic may leave this machine",
-    ),
-    (
-        r"\[Feature:Networking-IPv6\]|\[Feature:IPv6DualStack|\[IPv6\]",
-        "the cluster is IPv4-only (dual-stack clusters: not yet)",
+        r"\[Feature:Networking-IPv4\]|\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]",
+        "dials 8.8.8.8, 2001:4860:4860::8888 or google.com: no traffic may leave this machine",
     ),
     (
         r"\[Feature:(Ingress|NEG|kubemci|IngressScale)\]",
@@ -73,6 +69,12 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
         "runs the example applications' images (python, redis), which are not built here",
     ),
 ];
+
+/// Skipped on an IPv4-only cluster (`--dual-stack` runs them).
+pub const IPV4_ONLY_SKIPS: &[(&str, &str)] = &[(
+    r"\[Feature:IPv6DualStack\]",
+    "need a dual-stack cluster: run with --dual-stack",
+)];
 
 /// Specs that need kube-proxy itself, skipped with `--services ebpf`.
 /// The NodePort-dialing specs run: they dial from pods and host-network
@@ -216,7 +218,7 @@ pub struct FirstPacketReport {
 
 pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Result<ModeReport> {
     let mut report = ModeReport {
-        mode: cluster.mode.name().to_string(),
+        mode: cluster.name(),
         suites: Vec::new(),
         first_packet: None,
         runtime_status: None,
@@ -246,7 +248,12 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
     });
     let chosen: Vec<(String, String, String, u8)> = match &args.focus {
         // By hand, [Serial] specs too: one process.
-        Some(focus) => vec![("focus".into(), focus.clone(), skip_expression(&[], true), 1)],
+        Some(focus) => vec![(
+            "focus".into(),
+            focus.clone(),
+            skip_expression(&[], true, cluster.plan.dual_stack),
+            1,
+        )],
         None => SUITES
             .iter()
             .filter(|s| {
@@ -256,7 +263,7 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
                 (
                     s.name.to_string(),
                     s.focus.to_string(),
-                    skip_expression(s.skips, s.serial),
+                    skip_expression(s.skips, s.serial, cluster.plan.dual_stack),
                     s.parallel,
                 )
             })
@@ -320,9 +327,11 @@ pub fn deprecated_requests(audit_log: &str) -> Vec<String> {
     found
 }
 
-fn skip_expression(skips: &[(&str, &str)], serial: bool) -> String {
+fn skip_expression(skips: &[(&str, &str)], serial: bool, dual_stack: bool) -> String {
+    let family_skips = if dual_stack { &[][..] } else { IPV4_ONLY_SKIPS };
     COMMON_SKIPS
         .iter()
+        .chain(family_skips)
         .chain(skips)
         .map(|(pattern, _)| *pattern)
         .filter(|pattern| !(serial && *pattern == SERIAL))
@@ -518,8 +527,11 @@ pub fn write_results(reports: &[ModeReport], dir: &Path, run: &str) -> anyhow::R
         )?;
     }
     let mut reports = Vec::new();
-    for mode in ServicesMode::ALL {
-        let path = dir.join(format!("e2e-{}.json", mode.name()));
+    for name in ServicesMode::ALL
+        .iter()
+        .flat_map(|mode| [false, true].map(|dual| mode.run_name(dual)))
+    {
+        let path = dir.join(format!("e2e-{name}.json"));
         if let Ok(text) = std::fs::read_to_string(&path) {
             let report: ModeReport = serde_json::from_str(&text)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -553,6 +565,11 @@ pub fn write_results(reports: &[ModeReport], dir: &Path, run: &str) -> anyhow::R
     md.push_str("\n## Skipped before they run (ginkgo `--skip`), and why\n\n| specs matching | modes | why |\n|---|---|---|\n");
     for (pattern, why) in COMMON_SKIPS {
         md.push_str(&format!("| `{pattern}` | all | {why} |\n"));
+    }
+    for (pattern, why) in IPV4_ONLY_SKIPS {
+        md.push_str(&format!(
+            "| `{pattern}` | all, IPv4-only clusters | {why} |\n"
+        ));
     }
     for suite in SUITES.iter().filter(|s| !s.in_ci) {
         for (pattern, why) in suite.skips {
@@ -655,8 +672,8 @@ mod tests {
 
     #[test]
     fn a_serial_suite_runs_serial_specs_and_skips_the_rest_as_others_do() {
-        let parallel = skip_expression(&[], false);
-        let serial = skip_expression(&[], true);
+        let parallel = skip_expression(&[], false, false);
+        let serial = skip_expression(&[], true, false);
         assert!(parallel.contains(SERIAL), "{parallel}");
         assert!(!serial.contains(SERIAL), "{serial}");
         assert_eq!(

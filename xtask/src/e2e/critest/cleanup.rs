@@ -9,7 +9,7 @@ use super::machine::{NAME, SOCKET, STATE_DIR};
 
 /// The `k8s.io` folder of every cgroup hierarchy.
 pub(super) fn k8s_cgroups() -> Vec<PathBuf> {
-    super::super::node::cgroup_hierarchies()
+    super::super::cgroups::cgroup_hierarchies()
         .unwrap_or_default()
         .into_iter()
         .map(|h| h.join("k8s.io"))
