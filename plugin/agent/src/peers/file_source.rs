@@ -75,6 +75,7 @@ pub fn parse(text: &str) -> std::result::Result<Vec<Node>, String> {
             name: entry.name,
             addresses,
             pod_cidrs,
+            zone: None,
         });
     }
     Ok(nodes)

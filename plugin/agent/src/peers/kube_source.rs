@@ -132,6 +132,9 @@ impl PeerSource for KubeSource {
     }
 }
 
+/// The well-known label of a node's zone.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// The parts of a Node object pod networking needs; None without a name.
 pub fn convert(object: &KubeNode) -> Option<Node> {
     let name = object.metadata.name.clone()?;
@@ -167,10 +170,17 @@ pub fn convert(object: &KubeNode) -> Option<Node> {
                 .collect()
         })
         .unwrap_or_default();
+    let zone = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(ZONE_LABEL))
+        .cloned();
     Some(Node {
         name,
         addresses,
         pod_cidrs,
+        zone,
     })
 }
 
@@ -186,7 +196,7 @@ mod tests {
     fn cidrs_and_internal_addresses_are_taken_from_the_node() {
         let n = convert(&node(serde_json::json!({
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "worker-1"},
+            "metadata": {"name": "worker-1", "labels": {"topology.kubernetes.io/zone": "zone-b"}},
             "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd10:1::/64"]},
             "status": {"addresses": [
                 {"type": "Hostname", "address": "worker-1"},
@@ -205,6 +215,7 @@ mod tests {
                 "fd00::11".parse().unwrap()
             ]
         );
+        assert_eq!(n.zone.as_deref(), Some("zone-b"));
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct Node {
     /// The pod CIDRs the node owns (`spec.podCIDRs`, one per family); empty
     /// while none is allocated yet.
     pub pod_cidrs: Vec<IpNetwork>,
+    /// `topology.kubernetes.io/zone`: Services' topology hints name it.
+    pub zone: Option<String>,
 }
 
 impl Node {
@@ -147,6 +149,7 @@ mod tests {
             name: name.into(),
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            zone: None,
         }
     }
 

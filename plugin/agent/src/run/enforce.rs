@@ -40,7 +40,14 @@ impl Agent {
         let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
         let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let start = Instant::now();
-        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        let frontends = crate::services::frontends(
+            &services,
+            &slices,
+            crate::services::Here {
+                node: &self.node_name,
+                zone: self.zone.as_deref(),
+            },
+        );
         let plan = policy::plan_of(
             &self.node_name,
             &policies,
@@ -134,7 +141,14 @@ impl Agent {
         let snapshot = objects.snapshot();
         let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
         let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
-        let frontends = crate::services::frontends(&services, &slices, &self.node_name);
+        let frontends = crate::services::frontends(
+            &services,
+            &slices,
+            crate::services::Here {
+                node: &self.node_name,
+                zone: self.zone.as_deref(),
+            },
+        );
         sync.health
             .update(crate::services::health::checks(&frontends));
         sync.update(

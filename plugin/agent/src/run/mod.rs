@@ -282,6 +282,8 @@ pub struct Agent {
     nodeport_addresses: Vec<IpAddr>,
     /// This node's addresses as last written to `NODE_SOURCES`.
     node_sources: Vec<IpAddr>,
+    /// This node's `topology.kubernetes.io/zone` (topology hints).
+    zone: Option<String>,
 }
 
 /// NetworkPolicy on this node: what was written.

@@ -107,6 +107,7 @@ impl Agent {
             services: None,
             nodeport_addresses: Vec::new(),
             node_sources: Vec::new(),
+            zone: None,
         })
     }
 
@@ -157,12 +158,16 @@ impl Agent {
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
             reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
         }
-        // NodePorts follow the nodes' addresses.
+        // NodePorts follow the nodes' addresses; topology hints, the
+        // node's zone.
         let nodeport_addresses =
             crate::services::nodeport_addresses(nodes, &self.args.nodeport_addresses);
-        if nodeport_addresses != self.nodeport_addresses {
+        let zone = plan.me.as_ref().and_then(|me| me.zone.clone());
+        if nodeport_addresses != self.nodeport_addresses || zone != self.zone {
             self.nodeport_addresses = nodeport_addresses;
+            self.zone = zone;
             self.sync_services();
+            self.enforce_policy();
         }
         // The source the node's own connections to a ClusterIP whose
         // backend is a local pod keep (see the socket programs).

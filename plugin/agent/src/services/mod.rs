@@ -6,7 +6,8 @@
 //! Which endpoints, as kube-proxy chooses them: the ready ones (`ready`
 //! unset counts as ready); when none is, the ones still serving while they
 //! terminate; with `internalTrafficPolicy: Local`, only those on this node
-//! (none there: the Service has no backend here). A Service port's backends
+//! (none there: the Service has no backend here); otherwise only those
+//! topology hints keep for this node or its zone (`topology`). A Service port's backends
 //! are its EndpointSlices' ports of the same name and protocol (so a named
 //! `targetPort` is resolved per endpoint, as the slice controller did), each
 //! endpoint address on that slice port.
@@ -15,6 +16,7 @@ pub mod health;
 pub mod nat;
 pub mod ports;
 pub mod sync;
+pub mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -24,6 +26,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use crate::policy::Protocol;
+pub use topology::Here;
 
 /// The label an EndpointSlice names its Service with.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -88,13 +91,14 @@ impl FrontendPort {
 }
 
 /// The frontends of `services` with their backends from `slices` (matched
-/// by namespace and the service-name label), as seen from `node` (for
-/// `internalTrafficPolicy: Local`).
+/// by namespace and the service-name label), as seen from `here` (for
+/// `internalTrafficPolicy: Local` and topology hints).
 pub fn frontends<'a>(
     services: &[&'a Service],
     slices: &[&'a EndpointSlice],
-    node: &str,
+    here: Here<'_>,
 ) -> Vec<Frontend<'a>> {
+    let node = here.node;
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in slices {
         let labels = slice.metadata.labels.as_ref();
@@ -178,9 +182,10 @@ pub fn frontends<'a>(
                 .filter_map(|port| {
                     let protocol = Protocol::from_kube(port.protocol.as_deref())?;
                     let port_name = port.name.clone().unwrap_or_default();
-                    let local_backends = backends(slices, &port_name, protocol, Some(node));
+                    let local_backends =
+                        backends(slices, &port_name, protocol, Some(node), here);
                     let backends =
-                        backends(slices, &port_name, protocol, local_only.then_some(node));
+                        backends(slices, &port_name, protocol, local_only.then_some(node), here);
                     Some(FrontendPort {
                         name: port_name,
                         protocol,
@@ -246,15 +251,16 @@ fn use_of(endpoint: &Endpoint) -> Use {
 
 /// The endpoints of `slices` on their port named `port_name` of
 /// `protocol` that kube-proxy would use (only those on `local_node` when
-/// given), sorted and without repeats.
+/// given; otherwise narrowed by topology hints as seen from `here`),
+/// sorted and without repeats.
 fn backends(
     slices: &[&EndpointSlice],
     port_name: &str,
     protocol: Protocol,
     local_node: Option<&str>,
+    here: Here<'_>,
 ) -> Vec<(IpAddr, u16)> {
-    let mut ready = BTreeSet::new();
-    let mut fallback = BTreeSet::new();
+    let mut candidates: Vec<(&Endpoint, u16, Use)> = Vec::new();
     for slice in slices {
         let Some(port) = slice.ports.iter().flatten().find(|p| {
             p.name.as_deref().unwrap_or("") == port_name
@@ -269,21 +275,35 @@ fn backends(
             if local_node.is_some_and(|node| endpoint.node_name.as_deref() != Some(node)) {
                 continue;
             }
-            let set = match use_of(endpoint) {
-                Use::Ready => &mut ready,
-                Use::Fallback => &mut fallback,
-                Use::No => continue,
-            };
-            set.extend(
+            candidates.push((endpoint, port, use_of(endpoint)));
+        }
+    }
+    let ready = || candidates.iter().filter(|(_, _, used)| *used == Use::Ready);
+    // Hints shape cluster-wide traffic only (kube-proxy: not the
+    // node-local policies).
+    let mode = match local_node {
+        None => topology::mode(ready().map(|(endpoint, _, _)| *endpoint), here),
+        Some(_) => None,
+    };
+    let addresses = |chosen: &mut dyn Iterator<Item = &(&Endpoint, u16, Use)>| {
+        chosen
+            .flat_map(|(endpoint, port, _)| {
                 endpoint
                     .addresses
                     .iter()
                     .filter_map(|a| a.parse::<IpAddr>().ok())
-                    .map(|ip| (ip, port)),
-            );
-        }
-    }
-    let chosen = if ready.is_empty() { fallback } else { ready };
+                    .map(move |ip| (ip, *port))
+            })
+            .collect::<BTreeSet<_>>()
+    };
+    let chosen = addresses(
+        &mut ready().filter(|(endpoint, _, _)| topology::serves_here(endpoint, mode, here)),
+    );
+    let chosen = if chosen.is_empty() {
+        addresses(&mut candidates.iter().filter(|(_, _, used)| *used == Use::Fallback))
+    } else {
+        chosen
+    };
     chosen.into_iter().collect()
 }
 
@@ -294,6 +314,10 @@ mod tests {
     use super::*;
 
     const NODE: &str = "node-1";
+
+    fn here(node: &str) -> Here<'_> {
+        Here { node, zone: None }
+    }
 
     fn service(spec: Value) -> Service {
         serde_json::from_value(
@@ -320,7 +344,45 @@ mod tests {
         let service: &'static Service = Box::leak(Box::new(service.clone()));
         let slices: &'static [EndpointSlice] = Box::leak(slices.to_vec().into_boxed_slice());
         let slices: Vec<&EndpointSlice> = slices.iter().collect();
-        frontends(&[service], &slices, NODE)
+        frontends(&[service], &slices, here(NODE))
+    }
+
+    #[test]
+    fn topology_hints_narrow_cluster_traffic_but_not_node_local_traffic() {
+        let endpoints = json!([
+            {"addresses": ["10.0.0.1"], "nodeName": NODE, "hints": {"forZones": [{"name": "a"}]}},
+            {"addresses": ["10.0.0.2"], "nodeName": "node-2", "hints": {"forZones": [{"name": "b"}]}}
+        ]);
+        let slices = [slice("web-a", "web", json!([{"port": 80}]), endpoints)];
+        let slices: Vec<&EndpointSlice> = slices.iter().collect();
+        let cluster = service(json!({
+            "clusterIP": "10.96.0.10", "trafficDistribution": "PreferSameZone",
+            "ports": [{"port": 80}]
+        }));
+        let backends = |svc: &Service, here: Here<'_>| {
+            frontends(&[svc], &slices, here)[0].ports[0].backends.clone()
+        };
+        let zone_b = Here {
+            node: "node-3",
+            zone: Some("b"),
+        };
+        assert_eq!(backends(&cluster, zone_b), [(ip("10.0.0.2"), 80)]);
+        // No endpoint for zone c: every one.
+        let zone_c = Here {
+            node: "node-3",
+            zone: Some("c"),
+        };
+        assert_eq!(backends(&cluster, zone_c).len(), 2);
+        // internalTrafficPolicy Local: this node's own, whatever the hints.
+        let local = service(json!({
+            "clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local",
+            "ports": [{"port": 80}]
+        }));
+        let node_in_b = Here {
+            node: NODE,
+            zone: Some("b"),
+        };
+        assert_eq!(backends(&local, node_in_b), [(ip("10.0.0.1"), 80)]);
     }
 
     #[test]
@@ -449,10 +511,10 @@ mod tests {
         for label in NOT_FOR_THIS_PROXY {
             let mut labelled = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
             labelled.metadata.labels = Some([(label.to_string(), "foo-bar".to_string())].into());
-            assert!(frontends(&[&labelled], &slices, "n1").is_empty(), "{label}");
+            assert!(frontends(&[&labelled], &slices, here("n1")).is_empty(), "{label}");
         }
         let plain = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
-        assert_eq!(frontends(&[&plain], &slices, "n1").len(), 1);
+        assert_eq!(frontends(&[&plain], &slices, here("n1")).len(), 1);
     }
 
     #[test]
@@ -484,6 +546,7 @@ mod tests {
             name: name.into(),
             addresses: addresses.iter().map(|a| ip(a)).collect(),
             pod_cidrs: Vec::new(),
+            zone: None,
         };
         let nodes = [
             node("a", &["172.30.0.2", "fd30::2"]),

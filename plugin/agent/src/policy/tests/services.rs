@@ -139,7 +139,11 @@ fn egress_plan() -> Plan {
     let policies: Vec<&NetworkPolicy> = policies.iter().collect();
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
-    let frontends = frontends(&services, &slices, NODE);
+    let here = crate::services::Here {
+        node: NODE,
+        zone: None,
+    };
+    let frontends = frontends(&services, &slices, here);
     plan_of(
         NODE,
         &policies,
