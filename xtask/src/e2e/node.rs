@@ -52,6 +52,8 @@ pub struct Node {
     /// Every address of the node, IPv4 first (IPv6 too on dual-stack).
     pub addresses: Vec<IpAddr>,
     pub host: Host,
+    /// `topology.kubernetes.io/zone` (kubelet labels its node).
+    pub zone: String,
     /// kubelet's cgroupRoot: the node's own subtree of every hierarchy.
     pub cgroup_root: String,
     containerd: Option<Daemon>,
@@ -82,6 +84,7 @@ impl Node {
             name,
             address,
             addresses: plan.node_addresses(index),
+            zone: plan.zone(index),
             host,
             containerd: None,
             kubelet: None,
@@ -374,6 +377,7 @@ conntrack:
                 "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
                 &format!("--hostname-override={}", self.name),
                 &format!("--node-ip={}", self.node_ips()),
+                &format!("--node-labels=topology.kubernetes.io/zone={}", self.zone),
                 "--v=1",
             ])
             // Old kubelets' in-tree ECR credential provider asked the EC2

@@ -68,6 +68,13 @@ impl Plan {
         Ipv4Addr::new(172, 29, 0, 10 + index)
     }
 
+    /// The node's `topology.kubernetes.io/zone`: three zones, taken in
+    /// turn, so 3 nodes make the three zones the Traffic Distribution
+    /// specs ask for and 6 nodes two nodes in each.
+    pub fn zone(&self, index: u8) -> String {
+        format!("{PREFIX}-zone-{}", (index - 1) % 3)
+    }
+
     /// The node's IPv6 address on the underlay (dual-stack clusters).
     pub fn node_address6(&self, index: u8) -> Ipv6Addr {
         Ipv6Addr::new(0xfd29, 0, 0, 0, 0, 0, 0, 10 + u16::from(index))

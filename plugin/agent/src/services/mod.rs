@@ -182,10 +182,14 @@ pub fn frontends<'a>(
                 .filter_map(|port| {
                     let protocol = Protocol::from_kube(port.protocol.as_deref())?;
                     let port_name = port.name.clone().unwrap_or_default();
-                    let local_backends =
-                        backends(slices, &port_name, protocol, Some(node), here);
-                    let backends =
-                        backends(slices, &port_name, protocol, local_only.then_some(node), here);
+                    let local_backends = backends(slices, &port_name, protocol, Some(node), here);
+                    let backends = backends(
+                        slices,
+                        &port_name,
+                        protocol,
+                        local_only.then_some(node),
+                        here,
+                    );
                     Some(FrontendPort {
                         name: port_name,
                         protocol,
@@ -300,7 +304,11 @@ fn backends(
         &mut ready().filter(|(endpoint, _, _)| topology::serves_here(endpoint, mode, here)),
     );
     let chosen = if chosen.is_empty() {
-        addresses(&mut candidates.iter().filter(|(_, _, used)| *used == Use::Fallback))
+        addresses(
+            &mut candidates
+                .iter()
+                .filter(|(_, _, used)| *used == Use::Fallback),
+        )
     } else {
         chosen
     };
@@ -360,7 +368,9 @@ mod tests {
             "ports": [{"port": 80}]
         }));
         let backends = |svc: &Service, here: Here<'_>| {
-            frontends(&[svc], &slices, here)[0].ports[0].backends.clone()
+            frontends(&[svc], &slices, here)[0].ports[0]
+                .backends
+                .clone()
         };
         let zone_b = Here {
             node: "node-3",
@@ -511,7 +521,10 @@ mod tests {
         for label in NOT_FOR_THIS_PROXY {
             let mut labelled = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
             labelled.metadata.labels = Some([(label.to_string(), "foo-bar".to_string())].into());
-            assert!(frontends(&[&labelled], &slices, here("n1")).is_empty(), "{label}");
+            assert!(
+                frontends(&[&labelled], &slices, here("n1")).is_empty(),
+                "{label}"
+            );
         }
         let plain = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
         assert_eq!(frontends(&[&plain], &slices, here("n1")).len(), 1);
