@@ -25,7 +25,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use kubernetes::kubernetes;
 use pause::pause;
-pub use runtime::{CNI_PLUGINS_DIR, CONTAINERD_VERSION, CRI_TOOLS_VERSION};
+pub use runtime::{CNI_PLUGINS_DIR, CNI_PLUGINS_VERSION, CONTAINERD_VERSION, CRI_TOOLS_VERSION};
 
 /// Debian packages the cluster tests run or build with.
 pub const PACKAGES: &[&str] = &[
@@ -263,6 +263,8 @@ pub fn prepare_binaries(release: &Release, binaries: Option<&Path>) -> anyhow::R
         "crictl",
         "critest",
         "pause",
+        "cni/portmap",
+        "cni/loopback",
     ] {
         if !dir.join(name).is_file() {
             bail!("{} has no {name}", dir.display());

@@ -38,18 +38,19 @@ const GATEWAY: &str = "10.88.77.1";
 const BRIDGE: &str = "flcritest0";
 
 /// The conflist: flatnet (with flatnet-ipam) and the reference portmap
-/// for the CRI's port mappings. CNI 1.0.0 only: offered 1.1.0, containerd
-/// 2 asks every plugin of the list for STATUS, which Debian's portmap
-/// (plugins 1.1.1) does not know ("missing containerID"), and the network
-/// would never be ready.
+/// (plugins 1.10.0, built with the release: Debian's 1.1.1 does not know
+/// STATUS) for the CRI's port mappings, at CNI 1.1.0, so containerd 2 asks
+/// STATUS and GC as it would of a node's conflist. flatnet writes a line
+/// per invocation to `logFile` (runtime_cni.rs reads it).
 pub fn conflist() -> String {
     format!(
         r#"{{
-  "cniVersion": "1.0.0",
+  "cniVersion": "1.1.0",
   "name": "{NETWORK}",
   "plugins": [
     {{
       "type": "flatnet",
+      "logFile": "{log}",
       "capabilities": {{"mtu": true, "mac": true, "ips": true, "bandwidth": true}},
       "bridge": "{BRIDGE}",
       "mtu": 1500,
@@ -63,7 +64,8 @@ pub fn conflist() -> String {
     {{"type": "portmap", "capabilities": {{"portMappings": true}}, "snat": true}}
   ]
 }}
-"#
+"#,
+        log = super::runtime_cni::CNI_LOG,
     )
 }
 
@@ -241,7 +243,7 @@ impl Machine {
 
     /// flatnet's pins, host veths and bridge, and flatnet-ipam's records
     /// still on the machine.
-    fn network_leftovers(&self) -> Vec<String> {
+    pub(super) fn network_leftovers(&self) -> Vec<String> {
         let script = format!(
             "ls /sys/fs/bpf/flatnet/{NETWORK} 2>/dev/null | sed 's/^/pin /'
              ip -o link show | awk -F': ' '{{print $2}}' | grep -E '^(fl|{BRIDGE})' | sed 's/^/link /'

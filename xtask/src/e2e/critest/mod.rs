@@ -9,6 +9,7 @@ mod cleanup;
 mod machine;
 mod registry;
 mod report;
+mod runtime_cni;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,14 +48,15 @@ pub fn run(args: &CritestArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let built = build::prepare_binaries(&args.kubernetes, args.binaries.as_deref())?;
-    crate::setup::ensure_packages(&["containernetworking-plugins", "curl", "gcc", "libc6-dev"])?;
+    crate::setup::ensure_packages(&["curl", "gcc", "libc6-dev"])?;
     // The plugins as users install them: the static release build.
     util::build(true, crate::install::BINARIES)?;
     let mut plugins: Vec<PathBuf> = crate::install::BINARIES
         .iter()
         .map(|name| util::binary(true, name))
         .collect::<anyhow::Result<_>>()?;
-    plugins.extend(["portmap", "loopback"].map(|p| Path::new("/usr/lib/cni").join(p)));
+    // The reference plugins of the same build (CNI 1.1: STATUS and GC).
+    plugins.extend(["portmap", "loopback"].map(|p| built.bin(build::CNI_PLUGINS_DIR).join(p)));
 
     heading("critest: images and registry");
     let cache = build::cache_root(&args.kubernetes).join("critest");
@@ -76,13 +78,14 @@ pub fn run(args: &CritestArgs) -> anyhow::Result<()> {
     let left = machine.tear_down();
     listed.removed();
     let seconds = started.elapsed().as_secs_f64();
-    let specs = outcome?;
+    let (specs, runtime) = outcome?;
     println!("{}", report::table(&specs));
+    println!("{runtime}");
     if args.focus.is_none() {
         let header = header(&built, seconds, &left);
         let path = util::root().join("results/critest.md");
-        std::fs::write(&path, report::markdown(&header, &specs))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let text = report::markdown(&header, &specs) + &runtime;
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         println!("critest: wrote {}", path.display());
     }
     println!("critest: {seconds:.0} s in all; logs in {}", logs.display());
@@ -102,7 +105,7 @@ fn run_on(
     crane: &Path,
     images: &[(Vec<String>, PathBuf)],
     logs: &Path,
-) -> anyhow::Result<Vec<report::Spec>> {
+) -> anyhow::Result<(Vec<report::Spec>, String)> {
     machine.serve_images(crane, images)?;
     machine.start_containerd(built)?;
     heading("critest: the suite");
@@ -139,7 +142,21 @@ fn run_on(
     if specs.is_empty() {
         bail!("critest ({status}) ran no spec; see {}", log.display());
     }
-    Ok(specs)
+    heading("critest: sandboxes whose CNI ADD is killed");
+    let mid_add = runtime_cni::kill_mid_add(machine, &built.bin("crictl"))?;
+    machine.check()?;
+    let cni_log = machine
+        .host
+        .dir
+        .join("root")
+        .join(runtime_cni::CNI_LOG.trim_start_matches('/'));
+    let verbs = runtime_cni::tally(&std::fs::read_to_string(&cni_log).unwrap_or_default());
+    let _ = std::fs::copy(&cni_log, logs.join("flatnet-cni.log"));
+    let runtime = runtime_cni::markdown(&verbs, &mid_add);
+    if !mid_add.left.is_empty() || mid_add.runp_failed < mid_add.killed || mid_add.killed == 0 {
+        bail!("a sandbox whose ADD was killed:{runtime}");
+    }
+    Ok((specs, runtime))
 }
 
 fn header(built: &Built, seconds: f64, left: &[String]) -> String {
@@ -154,7 +171,7 @@ fn header(built: &Built, seconds: f64, left: &[String]) -> String {
     format!(
         "{} UTC, commit {}, `cargo xtask critest` in {seconds:.0} s: critest {} against containerd {} \
          (both from e2e-build's cache, {}), Debian's runc, flatnet's release build with the reference \
-         portmap and loopback plugins (network `{}`, {}), on network, mount, UTS and IPC namespaces of its own. \
+         portmap and loopback plugins {} of the same build, CNI 1.1.0 (network `{}`, {}), on network, mount, UTS and IPC namespaces of its own. \
          Images: stand-ins built from Debian's busybox-static (see xtask/src/e2e/images/critest_images.rs), \
          pulled from a registry on that namespace's loopback (go-containerregistry's `crane registry serve`). \
          After every sandbox was removed: {}.",
@@ -163,6 +180,7 @@ fn header(built: &Built, seconds: f64, left: &[String]) -> String {
         build::CRI_TOOLS_VERSION,
         build::CONTAINERD_VERSION,
         built.bin_dir.display(),
+        build::CNI_PLUGINS_VERSION,
         machine::NETWORK,
         machine::SUBNET,
         if left.is_empty() {
