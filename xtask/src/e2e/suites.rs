@@ -31,6 +31,8 @@ pub struct Suite {
     /// Runs `[Serial]` specs: alone on the cluster (one process, after the
     /// suites before it).
     pub serial: bool,
+    /// Runs on dual-stack clusters only.
+    pub dual_stack_only: bool,
 }
 
 /// The `[Serial]` skip of `COMMON_SKIPS`, left out where a suite runs alone.
@@ -105,6 +107,7 @@ pub const SUITES: &[Suite] = &[
         modes: EVERY_MODE,
         parallel: 3,
         serial: false,
+        dual_stack_only: false,
     },
     // hostPort by hostIP and protocol, from a host-network pod (curl, nc):
     // portmap's rules with kube-proxy, flatnet's BPF hostPorts without.
@@ -117,6 +120,23 @@ pub const SUITES: &[Suite] = &[
         modes: EVERY_MODE,
         parallel: 1,
         serial: true,
+        dual_stack_only: false,
+    },
+    // Both families on a dual-stack cluster: a pod's two addresses, a
+    // Service of both families, and pod to Service over each family.
+    Suite {
+        name: "dual-stack",
+        focus: concat!(
+            r"\[Feature:IPv6DualStack\] .*(should be able to reach pod on ipv4 and ipv6 ip",
+            r"|should create service with ipv4,v6 cluster ip",
+            r"|should function for pod-Service: (http|udp))",
+        ),
+        skips: &[],
+        in_ci: true,
+        modes: EVERY_MODE,
+        parallel: 3,
+        serial: false,
+        dual_stack_only: true,
     },
     Suite {
         name: "sig-network",
@@ -126,6 +146,7 @@ pub const SUITES: &[Suite] = &[
         modes: KUBE_PROXY,
         parallel: 2,
         serial: false,
+        dual_stack_only: false,
     },
     Suite {
         name: "sig-network",
@@ -135,6 +156,7 @@ pub const SUITES: &[Suite] = &[
         modes: &[ServicesMode::Ebpf],
         parallel: 2,
         serial: false,
+        dual_stack_only: false,
     },
 ];
 
@@ -257,7 +279,9 @@ pub fn run(cluster: &mut Cluster, args: &E2eArgs, built: &Built) -> anyhow::Resu
         None => SUITES
             .iter()
             .filter(|s| {
-                s.modes.contains(&cluster.mode) && (if args.full { !s.in_ci } else { s.in_ci })
+                s.modes.contains(&cluster.mode)
+                    && (if args.full { !s.in_ci } else { s.in_ci })
+                    && (cluster.plan.dual_stack || !s.dual_stack_only)
             })
             .map(|s| {
                 (
