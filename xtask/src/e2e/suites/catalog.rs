@@ -1,0 +1,182 @@
+//! Which specs run: the suites (ginkgo focus), what every run skips and
+//! why, and the skip expression a suite runs with.
+
+use super::super::cluster::ServicesMode;
+
+/// A set of specs chosen by ginkgo's focus and skip expressions.
+pub struct Suite {
+    pub name: &'static str,
+    pub focus: &'static str,
+    /// Specs of the focus this cluster cannot run, and why (docs/kubernetes.md).
+    pub skips: &'static [(&'static str, &'static str)],
+    /// Run in CI (`cargo xtask test`) as well as with `--full`.
+    pub in_ci: bool,
+    /// Services modes it runs in.
+    pub modes: &'static [ServicesMode],
+    /// ginkgo's parallel processes (`-nodes`): the specs mostly wait, so
+    /// the CI subset runs three at once on two cores, which ends it when
+    /// its longest spec (an egress policy, ~2 min) does.
+    pub parallel: u8,
+    /// Runs `[Serial]` specs: alone on the cluster (one process, after the
+    /// suites before it).
+    pub serial: bool,
+    /// Runs on dual-stack clusters only.
+    pub dual_stack_only: bool,
+}
+
+/// The `[Serial]` skip of `COMMON_SKIPS`, left out where a suite runs alone.
+const SERIAL: &str = r"\[Serial\]";
+
+const EVERY_MODE: &[ServicesMode] = &ServicesMode::ALL;
+/// The modes in which kube-proxy runs.
+const KUBE_PROXY: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::KubeProxyNftables];
+
+/// Skips shared by every suite: what no cluster on this machine can do.
+pub const COMMON_SKIPS: &[(&str, &str)] = &[
+    (
+        SERIAL,
+        "needs the whole cluster to itself (run by hand with --focus, one process; the host-ports suite runs its spec so)",
+    ),
+    (r"\[Disruptive\]", "restarts or breaks nodes and components"),
+    (r"\[Flaky\]", "marked flaky upstream"),
+    (
+        r"\[Feature:SCTP\]|\[Feature:SCTPConnectivity\]",
+        "SCTP: not built into this kernel",
+    ),
+    (
+        r"\[Feature:Networking-IPv4\]|\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]",
+        "dials 8.8.8.8, 2001:4860:4860::8888 or google.com: no traffic may leave this machine",
+    ),
+    (
+        r"\[Feature:(Ingress|NEG|kubemci|IngressScale)\]",
+        "needs a cloud's L7 load balancer or an ingress controller",
+    ),
+    (
+        r"LoadBalancer service with ESIPP|load balancer cleanup finalizer",
+        "waits (15-20 min) for a cloud load balancer's address, which a cluster without a cloud provider never gets (the other LoadBalancer specs skip themselves: provider)",
+    ),
+    (
+        r"\[Feature:Example\]",
+        "runs the example applications' images (python, redis), which are not built here",
+    ),
+];
+
+/// Skipped on an IPv4-only cluster (`--dual-stack` runs them).
+pub const IPV4_ONLY_SKIPS: &[(&str, &str)] = &[(
+    r"\[Feature:IPv6DualStack\]",
+    "need a dual-stack cluster: run with --dual-stack",
+)];
+
+/// Specs that need kube-proxy itself, skipped with `--services ebpf`.
+/// The NodePort-dialing specs run: they dial from pods and host-network
+/// pods, which flatnet's socket programs serve (18 of 18 passed with
+/// kube-proxy absent, `--focus` at f761931).
+const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[(
+    r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout",
+    "asks kube-proxy itself (its healthz and metrics ports, the conntrack timeouts it sets)",
+)];
+
+pub const SUITES: &[Suite] = &[
+    // The CI subset: pod to pod on and across nodes, ClusterIP Services
+    // through each mode, cluster DNS, and NetworkPolicy in both directions
+    // including a client created after its egress policy.
+    Suite {
+        name: "ci",
+        focus: concat!(
+            r"\[sig-network\] Networking Granular Checks: Pods should function for intra-pod communication: (http|udp)",
+            r"|\[sig-network\] Networking Granular Checks: Services should be able to handle large requests: udp",
+            r"|\[sig-network\] Networking Granular Checks: Services should function for client IP based session affinity: http",
+            r"|\[sig-network\] Services should serve multiport endpoints from pods",
+            r"|\[sig-network\] DNS should provide DNS for services",
+            r"|NetworkPolicy between server and client should support a 'default-deny-ingress' policy",
+            r"|NetworkPolicy between server and client should enforce egress policy allowing traffic to a server in a different namespace",
+        ),
+        skips: &[],
+        in_ci: true,
+        modes: EVERY_MODE,
+        parallel: 3,
+        serial: false,
+        dual_stack_only: false,
+    },
+    // hostPort by hostIP and protocol, from a host-network pod (curl, nc):
+    // portmap's rules with kube-proxy, flatnet's BPF hostPorts without.
+    // A scheduling spec, [Serial] for the node labels it sets.
+    Suite {
+        name: "host-ports",
+        focus: r"validates that there is no conflict between pods with same hostPort but different hostIP and protocol",
+        skips: &[],
+        in_ci: true,
+        modes: EVERY_MODE,
+        parallel: 1,
+        serial: true,
+        dual_stack_only: false,
+    },
+    // Both families on a dual-stack cluster: a pod's two addresses, a
+    // Service of both families, and pod to Service over each family.
+    Suite {
+        name: "dual-stack",
+        focus: concat!(
+            r"\[Feature:IPv6DualStack\] .*(should be able to reach pod on ipv4 and ipv6 ip",
+            r"|should create service with ipv4,v6 cluster ip",
+            r"|should function for pod-Service: (http|udp))",
+        ),
+        skips: &[],
+        in_ci: true,
+        modes: EVERY_MODE,
+        parallel: 3,
+        serial: false,
+        dual_stack_only: true,
+    },
+    Suite {
+        name: "sig-network",
+        focus: r"\[sig-network\]",
+        skips: &[],
+        in_ci: false,
+        modes: KUBE_PROXY,
+        parallel: 2,
+        serial: false,
+        dual_stack_only: false,
+    },
+    Suite {
+        name: "sig-network",
+        focus: r"\[sig-network\]",
+        skips: NEEDS_KUBE_PROXY,
+        in_ci: false,
+        modes: &[ServicesMode::Ebpf],
+        parallel: 2,
+        serial: false,
+        dual_stack_only: false,
+    },
+];
+
+pub fn skip_expression(skips: &[(&str, &str)], serial: bool, dual_stack: bool) -> String {
+    let family_skips = if dual_stack { &[][..] } else { IPV4_ONLY_SKIPS };
+    COMMON_SKIPS
+        .iter()
+        .chain(family_skips)
+        .chain(skips)
+        .map(|(pattern, _)| *pattern)
+        .filter(|pattern| !(serial && *pattern == SERIAL))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_serial_suite_runs_serial_specs_and_skips_the_rest_as_others_do() {
+        let parallel = skip_expression(&[], false, false);
+        let serial = skip_expression(&[], true, false);
+        assert!(parallel.contains(SERIAL), "{parallel}");
+        assert!(!serial.contains(SERIAL), "{serial}");
+        assert_eq!(
+            parallel.split('|').count(),
+            serial.split('|').count() + 1,
+            "only [Serial] differs"
+        );
+        let host_ports = SUITES.iter().find(|s| s.name == "host-ports").unwrap();
+        assert!(host_ports.serial && host_ports.in_ci && host_ports.parallel == 1);
+    }
+}
