@@ -17,15 +17,17 @@ pub struct Suite {
     /// the CI subset runs three at once on two cores, which ends it when
     /// its longest spec (an egress policy, ~2 min) does.
     pub parallel: u8,
-    /// Runs `[Serial]` specs: alone on the cluster (one process, after the
-    /// suites before it).
+    /// Runs `[Serial]` and `[Disruptive]` specs: alone on the cluster
+    /// (one process, after the suites before it).
     pub serial: bool,
     /// Runs on dual-stack clusters only.
     pub dual_stack_only: bool,
 }
 
-/// The `[Serial]` skip of `COMMON_SKIPS`, left out where a suite runs alone.
+/// The `[Serial]` and `[Disruptive]` skips of `COMMON_SKIPS`, left out
+/// where a suite runs alone.
 const SERIAL: &str = r"\[Serial\]";
+const DISRUPTIVE: &str = r"\[Disruptive\]";
 
 const EVERY_MODE: &[ServicesMode] = &ServicesMode::ALL;
 /// The modes in which kube-proxy runs.
@@ -35,9 +37,12 @@ const KUBE_PROXY: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::Kub
 pub const COMMON_SKIPS: &[(&str, &str)] = &[
     (
         SERIAL,
-        "needs the whole cluster to itself (run by hand with --focus, one process; the host-ports suite runs its spec so)",
+        "needs the whole cluster to itself: the sig-network-serial suite runs them, one at a time, after the others",
     ),
-    (r"\[Disruptive\]", "restarts or breaks nodes and components"),
+    (
+        DISRUPTIVE,
+        "restarts or breaks nodes and components: the sig-network-serial suite runs them, one at a time, after the others",
+    ),
     (r"\[Flaky\]", "marked flaky upstream"),
     (
         r"\[Feature:SCTP\]|\[Feature:SCTPConnectivity\]",
@@ -147,6 +152,19 @@ pub const SUITES: &[Suite] = &[
         serial: false,
         dual_stack_only: false,
     },
+    // What the suites above leave out: [Serial] and [Disruptive] specs,
+    // one at a time on the whole cluster (those that restart a component
+    // kubelet runs as a pod, or reach nodes over SSH, skip themselves).
+    Suite {
+        name: "sig-network-serial",
+        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
+        skips: &[],
+        in_ci: false,
+        modes: EVERY_MODE,
+        parallel: 1,
+        serial: true,
+        dual_stack_only: false,
+    },
 ];
 
 pub fn skip_expression(skips: &[(&str, &str)], serial: bool, dual_stack: bool) -> String {
@@ -156,7 +174,7 @@ pub fn skip_expression(skips: &[(&str, &str)], serial: bool, dual_stack: bool) -
         .chain(family_skips)
         .chain(skips)
         .map(|(pattern, _)| *pattern)
-        .filter(|pattern| !(serial && *pattern == SERIAL))
+        .filter(|pattern| !(serial && (*pattern == SERIAL || *pattern == DISRUPTIVE)))
         .collect::<Vec<_>>()
         .join("|")
 }
@@ -173,8 +191,8 @@ mod tests {
         assert!(!serial.contains(SERIAL), "{serial}");
         assert_eq!(
             parallel.split('|').count(),
-            serial.split('|').count() + 1,
-            "only [Serial] differs"
+            serial.split('|').count() + 2,
+            "only [Serial] and [Disruptive] differ"
         );
         let host_ports = SUITES.iter().find(|s| s.name == "host-ports").unwrap();
         assert!(host_ports.serial && host_ports.in_ci && host_ports.parallel == 1);
