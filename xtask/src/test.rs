@@ -153,7 +153,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         );
         // The debug build the suite has just tested; `cargo xtask e2e`
         // alone deploys the release build, as users do.
-        crate::e2e::run(&crate::e2e::E2eArgs {
+        let ipv4 = crate::e2e::E2eArgs {
             full: false,
             services: None,
             focus: None,
@@ -163,6 +163,15 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             keep: false,
             debug_build: true,
             clean_up: false,
+        };
+        crate::e2e::run(&ipv4)?;
+        // And dual-stack, where flatnet does the most itself: Services in
+        // eBPF for both families, kube-proxy absent.
+        heading("e2e: a dual-stack cluster with eBPF Services");
+        crate::e2e::run(&crate::e2e::E2eArgs {
+            services: Some(crate::e2e::ServicesMode::Ebpf),
+            dual_stack: true,
+            ..ipv4
         })?;
     }
     Ok(())
