@@ -1,13 +1,15 @@
 //! The datapath's life across builds and accidents: an upgrade replaces the
 //! program under a live TCP stream, a wiped pin directory is rebuilt from
-//! the pods that exist, and `flatnet inspect` shows what is there.
+//! the pods that exist, a load killed half-way does not keep a killed
+//! ADD's address, and `flatnet inspect` shows what is there.
 
 use std::process::Command;
 
 use flatnet::config::DatapathMode;
 use flatnet_common::{
-    MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_EVENTS, MAP_POLICY_FLOWS,
-    MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
+    MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS,
+    MAP_POLICY_EVENTS, MAP_POLICY_FLOWS, MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6,
+    PROG_FROM_POD, SOURCES_F_VALID, action,
 };
 use flatnet_datapath::bpf::DATAPATH_ID;
 use flatnet_tests::*;
@@ -139,6 +141,42 @@ fn a_wiped_pin_directory_is_rebuilt_by_the_next_add() {
     );
     let new_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
     assert_eq!(attached_ids(&a.host_veth()), vec![new_id]);
+}
+
+/// A runtime that SIGKILLs an ADD while it pins the datapath (critest's
+/// killed-ADD rounds under containerd 2 did) leaves some maps pinned and
+/// others not, and the address IPAM gave the ADD. The DEL the runtime then
+/// sends must give the address back: before, it stopped at the first map
+/// it could not open (CNI error 101) and the address stayed taken.
+#[flatnet_test(root)]
+fn del_after_a_load_killed_half_way_gives_the_address_back() {
+    let net = Network::flatnet_ipam();
+    let first = net.pod();
+    // What a load killed before the address maps were pinned leaves.
+    let datapath = net.datapath();
+    for map in [MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6] {
+        let _ = std::fs::remove_file(datapath.map_path(map));
+    }
+    // The killed ADD got as far as IPAM.
+    let netns = Netns::new();
+    let container = unique("ctr-");
+    let ipam = CniCall::new("ADD", &container, &netns.path(), "eth0")
+        .run(&bin("flatnet-ipam"), &net.stdin());
+    assert!(ipam.success(), "IPAM ADD: {ipam:?}");
+    let address = ipam.json()["ips"][0]["address"]
+        .as_str()
+        .and_then(|cidr| cidr.split('/').next())
+        .unwrap()
+        .to_string();
+    assert!(net.ipam_allocations().contains(&address));
+    // The runtime's clean-up: DEL without prevResult (the ADD gave none).
+    let del = net.call("DEL", &container, &netns.path(), "eth0");
+    assert!(del.success(), "DEL after a killed load: {del:?}");
+    assert!(
+        !net.ipam_allocations().contains(&address),
+        "{address} still allocated after DEL"
+    );
+    drop(first);
 }
 
 #[flatnet_test(root)]

@@ -124,16 +124,23 @@ impl Datapath {
                         })
                         .collect(),
                 );
-                if !v4.is_empty() {
-                    remove_if_pointing_at(&mut self.hash_map(MAP_ENDPOINTS_V4)?, &v4, index)?;
+                if !v4.is_empty()
+                    && let Some(mut map) = self.pinned_hash_map(MAP_ENDPOINTS_V4)?
+                {
+                    remove_if_pointing_at(&mut map, &v4, index)?;
                 }
-                if !v6.is_empty() {
-                    remove_if_pointing_at(&mut self.hash_map(MAP_ENDPOINTS_V6)?, &v6, index)?;
+                if !v6.is_empty()
+                    && let Some(mut map) = self.pinned_hash_map(MAP_ENDPOINTS_V6)?
+                {
+                    remove_if_pointing_at(&mut map, &v6, index)?;
                 }
             }
             None => self.remove_addresses_of(|i| i == index)?,
         }
-        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        // No HOST_VETHS pinned (a load killed before it): no pod to clear.
+        let Some(mut veths) = self.pinned_hash_map::<u32, Endpoint>(MAP_HOST_VETHS)? else {
+            return Ok(());
+        };
         if let Ok(endpoint) = veths.get(&index, 0) {
             self.clear_pod_policy(endpoint.counter_slot)?;
             self.clear_sources(endpoint.counter_slot)?;
@@ -154,7 +161,9 @@ impl Datapath {
         name: &str,
         doomed: &impl Fn(u32) -> bool,
     ) -> Result<()> {
-        let mut map = self.hash_map::<K, Endpoint>(name)?;
+        let Some(mut map) = self.pinned_hash_map::<K, Endpoint>(name)? else {
+            return Ok(());
+        };
         let keys: Vec<K> = map
             .iter()
             .filter_map(|e| e.ok())
@@ -171,7 +180,9 @@ impl Datapath {
     /// addresses first, so nothing is redirected to it any more.
     pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
         self.remove_addresses_of(&doomed)?;
-        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        let Some(mut veths) = self.pinned_hash_map::<u32, Endpoint>(MAP_HOST_VETHS)? else {
+            return Ok(());
+        };
         let pods: Vec<(u32, Endpoint)> = veths
             .iter()
             .filter_map(|e| e.ok())

@@ -313,6 +313,19 @@ impl Datapath {
             .map_err(|e| Error::bpf(format!("opening {name}"), e))
     }
 
+    /// As [`hash_map`](Self::hash_map), None when the map is not pinned:
+    /// a load killed half-way pins some maps and not others, and a map
+    /// that is not pinned holds nothing of any pod.
+    fn pinned_hash_map<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &str,
+    ) -> Result<Option<HashMap<MapData, K, V>>> {
+        if !self.map_path(name).exists() {
+            return Ok(None);
+        }
+        self.hash_map(name).map(Some)
+    }
+
     /// Unpins everything of this network. Attached programs keep their own
     /// references, so this never breaks a veth that still exists.
     pub fn remove_pins(&self) -> Result<()> {

@@ -68,31 +68,10 @@ async fn teardown(
     let datapath = Datapath::for_network(&plan.network)?;
     mark("parse, connect, find veth");
 
-    // Checked again under the lock: a concurrent DEL of the network's last
-    // pod may have unpinned everything while this one waited for it.
-    // (The lock is dropped at the end of this block: the release below may
-    // take it exclusively.)
-    if let Some(lock) = datapath
-        .map_path(MAP_HOST_VETHS)
-        .exists()
-        .then(|| Lock::shared(&lock::network(&plan.network.name)))
-        .transpose()?
-        && datapath.map_path(MAP_HOST_VETHS).exists()
-    {
-        lock.note_activity();
-        match &host_link {
-            Some(link) => datapath.remove_pod(link.index, plan.addresses.as_deref())?,
-            // The netns was deleted first and the veth went with it: the
-            // entries point at a vanished ifindex. Any such stale pod (ours or
-            // a crashed neighbour's) is swept.
-            None => datapath.remove_pods(ifindex_is_gone)?,
-        }
-    }
-    // The agent's record of who the pod was (ADD wrote it when an agent
-    // enforces NetworkPolicy).
-    PodRecord::remove(&plan.network.name, &names.host_veth);
-    // Its hostPorts (ADD served them when the runtime passed portMappings).
-    datapath.remove_host_ports(&names.host_veth)?;
+    // A datapath that cannot be cleared (a pin unreadable) must not keep
+    // the address or the veth: the rest goes on and the error is reported
+    // at the end, so the runtime retries.
+    let datapath_cleared = clear_pod(plan, &datapath, host_link.as_ref().map(|l| l.index));
     mark("pod removed from the datapath");
     if let Some(link) = &host_link {
         // Down is instant and cuts the pod off; the unregister (~20 ms of RCU
@@ -126,7 +105,41 @@ async fn teardown(
     if let Ok(Some((index, gateway))) = &network_released {
         after.delete_link(*index, gateway);
     }
-    ipam_released.and(network_released.map(drop).map_err(Error::from))
+    datapath_cleared
+        .and(ipam_released)
+        .and(network_released.map(drop).map_err(Error::from))
+}
+
+/// The pod out of the datapath's maps (its veth `index` when it still
+/// exists, else every pod whose veth is gone), its policy record and its
+/// hostPorts.
+fn clear_pod(plan: &TeardownPlan, datapath: &Datapath, index: Option<u32>) -> Result<()> {
+    // Checked again under the lock: a concurrent DEL of the network's last
+    // pod may have unpinned everything while this one waited for it.
+    // (The lock is dropped at the end of this block: the release after it
+    // may take it exclusively.)
+    if let Some(lock) = datapath
+        .map_path(MAP_HOST_VETHS)
+        .exists()
+        .then(|| Lock::shared(&lock::network(&plan.network.name)))
+        .transpose()?
+        && datapath.map_path(MAP_HOST_VETHS).exists()
+    {
+        lock.note_activity();
+        match index {
+            Some(index) => datapath.remove_pod(index, plan.addresses.as_deref())?,
+            // The netns was deleted first and the veth went with it: the
+            // entries point at a vanished ifindex. Any such stale pod (ours or
+            // a crashed neighbour's) is swept.
+            None => datapath.remove_pods(ifindex_is_gone)?,
+        }
+    }
+    // The agent's record of who the pod was (ADD wrote it when an agent
+    // enforces NetworkPolicy).
+    PodRecord::remove(&plan.network.name, &plan.names.host_veth);
+    // Its hostPorts (ADD served them when the runtime passed portMappings).
+    datapath.remove_host_ports(&plan.names.host_veth)?;
+    Ok(())
 }
 
 #[cfg(test)]
