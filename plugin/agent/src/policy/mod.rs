@@ -320,13 +320,14 @@ fn pod_policy<'a>(
                     }
                 }
                 let mut table = table::flatten(&allows)?;
-                if direction == Direction::Egress {
-                    // The Services this table allows all backends of.
+                if direction == Direction::Egress && !frontends.is_empty() {
+                    // A ClusterIP is judged by its backends: withheld from
+                    // the ipBlocks that contain it, allowed on the ports
+                    // whose backends this table allows.
                     let through = services::cluster_ip_allows(&table, frontends);
-                    if !through.is_empty() {
-                        allows.extend(through);
-                        table = table::flatten(&allows)?;
-                    }
+                    services::withhold_cluster_ips(&table, frontends, &mut allows);
+                    allows.extend(through);
+                    table = table::flatten(&allows)?;
                 }
                 Ok(Allowed::Only(table))
             });

@@ -8,12 +8,48 @@
 //! allowed and others not stays denied through its ClusterIP (kube-proxy
 //! would pick one at random; allowing it would let the pod reach backends
 //! its policy denies), and its allowed backends remain reachable directly.
+//!
+//! The other way round too: an ipBlock that happens to contain a ClusterIP
+//! (`0.0.0.0/4` except one pod's address) does not allow that ClusterIP by
+//! itself, or the pod would reach the excepted backend through its
+//! Service. Such a ClusterIP is withheld from the ipBlock (an `except` of
+//! its own) unless the table allows every backend of every port of it.
 
 use ipnetwork::IpNetwork;
 
 use super::ports::{PortRange, PortSet};
 use super::table::{Allow, Table};
 use crate::services::Frontend;
+
+/// Adds each ClusterIP of `frontends` to the `except` list of every allow
+/// whose CIDR contains it, unless `table` (the allows as written) lets
+/// through every backend of each of its ports (kube-proxy would send the
+/// packet to one of them; `cluster_ip_allows` then says which ports).
+pub fn withhold_cluster_ips(table: &Table, frontends: &[Frontend<'_>], allows: &mut [Allow<'_>]) {
+    for frontend in frontends {
+        for ip in &frontend.cluster_ips {
+            let through_every_port = !frontend.ports.is_empty()
+                && frontend.ports.iter().all(|port| {
+                    let mut backends = port.backends_for(*ip).peekable();
+                    backends.peek().is_some()
+                        && backends.all(|(backend, target)| {
+                            table.allows(*backend, port.protocol.number(), *target)
+                        })
+                });
+            if through_every_port {
+                continue;
+            }
+            let Ok(host) = IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }) else {
+                continue;
+            };
+            for allow in allows.iter_mut().filter(|a| a.cidr.contains(*ip)) {
+                if !allow.except.iter().any(|e| e.contains(*ip)) {
+                    allow.except.push(host);
+                }
+            }
+        }
+    }
+}
 
 /// The ClusterIP entries an egress `table` earns: for each Service port
 /// and ClusterIP, that port when the table allows every backend of the

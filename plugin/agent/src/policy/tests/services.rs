@@ -103,6 +103,21 @@ fn dns_objects() -> (Vec<Service>, Vec<EndpointSlice>) {
 /// x/a may send to kube-system's DNS pods on 5353 and to y/c (10.0.2.3)
 /// on 80, nothing else.
 fn egress_plan() -> Plan {
+    egress_plan_with(
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"], "egress": [
+            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+             "ports": [{"protocol": "UDP", "port": 5353}, {"protocol": "TCP", "port": 5353}]},
+            {"to": [{"podSelector": {"matchLabels": {"pod": "c"}},
+                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}],
+             "ports": [{"protocol": "TCP", "port": 80}]}
+        ]}),
+    )
+}
+
+/// The pods, namespaces and Services of `dns_objects` with one egress
+/// policy `spec` in x.
+fn egress_plan_with(spec: Value) -> Plan {
     let (services, slices) = dns_objects();
     let services: Vec<&Service> = services.iter().collect();
     let slices: Vec<&EndpointSlice> = slices.iter().collect();
@@ -124,18 +139,7 @@ fn egress_plan() -> Plan {
             .on("node-2")
             .build(),
     ];
-    let policies = [policy(
-        "x",
-        "dns-and-c",
-        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"], "egress": [
-            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-             "ports": [{"protocol": "UDP", "port": 5353}, {"protocol": "TCP", "port": 5353}]},
-            {"to": [{"podSelector": {"matchLabels": {"pod": "c"}},
-                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}],
-             "ports": [{"protocol": "TCP", "port": 80}]}
-        ]}),
-    )];
+    let policies = [policy("x", "egress", spec)];
     let policies: Vec<&NetworkPolicy> = policies.iter().collect();
     let pods: Vec<&Pod> = pods.iter().collect();
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
@@ -191,4 +195,33 @@ fn without_services_a_cluster_ip_is_an_address_like_any_other() {
     // A port-only rule allows every address, ClusterIPs included.
     assert!(of(&plan, "x/a").egress.allows(ip("10.96.0.10"), UDP, 53));
     assert!(!of(&plan, "x/a").egress.allows(ip("10.96.0.10"), TCP, 53));
+}
+
+/// The netpol suite's "except clause" specs probe through Services: an
+/// ipBlock of `0.0.0.0/4` except one pod contains the ClusterIPs too, and
+/// must not let the pod reach the excepted backend through its Service.
+#[test]
+fn an_ip_block_does_not_allow_a_cluster_ip_whose_backend_it_excepts() {
+    let except_d = json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/4", "except": ["10.0.2.4/32"]}}]}]});
+    let plan = egress_plan_with(except_d);
+    let egress = &of(&plan, "x/a").egress;
+    // y/mixed has y/d (excepted) behind it: withheld, whatever the port.
+    assert!(!egress.allows(ip("10.96.0.20"), TCP, 80));
+    assert!(!egress.allows(ip("10.96.0.20"), TCP, 81));
+    // y/c directly, still; and DNS, whose backends the block allows.
+    assert!(egress.allows(ip("10.0.2.3"), TCP, 80));
+    assert!(!egress.allows(ip("10.0.2.4"), TCP, 80));
+    assert!(egress.allows(ip("10.96.0.10"), UDP, 53));
+    // No ready backend: withheld too (kube-proxy rejects it anyway).
+    assert!(!egress.allows(ip("10.96.0.30"), TCP, 80));
+    // The same block with a second rule allowing y/d again: the Service
+    // is reachable (the "IP overlapping both CIDR and except" spec).
+    let both = json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/4", "except": ["10.0.2.4/32"]}}]},
+                   {"to": [{"ipBlock": {"cidr": "10.0.2.4/32"}}]}]});
+    let plan = egress_plan_with(both);
+    let egress = &of(&plan, "x/a").egress;
+    assert!(egress.allows(ip("10.96.0.20"), TCP, 80));
+    assert!(egress.allows(ip("10.0.2.4"), TCP, 80));
 }
