@@ -30,8 +30,6 @@ const SERIAL: &str = r"\[Serial\]";
 const DISRUPTIVE: &str = r"\[Disruptive\]";
 
 const EVERY_MODE: &[ServicesMode] = &ServicesMode::ALL;
-/// The modes in which kube-proxy runs.
-const KUBE_PROXY: &[ServicesMode] = &[ServicesMode::KubeProxy, ServicesMode::KubeProxyNftables];
 
 /// Skips shared by every suite: what no cluster on this machine can do.
 pub const COMMON_SKIPS: &[(&str, &str)] = &[
@@ -61,7 +59,7 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
         "needs a load-balancer controller (a cloud's, or MetalLB's) to give the Service an ingress address: none runs here, and each spec would wait 15 min for one (flatnet's handling of ingress addresses and ipMode is tested without one: services::tests, nodeport.rs)",
     ),
     (
-        r"\[Feature:NetworkingPerformance\]",
+        r"\[Feature:Networking-Performance\]",
         "parses the CSV of iperf 2.2 (17 fields a line); the agnhost image here carries Debian 12's iperf 2.1.8 (9 fields), and iperf 2.2 is not packaged for it (pod-to-Service throughput was measured, 3.4 Gbit/s, then the parse failed; `cargo xtask bench` measures throughput against the kernel bridge)",
     ),
     (
@@ -84,10 +82,21 @@ pub const IPV4_ONLY_SKIPS: &[(&str, &str)] = &[(
 /// The NodePort-dialing specs run: they dial from pods and host-network
 /// pods, which flatnet's socket programs serve (18 of 18 passed with
 /// kube-proxy absent, `--focus` at f761931).
-const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[(
-    r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout",
-    "asks kube-proxy itself (its healthz and metrics ports, the conntrack timeouts it sets)",
-)];
+const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
+    (
+        r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout",
+        "asks kube-proxy itself (its healthz and metrics ports, the conntrack timeouts it sets)",
+    ),
+    LOCALHOST_NODE_PORTS,
+];
+
+/// NodePorts on 127.0.0.1: kube-proxy's iptables mode serves them
+/// (`route_localnet`), its nftables mode does not, nor do flatnet's socket
+/// programs (see docs/services-and-policy.md).
+const LOCALHOST_NODE_PORTS: (&str, &str) = (
+    r"\[Feature:LocalhostNodePorts\]",
+    "NodePorts on localhost: kube-proxy's iptables mode only (its nftables mode and flatnet's eBPF Services do not serve 127.0.0.1)",
+);
 
 pub const SUITES: &[Suite] = &[
     // The CI subset: pod to pod on and across nodes, ClusterIP Services
@@ -145,7 +154,17 @@ pub const SUITES: &[Suite] = &[
         focus: r"\[sig-network\]",
         skips: &[],
         in_ci: false,
-        modes: KUBE_PROXY,
+        modes: &[ServicesMode::KubeProxy],
+        parallel: 2,
+        serial: false,
+        dual_stack_only: false,
+    },
+    Suite {
+        name: "sig-network",
+        focus: r"\[sig-network\]",
+        skips: &[LOCALHOST_NODE_PORTS],
+        in_ci: false,
+        modes: &[ServicesMode::KubeProxyNftables],
         parallel: 2,
         serial: false,
         dual_stack_only: false,
