@@ -99,6 +99,11 @@ fn write_layer<W: Write>(rootfs: &Rootfs, out: W) -> anyhow::Result<W> {
     tar.into_inner().context("cannot finish the layer tar")
 }
 
+/// `rootfs` as a layer tar, in memory.
+pub(super) fn layer_bytes(rootfs: &Rootfs) -> anyhow::Result<Vec<u8>> {
+    write_layer(rootfs, Vec::new())
+}
+
 /// A file next to `path`, named after it, for work in progress.
 fn sibling(path: &Path, suffix: &str) -> anyhow::Result<PathBuf> {
     let name = path

@@ -30,6 +30,7 @@
 mod archive;
 mod critest_images;
 mod flatnet_images;
+mod registry_layout;
 mod rootfs;
 mod shared_libraries;
 mod spec;

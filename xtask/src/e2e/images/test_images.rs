@@ -27,7 +27,7 @@ fn built_by_e2e_build() -> Origin {
 /// The e2e suite's utility image: the toolbox plus agnhost from the
 /// Kubernetes cache, laid out as upstream's Dockerfile does (`/agnhost`,
 /// the `/agnhost-2` link the entrypoint tests run, porter's TLS pair in
-/// `/`, netexec's `/uploads`). Upstream also has `/coredns` (CoreDNS
+/// `/`, netexec's `/uploads`, fake-registry-server's `/var/registry`). Upstream also has `/coredns` (CoreDNS
 /// 1.6.2), which no Debian package or vendored source provides; in its
 /// place, the cluster DNS server at `cluster_dns` ([`cluster_dns_binary`])
 /// with its libraries: run as `/coredns -conf FILE` it serves the hosts
@@ -52,6 +52,8 @@ pub fn agnhost(kube: &Built, cluster_dns: &Path) -> anyhow::Result<ImageSpec> {
         )?;
     }
     rootfs.dir("/uploads", 0o755)?;
+    // fake-registry-server's image (upstream's holds pause as pause:testing).
+    super::registry_layout::add_image(&mut rootfs, "pause", "testing", &pause(kube)?)?;
     Ok(ImageSpec::new(AGNHOST, rootfs)
         .entrypoint(&["/agnhost"])
         .cmd(&["pause"]))
