@@ -237,13 +237,46 @@ impl Host {
 }
 
 /// Removes the mount points a machine made on the host (listed in its
-/// folder), when they are empty: never anything that is not ours.
+/// folder), when they are empty: never anything that is not ours, and
+/// never one another machine still has something mounted on (removing a
+/// directory detaches the mounts on it in every other mount namespace: an
+/// e2e cluster going down took critest's containerd store from under it).
 pub fn remove_made_mount_points(dir: &Path) {
-    {
-        for path in Host::made_mount_points(dir) {
+    let in_use = mount_points_in_use();
+    for path in Host::made_mount_points(dir) {
+        if !in_use.contains(Path::new(&path)) {
             let _ = std::fs::remove_dir(&path);
         }
     }
+}
+
+/// Every mount point of every mount namespace but this process's own.
+fn mount_points_in_use() -> std::collections::BTreeSet<PathBuf> {
+    let own = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut points = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let proc_dir = entry.path();
+        let Ok(ns) = std::fs::read_link(proc_dir.join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == own.as_ref() || !seen.insert(ns) {
+            continue;
+        }
+        let Ok(mountinfo) = std::fs::read_to_string(proc_dir.join("mountinfo")) else {
+            continue;
+        };
+        points.extend(mount_points(&mountinfo));
+    }
+    points
+}
+
+/// The mount points (5th field) of a `mountinfo` file.
+fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .map(PathBuf::from)
 }
 
 impl Drop for Host {
@@ -294,4 +327,23 @@ pub fn kill_namespace_members(kind: &str, ns: &Path) {
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     output(cmd)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_the_fifth_field() {
+        let mountinfo = "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw\n\
+                         40 36 0:34 / /var/lib/containerd rw shared:2 - tmpfs tmpfs rw\n";
+        let points: Vec<PathBuf> = mount_points(mountinfo).collect();
+        assert_eq!(
+            points,
+            [
+                PathBuf::from("/mnt/parent"),
+                PathBuf::from("/var/lib/containerd")
+            ]
+        );
+    }
 }
