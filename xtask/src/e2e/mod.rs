@@ -90,6 +90,18 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
         println!("e2e: nothing of an earlier run is left on this machine");
         return Ok(());
     }
+    // What is deployed is built from the tree as it is now: the results
+    // name this commit, not the one at the end of a long run.
+    let commit = util::output(std::process::Command::new("git").args([
+        "-C",
+        &util::root().display().to_string(),
+        "describe",
+        "--always",
+        "--dirty",
+    ]))
+    .unwrap_or_default()
+    .trim()
+    .to_string();
     let built = build::prepare(&args.kubernetes)?;
     clean_up_leftovers();
     tear_down_on_signal()?;
@@ -172,15 +184,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
             util::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M"]))
                 .unwrap_or_default()
                 .trim(),
-            util::output(std::process::Command::new("git").args([
-                "-C",
-                &util::root().display().to_string(),
-                "describe",
-                "--always",
-                "--dirty"
-            ]))
-            .unwrap_or_default()
-            .trim(),
+            commit,
             if args.debug_build { "debug" } else { "release" },
             built.release.tag(),
             args.nodes,
