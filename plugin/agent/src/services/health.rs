@@ -34,17 +34,12 @@ pub fn checks(frontends: &[Frontend<'_>]) -> BTreeMap<u16, HealthCheck> {
         .filter(|f| f.external_local)
         .filter_map(|frontend| {
             let port = frontend.health_check_node_port?;
-            let local: std::collections::BTreeSet<_> = frontend
-                .ports
-                .iter()
-                .flat_map(|p| p.local_backends.iter().map(|(address, _)| *address))
-                .collect();
             Some((
                 port,
                 HealthCheck {
                     namespace: frontend.namespace.to_string(),
                     name: frontend.name.to_string(),
-                    local_endpoints: local.len(),
+                    local_endpoints: frontend.local_ready_endpoints,
                 },
             ))
         })
@@ -162,6 +157,7 @@ mod tests {
             affinity: None::<Duration>,
             external_local: local_policy,
             health_check_node_port: health_port,
+            local_ready_endpoints: local.len(),
             ports: vec![FrontendPort {
                 name: String::new(),
                 protocol: Protocol::Tcp,

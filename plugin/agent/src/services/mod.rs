@@ -78,6 +78,11 @@ pub struct Frontend<'a> {
     /// `externalTrafficPolicy: Local`): where load balancers ask whether
     /// this node has endpoints.
     pub health_check_node_port: Option<u16>,
+    /// This node's ready endpoints (distinct addresses): what the health
+    /// check counts. Serving-but-terminating ones do not count, as with
+    /// kube-proxy: a load balancer should move away from a node whose
+    /// endpoints are all going.
+    pub local_ready_endpoints: usize,
     pub ports: Vec<FrontendPort>,
 }
 
@@ -102,6 +107,14 @@ pub fn frontends<'a>(
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in slices {
         let labels = slice.metadata.labels.as_ref();
+        // kube-proxy's informers select slices with these labels away too
+        // (a slice labelled headless stops serving its Service).
+        if NOT_FOR_THIS_PROXY
+            .iter()
+            .any(|label| labels.is_some_and(|l| l.contains_key(*label)))
+        {
+            continue;
+        }
         let (Some(namespace), Some(service)) = (
             slice.metadata.namespace.as_deref(),
             labels.and_then(|l| l.get(SERVICE_NAME_LABEL)),
@@ -207,6 +220,7 @@ pub fn frontends<'a>(
                 external_ips,
                 affinity,
                 external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+                local_ready_endpoints: local_ready_endpoints(slices, node),
                 health_check_node_port: spec
                     .health_check_node_port
                     .and_then(|p| u16::try_from(p).ok())
@@ -230,6 +244,17 @@ pub fn nodeport_addresses(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
+}
+
+/// The distinct addresses of `slices`' ready endpoints on `node`.
+fn local_ready_endpoints(slices: &[&EndpointSlice], node: &str) -> usize {
+    slices
+        .iter()
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter(|e| e.node_name.as_deref() == Some(node) && use_of(e) == Use::Ready)
+        .flat_map(|e| e.addresses.iter())
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 /// What kube-proxy makes of an endpoint's conditions.
@@ -528,6 +553,44 @@ mod tests {
         }
         let plain = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
         assert_eq!(frontends(&[&plain], &slices, here("n1")).len(), 1);
+        // A slice with either label is not the proxy's either: the upstream
+        // spec labels a Service's only slice headless and expects the
+        // Service to stop answering.
+        for label in NOT_FOR_THIS_PROXY {
+            let mut labelled = slices[0].clone();
+            if let Some(labels) = labelled.metadata.labels.as_mut() {
+                labels.insert(label.to_string(), String::new());
+            }
+            let web = &frontends(&[&plain], &[&labelled], here("n1"))[0];
+            assert!(web.ports[0].backends.is_empty(), "{label}");
+        }
+    }
+
+    #[test]
+    fn the_health_check_counts_this_nodes_ready_endpoints_only() {
+        let svc = service(json!({"clusterIP": "10.96.0.7", "type": "LoadBalancer",
+            "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
+            "ports": [{"port": 80, "nodePort": 30080}]}));
+        let endpoints = |ready: bool| {
+            json!([
+                {"addresses": ["10.42.0.5"], "nodeName": "n1",
+                 "conditions": {"ready": ready, "serving": true, "terminating": !ready}},
+                {"addresses": ["10.42.1.5"], "nodeName": "n2"}
+            ])
+        };
+        for (ready, expected) in [(true, 1), (false, 0)] {
+            let slices = [slice(
+                "web-1",
+                "web",
+                json!([{"port": 8080}]),
+                endpoints(ready),
+            )];
+            let slices: Vec<&EndpointSlice> = slices.iter().collect();
+            let web = &frontends(&[&svc], &slices, here("n1"))[0];
+            assert_eq!(web.local_ready_endpoints, expected, "ready: {ready}");
+            // Terminating but serving still carries this node's traffic.
+            assert_eq!(web.ports[0].local_backends.len(), 1);
+        }
     }
 
     #[test]

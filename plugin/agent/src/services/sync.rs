@@ -417,6 +417,7 @@ mod tests {
             affinity: affinity.map(Duration::from_secs),
             external_local: false,
             health_check_node_port: None,
+            local_ready_endpoints: 0,
             ports: vec![FrontendPort {
                 name: String::new(),
                 protocol: Protocol::Tcp,
