@@ -88,8 +88,8 @@ pub const IPV4_ONLY_SKIPS: &[(&str, &str)] = &[(
 /// kube-proxy absent, `--focus` at f761931).
 const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
     (
-        r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout",
-        "asks kube-proxy itself (its healthz and metrics ports, the conntrack timeouts it sets)",
+        r"kube-proxy urls|KubeProxy should set TCP CLOSE_WAIT timeout|\[Feature:KubeProxyNFAcct\]",
+        "asks kube-proxy itself (its healthz and metrics ports, its nfacct counters, the conntrack timeouts it sets)",
     ),
     LOCALHOST_NODE_PORTS,
 ];
