@@ -92,6 +92,10 @@ const NEEDS_KUBE_PROXY: &[(&str, &str)] = &[
         "asks kube-proxy itself (its healthz and metrics ports, its nfacct counters, the conntrack timeouts it sets)",
     ),
     LOCALHOST_NODE_PORTS,
+    (
+        r"should allow creating a Pod with an SCTP HostPort",
+        "flatnet's BPF hostPorts (kube-proxy absent, portmap not chained) serve TCP and UDP: an SCTP hostPort is refused at ADD, saying to chain portmap (and this kernel has no SCTP)",
+    ),
 ];
 
 /// NodePorts on 127.0.0.1: kube-proxy's iptables mode serves them
