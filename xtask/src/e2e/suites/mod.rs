@@ -181,10 +181,6 @@ fn run_e2e(
     Ok(())
 }
 
-/// Every spec of the reports ginkgo's nodes wrote (`junit_*.xml`) that
-/// was selected: specs outside the focus are reported as skipped in 0 s
-/// with no message, and are left out.
-
 #[cfg(test)]
 mod tests {
     use super::*;

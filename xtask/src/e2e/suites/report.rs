@@ -88,6 +88,8 @@ pub struct FirstPacketReport {
     pub opened_after_seconds: f64,
 }
 
+/// Every spec of the reports ginkgo's nodes wrote (`junit_*.xml`);
+/// [`selected`] leaves out those the run did not select.
 pub fn read_junit(dir: &Path) -> anyhow::Result<Vec<SpecResult>> {
     let mut specs = Vec::new();
     for entry in std::fs::read_dir(dir)? {
