@@ -225,12 +225,7 @@ impl ControlPlane {
             .arg("--leader-elect=false")
             .arg("--allocate-node-cidrs=true")
             .arg(format!("--cluster-cidr={}", plan.cluster_cidrs()))
-            // Per family: the single-family flag is refused on dual-stack.
-            .arg("--node-cidr-mask-size-ipv4=24")
-            .arg(format!(
-                "--node-cidr-mask-size-ipv6={}",
-                plan::NODE_CIDR_MASK6
-            ))
+            .args(node_cidr_mask_flags(plan.dual_stack))
             .arg(format!(
                 "--service-cluster-ip-range={}",
                 plan.service_cidrs()
@@ -358,8 +353,38 @@ impl ControlPlane {
     }
 }
 
+/// kube-controller-manager's node CIDR sizes: per family on a dual-stack
+/// cluster (the single flag is refused there), the single flag on an IPv4
+/// one (the IPv6 flag is refused there).
+fn node_cidr_mask_flags(dual_stack: bool) -> Vec<String> {
+    if dual_stack {
+        vec![
+            "--node-cidr-mask-size-ipv4=24".to_string(),
+            format!("--node-cidr-mask-size-ipv6={}", plan::NODE_CIDR_MASK6),
+        ]
+    } else {
+        vec!["--node-cidr-mask-size=24".to_string()]
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_cluster_gets_no_ipv6_node_cidr_flag() {
+        assert_eq!(node_cidr_mask_flags(false), ["--node-cidr-mask-size=24"]);
+        let dual = node_cidr_mask_flags(true);
+        assert!(
+            dual.iter()
+                .any(|f| f.starts_with("--node-cidr-mask-size-ipv6="))
+        );
+        assert!(!dual.contains(&"--node-cidr-mask-size=24".to_string()));
     }
 }
