@@ -167,7 +167,10 @@ impl Agent {
             self.nodeport_addresses = nodeport_addresses;
             self.zone = zone;
             self.sync_services();
-            self.enforce_policy();
+            // Policy follows at its next computation, which waits for its
+            // watches to have listed: computed now, before they have, it
+            // would start new pods open (an_api_server_without_endpoint_
+            // slices_v1_leaves_policy_down caught that).
         }
         // The source the node's own connections to a ClusterIP whose
         // backend is a local pod keep (see the socket programs).
