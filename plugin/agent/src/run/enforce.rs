@@ -37,17 +37,8 @@ impl Agent {
         let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
         let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
         let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
-        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
-        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
         let start = Instant::now();
-        let frontends = crate::services::frontends(
-            &services,
-            &slices,
-            crate::services::Here {
-                node: &self.node_name,
-                zone: self.zone.as_deref(),
-            },
-        );
+        let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         let plan = policy::plan_of(
             &self.node_name,
             &policies,
@@ -139,16 +130,7 @@ impl Agent {
             return;
         };
         let snapshot = objects.snapshot();
-        let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
-        let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
-        let frontends = crate::services::frontends(
-            &services,
-            &slices,
-            crate::services::Here {
-                node: &self.node_name,
-                zone: self.zone.as_deref(),
-            },
-        );
+        let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         sync.health
             .update(crate::services::health::checks(&frontends));
         sync.update(
@@ -156,4 +138,16 @@ impl Agent {
             &self.nodeport_addresses,
         );
     }
+}
+
+/// The Services of `snapshot` as this node sees them (its name for
+/// `internalTrafficPolicy: Local`, its zone for topology hints).
+fn frontends_of<'a>(
+    snapshot: &'a crate::policy::watch::Snapshot,
+    node: &str,
+    zone: Option<&str>,
+) -> Vec<crate::services::Frontend<'a>> {
+    let services: Vec<_> = snapshot.services.iter().map(AsRef::as_ref).collect();
+    let slices: Vec<_> = snapshot.slices.iter().map(AsRef::as_ref).collect();
+    crate::services::frontends(&services, &slices, crate::services::Here { node, zone })
 }
