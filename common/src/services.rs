@@ -83,6 +83,13 @@ pub const FRONTEND_F_EXTERNAL: u16 = 1;
 /// `externalTrafficPolicy: Local`: outside clients keep their address and
 /// reach only this node's backends.
 pub const FRONTEND_F_KEEP_CLIENT: u16 = 2;
+/// `NODEPORT_ADDRS` values: this node's own address, or another node's.
+/// A NodePort with `externalTrafficPolicy: Local` on another node's
+/// address is left to that node (kube-proxy does not translate it: the
+/// packet goes there, and that node serves it from its own endpoints).
+/// An older agent wrote 1 for every address: read as this node's.
+pub const NODEPORT_ADDR_THIS_NODE: u32 = 1;
+pub const NODEPORT_ADDR_OTHER_NODE: u32 = 2;
 /// A Pod's `hostPort`, written by the CNI plugin at ADD (not the agent,
 /// which leaves such frontends alone): one backend, the pod, reached with
 /// the client's address kept, as portmap's DNAT does.

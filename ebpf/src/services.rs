@@ -39,8 +39,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use flatnet_common::{
-    Affinity, AffinityKey, BackendKey, NodePortAddress, RevNat, RevNatKey, ServiceBackend,
-    ServiceKey, ServiceValue, maps,
+    Affinity, AffinityKey, BackendKey, FRONTEND_F_KEEP_CLIENT, NODEPORT_ADDR_OTHER_NODE,
+    NodePortAddress, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue, maps,
 };
 
 /// Frontends: (ClusterIP, port, protocol) -> where its backends are.
@@ -344,11 +344,19 @@ fn frontend_at(key: &mut ServiceKey) -> Option<ServiceValue> {
         family: key.family,
         _pad: [0; 3],
     };
-    // SAFETY: only the presence is read.
-    unsafe { NODEPORT_ADDRS.get(&node) }?;
-    key.address = [0; 16];
     // SAFETY: the value is copied at once.
-    unsafe { SERVICES.get(&*key) }.copied()
+    let owner = *unsafe { NODEPORT_ADDRS.get(&node) }?;
+    let mut wildcard = *key;
+    wildcard.address = [0; 16];
+    // SAFETY: the value is copied at once.
+    let frontend = *unsafe { SERVICES.get(&wildcard) }?;
+    // externalTrafficPolicy Local on another node's address: that node's
+    // to serve (from its own endpoints, or not at all), as with kube-proxy.
+    if frontend.flags & FRONTEND_F_KEEP_CLIENT != 0 && owner == NODEPORT_ADDR_OTHER_NODE {
+        return None;
+    }
+    *key = wildcard;
+    Some(frontend)
 }
 
 /// Which of `frontend`'s backends this call gets: at random, or with

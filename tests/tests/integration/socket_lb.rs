@@ -975,7 +975,7 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
                 Outside::No,
             )
             .unwrap();
-        datapath.set_nodeport_address(node, true).unwrap();
+        datapath.set_nodeport_address(node, Some(true)).unwrap();
         assert!(datapath.nodeport_addresses().unwrap().contains(&node));
         let to = SocketAddr::new(node, 30080);
         datapath
@@ -1000,7 +1000,7 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
             client(&cgroup.0, &client_pod.netns, "tcp", elsewhere).is_err(),
             "v6 {v6}: {elsewhere} is no node address but was rewritten"
         );
-        datapath.set_nodeport_address(node, false).unwrap();
+        datapath.set_nodeport_address(node, None).unwrap();
         assert!(
             client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
             "v6 {v6}: {to} was rewritten after it stopped being a node address"

@@ -136,6 +136,7 @@ impl Agent {
         sync.update(
             &service_sync::desired(&frontends, &self.nodeport_addresses),
             &self.nodeport_addresses,
+            &self.node_sources,
         );
     }
 }

@@ -158,12 +158,27 @@ impl Agent {
         if let (Some(reclaimer), Some(me)) = (self.reclaimer.as_mut(), plan.me.as_ref()) {
             reclaimer.run_pass(&self.metrics, &me.pod_cidrs).await;
         }
+        // The source the node's own connections to a ClusterIP whose
+        // backend is a local pod keep (see the socket programs).
+        let mut sources_changed = false;
+        if let Some(me) = plan.me.as_ref()
+            && me.addresses != self.node_sources
+        {
+            match self.datapath.set_node_sources(&me.addresses) {
+                Ok(()) => {
+                    self.node_sources = me.addresses.clone();
+                    sources_changed = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot write the node's source addresses"),
+            }
+        }
         // NodePorts follow the nodes' addresses; topology hints, the
         // node's zone.
         let nodeport_addresses =
             crate::services::nodeport_addresses(nodes, &self.args.nodeport_addresses);
         let zone = plan.me.as_ref().and_then(|me| me.zone.clone());
-        if nodeport_addresses != self.nodeport_addresses || zone != self.zone {
+        // (After the node's own addresses: NodePorts tell them apart.)
+        if nodeport_addresses != self.nodeport_addresses || zone != self.zone || sources_changed {
             self.nodeport_addresses = nodeport_addresses;
             self.zone = zone;
             self.sync_services();
@@ -171,16 +186,6 @@ impl Agent {
             // watches to have listed: computed now, before they have, it
             // would start new pods open (an_api_server_without_endpoint_
             // slices_v1_leaves_policy_down caught that).
-        }
-        // The source the node's own connections to a ClusterIP whose
-        // backend is a local pod keep (see the socket programs).
-        if let Some(me) = plan.me.as_ref()
-            && me.addresses != self.node_sources
-        {
-            match self.datapath.set_node_sources(&me.addresses) {
-                Ok(()) => self.node_sources = me.addresses.clone(),
-                Err(e) => tracing::warn!(error = %e, "cannot write the node's source addresses"),
-            }
         }
         // Policy: the node's addresses, and pods whose ADD was in flight.
         if let (Some(enforcer), Some(me)) = (self.policy.as_mut(), plan.me.as_ref()) {

@@ -166,8 +166,9 @@ pub struct ServiceSync {
     datapath: Datapath,
     metrics: AgentMetrics,
     written: BTreeMap<FrontendKey, Target>,
-    /// What `NODEPORT_ADDRS` holds.
-    node_addresses: BTreeSet<IpAddr>,
+    /// What `NODEPORT_ADDRS` holds: each address, and whether it was
+    /// written as this node's (None: adopted, not known).
+    node_addresses: BTreeMap<IpAddr, Option<bool>>,
     /// The `healthCheckNodePort` servers.
     pub health: crate::services::health::HealthServers,
     /// What `EXTERNAL_PORTS` holds (ports with no bit left out).
@@ -207,7 +208,11 @@ impl ServiceSync {
                 },
             );
         }
-        let node_addresses = datapath.nodeport_addresses()?.into_iter().collect();
+        let node_addresses = datapath
+            .nodeport_addresses()?
+            .into_iter()
+            .map(|address| (address, None))
+            .collect();
         let external_ports: BTreeMap<u16, u32> = datapath
             .external_port_bits()?
             .into_iter()
@@ -229,11 +234,16 @@ impl ServiceSync {
     }
 
     /// Makes the maps hold `desired`, NodePorts answering on
-    /// `node_addresses`; a failed step is logged, counted and tried again at
-    /// the next update.
-    pub fn update(&mut self, desired: &BTreeMap<FrontendKey, Target>, node_addresses: &[IpAddr]) {
+    /// `node_addresses` (those in `own` this node's); a failed step is
+    /// logged, counted and tried again at the next update.
+    pub fn update(
+        &mut self,
+        desired: &BTreeMap<FrontendKey, Target>,
+        node_addresses: &[IpAddr],
+        own: &[IpAddr],
+    ) {
         let start = Instant::now();
-        self.update_node_addresses(node_addresses);
+        self.update_node_addresses(node_addresses, own);
         // A port's bits gained before the frontends on it are put, lost
         // after they are deleted: a bit without its frontend only costs a
         // call or packet a lookup, a frontend without its bit would not
@@ -321,20 +331,26 @@ impl ServiceSync {
 
     /// New node addresses first: a NodePort frontend put after them is
     /// served on all of them at once.
-    fn update_node_addresses(&mut self, node_addresses: &[IpAddr]) {
-        let wanted: BTreeSet<IpAddr> = node_addresses.iter().copied().collect();
-        let added = wanted
-            .difference(&self.node_addresses)
-            .map(|ip| (*ip, true));
+    fn update_node_addresses(&mut self, node_addresses: &[IpAddr], own: &[IpAddr]) {
+        let wanted: BTreeMap<IpAddr, Option<bool>> = node_addresses
+            .iter()
+            .map(|ip| (*ip, Some(own.contains(ip))))
+            .collect();
+        // New or changed owner first, gone after.
+        let put = wanted
+            .iter()
+            .filter(|(ip, mine)| self.node_addresses.get(*ip) != Some(*mine))
+            .map(|(ip, mine)| (*ip, *mine));
         let gone = self
             .node_addresses
-            .difference(&wanted)
-            .map(|ip| (*ip, false));
-        let changes: Vec<(IpAddr, bool)> = added.chain(gone).collect();
-        for (address, on) in changes {
-            match self.datapath.set_nodeport_address(address, on) {
-                Ok(()) if on => {
-                    self.node_addresses.insert(address);
+            .keys()
+            .filter(|ip| !wanted.contains_key(*ip))
+            .map(|ip| (*ip, None));
+        let changes: Vec<(IpAddr, Option<bool>)> = put.chain(gone).collect();
+        for (address, mine) in changes {
+            match self.datapath.set_nodeport_address(address, mine) {
+                Ok(()) if mine.is_some() => {
+                    self.node_addresses.insert(address, mine);
                 }
                 Ok(()) => {
                     self.node_addresses.remove(&address);

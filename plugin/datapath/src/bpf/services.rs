@@ -285,8 +285,11 @@ impl Datapath {
         Ok(sources)
     }
 
-    /// Makes NodePorts answer on `address` too (or no longer).
-    pub fn set_nodeport_address(&self, address: IpAddr, on: bool) -> Result<()> {
+    /// Makes NodePorts answer on `address` too, as this node's own
+    /// (`Some(true)`) or another node's (`Some(false)`: an
+    /// `externalTrafficPolicy: Local` NodePort there is left to that node),
+    /// or no longer (`None`).
+    pub fn set_nodeport_address(&self, address: IpAddr, this_node: Option<bool>) -> Result<()> {
         let mut map = self.hash_map::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS)?;
         let (bytes, family) = address_bytes(address);
         let key = NodePortAddress {
@@ -294,12 +297,13 @@ impl Datapath {
             family,
             _pad: [0; 3],
         };
-        if on {
-            map.insert(key, 1, 0)
-                .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_ADDRS}"), e))
-        } else {
-            ignore_missing(map.remove(&key))
-        }
+        let owner = match this_node {
+            Some(true) => flatnet_common::NODEPORT_ADDR_THIS_NODE,
+            Some(false) => flatnet_common::NODEPORT_ADDR_OTHER_NODE,
+            None => return ignore_missing(map.remove(&key)),
+        };
+        map.insert(key, owner, 0)
+            .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_ADDRS}"), e))
     }
 
     fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {
