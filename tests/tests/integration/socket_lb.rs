@@ -1000,6 +1000,33 @@ fn node_port_wildcard_and_socket_destruction_in_both_families() {
             client(&cgroup.0, &client_pod.netns, "tcp", elsewhere).is_err(),
             "v6 {v6}: {elsewhere} is no node address but was rewritten"
         );
+        // externalTrafficPolicy: Local on another node's address is that
+        // node's to serve (kube-proxy leaves the packet alone); Cluster is
+        // served from here, on any node's address.
+        for (outside, this_node, rewritten) in [
+            (Outside::Local(1), false, false),
+            (Outside::Local(1), true, true),
+            (Outside::Cluster, false, true),
+        ] {
+            datapath
+                .put_service(
+                    &node_port_key,
+                    10,
+                    &[service_backend(backend(0))],
+                    0,
+                    outside,
+                )
+                .unwrap();
+            datapath
+                .set_nodeport_address(node, Some(this_node))
+                .unwrap();
+            let answer = client(&cgroup.0, &client_pod.netns, "tcp", to);
+            assert_eq!(
+                answer.is_ok(),
+                rewritten,
+                "v6 {v6}: {outside:?} on {to} as this node's {this_node}: {answer:?}"
+            );
+        }
         datapath.set_nodeport_address(node, None).unwrap();
         assert!(
             client(&cgroup.0, &client_pod.netns, "tcp", to).is_err(),
