@@ -17,7 +17,8 @@
 //!   [`cached_archive`], which writes it only when its inputs changed.
 //! - The images, one function each ([`pause`], [`agnhost`], [`busybox`], ...),
 //!   named exactly as containerd and the e2e suite of Kubernetes 1.37 ask for
-//!   them, most on one shared [`toolbox`] of command-line tools.
+//!   them (and by the tags the suite of the release run lists:
+//!   `release_names`), most on one shared [`toolbox`] of command-line tools.
 //!
 //! [`Rootfs`]: rootfs::Rootfs
 //! [`write_archive`]: archive::write_archive
@@ -31,6 +32,7 @@ mod archive;
 mod critest_images;
 mod flatnet_images;
 mod registry_layout;
+mod release_names;
 mod rootfs;
 mod shared_libraries;
 mod spec;

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::flatnet_images::cluster_dns_origin;
+use super::release_names;
 use super::rootfs::{Origin, Rootfs};
 use super::spec::ImageSpec;
 use super::toolbox::{iptables, toolbox};
@@ -140,9 +141,11 @@ pub fn distroless_iptables() -> anyhow::Result<ImageSpec> {
 
 /// Every image the e2e suite's pods and the nodes' sandboxes use (not
 /// flatnet's own two; agnhost carries the cluster DNS server at
-/// `cluster_dns`, the caller's build of it, as `/coredns`).
+/// `cluster_dns`, the caller's build of it, as `/coredns`), each also under
+/// the tags `kube`'s release asks for.
 pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<ImageSpec>> {
-    Ok(vec![
+    let listed = release_names::listed(kube)?;
+    let mut images = vec![
         pause(kube)?,
         agnhost(kube, cluster_dns)?,
         busybox()?,
@@ -150,5 +153,9 @@ pub fn test_images(kube: &Built, cluster_dns: &Path) -> anyhow::Result<Vec<Image
         nginx()?,
         distroless_iptables()?,
         regression_issue_74839(kube)?,
-    ])
+    ];
+    for image in &mut images {
+        release_names::add_release_names(image, &listed);
+    }
+    Ok(images)
 }
