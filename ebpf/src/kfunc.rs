@@ -14,8 +14,10 @@ use core::arch::asm;
 
 pub use flatnet_common::kfunc::{KFUNC_CT_RELEASE, KFUNC_SKB_CT_LOOKUP, KFUNC_XDP_CT_LOOKUP};
 
-/// `struct bpf_ct_opts` (16 bytes since Linux 6.5; the kernel also takes
-/// the 12-byte form of older kernels, which this is a prefix of).
+/// `struct bpf_ct_opts`: 16 bytes in the kernels that added conntrack
+/// zones to it, 12 before. Calls pass 12 (`CT_OPTS_LEN`): the kernels
+/// before zones refuse any other size, the later ones take both, and the
+/// default zone (all zero) is what flatnet asks for either way.
 #[repr(C, align(8))]
 pub struct CtOpts {
     /// `BPF_F_CURRENT_NETNS`: the table of the namespace the packet is in.
@@ -28,8 +30,8 @@ pub struct CtOpts {
     /// one store and no `memset` call.
     pub proto_and_zone: u64,
 }
-pub const CT_OPTS_LEN: u64 = core::mem::size_of::<CtOpts>() as u64;
-const _: () = assert!(CT_OPTS_LEN == 16);
+pub const CT_OPTS_LEN: u64 = 12;
+const _: () = assert!(core::mem::size_of::<CtOpts>() == 16);
 
 /// `BPF_F_CURRENT_NETNS`.
 const CURRENT_NETNS: i32 = -1;

@@ -229,7 +229,15 @@ pub fn from_pod(ctx: TcContext) -> i32 {
             }
             TC_NEXT
         }
-        Decision::Translated | Decision::Tracked | Decision::RemoteToStack | Decision::Shaped => {
+        Decision::Translated | Decision::Tracked | Decision::Shaped => TC_NEXT,
+        // A pod of another node may be the client of a flow the uplink
+        // translated: an `externalTrafficPolicy: Local` NodePort on this
+        // node's address keeps the pod's address, and the backend's reply
+        // is for that pod. The branches to other nodes' pods ask too.
+        Decision::RemoteToStack => {
+            if nodeport::any_listening() {
+                nodeport::reply_or(&ctx, nodeport::NotReply::ToStack);
+            }
             TC_NEXT
         }
         Decision::Drop | Decision::Denied => TC_ACT_SHOT as i32,
@@ -240,26 +248,43 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
-        Decision::Remote => routed(&ctx, ingress, action::TO_REMOTE_NODE),
+        Decision::Remote => {
+            if nodeport::any_listening() {
+                nodeport::reply_or(&ctx, nodeport::NotReply::ToRemotePod);
+            }
+            routed(&ctx, ingress, action::TO_REMOTE_NODE)
+        }
         Decision::PeerNode => {
             if nodeport::any_listening() {
                 nodeport::reply_or(&ctx, nodeport::NotReply::ToPeerNode);
             }
             routed(&ctx, ingress, action::TO_PEER_NODE)
         }
-        Decision::Tunnel => match tunnel::send(&ctx) {
-            Some(verdict) => {
-                // Past `to_uplink` at the device's egress untouched.
-                // SAFETY: as above.
-                unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
-                count(action::TO_TUNNEL, ctx.len());
-                verdict
+        Decision::Tunnel => {
+            if nodeport::any_listening() {
+                nodeport::reply_or(&ctx, nodeport::NotReply::ToTunnel);
             }
-            None => {
-                count(action::REMOTE_PASSED, ctx.len());
-                TC_NEXT
-            }
-        },
+            tunnelled(&ctx)
+        }
+    }
+}
+
+/// A pod's packet for a tunnelled node's pod into the VXLAN device, or to
+/// the stack when `tunnel::send` cannot.
+#[inline(always)]
+fn tunnelled(ctx: &TcContext) -> i32 {
+    match tunnel::send(ctx) {
+        Some(verdict) => {
+            // Past `to_uplink` at the device's egress untouched.
+            // SAFETY: the context pointer is valid; `mark` is writable in tc.
+            unsafe { (*ctx.skb.skb).mark = FAST_PATH_MARK };
+            count(action::TO_TUNNEL, ctx.len());
+            verdict
+        }
+        None => {
+            count(action::REMOTE_PASSED, ctx.len());
+            TC_NEXT
+        }
     }
 }
 
@@ -274,17 +299,25 @@ pub fn nodeport_reply(ctx: TcContext) -> i32 {
     }
     match nodeport::not_reply(&ctx) {
         nodeport::NotReply::ToStack => TC_NEXT,
-        nodeport::NotReply::ToPeerNode => routed_to_peer_node(&ctx),
+        nodeport::NotReply::ToPeerNode => routed_elsewhere(&ctx, action::TO_PEER_NODE),
+        nodeport::NotReply::ToRemotePod => routed_elsewhere(&ctx, action::TO_REMOTE_NODE),
+        nodeport::NotReply::ToTunnel => tunnelled_elsewhere(&ctx),
     }
+}
+
+/// `tunnelled` in a frame of its own, as `routed_elsewhere`.
+#[inline(never)]
+fn tunnelled_elsewhere(ctx: &TcContext) -> i32 {
+    tunnelled(ctx)
 }
 
 /// `routed` in a frame of its own: `nodeport_reply`'s deepest calls and
 /// the FIB lookup's structures would not fit one 512-byte stack together.
 #[inline(never)]
-fn routed_to_peer_node(ctx: &TcContext) -> i32 {
+fn routed_elsewhere(ctx: &TcContext, sent: u32) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     let ingress = unsafe { (*ctx.skb.skb).ifindex };
-    routed(ctx, ingress, action::TO_PEER_NODE)
+    routed(ctx, ingress, sent)
 }
 
 /// A pod's packet for another node, sent the way the FIB says

@@ -231,6 +231,10 @@ pub(crate) enum NotReply {
     ToStack = 0,
     /// Routed to another node's address (`Decision::PeerNode`).
     ToPeerNode = 1,
+    /// Routed to another node's pod (`Decision::Remote`).
+    ToRemotePod = 2,
+    /// Into the VXLAN tunnel (`Decision::Tunnel`).
+    ToTunnel = 3,
 }
 
 /// Tail-calls `nodeport_reply` for a pod's packet; `otherwise`: where it
@@ -250,6 +254,8 @@ pub(crate) fn not_reply(ctx: &TcContext) -> NotReply {
     // SAFETY: the context pointer is valid for the program's run.
     match unsafe { (*ctx.skb.skb).cb[0] } {
         1 => NotReply::ToPeerNode,
+        2 => NotReply::ToRemotePod,
+        3 => NotReply::ToTunnel,
         _ => NotReply::ToStack,
     }
 }

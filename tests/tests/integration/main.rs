@@ -21,6 +21,7 @@ mod modes;
 mod monitor;
 mod netpol;
 mod nodeport;
+mod nodeport_local;
 mod overlay;
 mod podman;
 mod policy_latency;

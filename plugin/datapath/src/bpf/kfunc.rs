@@ -86,7 +86,7 @@ fn kernel_ids(btf: &Btf) -> Result<Vec<u32>> {
         .map(|(_, name)| {
             btf.id_by_type_name_kind(name, BtfKind::Func).map_err(|_| {
                 Error::Datapath(format!(
-                    "the running kernel has no {name} kfunc: flatnet needs Linux 6.0 or later built with CONFIG_NF_CONNTRACK and CONFIG_DEBUG_INFO_BTF, so that its fast path can see which flows the host's netfilter translated"
+                    "the running kernel has no {name} kfunc: flatnet needs Linux 5.18 or later built with CONFIG_NF_CONNTRACK=y (not a module) and CONFIG_DEBUG_INFO_BTF, so that its fast path can see which flows the host's netfilter translated"
                 ))
             })
         })
