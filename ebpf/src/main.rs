@@ -295,13 +295,24 @@ fn tunnelled(ctx: &TcContext) -> i32 {
 #[classifier]
 pub fn nodeport_reply(ctx: TcContext) -> i32 {
     if let Some(verdict) = nodeport::reply_from_pod(&ctx) {
-        return verdict;
+        return sent_on(&ctx, verdict);
     }
     match nodeport::not_reply(&ctx) {
         nodeport::NotReply::ToStack => TC_NEXT,
         nodeport::NotReply::ToPeerNode => routed_elsewhere(&ctx, action::TO_PEER_NODE),
         nodeport::NotReply::ToRemotePod => routed_elsewhere(&ctx, action::TO_REMOTE_NODE),
         nodeport::NotReply::ToTunnel => tunnelled_elsewhere(&ctx),
+    }
+}
+
+/// The NodePort path's verdict on a translated packet, the tunnel's when
+/// the path left the packet to it (`nodeport::TO_TUNNEL`).
+#[inline(always)]
+fn sent_on(ctx: &TcContext, verdict: i32) -> i32 {
+    if verdict == nodeport::TO_TUNNEL {
+        tunnelled_elsewhere(ctx)
+    } else {
+        verdict
     }
 }
 
@@ -366,7 +377,7 @@ pub fn nodeport_in(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     let uplink = unsafe { (*ctx.skb.skb).ifindex };
     if let Some(verdict) = nodeport::from_outside(&ctx, uplink) {
-        return verdict;
+        return sent_on(&ctx, verdict);
     }
     // SAFETY: a tail call; on failure (no entry) it returns here.
     unsafe { nodeport::NODEPORT_CALLS.tail_call(&ctx, nodeport_call::UPLINK_DELIVER) };

@@ -11,14 +11,17 @@ use flatnet_common::{AF_INET_VALUE, AF_INET6_VALUE, vtep_mac};
 use crate::remote::{MTU_CHECK_SEGMENTS, take_hop, words};
 use crate::*;
 
-/// Sends a pod's packet for a tunnelled node's pod into the VXLAN device,
-/// its tunnel key aimed at that node, the inner frame written as the
-/// stack's encap route would (TTL less one, the device's MAC to the peer
-/// device's). None: the host stack must take it (no device, the CIDR no
-/// longer tunnelled, TTL expiring, too big for the tunnel: the stack then
-/// answers with ICMP).
+/// Whether a pod's packet is for a pod of a node the tunnel reaches.
 #[inline(always)]
-pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
+pub(crate) fn carries(ctx: &TcContext) -> bool {
+    peer(ctx).is_some()
+}
+
+/// The tunnel's configuration and the node whose pod the packet is for,
+/// when that node is reached through the tunnel (and the packet may take
+/// one more hop).
+#[inline(always)]
+fn peer(ctx: &TcContext) -> Option<(TunnelConfig, RemoteNode)> {
     // SAFETY: a valid map value for the program's run, copied at once.
     let config = unsafe { core::ptr::read_volatile(TUNNEL.get(0)?) };
     if config.ifindex == 0 {
@@ -54,6 +57,18 @@ pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
     if node.flags & REMOTE_F_TUNNEL == 0 {
         return None;
     }
+    Some((config, node))
+}
+
+/// Sends a pod's packet for a tunnelled node's pod into the VXLAN device,
+/// its tunnel key aimed at that node, the inner frame written as the
+/// stack's encap route would (TTL less one, the device's MAC to the peer
+/// device's). None: the host stack must take it (no device, the CIDR no
+/// longer tunnelled, TTL expiring, too big for the tunnel: the stack then
+/// answers with ICMP).
+#[inline(always)]
+pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
+    let (config, node) = peer(ctx)?;
     let skb = ctx.skb.skb;
     // Against the device's MTU; a GSO packet by its segments (without
     // BPF_MTU_CHK_SEGS the helper lets every GSO packet through, and the
@@ -96,7 +111,9 @@ pub(crate) fn send(ctx: &TcContext) -> Option<i32> {
     // Only now, when the packet surely goes into the tunnel, is it changed.
     let (start, end) = (ctx.data(), ctx.data_end());
     let eth: *mut EthHdr = header_at(start, end, 0).ok()?;
-    take_hop(start, end, ether_type == ETH_P_IP)?;
+    // SAFETY: `header_at` checked the header lies inside the packet.
+    let ipv4 = u16::from_be(unsafe { (*eth).ether_type }) == ETH_P_IP;
+    take_hop(start, end, ipv4)?;
     // SAFETY: bounds checked above; the frame is writable.
     unsafe {
         (*eth).dst_addr = vtep_mac(&node.node_address, node.family);

@@ -1124,10 +1124,23 @@ fn icmp_error_out(ctx: &TcContext, s: &mut Scratch, flow: *const NatReverse) -> 
     back_to_client(ctx, s)
 }
 
-/// A translated reply out of the uplink its flow came in by.
+/// What the path answers for a translated packet that must go into the
+/// VXLAN tunnel: no tc verdict, the calling program sends it
+/// (`tunnel::send` needs a frame of its own, which the path's deepest
+/// calls leave no room for).
+pub(crate) const TO_TUNNEL: i32 = i32::MIN;
+
+/// A translated reply out of the uplink its flow came in by, or, to a pod
+/// of a node reached through the VXLAN tunnel (the client of an
+/// `externalTrafficPolicy: Local` flow), `TO_TUNNEL`: the FIB's way there
+/// is the tunnel device, which sends nothing without a tunnel key.
 #[inline(never)]
 fn back_to_client(ctx: &TcContext, s: &Scratch) -> i32 {
     let len = ctx.len();
+    if crate::tunnel::carries(ctx) {
+        count(action::NODEPORT_REPLIED, len);
+        return TO_TUNNEL;
+    }
     match route_to_remote(ctx, s.reverse.ifindex, BPF_FIB_LOOKUP_OUTPUT as u32) {
         Some(verdict) => {
             // SAFETY: the context pointer is valid; `mark` is writable in tc.

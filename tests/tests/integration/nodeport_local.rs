@@ -15,7 +15,7 @@ use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 
-use crate::nodeport::{Echo, tcp_ask, two_nodes_and_outside, udp_ask};
+use crate::nodeport::{Echo, tcp_ask, two_nodes_and_outside_flagged, udp_ask};
 use crate::socket_lb::{BACKEND_PORT, add_udp_twin, api_service, api_slice};
 
 const NODE_PORT: u16 = 30180;
@@ -25,12 +25,13 @@ const NODE_PORT: u16 = 30180;
 /// answers (TCP and UDP) coming back from the NodePort; the reply was
 /// translated in BPF (counted), not left to leave untranslated as a
 /// packet between pods. A pod on cp-1 asking worker-1's NodePort, where no
-/// backend is, gets nothing, as upstream's spec requires.
-#[flatnet_test(root)]
-fn pods_of_other_nodes_reach_a_local_node_port() {
+/// backend is, gets nothing, as upstream's spec requires. With the nodes'
+/// pods routed directly and through the VXLAN tunnel.
+#[flatnet_test(root, cases(direct(&[]), vxlan(&["--routing", "vxlan"])))]
+fn pods_of_other_nodes_reach_a_local_node_port(routing: &[&str]) {
     let cgroup = TestCgroup::new("flatnet-test-").expect("the test's cgroup");
     let stub = ApiStub::from_fixture();
-    let (cluster, _served) = two_nodes_and_outside(&cgroup, &stub);
+    let (cluster, _served) = two_nodes_and_outside_flagged(&cgroup, &stub, routing);
     let (cp, worker) = (cluster.node("cp-1"), cluster.node("worker-1"));
     let (backend, client, neighbour) = (cp.pod(), worker.pod(), cp.pod());
     let _server = Echo::start(&backend.netns, "backend");
