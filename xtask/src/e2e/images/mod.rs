@@ -64,6 +64,9 @@ pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 /// The DNS specs' glibc querier (`dig`, `getent` through glibc's
 /// resolver), beside agnhost's musl one.
 pub const GLIBC_DNS_TESTING: &str = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1";
+/// What the DNS specs of 1.35 and earlier ran in its place (upstream:
+/// Debian jessie with dnsutils): the same image serves both.
+pub const JESSIE_DNSUTILS: &str = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7";
 pub const NGINX: &[&str] = &[
     "registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
     "registry.k8s.io/e2e-test-images/nginx:1.28.0-2",

@@ -9,7 +9,8 @@ use super::rootfs::{Origin, Rootfs};
 use super::spec::ImageSpec;
 use super::toolbox::{iptables, toolbox};
 use super::{
-    AGNHOST, BUSYBOX, DISTROLESS_IPTABLES, GLIBC_DNS_TESTING, NGINX, PAUSE, REGRESSION_74839,
+    AGNHOST, BUSYBOX, DISTROLESS_IPTABLES, GLIBC_DNS_TESTING, JESSIE_DNSUTILS, NGINX, PAUSE,
+    REGRESSION_74839,
 };
 use crate::e2e::build::Built;
 
@@ -84,9 +85,10 @@ pub fn busybox() -> anyhow::Result<ImageSpec> {
 }
 
 /// glibc-dns-testing (upstream: Debian with dnsutils, for glibc's
-/// resolver): the toolbox is Debian's glibc userland with dig and getent.
+/// resolver), also named jessie-dnsutils as 1.35's DNS specs ask: the
+/// toolbox is Debian's glibc userland with dig and getent.
 pub fn glibc_dns_testing() -> anyhow::Result<ImageSpec> {
-    Ok(ImageSpec::new(&[GLIBC_DNS_TESTING], toolbox()?).cmd(&["sh"]))
+    Ok(ImageSpec::new(&[GLIBC_DNS_TESTING, JESSIE_DNSUTILS], toolbox()?).cmd(&["sh"]))
 }
 
 /// Stands in for the e2e nginx images: the toolbox, and busybox's httpd
