@@ -190,12 +190,34 @@ pub const SUITES: &[Suite] = &[
     // What the suites above leave out: [Serial] and [Disruptive] specs,
     // one at a time on the whole cluster (those that restart a component
     // kubelet runs as a pod, or reach nodes over SSH, skip themselves).
+    // Each mode skips here what its sig-network suite skips (the SCTP
+    // hostPort spec without kube-proxy is [Serial]: only this suite runs it).
     Suite {
         name: "sig-network-serial",
         focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
         skips: &[],
         in_ci: false,
-        modes: EVERY_MODE,
+        modes: &[ServicesMode::KubeProxy],
+        parallel: 1,
+        serial: true,
+        dual_stack_only: false,
+    },
+    Suite {
+        name: "sig-network-serial",
+        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
+        skips: &[LOCALHOST_NODE_PORTS],
+        in_ci: false,
+        modes: &[ServicesMode::KubeProxyNftables],
+        parallel: 1,
+        serial: true,
+        dual_stack_only: false,
+    },
+    Suite {
+        name: "sig-network-serial",
+        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
+        skips: NEEDS_KUBE_PROXY,
+        in_ci: false,
+        modes: &[ServicesMode::Ebpf],
         parallel: 1,
         serial: true,
         dual_stack_only: false,
@@ -231,5 +253,30 @@ mod tests {
         );
         let host_ports = SUITES.iter().find(|s| s.name == "host-ports").unwrap();
         assert!(host_ports.serial && host_ports.in_ci && host_ports.parallel == 1);
+    }
+
+    /// A mode's skip must reach its [Serial] specs too: the eBPF mode's
+    /// SCTP hostPort skip once sat only on the parallel suite, which never
+    /// runs that [Serial] spec, and the full run failed on it.
+    #[test]
+    fn each_mode_skips_in_its_serial_suite_what_it_skips_in_sig_network() {
+        for mode in EVERY_MODE {
+            let of = |name: &str| {
+                let suites: Vec<&Suite> = SUITES
+                    .iter()
+                    .filter(|s| s.name == name && s.modes.contains(mode))
+                    .collect();
+                assert_eq!(suites.len(), 1, "{name} for {mode:?}");
+                suites[0]
+            };
+            let (parallel, serial) = (of("sig-network"), of("sig-network-serial"));
+            for skip in parallel.skips {
+                assert!(
+                    serial.skips.contains(skip),
+                    "{mode:?}: sig-network-serial does not skip {}",
+                    skip.0
+                );
+            }
+        }
     }
 }
