@@ -45,4 +45,9 @@ pub mod verdict {
     pub const TRACKED: u32 = 1;
     /// The host translated the flow: the stack takes it and undoes that.
     pub const TRANSLATED: u32 = 2;
+    /// The replies of a flow flatnet's NodePort path translated keeping
+    /// the client's address (`externalTrafficPolicy: Local`, hostPorts):
+    /// `nodeport_reply` translates them back. Written by that path when
+    /// the flow starts, not by a conntrack lookup.
+    pub const NODEPORT_REPLY: u32 = 3;
 }

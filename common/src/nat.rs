@@ -165,3 +165,7 @@ pub const NAT_F_RESET: u32 = 2;
 /// its frontend's, as MASQUERADE picks it: the pod network's gateway
 /// address, the longest match with the pod's.
 pub const NAT_F_LOCAL_SOURCE: u32 = 4;
+/// A flow whose client keeps its address (`externalTrafficPolicy: Local`,
+/// hostPorts), on its reverse entry: its replies go to the client as it
+/// is, maybe a pod of a node the VXLAN tunnel reaches.
+pub const NAT_F_CLIENT_KEPT: u32 = 8;

@@ -23,6 +23,7 @@
 
 mod flow;
 mod kfunc;
+mod nat_table;
 mod neighbours;
 mod nodeport;
 mod pod;
@@ -191,6 +192,11 @@ enum Decision {
     Tunnel,
     /// To another node's pod, of a kind only the stack may judge.
     RemoteToStack,
+    /// A local backend's reply of a flow the NodePort path translated
+    /// keeping its client's address (its flow's kept verdict): translated
+    /// back and sent on by `nodeport_reply`; the stack's if that flow has
+    /// gone.
+    NodePortReply,
     /// To the host stack, where a qdisc shapes the sender's or the
     /// receiver's traffic (the bandwidth plugin).
     Shaped,
@@ -230,10 +236,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
             TC_NEXT
         }
         Decision::Translated | Decision::Tracked | Decision::Shaped => TC_NEXT,
-        // A pod of another node may be the client of a flow the uplink
-        // translated: an `externalTrafficPolicy: Local` NodePort on this
-        // node's address keeps the pod's address, and the backend's reply
-        // is for that pod. The branches to other nodes' pods ask too.
+        Decision::NodePortReply => {
+            nodeport::reply_or(&ctx, nodeport::NotReply::ToStack);
+            TC_NEXT
+        }
+        // What only the stack may judge (a fragment, IPv4 options) to
+        // another node's pod may still be a reply of a flow the uplink
+        // translated keeping a pod client's address: asked, as `Pass` is.
         Decision::RemoteToStack => {
             if nodeport::any_listening() {
                 nodeport::reply_or(&ctx, nodeport::NotReply::ToStack);
@@ -248,24 +257,14 @@ pub fn from_pod(ctx: TcContext) -> i32 {
         }
         // SAFETY: plain helper call: egress of the same veth, back to the pod.
         Decision::Bounce => (unsafe { bpf_redirect(ingress, 0) }) as i32,
-        Decision::Remote => {
-            if nodeport::any_listening() {
-                nodeport::reply_or(&ctx, nodeport::NotReply::ToRemotePod);
-            }
-            routed(&ctx, ingress, action::TO_REMOTE_NODE)
-        }
+        Decision::Remote => routed(&ctx, ingress, action::TO_REMOTE_NODE),
         Decision::PeerNode => {
             if nodeport::any_listening() {
                 nodeport::reply_or(&ctx, nodeport::NotReply::ToPeerNode);
             }
             routed(&ctx, ingress, action::TO_PEER_NODE)
         }
-        Decision::Tunnel => {
-            if nodeport::any_listening() {
-                nodeport::reply_or(&ctx, nodeport::NotReply::ToTunnel);
-            }
-            tunnelled(&ctx)
-        }
+        Decision::Tunnel => tunnelled(&ctx),
     }
 }
 
@@ -299,9 +298,7 @@ pub fn nodeport_reply(ctx: TcContext) -> i32 {
     }
     match nodeport::not_reply(&ctx) {
         nodeport::NotReply::ToStack => TC_NEXT,
-        nodeport::NotReply::ToPeerNode => routed_elsewhere(&ctx, action::TO_PEER_NODE),
-        nodeport::NotReply::ToRemotePod => routed_elsewhere(&ctx, action::TO_REMOTE_NODE),
-        nodeport::NotReply::ToTunnel => tunnelled_elsewhere(&ctx),
+        nodeport::NotReply::ToPeerNode => routed_to_peer_node(&ctx),
     }
 }
 
@@ -316,7 +313,7 @@ fn sent_on(ctx: &TcContext, verdict: i32) -> i32 {
     }
 }
 
-/// `tunnelled` in a frame of its own, as `routed_elsewhere`.
+/// `tunnelled` in a frame of its own, as `routed_to_peer_node`.
 #[inline(never)]
 fn tunnelled_elsewhere(ctx: &TcContext) -> i32 {
     tunnelled(ctx)
@@ -325,10 +322,10 @@ fn tunnelled_elsewhere(ctx: &TcContext) -> i32 {
 /// `routed` in a frame of its own: `nodeport_reply`'s deepest calls and
 /// the FIB lookup's structures would not fit one 512-byte stack together.
 #[inline(never)]
-fn routed_elsewhere(ctx: &TcContext, sent: u32) -> i32 {
+fn routed_to_peer_node(ctx: &TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's run.
     let ingress = unsafe { (*ctx.skb.skb).ifindex };
-    routed(ctx, ingress, sent)
+    routed(ctx, ingress, action::TO_PEER_NODE)
 }
 
 /// A pod's packet for another node, sent the way the FIB says
@@ -536,6 +533,7 @@ pub fn from_pod_xdp(ctx: XdpContext) -> u32 {
         | Decision::Translated
         | Decision::Tracked
         | Decision::RemoteToStack
+        | Decision::NodePortReply
         | Decision::Shaped => xdp_action::XDP_PASS,
         Decision::Drop | Decision::Denied => xdp_action::XDP_DROP,
         // SAFETY: plain helper call: transmit on the destination's host veth,
@@ -638,7 +636,11 @@ fn decide(ct: &impl Conntrack, start: usize, end: usize, sender: Sender, len: u3
             count_pod(slot, Direction::Rx, len);
         }
         // Counted by the program that routes it.
-        Decision::Bounce | Decision::Remote | Decision::Tunnel | Decision::PeerNode => {}
+        Decision::Bounce
+        | Decision::Remote
+        | Decision::Tunnel
+        | Decision::PeerNode
+        | Decision::NodePortReply => {}
     }
     decision
 }

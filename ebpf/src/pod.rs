@@ -193,6 +193,7 @@ pub(crate) fn fast_path(
     sender: Sender,
 ) -> Decision {
     match (judged, target.local) {
+        (Flow::NodePortReply, _) => Decision::NodePortReply,
         (Flow::Translated, _) => Decision::Translated,
         (Flow::Tracked, _) => Decision::Tracked,
         (Flow::Opaque, true) => Decision::Pass,

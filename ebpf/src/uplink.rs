@@ -121,7 +121,8 @@ pub(crate) fn uplink_to_pod(
         Flow::Clear => {}
         Flow::Translated => return Uplink::ToStack(action::TRANSLATED),
         Flow::Tracked => return Uplink::ToStack(action::TRACKED),
-        Flow::Opaque => return Uplink::Pass,
+        // (A local backend's reply tuple, arriving from outside: the stack's.)
+        Flow::Opaque | Flow::NodePortReply => return Uplink::Pass,
     }
     // SAFETY: bounds checked above; the frame is writable.
     unsafe {

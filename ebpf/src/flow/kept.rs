@@ -18,12 +18,19 @@ pub(super) static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entr
 const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
 
 /// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
-/// flow is not there, else from conntrack (`judge`), remembered.
+/// flow is not there, else from conntrack (`judge`), remembered. A NodePort
+/// reply holds at a SYN while its flow is there.
 #[inline(always)]
 pub(super) fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
-    if !ask_again && let Some(known) = FLOWS.get_ptr(key) {
+    if let Some(known) = FLOWS.get_ptr(key) {
         // SAFETY: a valid map value for the program's run; read once.
-        return Flow::from_verdict(unsafe { core::ptr::read_volatile(&(*known).verdict) });
+        let kept = unsafe { core::ptr::read_volatile(&(*known).verdict) };
+        if !ask_again
+            || (kept == verdict::NODEPORT_REPLY
+                && crate::nat_table::replies_of_a_translated_flow(key))
+        {
+            return Flow::from_verdict(kept);
+        }
     }
     let flow = judge();
     let value = FlowVerdict {
@@ -43,14 +50,43 @@ pub(super) fn udp_flows_kept() -> bool {
 }
 
 /// A UDP packet's verdict: the kept answer where UDP answers are kept
-/// (`UDP_FLOWS`), else conntrack's, asked every time and written nowhere.
+/// (`UDP_FLOWS`), else conntrack's, asked every time and written nowhere
+/// (but a NodePort reply, which the NodePort path writes either way).
 #[inline(always)]
 pub(super) fn judge_udp(key: &FlowKey, judge: impl FnOnce() -> Flow) -> Flow {
     if udp_flows_kept() {
-        judge_cached(key, false, judge)
-    } else {
-        judge()
+        return judge_cached(key, false, judge);
     }
+    if let Some(known) = FLOWS.get_ptr(key)
+        // SAFETY: a valid map value for the program's run; read once.
+        && unsafe { core::ptr::read_volatile(&(*known).verdict) } == verdict::NODEPORT_REPLY
+    {
+        return Flow::NodePortReply;
+    }
+    judge()
+}
+
+/// Marks `reply`, the replies' tuple of a flow the NodePort path has just
+/// translated keeping its client's address, as such a flow's (see the
+/// module's notes): its packets go to `nodeport_reply`. A failed write
+/// (the map full) only leaves them to the route, untranslated, as before
+/// the mark existed.
+#[inline(always)]
+pub fn keep_nodeport_reply(reply: &NatKey) {
+    let key = FlowKey {
+        src: reply.src,
+        dst: reply.dst,
+        sport: reply.src_port,
+        dport: reply.dst_port,
+        family: reply.family,
+        proto: reply.protocol,
+        _pad: [0; 2],
+    };
+    let value = FlowVerdict {
+        verdict: verdict::NODEPORT_REPLY,
+        _pad: 0,
+    };
+    let _ = FLOWS.insert(&key, &value, 0);
 }
 
 /// Removes a "clear" kept for `key`: the host stack carries a packet of

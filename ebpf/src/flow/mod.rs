@@ -40,6 +40,15 @@
 //! - TCP asks again at every SYN instead: a new connection on a reused
 //!   4-tuple is judged anew wherever it came from, so TCP answers need no
 //!   taking back.
+//! - "NodePort reply" is no conntrack answer: flatnet's own NodePort path
+//!   writes it for the replies' tuple of a flow it translates keeping the
+//!   client's address (`externalTrafficPolicy: Local`, hostPorts), whose
+//!   replies may be for a pod of another node and would otherwise be routed
+//!   untranslated. It overwrites any answer kept for that tuple and holds
+//!   at a SYN (the reply's SYN-ACK) while the flow is in `NAT_REVERSE`;
+//!   after that a SYN is judged anew. A UDP answer outliving its flow only
+//!   sends that tuple's datagrams through `nodeport_reply` to the stack.
+//!   So the reply path is asked once per flow, not for every packet.
 //!
 //! A forgotten answer (the LRU full, the map new after an upgrade) only
 //! costs a lookup: the next packet asks conntrack.
@@ -55,7 +64,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::{TcContext, XdpContext},
 };
-use flatnet_common::{FlowKey, FlowVerdict, maps, verdict};
+use flatnet_common::{FlowKey, FlowVerdict, NatKey, maps, verdict};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -69,8 +78,8 @@ mod kept;
 
 pub use conntrack::Conntrack;
 use conntrack::*;
-pub use kept::forget_clear;
 use kept::*;
+pub use kept::{forget_clear, keep_nodeport_reply};
 
 pub(crate) const IPPROTO_ICMP: u8 = 1;
 pub(crate) const IPPROTO_TCP: u8 = 6;
@@ -98,6 +107,10 @@ pub enum Flow {
     Tracked,
     /// Of a kind the conntrack lookup cannot judge: the stack takes it.
     Opaque,
+    /// A local backend's reply of a flow flatnet's NodePort path translated
+    /// keeping the client's address: `nodeport_reply` translates it back
+    /// (the path marked the flow so when it started; `kept`).
+    NodePortReply,
 }
 
 /// Source and destination ports, as the first 4 bytes of TCP and UDP.
@@ -137,6 +150,7 @@ impl Flow {
         match self {
             Flow::Translated => verdict::TRANSLATED,
             Flow::Tracked => verdict::TRACKED,
+            Flow::NodePortReply => verdict::NODEPORT_REPLY,
             Flow::Clear | Flow::Opaque => verdict::CLEAR,
         }
     }
@@ -146,6 +160,7 @@ impl Flow {
         match value {
             verdict::TRANSLATED => Flow::Translated,
             verdict::TRACKED => Flow::Tracked,
+            verdict::NODEPORT_REPLY => Flow::NodePortReply,
             _ => Flow::Clear,
         }
     }

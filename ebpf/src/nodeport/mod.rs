@@ -47,11 +47,12 @@ use aya_ebpf::{
 };
 use flatnet_common::{
     AffinityKey, BackendKey, Endpoint, FRONTEND_F_EXTERNAL, FRONTEND_F_KEEP_CLIENT, FragmentKey,
-    FragmentKey6, FragmentPorts, NAT_F_CLOSING, NAT_F_LOCAL_SOURCE, NAT_F_RESET, NAT_PORT_MAX,
-    NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress, ServiceBackend, ServiceKey,
-    ServiceValue, external_port, maps,
+    FragmentKey6, FragmentPorts, NAT_F_CLIENT_KEPT, NAT_F_CLOSING, NAT_F_LOCAL_SOURCE, NAT_F_RESET,
+    NAT_PORT_MAX, NAT_PORT_MIN, NatForward, NatKey, NatReverse, NodePortAddress, ServiceBackend,
+    ServiceKey, ServiceValue, external_port, maps,
 };
 
+use crate::nat_table::NAT_REVERSE;
 use crate::remote::{take_hop, words};
 use crate::services::{SERVICE_BACKENDS, SERVICES, affinity_index};
 use crate::*;
@@ -75,12 +76,6 @@ const _: () = assert!(maps::NODEPORT_CALLS.holds::<u32, u32>());
 static NAT_FORWARD: LruHashMap<NatKey, NatForward, { maps::NAT_FORWARD.max_entries as usize }> =
     LruHashMap::new();
 const _: () = assert!(maps::NAT_FORWARD.holds::<NatKey, NatForward>());
-
-/// Translated flows by their replies' tuple.
-#[btf_map]
-static NAT_REVERSE: LruHashMap<NatKey, NatReverse, { maps::NAT_REVERSE.max_entries as usize }> =
-    LruHashMap::new();
-const _: () = assert!(maps::NAT_REVERSE.holds::<NatKey, NatReverse>());
 
 /// The ports of fragmented datagrams, from their first fragments, for
 /// their later ones.
@@ -231,10 +226,6 @@ pub(crate) enum NotReply {
     ToStack = 0,
     /// Routed to another node's address (`Decision::PeerNode`).
     ToPeerNode = 1,
-    /// Routed to another node's pod (`Decision::Remote`).
-    ToRemotePod = 2,
-    /// Into the VXLAN tunnel (`Decision::Tunnel`).
-    ToTunnel = 3,
 }
 
 /// Tail-calls `nodeport_reply` for a pod's packet; `otherwise`: where it
@@ -254,8 +245,6 @@ pub(crate) fn not_reply(ctx: &TcContext) -> NotReply {
     // SAFETY: the context pointer is valid for the program's run.
     match unsafe { (*ctx.skb.skb).cb[0] } {
         1 => NotReply::ToPeerNode,
-        2 => NotReply::ToRemotePod,
-        3 => NotReply::ToTunnel,
         _ => NotReply::ToStack,
     }
 }
@@ -727,8 +716,13 @@ fn new_flow(ctx: &TcContext, s: &mut Scratch, listening: u32, uplink: u32) -> Fl
     };
     let mut flags = 0;
     let nat_port = if frontend.flags & FRONTEND_F_KEEP_CLIENT != 0 {
+        s.reverse.flags = NAT_F_CLIENT_KEPT;
         // A failed write only leaves the replies untranslated.
         let _ = NAT_REVERSE.insert(&s.reply, &s.reverse, 0);
+        // The replies go to the client's own address, maybe a pod of
+        // another node, which `from_pod` would route as they are: their
+        // flow's kept verdict sends them to `nodeport_reply` instead.
+        crate::flow::keep_nodeport_reply(&s.reply);
         [0; 2]
     } else {
         s.reply.dst = s.key.dst;
@@ -1137,7 +1131,9 @@ pub(crate) const TO_TUNNEL: i32 = i32::MIN;
 #[inline(never)]
 fn back_to_client(ctx: &TcContext, s: &Scratch) -> i32 {
     let len = ctx.len();
-    if crate::tunnel::carries(ctx) {
+    // Only a client that kept its address can be a tunnelled node's pod:
+    // the others' replies pay no tunnel lookup.
+    if s.reverse.flags & NAT_F_CLIENT_KEPT != 0 && crate::tunnel::carries(ctx) {
         count(action::NODEPORT_REPLIED, len);
         return TO_TUNNEL;
     }

@@ -27,6 +27,8 @@ fn program_cost_per_frame() {
         translated_reply,
     );
     let outside = Tuple::new(a.ip(family), 40000, OUTSIDE.of(family), 80);
+    let remote = Tuple::new(a.ip(family), 40000, REMOTE_POD.of(family), 8080);
+    node.route_remote_cidrs();
     // The TCP flow's verdict is cached by its SYN.
     node.try_run(Hook::PodTc(a), &a.sends(flow.tcp(TCP_SYN)))
         .expect("SYN");
@@ -75,6 +77,17 @@ fn program_cost_per_frame() {
             "udp to outside the cluster",
             a,
             a.sends(outside.udp()),
+            TC_NEXT,
+        ),
+        // To another node's pod: the flow's verdict and the remote CIDR's
+        // lookup. test_run's repeats share one frame, so the TTL each
+        // forwarded run takes off has run out after 63 runs: what is timed
+        // is the decision, the stack taking the expiring packet (the FIB
+        // and the redirect are not in the figure).
+        (
+            "udp to another node's pod, TTL run out (the decision, no FIB)",
+            a,
+            a.sends(remote.udp()),
             TC_NEXT,
         ),
         // A continuing segment to an address that is no pod's: asked
@@ -137,6 +150,13 @@ fn program_cost_per_frame() {
         PROG_FROM_POD,
         a,
         &a.sends(outside.udp()),
+        TC_NEXT,
+    );
+    time(
+        "udp to another node's pod, TTL run out, a NodePort listening",
+        PROG_FROM_POD,
+        a,
+        &a.sends(remote.udp()),
         TC_NEXT,
     );
     if let Ok(out) = std::env::var("FLATNET_PROGRAM_COST") {

@@ -31,27 +31,7 @@ fn packets_for_another_nodes_pod_leave_by_the_kernels_route() {
             &[("remote_passed_to_stack", 1)],
         );
     }
-    // The routes the agent writes via the other nodes (REMOTE_CIDRS), and
-    // REMOTE_NODE's MAC known (UNRESOLVED_NODE's not).
-    let mut setup: Vec<String> = vec![
-        "sysctl -qw net.ipv4.conf.all.forwarding=1".into(),
-        "sysctl -qw net.ipv6.conf.all.forwarding=1".into(),
-        "ip link set uplink-peer up".into(),
-        "ip link set uplink up".into(),
-        format!("ip addr add {}/24 dev uplink", THIS_NODE.v4),
-        format!("ip addr add {}/64 dev uplink nodad", THIS_NODE.v6),
-    ];
-    for family in FAMILIES {
-        setup.push(format!(
-            "ip neigh add {} lladdr {} dev uplink nud permanent",
-            REMOTE_NODE.of(family),
-            mac_text(REMOTE_NODE_MAC)
-        ));
-    }
-    for (cidr, via) in REMOTE_CIDRS {
-        setup.push(format!("ip route add {cidr} via {via} dev uplink"));
-    }
-    node.exec_lines(&setup);
+    node.route_remote_cidrs();
     for family in FAMILIES {
         // Resolved: the MACs the FIB found, one hop older (built anew here
         // with TTL 63 and its checksum from scratch), bpf_redirect.

@@ -211,3 +211,56 @@ fn on_one_cpu() {
     cpus.set(0).expect("CPU 0");
     sched_setaffinity(Pid::from_raw(0), &cpus).expect("pinning the test to CPU 0");
 }
+
+/// "NodePort reply", which the NodePort path keeps for the replies' tuple
+/// of a flow it translates keeping the client's address, sends that
+/// tuple's packets to the reply path (`nodeport_reply`): with no such flow
+/// there, the stack takes them, untouched. At a SYN it holds only while
+/// the flow is in `NAT_REVERSE`: a new connection on the tuple (its
+/// SYN-ACK) is judged anew by conntrack, takes the fast path, and its
+/// answer replaces the mark. (With the flow there, `nodeport_local` in the
+/// integration suite shows the replies translated, TCP and UDP.)
+#[flatnet_test(root)]
+fn a_nodeport_reply_mark_without_its_flow_leaves_packets_to_the_stack() {
+    const IPPROTO_TCP: u8 = 6;
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    let datapath = &node.scratch.datapath;
+    for family in FAMILIES {
+        let reply = Tuple::new(b.ip(family), BACKEND_PORT, a.ip(family), 40100);
+        for proto in [IPPROTO_TCP, IPPROTO_UDP] {
+            datapath
+                .keep_flow(&key_of(reply, proto), verdict::NODEPORT_REPLY)
+                .expect("keeping the mark");
+        }
+        for (case, frame) in [
+            ("tcp ACK", b.sends(reply.tcp(TCP_ACK))),
+            ("udp", b.sends(reply.udp())),
+        ] {
+            node.check(
+                &format!("{family:?} {case} under the mark"),
+                Hook::PodTc(b),
+                &frame,
+                TC_NEXT,
+                &frame,
+                &[],
+            );
+        }
+        let frame = b.sends(reply.tcp(TCP_SYN | TCP_ACK));
+        node.check(
+            &format!("{family:?} SYN-ACK of a new connection"),
+            Hook::PodTc(b),
+            &frame,
+            TC_ACT_REDIRECT,
+            &a.receives(&frame),
+            &[("redirected", 1)],
+        );
+        assert_eq!(
+            datapath
+                .flow_verdict(&key_of(reply, IPPROTO_TCP))
+                .expect("reading FLOWS"),
+            Some(verdict::CLEAR),
+            "{family:?}: the SYN-ACK's answer replaces the mark"
+        );
+    }
+}

@@ -348,6 +348,31 @@ impl Node {
 
     /// Runs each of `lines` (a command, space-separated) in the node's
     /// namespace.
+    /// The routes the agent writes via the other nodes (`REMOTE_CIDRS`),
+    /// forwarding on in the node's namespace, and `REMOTE_NODE`'s MAC known
+    /// (`UNRESOLVED_NODE`'s not).
+    fn route_remote_cidrs(&self) {
+        let mut setup: Vec<String> = vec![
+            "sysctl -qw net.ipv4.conf.all.forwarding=1".into(),
+            "sysctl -qw net.ipv6.conf.all.forwarding=1".into(),
+            "ip link set uplink-peer up".into(),
+            "ip link set uplink up".into(),
+            format!("ip addr add {}/24 dev uplink", THIS_NODE.v4),
+            format!("ip addr add {}/64 dev uplink nodad", THIS_NODE.v6),
+        ];
+        for family in FAMILIES {
+            setup.push(format!(
+                "ip neigh add {} lladdr {} dev uplink nud permanent",
+                REMOTE_NODE.of(family),
+                mac_text(REMOTE_NODE_MAC)
+            ));
+        }
+        for (cidr, via) in REMOTE_CIDRS {
+            setup.push(format!("ip route add {cidr} via {via} dev uplink"));
+        }
+        self.exec_lines(&setup);
+    }
+
     fn exec_lines(&self, lines: &[String]) {
         for line in lines {
             self.netns
