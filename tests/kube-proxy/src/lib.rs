@@ -63,9 +63,13 @@ pub struct ServicePort {
     pub cluster_ip: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
-    /// Type NodePort (externalTrafficPolicy Cluster).
+    /// Type NodePort.
     pub node_port: Option<u16>,
     pub endpoints: Vec<SocketAddr>,
+    /// `externalTrafficPolicy: Local`: which of `endpoints` are on this
+    /// node (kube-proxy's own, by their EndpointSlice's nodeName). None:
+    /// `Cluster`. iptables mode only.
+    pub local_endpoints: Option<Vec<SocketAddr>>,
 }
 
 impl ServicePort {
@@ -86,6 +90,7 @@ impl ServicePort {
             protocol,
             node_port: None,
             endpoints,
+            local_endpoints: None,
         }
     }
 
@@ -93,6 +98,29 @@ impl ServicePort {
     pub fn with_node_port(mut self, node_port: u16) -> Self {
         self.node_port = Some(node_port);
         self
+    }
+
+    /// The same Service with `externalTrafficPolicy: Local`, `local` its
+    /// endpoints on the node whose kube-proxy this is.
+    pub fn with_local_external_traffic(mut self, local: Vec<SocketAddr>) -> Self {
+        self.local_endpoints = Some(local);
+        self
+    }
+
+    /// The KUBE-SEP chain of `endpoint`.
+    fn sep_chain(&self, endpoint: SocketAddr) -> String {
+        format!(
+            "KUBE-SEP-{}",
+            hash(
+                &format!(
+                    "{}{}{}",
+                    self.port_name_string(),
+                    self.protocol.upper(),
+                    target(endpoint)
+                ),
+                16
+            )
+        )
     }
 
     /// "ns/svc:port", kube-proxy's ServicePortName.
@@ -168,13 +196,26 @@ impl KubeProxy {
             "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
              -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
              -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
+             -A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
              -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n",
         );
         filter.push_str(&format!(
             "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT\n\
-             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
-             COMMIT\n"
+             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n"
         ));
+        // externalTrafficPolicy Local without an endpoint here: dropped.
+        for svc in &services {
+            if let (Some(node_port), Some(local)) = (svc.node_port, &svc.local_endpoints)
+                && local.is_empty()
+            {
+                let proto = svc.protocol.name();
+                filter.push_str(&format!(
+                    "-A KUBE-EXTERNAL-SERVICES -m comment --comment \"{} has no local endpoints\" -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {node_port} -j DROP\n",
+                    svc.port_name_string()
+                ));
+            }
+        }
+        filter.push_str("COMMIT\n");
 
         let mut chains = vec![
             "KUBE-SERVICES".to_string(),
@@ -218,20 +259,56 @@ impl KubeProxy {
                 rules.push(format!(
                     "-A KUBE-NODEPORTS -m comment --comment {name} -m {proto} -p {proto} --dport {node_port} -j {ext_chain}"
                 ));
-                rules.push(format!(
-                    "-A {ext_chain} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"
-                ));
-                rules.push(format!("-A {ext_chain} -j {svc_chain}"));
+                match &svc.local_endpoints {
+                    None => {
+                        rules.push(format!(
+                            "-A {ext_chain} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"
+                        ));
+                        rules.push(format!("-A {ext_chain} -j {svc_chain}"));
+                    }
+                    Some(local) => {
+                        // Pods' own traffic (kube-proxy's local-traffic
+                        // detector by --cluster-cidr) and the node's go to
+                        // every endpoint; the rest to this node's, the
+                        // client's address kept.
+                        rules.push(format!(
+                            "-A {ext_chain} -m comment --comment \"pod traffic for {name} external destinations\" -s {} -j {svc_chain}",
+                            self.cluster_cidr(v6)
+                        ));
+                        rules.push(format!(
+                            "-A {ext_chain} -m comment --comment \"masquerade LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ"
+                        ));
+                        rules.push(format!(
+                            "-A {ext_chain} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {svc_chain}"
+                        ));
+                        if !local.is_empty() {
+                            let svl_chain = format!(
+                                "KUBE-SVL-{}",
+                                hash(&format!("{name}{}", svc.protocol.upper()), 16)
+                            );
+                            chains.push(svl_chain.clone());
+                            rules.push(format!("-A {ext_chain} -j {svl_chain}"));
+                            for (i, endpoint) in local.iter().enumerate() {
+                                let sep_chain = svc.sep_chain(*endpoint);
+                                let comment = format!("\"{name} -> {}\"", target(*endpoint));
+                                if i + 1 < local.len() {
+                                    rules.push(format!(
+                                        "-A {svl_chain} -m comment --comment {comment} -m statistic --mode random --probability {:.10} -j {sep_chain}",
+                                        1.0 / (local.len() - i) as f64
+                                    ));
+                                } else {
+                                    rules.push(format!(
+                                        "-A {svl_chain} -m comment --comment {comment} -j {sep_chain}"
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
             }
             let count = svc.endpoints.len();
             for (i, endpoint) in svc.endpoints.iter().enumerate() {
-                let sep_chain = format!(
-                    "KUBE-SEP-{}",
-                    hash(
-                        &format!("{name}{}{}", svc.protocol.upper(), target(*endpoint)),
-                        16
-                    )
-                );
+                let sep_chain = svc.sep_chain(*endpoint);
                 chains.push(sep_chain.clone());
                 let comment = format!("\"{name} -> {}\"", target(*endpoint));
                 if i + 1 < count {
@@ -457,6 +534,11 @@ impl KubeProxy {
     /// Programs `services` (both families) into the network namespace
     /// named `node` (as `ip netns` knows it).
     pub fn apply(&self, node: &str, services: &[ServicePort]) -> Result<(), String> {
+        if self.mode == Mode::Nftables && services.iter().any(|s| s.local_endpoints.is_some()) {
+            return Err(
+                "externalTrafficPolicy Local: the fixture writes it in iptables mode only".into(),
+            );
+        }
         for v6 in [false, true] {
             match self.mode {
                 Mode::Iptables => {
@@ -577,6 +659,33 @@ mod tests {
             .rfind(|l| l.starts_with("-A KUBE-SERVICES"))
             .unwrap();
         assert!(last.contains("KUBE-NODEPORTS"));
+    }
+
+    #[test]
+    fn local_external_traffic_has_kube_proxys_shapes() {
+        let local = three_backends().with_local_external_traffic(vec![
+            "10.244.1.2:8080".parse().unwrap(),
+            "10.244.1.3:8080".parse().unwrap(),
+        ]);
+        let rules = proxy(Mode::Iptables).iptables_restore(false, std::slice::from_ref(&local));
+        let ext = rules
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-EXT-"))
+            .collect::<Vec<_>>();
+        assert_eq!(ext.len(), 4, "{ext:#?}");
+        assert!(ext[0].contains("pod traffic") && ext[0].contains("-s 10.244.0.0/16 -j KUBE-SVC-"));
+        assert!(ext[1].contains("--src-type LOCAL -j KUBE-MARK-MASQ"));
+        assert!(ext[2].contains("--src-type LOCAL -j KUBE-SVC-"));
+        assert!(ext[3].contains("-j KUBE-SVL-"));
+        assert_eq!(rules.matches("-A KUBE-SVL-").count(), 2);
+        assert!(!rules.contains("masquerade traffic for"));
+        assert!(!rules.contains("has no local endpoints"));
+        // None here: dropped, and no KUBE-SVL chain.
+        let none = three_backends().with_local_external_traffic(Vec::new());
+        let rules = proxy(Mode::Iptables).iptables_restore(false, std::slice::from_ref(&none));
+        assert!(rules.contains("has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 30080 -j DROP"));
+        assert!(!rules.contains("KUBE-SVL-"));
+        assert!(proxy(Mode::Nftables).apply("nowhere", &[none]).is_err());
     }
 
     #[test]

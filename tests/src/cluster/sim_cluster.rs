@@ -284,7 +284,18 @@ impl Cluster {
         mode: kube_proxy_fixture::Mode,
         services: &[kube_proxy_fixture::ServicePort],
     ) {
+        self.program_kube_proxy_per_node(mode, |_| services.to_vec());
+    }
+
+    /// `program_kube_proxy` with each node's own view of the Services
+    /// (`externalTrafficPolicy: Local`: which endpoints are the node's).
+    pub fn program_kube_proxy_per_node(
+        &self,
+        mode: kube_proxy_fixture::Mode,
+        services_of: impl Fn(&SimNode) -> Vec<kube_proxy_fixture::ServicePort>,
+    ) {
         for node in &self.nodes {
+            let services = services_of(node);
             let proxy = kube_proxy_fixture::KubeProxy {
                 mode,
                 cluster_cidr_v4: "10.244.0.0/16".into(),
@@ -297,7 +308,7 @@ impl Cluster {
                 ],
             };
             proxy
-                .apply(&node.netns.name, services)
+                .apply(&node.netns.name, &services)
                 .unwrap_or_else(|e| panic!("kube-proxy rules on {}: {e}", node.spec.name));
         }
     }
