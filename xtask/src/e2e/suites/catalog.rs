@@ -187,42 +187,32 @@ pub const SUITES: &[Suite] = &[
         serial: false,
         dual_stack_only: false,
     },
-    // What the suites above leave out: [Serial] and [Disruptive] specs,
-    // one at a time on the whole cluster (those that restart a component
-    // kubelet runs as a pod, or reach nodes over SSH, skip themselves).
     // Each mode skips here what its sig-network suite skips (the SCTP
     // hostPort spec without kube-proxy is [Serial]: only this suite runs it).
-    Suite {
-        name: "sig-network-serial",
-        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
-        skips: &[],
-        in_ci: false,
-        modes: &[ServicesMode::KubeProxy],
-        parallel: 1,
-        serial: true,
-        dual_stack_only: false,
-    },
-    Suite {
-        name: "sig-network-serial",
-        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
-        skips: &[LOCALHOST_NODE_PORTS],
-        in_ci: false,
-        modes: &[ServicesMode::KubeProxyNftables],
-        parallel: 1,
-        serial: true,
-        dual_stack_only: false,
-    },
-    Suite {
-        name: "sig-network-serial",
-        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
-        skips: NEEDS_KUBE_PROXY,
-        in_ci: false,
-        modes: &[ServicesMode::Ebpf],
-        parallel: 1,
-        serial: true,
-        dual_stack_only: false,
-    },
+    serial_suite(&[ServicesMode::KubeProxy], &[]),
+    serial_suite(&[ServicesMode::KubeProxyNftables], &[LOCALHOST_NODE_PORTS]),
+    serial_suite(&[ServicesMode::Ebpf], NEEDS_KUBE_PROXY),
 ];
+
+/// What the suites above leave out in `modes`: [Serial] and [Disruptive]
+/// specs, one at a time on the whole cluster (those that restart a
+/// component kubelet runs as a pod, or reach nodes over SSH, skip
+/// themselves), with the modes' own `skips`.
+const fn serial_suite(
+    modes: &'static [ServicesMode],
+    skips: &'static [(&'static str, &'static str)],
+) -> Suite {
+    Suite {
+        name: "sig-network-serial",
+        focus: r"\[sig-network\].*(\[Serial\]|\[Disruptive\])",
+        skips,
+        in_ci: false,
+        modes,
+        parallel: 1,
+        serial: true,
+        dual_stack_only: false,
+    }
+}
 
 pub fn skip_expression(skips: &[(&str, &str)], serial: bool, dual_stack: bool) -> String {
     let family_skips = if dual_stack { &[][..] } else { IPV4_ONLY_SKIPS };
