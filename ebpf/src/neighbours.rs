@@ -2,7 +2,16 @@
 //! answered in place with its host veth's MAC, so pods never need a bridge
 //! to find their neighbours or their gateway.
 
-use crate::*;
+use flatnet_common::action;
+use network_types::arp::ArpHdr;
+use network_types::eth::EthHdr;
+use network_types::ip::Ipv6Hdr;
+
+use crate::counters::count;
+use crate::decision::Decision;
+use crate::maps::endpoints::HOST_VETHS;
+use crate::packet::{header_at, snapshot};
+use crate::proto::{ETH_P_IP, IPPROTO_ICMPV6};
 
 pub(crate) const ARPHRD_ETHER: u16 = 1;
 

@@ -3,8 +3,25 @@
 //! the host stack's), and the fast path taken unless the host tracks the
 //! flow (`flow`).
 
-use crate::neighbours::{ND_NEIGHBOR_SOLICIT, NeighbourMessage, neighbour_solicitation};
-use crate::*;
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use flatnet_common::{
+    ENDPOINT_F_SHAPED_INGRESS, Endpoint, NO_COUNTER_SLOT, PodSources, REMOTE_F_TUNNEL, RemoteNode,
+    SOURCES_F_MORE, SOURCES_F_VALID, SOURCES_PER_FAMILY,
+};
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
+
+use crate::decision::Decision;
+use crate::flow;
+use crate::flow::{Conntrack, Flow};
+use crate::maps::endpoints::{ENDPOINTS_V4, ENDPOINTS_V6, POD_SOURCES};
+use crate::maps::remote::{PEER_NODES_V4, PEER_NODES_V6, REMOTE_CIDRS_V4, REMOTE_CIDRS_V6};
+use crate::neighbours::{ND_NEIGHBOR_SOLICIT, NeighbourMessage, arp, neighbour_solicitation};
+use crate::packet::{header_at, snapshot};
+use crate::proto::{
+    ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMPV6, IPPROTO_TCP, is_link_local, is_multicast,
+};
+use crate::sender::Sender;
 
 #[inline(always)]
 pub(crate) fn frame(ct: &impl Conntrack, start: usize, end: usize, sender: Sender) -> Decision {
@@ -18,20 +35,6 @@ pub(crate) fn frame(ct: &impl Conntrack, start: usize, end: usize, sender: Sende
         ETH_P_ARP => arp(start, end, eth, sender.ifindex).unwrap_or(Decision::Pass),
         _ => Decision::Pass,
     }
-}
-
-/// The pod a frame comes from: its host veth, its counter slot, and
-/// whether the bandwidth plugin shapes what it sends (at the host veth's
-/// ingress, after the tcx programs).
-#[derive(Clone, Copy)]
-pub(crate) struct Sender {
-    pub(crate) ifindex: u32,
-    pub(crate) slot: u32,
-    pub(crate) egress_shaped: bool,
-    /// Its NetworkPolicy state (`POLICY_PODS`).
-    pub(crate) policy: crate::policy::PodPolicy,
-    /// The frame's length (for the drop counters).
-    pub(crate) len: u32,
 }
 
 /// What the sender's `POD_SOURCES` entry says of a source address.
@@ -243,16 +246,6 @@ pub(crate) enum Source {
     Link,
     /// Anything else: dropped.
     Foreign,
-}
-
-#[inline(always)]
-pub(crate) fn is_link_local(address: &[u8; 16]) -> bool {
-    address[0] == 0xfe && address[1] & 0xc0 == 0x80
-}
-
-#[inline(always)]
-pub(crate) fn is_multicast(address: &[u8; 16]) -> bool {
-    address[0] == 0xff
 }
 
 #[inline(always)]

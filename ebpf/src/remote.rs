@@ -1,7 +1,19 @@
 //! A pod's packet for another node: sent out the way the kernel's FIB
 //! says, or left to the host stack.
 
-use crate::*;
+use aya_ebpf::bindings::bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS;
+use aya_ebpf::bindings::{
+    BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, bpf_redir_neigh,
+};
+use aya_ebpf::helpers::generated::{
+    bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh,
+};
+use aya_ebpf::programs::TcContext;
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
+
+use crate::packet::{decrement_ttl, header_at, zero_words};
+use crate::proto::{ETH_P_IP, ETH_P_IPV6};
 
 pub(crate) const AF_INET: u8 = 2;
 

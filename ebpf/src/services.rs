@@ -26,76 +26,28 @@
 //! the backend it was given; it keeps that backend while it connects again
 //! within the timeout and the frontend keeps its backend set (a new set
 //! starts afresh).
+//!
+//! The programs themselves are in `entry::socket`; the maps in
+//! `maps::services`.
 
-use aya_ebpf::{
-    EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, bpf_sock_addr, sockaddr},
-    btf_maps::{Array, HashMap, LruHashMap},
-    helpers::generated::{
-        bpf_bind, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie,
-        bpf_ktime_get_ns, bpf_set_retval,
-    },
-    macros::{btf_map, cgroup_sock_addr},
-    programs::SockAddrContext,
+use aya_ebpf::EbpfContext;
+use aya_ebpf::bindings::{bpf_sock_addr, sockaddr};
+use aya_ebpf::helpers::generated::{
+    bpf_bind, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
+    bpf_set_retval,
 };
+use aya_ebpf::programs::SockAddrContext;
 use flatnet_common::{
     Affinity, AffinityKey, BackendKey, FRONTEND_F_KEEP_CLIENT, NODEPORT_ADDR_OTHER_NODE,
-    NodePortAddress, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue, maps,
+    NodePortAddress, RevNat, RevNatKey, ServiceKey, ServiceValue,
 };
 
-/// Frontends: (ClusterIP, port, protocol) -> where its backends are.
-#[btf_map]
-pub(crate) static SERVICES: HashMap<
-    ServiceKey,
-    ServiceValue,
-    { maps::SERVICES.max_entries as usize },
-    { BPF_F_NO_PREALLOC as usize },
-> = HashMap::new();
-const _: () = assert!(maps::SERVICES.holds::<ServiceKey, ServiceValue>());
-
-/// Backend sets: (set id, index) -> backend.
-#[btf_map]
-pub(crate) static SERVICE_BACKENDS: HashMap<
-    BackendKey,
-    ServiceBackend,
-    { maps::SERVICE_BACKENDS.max_entries as usize },
-    { BPF_F_NO_PREALLOC as usize },
-> = HashMap::new();
-const _: () = assert!(maps::SERVICE_BACKENDS.holds::<BackendKey, ServiceBackend>());
-
-/// (socket cookie, backend) -> the ClusterIP and port it stands for.
-#[btf_map]
-static SERVICE_REVNAT: LruHashMap<
-    RevNatKey,
-    RevNat,
-    { maps::SERVICE_REVNAT.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::SERVICE_REVNAT.holds::<RevNatKey, RevNat>());
-
-/// Each client's backend of a frontend with sessionAffinity ClientIP.
-#[btf_map]
-static SERVICE_AFFINITY: LruHashMap<
-    AffinityKey,
-    Affinity,
-    { maps::SERVICE_AFFINITY.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::SERVICE_AFFINITY.holds::<AffinityKey, Affinity>());
-
-/// The node addresses NodePorts answer on.
-#[btf_map]
-pub(crate) static NODEPORT_ADDRS: HashMap<
-    NodePortAddress,
-    u32,
-    { maps::NODEPORT_ADDRS.max_entries as usize },
-    { BPF_F_NO_PREALLOC as usize },
-> = HashMap::new();
-const _: () = assert!(maps::NODEPORT_ADDRS.holds::<NodePortAddress, u32>());
-
-/// The node's own source address per family (0: IPv4, 1: IPv6; all zero:
-/// none), written by the agent.
-#[btf_map]
-static NODE_SOURCES: Array<[u8; 16], { maps::NODE_SOURCES.max_entries as usize }> = Array::new();
-const _: () = assert!(maps::NODE_SOURCES.holds::<u32, [u8; 16]>());
+use crate::maps::endpoints::{ENDPOINTS_V4, ENDPOINTS_V6};
+use crate::maps::services::{
+    NODE_NETNS_COOKIE, NODE_SOURCES, NODEPORT_ADDRS, SERVICE_AFFINITY, SERVICE_BACKENDS,
+    SERVICE_REVNAT, SERVICES,
+};
+use crate::policy;
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -169,7 +121,7 @@ fn write_address(ip4: &mut u32, ip6: &mut [u32; 4], family: u8, address: &[u8; 1
 /// when it is a frontend. `connect`: refuse with ECONNREFUSED (else EPERM)
 /// when the frontend has no backend.
 #[inline(always)]
-fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
+pub(crate) fn to_backend(ctx: &SockAddrContext, family: u8, connect: bool) -> i32 {
     let addr = ctx.sock_addr;
     let peer = read_peer(addr, family);
     // SAFETY: a field of the context, read once.
@@ -270,11 +222,6 @@ fn keep_node_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
     let _ = unsafe { bpf_bind(ctx.sock_addr, local.as_mut_ptr().cast::<sockaddr>(), len) };
 }
 
-/// The node's own processes' network namespace (`bpf_get_netns_cookie`),
-/// set by the loader (`flatnet_common::GLOBAL_NODE_NETNS_COOKIE`).
-#[unsafe(no_mangle)]
-static NODE_NETNS_COOKIE: u64 = 0;
-
 /// sendmsg() of the node's own to a NodePort or hostPort on one of its
 /// addresses: the datagram leaves from that address, as `keep_node_source`
 /// binds a connect(). Only in the node's namespace (the address is no
@@ -283,7 +230,7 @@ static NODE_NETNS_COOKIE: u64 = 0;
 /// node's is no source of this one's).
 #[inline(always)]
 fn keep_node_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
-    if in_node_namespace(ctx) && crate::policy::is_node_address(address, family) {
+    if in_node_namespace(ctx) && policy::is_node_address(address, family) {
         set_datagram_source(ctx, family, address);
     }
 }
@@ -303,10 +250,10 @@ fn is_local_pod(address: &[u8; 16], family: u8) -> bool {
     if family == 4 {
         let key = [address[0], address[1], address[2], address[3]];
         // SAFETY: only the presence is read.
-        unsafe { crate::ENDPOINTS_V4.get(&key) }.is_some()
+        unsafe { ENDPOINTS_V4.get(&key) }.is_some()
     } else {
         // SAFETY: only the presence is read.
-        unsafe { crate::ENDPOINTS_V6.get(address) }.is_some()
+        unsafe { ENDPOINTS_V6.get(address) }.is_some()
     }
 }
 
@@ -336,7 +283,7 @@ fn frontend_at(key: &mut ServiceKey) -> Option<ServiceValue> {
     if let Some(frontend) = unsafe { SERVICES.get(&*key) } {
         return Some(*frontend);
     }
-    if !crate::nodeport::nodeport_listens(u16::from_be_bytes(key.port), key.protocol) {
+    if !crate::external_ports::nodeport_listens(u16::from_be_bytes(key.port), key.protocol) {
         return None;
     }
     let node = NodePortAddress {
@@ -413,7 +360,7 @@ pub(crate) fn affinity_index(client: AffinityKey, frontend: &ServiceValue, choic
 /// recvmsg() or getpeername(): a backend this socket was sent to in place
 /// of a ClusterIP is shown as that ClusterIP.
 #[inline(always)]
-fn to_frontend(ctx: &SockAddrContext, family: u8) -> i32 {
+pub(crate) fn to_frontend(ctx: &SockAddrContext, family: u8) -> i32 {
     let addr = ctx.sock_addr;
     let peer = read_peer(addr, family);
     let key = RevNatKey {
@@ -429,44 +376,4 @@ fn to_frontend(ctx: &SockAddrContext, family: u8) -> i32 {
         write_peer(addr, family, &original.address, original.port);
     }
     PROCEED
-}
-
-#[cgroup_sock_addr(connect4)]
-pub fn service_connect4(ctx: SockAddrContext) -> i32 {
-    to_backend(&ctx, 4, true)
-}
-
-#[cgroup_sock_addr(connect6)]
-pub fn service_connect6(ctx: SockAddrContext) -> i32 {
-    to_backend(&ctx, 6, true)
-}
-
-#[cgroup_sock_addr(sendmsg4)]
-pub fn service_sendmsg4(ctx: SockAddrContext) -> i32 {
-    to_backend(&ctx, 4, false)
-}
-
-#[cgroup_sock_addr(sendmsg6)]
-pub fn service_sendmsg6(ctx: SockAddrContext) -> i32 {
-    to_backend(&ctx, 6, false)
-}
-
-#[cgroup_sock_addr(recvmsg4)]
-pub fn service_recvmsg4(ctx: SockAddrContext) -> i32 {
-    to_frontend(&ctx, 4)
-}
-
-#[cgroup_sock_addr(recvmsg6)]
-pub fn service_recvmsg6(ctx: SockAddrContext) -> i32 {
-    to_frontend(&ctx, 6)
-}
-
-#[cgroup_sock_addr(getpeername4)]
-pub fn service_getpeername4(ctx: SockAddrContext) -> i32 {
-    to_frontend(&ctx, 4)
-}
-
-#[cgroup_sock_addr(getpeername6)]
-pub fn service_getpeername6(ctx: SockAddrContext) -> i32 {
-    to_frontend(&ctx, 6)
 }

@@ -4,12 +4,24 @@
 //! the device decapsulated has its inner source checked against the outer
 //! one before anything else sees it.
 
+use aya_ebpf::bindings::bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS;
 use aya_ebpf::bindings::{BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, bpf_tunnel_key};
-use aya_ebpf::helpers::generated::{bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key};
-use flatnet_common::{AF_INET_VALUE, AF_INET6_VALUE, vtep_mac};
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use aya_ebpf::helpers::generated::{
+    bpf_check_mtu, bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key,
+};
+use aya_ebpf::programs::TcContext;
+use flatnet_common::{
+    AF_INET_VALUE, AF_INET6_VALUE, REMOTE_F_TUNNEL, RemoteNode, TunnelConfig, vtep_mac,
+};
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
+use crate::maps::endpoints::{ENDPOINTS_V4, ENDPOINTS_V6};
+use crate::maps::remote::{REMOTE_CIDRS_V4, REMOTE_CIDRS_V6, TUNNEL};
+use crate::packet::header_at;
+use crate::proto::{ETH_P_IP, ETH_P_IPV6};
 use crate::remote::{MTU_CHECK_SEGMENTS, take_hop, words};
-use crate::*;
 
 /// Whether a pod's packet is for a pod of a node the tunnel reaches.
 #[inline(always)]

@@ -1,7 +1,27 @@
 //! A frame from another node, on the uplink: straight into the local pod
 //! it is for, when the fast path may take it.
 
-use crate::*;
+use aya_ebpf::bindings::TC_ACT_SHOT;
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use aya_ebpf::helpers::generated::bpf_redirect_peer;
+use aya_ebpf::programs::TcContext;
+use flatnet_common::{
+    ENDPOINT_F_SHAPED_INGRESS, Endpoint, REMOTE_F_TUNNEL, RemoteNode, SOURCES_F_SHAPED_EGRESS,
+    action,
+};
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
+
+use crate::counters::{Direction, count, count_pod};
+use crate::decision::TC_NEXT;
+use crate::flow::{Conntrack, Flow};
+use crate::maps::endpoints::{ENDPOINTS_V4, ENDPOINTS_V6, POD_SOURCES};
+use crate::maps::remote::{
+    PEER_NODES_V4, PEER_NODES_V6, REMOTE_CIDRS_V4, REMOTE_CIDRS_V6, UPLINK_TO_PODS,
+};
+use crate::packet::{decrement_ttl, header_at, snapshot};
+use crate::proto::{ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP};
+use crate::{flow, policy};
 
 /// Where a frame came from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -190,4 +210,49 @@ fn whose_source<'a>(
             Some(_) => Peer::None,
         },
     }
+}
+
+/// A packet from another node's pod straight into the local pod it is
+/// for, unless the host must see it (`uplink_to_pod`) or the pod's ingress
+/// policy refuses it; `delivered`: the `STATS` action it counts as.
+#[inline(always)]
+pub(crate) fn deliver(ctx: &TcContext, arrival: Arrival, delivered: u32) -> i32 {
+    // SAFETY: a read of a constant the loader set (frozen .rodata).
+    if unsafe { core::ptr::read_volatile(&UPLINK_TO_PODS) } == 0 {
+        return TC_NEXT;
+    }
+    let len = ctx.len();
+    let (host_ifindex, slot, delivered) =
+        match uplink_to_pod(ctx, ctx.data(), ctx.data_end(), arrival) {
+            Uplink::ToPod {
+                host_ifindex,
+                slot,
+                node_sourced,
+            } => (
+                host_ifindex,
+                slot,
+                if node_sourced {
+                    action::PEER_NODE_TO_POD
+                } else {
+                    delivered
+                },
+            ),
+            Uplink::ToStack(what) => {
+                count(what, len);
+                return TC_NEXT;
+            }
+            Uplink::Pass => return TC_NEXT,
+        };
+    // The pod's ingress policy, on the frame as rewritten (only its MACs
+    // and TTL changed).
+    if !policy::ingress_allowed(ctx.data(), ctx.data_end(), slot, len) {
+        count(action::POLICY_DENIED, len);
+        return TC_ACT_SHOT as i32;
+    }
+    // SAFETY: plain helper call; a stale ifindex makes the kernel drop the
+    // frame (with flags 0 the helper itself never fails).
+    let verdict = unsafe { bpf_redirect_peer(host_ifindex, 0) } as i32;
+    count(delivered, len);
+    count_pod(slot, Direction::Rx, len);
+    verdict
 }

@@ -1,7 +1,11 @@
 //! Asking the kernel's conntrack table about a flow (the kfuncs, from tc
 //! and XDP): nothing, tracked, or tracked with a translation.
 
-use super::*;
+use aya_ebpf::programs::{TcContext, XdpContext};
+
+use crate::flow::Flow;
+use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
+use crate::proto::Ports;
 
 /// A program context that can ask the kernel's conntrack table.
 pub trait Conntrack {

@@ -1,21 +1,14 @@
 //! The answers kept in `FLOWS`: read, written, and taken back when the
 //! host stack carries a packet of the flow.
 
-use super::*;
+use flatnet_common::{FlowKey, FlowVerdict, NatKey, verdict};
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
-/// Whether UDP answers are kept: set by the loader (1 where the kernel has
-/// tcx, which puts `to_pod` and `to_uplink` on every way out of the stack;
-/// see `flatnet_common::GLOBAL_UDP_FLOWS`). Without them a kept "clear"
-/// could outlive the flow's turn to the stack, so every UDP packet asks
-/// conntrack, as TCP's SYNs do.
-#[unsafe(no_mangle)]
-pub(super) static UDP_FLOWS: u32 = 0;
-
-/// What conntrack said of each TCP and UDP flow direction (see above).
-#[btf_map]
-pub(super) static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entries as usize }> =
-    LruHashMap::new();
-const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
+use crate::flow::{Flow, IPV4_PLAIN_LEN, in_16_bytes, ipv6_transport};
+use crate::maps::flow::{FLOWS, UDP_FLOWS};
+use crate::packet::header_at;
+use crate::proto::{ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP, Ports};
 
 /// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
 /// flow is not there, else from conntrack (`judge`), remembered. A NodePort

@@ -59,42 +59,30 @@
 //! IPv6 extension headers) goes through the stack, which tracks it as the
 //! bridge would.
 
-use aya_ebpf::{
-    btf_maps::LruHashMap,
-    macros::btf_map,
-    programs::{TcContext, XdpContext},
-};
-use flatnet_common::{FlowKey, FlowVerdict, NatKey, maps, verdict};
-use network_types::{
-    eth::EthHdr,
-    ip::{Ipv4Hdr, Ipv6Hdr},
-};
+use flatnet_common::{FlowKey, verdict};
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
-use crate::kfunc::{CtOpts, ct_release, skb_ct_lookup, xdp_ct_lookup};
-use crate::{ETH_P_IP, ETH_P_IPV6, header_at};
+use crate::flow::conntrack::{Tuple, TupleV4, TupleV6, judge};
+use crate::flow::kept::{judge_cached, judge_udp, key_v4, key_v6};
+use crate::packet::header_at;
+use crate::proto::{
+    IPPROTO_HOPOPTS, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Ports, TCP_ACK,
+    TCP_SYN,
+};
 
 mod conntrack;
 mod kept;
 
 pub use conntrack::Conntrack;
-use conntrack::*;
-use kept::*;
 pub use kept::{forget_clear, keep_nodeport_reply};
 
-pub(crate) const IPPROTO_ICMP: u8 = 1;
-pub(crate) const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_ICMPV6: u8 = 58;
 /// More-fragments flag and fragment offset of the IPv4 `frags` field.
 const IPV4_FRAGMENT_MASK: u16 = 0x3fff;
 /// The length of an IPv4 header without options, as `Ipv4Hdr::ihl` gives it.
 const IPV4_PLAIN_LEN: u8 = Ipv4Hdr::LEN as u8;
 /// Type, code, checksum and 4 more bytes: where an ICMP error quotes.
 const ICMP_HEADER_LEN: usize = 8;
-
-/// SYN and ACK in the TCP flags byte.
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
 
 /// What the host stack has to say about a packet the fast path could take.
 #[derive(PartialEq, Eq)]
@@ -111,13 +99,6 @@ pub enum Flow {
     /// keeping the client's address: `nodeport_reply` translates it back
     /// (the path marked the flow so when it started; `kept`).
     NodePortReply,
-}
-
-/// Source and destination ports, as the first 4 bytes of TCP and UDP.
-#[repr(C)]
-struct Ports {
-    src: [u8; 2],
-    dst: [u8; 2],
 }
 
 /// The first 14 bytes of TCP: ports, then flags in the last byte.
@@ -301,7 +282,6 @@ struct JumboHopByHop {
     option_len: u8,
     jumbo_len: [u8; 4],
 }
-const IPPROTO_HOPOPTS: u8 = 0;
 const IPV6_TLV_JUMBO: u8 = 0xc2;
 
 /// The transport protocol of an IPv6 packet and where its header starts:

@@ -5,13 +5,16 @@
 //! for a late reply, or a router's packet too big for a large one, reaches
 //! the backend; each as through kube-proxy's rules.
 
-use aya_ebpf::{
-    bindings::BPF_F_PSEUDO_HDR, helpers::generated::bpf_csum_diff, programs::TcContext,
-};
+use aya_ebpf::bindings::BPF_F_PSEUDO_HDR;
+use aya_ebpf::helpers::generated::bpf_csum_diff;
+use aya_ebpf::programs::TcContext;
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
-use super::{FRAGMENT_HEADER_LEN, IPPROTO_FRAGMENT, IPPROTO_TCP, IPPROTO_UDP, Scratch};
+use crate::maps::nodeport::Scratch;
+use crate::packet::header_at;
+use crate::proto::{FRAGMENT_HEADER_LEN, IPPROTO_FRAGMENT, IPPROTO_TCP, IPPROTO_UDP};
 use crate::remote::words;
-use crate::*;
 
 /// An ICMP error (destination unreachable, fragmentation needed or packet
 /// too big, time exceeded, parameter problem) at `icmp`, about a TCP or
@@ -86,23 +89,6 @@ pub(super) fn parse_error(ctx: &TcContext, s: &mut Scratch, icmp: usize) -> Opti
     s.icmp = icmp as u32;
     s.closing = 0;
     Some(())
-}
-
-/// What an error's rewrite makes of it, for either way it goes.
-#[repr(C)]
-pub(super) struct ErrorRewrite {
-    /// What the quoted packet's source and destination become.
-    quoted_source: [u8; 16],
-    quoted_destination: [u8; 16],
-    quoted_source_port: [u8; 2],
-    quoted_destination_port: [u8; 2],
-    _pad: u32,
-    /// Where the error goes.
-    to: [u8; 16],
-    /// The error's sender, when it is the flow's other end (the quoted
-    /// packet's destination), becomes this.
-    other_end: [u8; 16],
-    other_end_becomes: [u8; 16],
 }
 
 /// An error about a flow's packet to its client (from the backend, or a

@@ -1,14 +1,17 @@
 //! A packet as policy sees it: its flow key (5-tuple; for an ICMP error,
 //! the flow of the packet it quotes), its protocol and ports.
 
-use super::*;
+use flatnet_common::PolicyFlowKey;
+use network_types::eth::EthHdr;
+use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
-/// Source and destination ports, the first 4 bytes of TCP, UDP and SCTP.
-#[repr(C)]
-pub(super) struct Ports {
-    src: [u8; 2],
-    dst: [u8; 2],
-}
+use crate::flow::{ipv6_transport, is_icmp_error};
+use crate::packet::header_at;
+use crate::policy::IPV4_OFFSET_MASK;
+use crate::proto::{
+    ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+    Ports, is_link_local, is_multicast,
+};
 
 /// The start of an ICMP or ICMPv6 header.
 #[repr(C)]
@@ -156,8 +159,8 @@ pub(super) fn judged_v6(start: usize, end: usize, ip: &Ipv6Hdr) -> Judged {
         // link-local multicast, like MLD reports behind their Hop-by-Hop
         // router alert to ff02::16) never leaves the pod's link: the host's
         // to answer, not policy's to judge.
-        exempt: crate::pod::is_link_local(&ip.dst_addr)
-            || (crate::pod::is_multicast(&ip.dst_addr) && ip.dst_addr[1] & 0x0f <= 2),
+        exempt: is_link_local(&ip.dst_addr)
+            || (is_multicast(&ip.dst_addr) && ip.dst_addr[1] & 0x0f <= 2),
         quote: 0,
     };
     let Some((protocol, l4)) = ipv6_transport(start, end, ip) else {

@@ -38,93 +38,23 @@
 //! IPv6 extension headers (other than BIG TCP's jumbo Hop-by-Hop) are
 //! judged without ports: only an `any` entry lets them through.
 
-use aya_ebpf::btf_maps::{LruHashMap, RingBuf};
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use flatnet_common::{
-    LocalAddrKey, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_DIR_PAIR, POLICY_F_EGRESS,
-    POLICY_F_INGRESS, POLICY_FLOW_F_REPLY, POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES,
-    POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6,
-    PolicyDrops, PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
+    LocalAddrKey, NO_COUNTER_SLOT, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_DIR_PAIR,
+    PolicyFlow, PolicyFlowKey,
 };
 
-use crate::flow::{IPPROTO_ICMP, IPPROTO_ICMPV6, ipv6_transport, is_icmp_error};
-use crate::*;
+use crate::maps::policy::{LOCAL_ADDRS, POLICY_FLOWS, POLICY_PODS};
+use crate::policy::keys::judged_frame;
+use crate::policy::verdicts::allows;
+use crate::sender::Sender;
 
 mod keys;
 mod verdicts;
-use keys::*;
-use verdicts::*;
 
-/// Each pod's isolation and policy generation, by counter slot.
-#[btf_map]
-static POLICY_PODS: Array<PolicyPod, { maps::POLICY_PODS.max_entries as usize }> = Array::new();
-const _: () = assert!(maps::POLICY_PODS.holds::<u32, PolicyPod>());
-
-/// (slot, direction, IPv4 peer prefix) -> what it allows.
-#[btf_map]
-static POLICY_V4: LpmTrie<PolicyCidrV4, PolicyPorts, { maps::POLICY_V4.max_entries as usize }> =
-    LpmTrie::new();
-const _: () = assert!(maps::POLICY_V4.holds::<Key<PolicyCidrV4>, PolicyPorts>());
-
-/// (slot, direction, IPv6 peer prefix) -> what it allows.
-#[btf_map]
-static POLICY_V6: LpmTrie<PolicyCidrV6, PolicyPorts, { maps::POLICY_V6.max_entries as usize }> =
-    LpmTrie::new();
-const _: () = assert!(maps::POLICY_V6.holds::<Key<PolicyCidrV6>, PolicyPorts>());
-
-/// Flows policy allowed, per pod and direction (see above).
-#[btf_map]
-static POLICY_FLOWS: LruHashMap<
-    PolicyFlowKey,
-    PolicyFlow,
-    { maps::POLICY_FLOWS.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::POLICY_FLOWS.holds::<PolicyFlowKey, PolicyFlow>());
-
-/// What policy dropped, per pod and direction.
-#[btf_map]
-static POLICY_DROPS: PerCpuArray<PolicyDrops, { maps::POLICY_DROPS.max_entries as usize }> =
-    PerCpuArray::new();
-const _: () = assert!(maps::POLICY_DROPS.holds::<u32, PolicyDrops>());
-
-/// One event per packet policy dropped, for `flatnet monitor`. Written with
-/// `bpf_ringbuf_output`, which never blocks: when the buffer is full (no
-/// reader, or a slow one) the event is lost and counted in `STATS`
-/// (`POLICY_EVENTS_LOST`).
-#[btf_map]
-static POLICY_EVENTS: RingBuf<PolicyEvent, { maps::POLICY_EVENTS.max_entries as usize }> =
-    RingBuf::new();
-const _: () = assert!(maps::POLICY_EVENTS.holds::<(), ()>());
-
-/// The node's own addresses: traffic from them into a pod (kubelet's
-/// probes) is always allowed.
-#[btf_map]
-static LOCAL_ADDRS: HashMap<LocalAddrKey, u32, { maps::LOCAL_ADDRS.max_entries as usize }> =
-    HashMap::new();
-const _: () = assert!(maps::LOCAL_ADDRS.holds::<LocalAddrKey, u32>());
-
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const IPPROTO_SCTP: u8 = 132;
+use crate::sender::PodPolicy;
 
 /// More-fragments flag and fragment offset; the offset alone.
 const IPV4_OFFSET_MASK: u16 = 0x1fff;
-
-/// A pod's policy state, as read once per packet.
-#[derive(Clone, Copy)]
-pub(crate) struct PodPolicy {
-    pub(crate) slot: u32,
-    pub(crate) flags: u32,
-    pub(crate) generation: u32,
-}
-
-impl PodPolicy {
-    /// Selected by some policy (in either direction).
-    #[inline(always)]
-    pub(crate) fn selected(&self) -> bool {
-        self.flags != 0
-    }
-}
 
 /// The policy of the pod in counter slot `slot`: the one lookup a pod that
 /// no policy selects pays.

@@ -1,7 +1,19 @@
 //! The tables' verdict on a flow key, the flows already judged, and
 //! what a drop reports and counts.
 
-use super::*;
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use flatnet_common::{
+    POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, POLICY_FLOW_F_REPLY,
+    POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX,
+    POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6, PolicyEvent, PolicyFlow, PolicyFlowKey,
+    PolicyPorts,
+};
+
+use crate::counters::count;
+use crate::maps::policy::{POLICY_DROPS, POLICY_EVENTS, POLICY_FLOWS, POLICY_V4, POLICY_V6};
+use crate::policy::keys::{Judged, has_ports, quoted_v4, quoted_v6};
+use crate::sender::PodPolicy;
 
 /// The `POLICY_F_*` bit of `direction`.
 #[inline(always)]
@@ -237,7 +249,7 @@ pub(super) fn report_drop(key: &PolicyFlowKey, reason: u8, len: u32) {
         len,
     };
     if POLICY_EVENTS.output(&event, 0).is_err() {
-        crate::count(flatnet_common::action::POLICY_EVENTS_LOST, len);
+        count(flatnet_common::action::POLICY_EVENTS_LOST, len);
     }
 }
 
