@@ -1,6 +1,7 @@
 //! NetworkPolicy in the datapath: what the node agent writes for each local
 //! pod (its isolation, its allowed peers per direction), the node's own
-//! addresses, and what policy dropped. The eBPF side is `ebpf/src/policy.rs`.
+//! addresses, and what policy dropped. The eBPF side is `ebpf/src/policy/`
+//! (its maps in `ebpf/src/maps/policy.rs`).
 //!
 //! Types here do not depend on the agent: it converts its computed tables
 //! (`Entry { cidr, ports }`) into [`PolicyRule`]s.
