@@ -26,6 +26,7 @@ pub mod install;
 pub mod metrics;
 pub mod peers;
 pub mod policy;
+pub mod protocol;
 pub mod reclaim;
 pub mod run;
 pub mod services;

@@ -417,7 +417,7 @@ mod tests {
     use flatnet_common::external_port;
 
     use super::*;
-    use crate::policy::Protocol;
+    use crate::protocol::Protocol;
     use crate::services::FrontendPort;
 
     fn ip(s: &str) -> IpAddr {
