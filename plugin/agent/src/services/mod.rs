@@ -14,6 +14,7 @@
 
 pub mod health;
 pub mod nat;
+pub mod plan;
 pub mod ports;
 pub mod sync;
 pub mod topology;
