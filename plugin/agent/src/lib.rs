@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod install;
 pub mod metrics;
+pub mod node_state;
 pub mod peers;
 pub mod policy;
 pub mod protocol;
