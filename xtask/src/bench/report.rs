@@ -6,7 +6,10 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::Context;
-use plotters::prelude::*;
+use plotters::prelude::{
+    BLACK, BLUE, BitMapBackend, ChartBuilder, Color, FontStyle, IntoDrawingArea, PathElement,
+    RGBColor, Rectangle, Text, WHITE,
+};
 
 use super::control::{CniTimes, ipam_concurrent};
 use super::figures::{number, ratio_median, value_median};
