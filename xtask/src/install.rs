@@ -10,7 +10,7 @@ use crate::util::{self, heading};
 
 pub const CONFLIST_FILE: &str = "10-flatnet.conflist";
 /// The binaries the plugin crate builds, installed when present.
-pub const BINARIES: &[&str] = &["flatnet", "flatnet-ipam"];
+pub const BINARIES: &[&str] = util::STATIC_BINARIES;
 /// The Debian reference plugins (host-local, portmap, ...) live here.
 pub use flatnet_harness::REFERENCE_PLUGINS;
 

@@ -117,7 +117,7 @@ pub fn cargo() -> Command {
 
 /// The plugins a runtime executes for every pod; release builds link them
 /// statically (see [`build`]).
-pub const STATIC_BINARIES: &[&str] = crate::install::BINARIES;
+pub const STATIC_BINARIES: &[&str] = &["flatnet", "flatnet-ipam"];
 
 /// The agent's crate, whose binary has the same name.
 pub const AGENT_PACKAGE: &str = "flatnet-agent";

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use flatnet_datapath::netlink::errno;
+
 /// The agent's errors. Datapath and kernel failures carry the plugin's own
 /// error (same messages as a CNI ADD would give).
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,16 @@ impl AgentError {
             context: context.into(),
             source,
         }
+    }
+
+    /// A failed route (or neighbour) request to the kernel, its errno told
+    /// as the OS words it.
+    pub fn route(context: String, err: rtnetlink::Error) -> Self {
+        let reason = match errno(&err) {
+            Some(code) => std::io::Error::from_raw_os_error(code).to_string(),
+            None => err.to_string(),
+        };
+        AgentError::Route { context, reason }
     }
 }
 

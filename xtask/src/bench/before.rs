@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, ensure};
 
-use super::{DataSample, Round, report};
+use super::figures::{number, ratio_median, value_median};
+use super::samples::{DataSample, Round};
 use crate::util::{self, output};
 
 /// The earlier build's plain pair.
@@ -118,20 +119,20 @@ pub fn table(results: &[Round]) -> String {
         String::from("| metric | after | before | after/before |\n|---|---:|---:|---:|\n");
     for (metric, pick, [after, before]) in metrics {
         let value = move |round: &Round, path: &str| round.data.get(path).map(pick);
-        let ratio = report::ratio_median(results, value, after, before);
+        let ratio = ratio_median(results, value, after, before);
         let _ = writeln!(
             out,
             "| {metric} | {} | {} | {} |",
-            report::number(report::value_median(results, &value, after)),
-            report::number(report::value_median(results, &value, before)),
-            ratio.map(report::number).unwrap_or_else(|| "-".into()),
+            number(value_median(results, &value, after)),
+            number(value_median(results, &value, before)),
+            ratio.map(number).unwrap_or_else(|| "-".into()),
         );
     }
     let floor = |round: &Round, path: &str| round.data.get(path).map(|d| d.program_floor_ns);
     let _ = writeln!(
         out,
         "| BPF statistics' floor: a program that only returns (`pod_xdp_pass`, flatnet-xdp pair), ns/packet in the UDP flood | {} | - | - |",
-        report::number(report::value_median(results, &floor, "flatnet-xdp")),
+        number(value_median(results, &floor, "flatnet-xdp")),
     );
     out
 }

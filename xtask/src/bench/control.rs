@@ -8,6 +8,12 @@ use flatnet_harness::{Netns, poll_until};
 
 use crate::cni::Plugin;
 
+/// Concurrent ADDs of the IPAM-alone comparison: the 64-way, fewer
+/// in a smoke run.
+pub fn ipam_concurrent(concurrent: usize) -> usize {
+    (concurrent * 2).min(64)
+}
+
 /// Milliseconds per pod for one plugin in one round.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CniTimes {

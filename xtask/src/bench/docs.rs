@@ -11,8 +11,9 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use super::control::CniTimes;
+use super::figures;
 use super::report::{self, Config};
-use super::{DataSample, Round};
+use super::samples::{DataSample, Round};
 
 const TEMPLATE: &str = include_str!("benchmarks.template.md");
 /// The README's generated section lies between these two lines.
@@ -238,7 +239,7 @@ impl Results {
                 ", and with {} Services an update took {} us in the maps against {:.1} s for \
                  iptables-restore (target: under 10 ms, {})",
                 update["services"],
-                report::number(map_us),
+                figures::number(map_us),
                 field(update, "iptables_restore_us") / 1e6,
                 verdict(map_us < 10_000.0),
             );

@@ -6,11 +6,14 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::Context;
-use plotters::prelude::*;
+use plotters::prelude::{
+    BLACK, BLUE, BitMapBackend, ChartBuilder, Color, FontStyle, IntoDrawingArea, PathElement,
+    RGBColor, Rectangle, Text, WHITE,
+};
 
-use super::control::median;
-use super::{DataSample, Round};
-use crate::bench::CniTimes;
+use super::control::{CniTimes, ipam_concurrent};
+use super::figures::{number, ratio_median, value_median};
+use super::samples::{DataSample, Round};
 use crate::util::{self, heading};
 
 pub struct Config {
@@ -87,32 +90,6 @@ impl Row {
     }
 }
 
-/// Median over rounds of the per-round ratio `path`/`other`.
-pub(super) fn ratio_median(
-    results: &[Round],
-    value: impl Fn(&Round, &str) -> Option<f64>,
-    path: &str,
-    other: &str,
-) -> Option<f64> {
-    let mut ratios: Vec<f64> = results
-        .iter()
-        .filter_map(|round| Some(value(round, path)? / value(round, other)?))
-        .collect();
-    (!ratios.is_empty()).then(|| median(&mut ratios))
-}
-
-pub(super) fn value_median(
-    results: &[Round],
-    value: &impl Fn(&Round, &str) -> Option<f64>,
-    path: &str,
-) -> f64 {
-    let mut values: Vec<f64> = results
-        .iter()
-        .filter_map(|round| value(round, path))
-        .collect();
-    median(&mut values)
-}
-
 pub(super) fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     type DataPick = fn(&DataSample) -> f64;
     type CniPick = fn(&CniTimes) -> f64;
@@ -158,7 +135,7 @@ pub(super) fn rows(results: &[Round], config: &Config) -> Vec<Row> {
     ];
     let sequential = format!("{} one after another", config.sequential);
     let concurrent = format!("{} at once", config.concurrent);
-    let ipam_concurrent = format!("{} at once", super::ipam_concurrent(config.concurrent));
+    let ipam_concurrent = format!("{} at once", ipam_concurrent(config.concurrent));
     let cni_metrics: [(String, CniPick, &str); 8] = [
         (
             format!("CNI ADD, {sequential} (ms/pod)"),
@@ -359,16 +336,6 @@ fn commit() -> String {
             ""
         }
     )
-}
-
-pub(super) fn number(v: f64) -> String {
-    if v.is_nan() {
-        "-".into()
-    } else if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
 }
 
 pub(super) fn table(rows: &[Row]) -> String {

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, ensure};
-use plotters::prelude::*;
+use plotters::prelude::{
+    BitMapBackend, ChartBuilder, Color, IntoDrawingArea, RGBColor, Rectangle, Text, WHITE,
+};
 use serde_json::Value;
 
 use crate::util;

@@ -16,9 +16,10 @@ use std::process::Command;
 use anyhow::Context;
 use serde_json::Value;
 
+use super::figures::{number, value_median};
 use super::paths::Pair;
-use super::report::{self, number};
-use super::{Round, with_program_costs};
+use super::program_stats::with_program_costs;
+use super::samples::{Round, VariantSample};
 use crate::util::{self, output};
 
 const FIXTURE: &str = "flatnet-cost-variant";
@@ -45,19 +46,6 @@ pub const VARIANTS: [(&str, &str); 6] = [
         "returns at once: what BPF statistics charge any program (the deployed program then runs after it)",
     ),
 ];
-
-/// One variant's numbers in one round (NaN: not measured).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct VariantSample {
-    /// ns per run of the variant during the 64 B UDP flood.
-    pub udp_ns: f64,
-    pub udp_kpps: f64,
-    /// ns per run during the TCP stream.
-    pub tcp_ns: f64,
-    pub tcp_gbps: f64,
-    /// Instructions the verifier kept of it (its untaken variants pruned).
-    pub instructions: f64,
-}
 
 /// Builds the fixture (debug: it only loads and attaches).
 pub fn build_fixture() -> anyhow::Result<PathBuf> {
@@ -235,16 +223,12 @@ pub fn table(results: &[Round]) -> String {
         let _ = writeln!(
             out,
             "| {variant}: {what} | {} | {} | {} | {} | {} | {} | {} |",
-            whole(report::value_median(
-                results,
-                &of(|s| s.instructions),
-                variant
-            )),
-            number(report::value_median(results, &udp_ns, variant)),
+            whole(value_median(results, &of(|s| s.instructions), variant)),
+            number(value_median(results, &udp_ns, variant)),
             number(part(&udp_ns, variant)),
-            number(report::value_median(results, &tcp_ns, variant)),
+            number(value_median(results, &tcp_ns, variant)),
             number(part(&tcp_ns, variant)),
-            number(report::value_median(results, &kpps, variant)),
+            number(value_median(results, &kpps, variant)),
             vs_veth(variant),
         );
     }
@@ -254,7 +238,7 @@ pub fn table(results: &[Round]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::DataSample;
+    use crate::bench::samples::DataSample;
 
     fn round(full_ns: f64, flow_ns: f64, veth_kpps: f64) -> Round {
         let mut round = Round::default();

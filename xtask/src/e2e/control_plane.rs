@@ -13,7 +13,7 @@ use anyhow::Context;
 
 use super::daemon::Daemon;
 use super::host::Host;
-use super::pki::{Pki, Subject};
+use super::pki::{Credential, Pki, Subject};
 use super::plan::{self, Plan};
 
 /// Audited: flatnet's agents and the cluster DNS, at the Metadata level
@@ -46,94 +46,26 @@ impl ControlPlane {
     /// Starts everything and waits for the API server to be ready.
     pub fn start(plan: &Plan, pki: &Pki, bin: &Path, etcd: &Path) -> anyhow::Result<Self> {
         let host = Host::create(&plan.control_plane_name(), &plan.dir.join("control-plane"))?;
-        let sh = |script: &str| host.run("sh", &["-euc", script]);
-        // IPv6 without duplicate address detection: the segment is ours,
-        // and a tentative address would fail the first binds.
-        let ipv6 = if plan.dual_stack {
-            format!(
-                "ip addr add {}/{} dev {} nodad",
-                plan::CONTROL_PLANE_ADDRESS6,
-                plan::UNDERLAY6_PREFIX,
-                plan::BRIDGE
-            )
-        } else {
-            String::new()
-        };
-        sh(&format!(
-            "ip link set lo up
-             ip link add {bridge} type bridge
-             ip addr add {address}/{prefix} dev {bridge}
-             {ipv6}
-             ip link set {bridge} up
-             mkdir -p /var/lib/etcd && mount -t tmpfs -o size=512m tmpfs /var/lib/etcd",
-            bridge = plan::BRIDGE,
-            address = plan::CONTROL_PLANE_ADDRESS,
-            prefix = plan::UNDERLAY_PREFIX,
-        ))
-        .context("setting up the control plane's network")?;
-        let logs = plan.logs.clone();
-        let server = plan.api_server_url();
-        let address = IpAddr::V4(plan::CONTROL_PLANE_ADDRESS);
-
-        // Certificates: the API server's, its client to the kubelets, and
-        // one per control plane client.
-        let serving = pki.server(
-            "apiserver",
-            "kube-apiserver",
-            &[
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-                "localhost",
-            ],
-            &[
-                address,
-                IpAddr::V4(plan::API_SERVICE_ADDRESS),
-                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            ],
-        )?;
-        let kubelet_client = pki.client(
-            "apiserver-kubelet-client",
-            &Subject {
-                user: "kube-apiserver-kubelet-client",
-                groups: &["system:masters"],
-            },
-        )?;
-        let admin = pki.client(
-            "admin",
-            &Subject {
-                user: "kubernetes-admin",
-                groups: &["system:masters"],
-            },
-        )?;
-        let admin_kubeconfig = pki.kubeconfig("admin", &server, &admin)?;
-        let controller_manager = pki.client(
-            "controller-manager",
-            &Subject {
-                user: "system:kube-controller-manager",
-                groups: &[],
-            },
-        )?;
-        let controller_manager_kubeconfig =
-            pki.kubeconfig("controller-manager", &server, &controller_manager)?;
-        let scheduler = pki.client(
-            "scheduler",
-            &Subject {
-                user: "system:kube-scheduler",
-                groups: &[],
-            },
-        )?;
-        let scheduler_kubeconfig = pki.kubeconfig("scheduler", &server, &scheduler)?;
-
+        set_up_switch(&host, plan)?;
+        let credentials = Credentials::issue(plan, pki)?;
         let mut control_plane = ControlPlane {
             kubectl: bin.join("kubectl"),
-            admin_kubeconfig,
+            admin_kubeconfig: credentials.admin_kubeconfig.clone(),
             daemons: Vec::new(),
             host,
         };
+        control_plane.start_etcd(etcd, &plan.logs)?;
+        control_plane.start_apiserver(plan, pki, bin, &credentials)?;
+        control_plane.start_controller_manager(plan, pki, bin, &credentials)?;
+        control_plane.start_scheduler(plan, bin, &credentials)?;
+        control_plane.wait_for_default_service_account()?;
+        Ok(control_plane)
+    }
 
-        let mut etcd_cmd = control_plane.host.command(etcd);
+    /// etcd, on the tmpfs `set_up_switch` mounted, once its client port
+    /// answers.
+    fn start_etcd(&mut self, etcd: &Path, logs: &Path) -> anyhow::Result<()> {
+        let mut etcd_cmd = self.host.command(etcd);
         etcd_cmd.args([
             "--name=control-plane",
             "--data-dir=/var/lib/etcd",
@@ -144,22 +76,38 @@ impl ControlPlane {
             "--initial-cluster=control-plane=http://127.0.0.1:2380",
             "--log-level=warn",
         ]);
-        let mut etcd_daemon = Daemon::start(&control_plane.host, "etcd", etcd_cmd, &logs)?;
+        let mut etcd_daemon = Daemon::start(&self.host, "etcd", etcd_cmd, logs)?;
         etcd_daemon.wait_ready(Duration::from_secs(30), "client port", || {
-            control_plane
-                .host
+            self.host
                 .run("curl", &["-sf", "http://127.0.0.1:2379/health"])
                 .is_ok()
         })?;
-        control_plane.daemons.push(etcd_daemon);
+        self.daemons.push(etcd_daemon);
 
+        Ok(())
+    }
+
+    /// kube-apiserver, once it answers /readyz.
+    fn start_apiserver(
+        &mut self,
+        plan: &Plan,
+        pki: &Pki,
+        bin: &Path,
+        credentials: &Credentials,
+    ) -> anyhow::Result<()> {
+        let address = IpAddr::V4(plan::CONTROL_PLANE_ADDRESS);
+        let Credentials {
+            serving,
+            kubelet_client,
+            ..
+        } = credentials;
         // Every request of flatnet's agents and the cluster DNS is audited
         // (metadata only), so a deprecated API they use is found by its
         // audit annotation (suites.rs reads it).
         let audit_policy = plan.dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, AUDIT_POLICY)
             .with_context(|| format!("writing {}", audit_policy.display()))?;
-        let mut apiserver = control_plane.host.command(bin.join("kube-apiserver"));
+        let mut apiserver = self.host.command(bin.join("kube-apiserver"));
         apiserver
             .arg(format!("--audit-policy-file={}", audit_policy.display()))
             .arg(format!("--audit-log-path={}", audit_log(plan).display()))
@@ -205,18 +153,29 @@ impl ControlPlane {
             .arg("--profiling=false")
             .arg("--v=1");
         let mut apiserver_daemon =
-            Daemon::start(&control_plane.host, "kube-apiserver", apiserver, &logs)?;
+            Daemon::start(&self.host, "kube-apiserver", apiserver, &plan.logs)?;
         apiserver_daemon.wait_ready(Duration::from_secs(90), "/readyz", || {
-            control_plane
-                .kubectl(&["get", "--raw", "/readyz"])
+            self.kubectl(&["get", "--raw", "/readyz"])
                 .is_ok_and(|out| out.trim() == "ok")
         })?;
-        control_plane.daemons.push(apiserver_daemon);
+        self.daemons.push(apiserver_daemon);
 
-        let mut controller = control_plane
-            .host
-            .command(bin.join("kube-controller-manager"));
-        let kubeconfig = controller_manager_kubeconfig.display().to_string();
+        Ok(())
+    }
+
+    /// kube-controller-manager, which allocates the nodes' pod CIDRs.
+    fn start_controller_manager(
+        &mut self,
+        plan: &Plan,
+        pki: &Pki,
+        bin: &Path,
+        credentials: &Credentials,
+    ) -> anyhow::Result<()> {
+        let mut controller = self.host.command(bin.join("kube-controller-manager"));
+        let kubeconfig = credentials
+            .controller_manager_kubeconfig
+            .display()
+            .to_string();
         controller
             .arg(format!("--kubeconfig={kubeconfig}"))
             .arg(format!("--authentication-kubeconfig={kubeconfig}"))
@@ -249,15 +208,25 @@ impl ControlPlane {
             .arg("--configure-cloud-routes=false")
             .arg("--profiling=false")
             .arg("--v=1");
-        control_plane.daemons.push(Daemon::start(
-            &control_plane.host,
+        self.daemons.push(Daemon::start(
+            &self.host,
             "kube-controller-manager",
             controller,
-            &logs,
+            &plan.logs,
         )?);
 
-        let mut scheduler_cmd = control_plane.host.command(bin.join("kube-scheduler"));
-        let kubeconfig = scheduler_kubeconfig.display().to_string();
+        Ok(())
+    }
+
+    /// kube-scheduler.
+    fn start_scheduler(
+        &mut self,
+        plan: &Plan,
+        bin: &Path,
+        credentials: &Credentials,
+    ) -> anyhow::Result<()> {
+        let mut scheduler_cmd = self.host.command(bin.join("kube-scheduler"));
+        let kubeconfig = credentials.scheduler_kubeconfig.display().to_string();
         scheduler_cmd
             .arg(format!("--kubeconfig={kubeconfig}"))
             .arg(format!("--authentication-kubeconfig={kubeconfig}"))
@@ -266,24 +235,26 @@ impl ControlPlane {
             .arg("--leader-elect=false")
             .arg("--profiling=false")
             .arg("--v=1");
-        control_plane.daemons.push(Daemon::start(
-            &control_plane.host,
+        self.daemons.push(Daemon::start(
+            &self.host,
             "kube-scheduler",
             scheduler_cmd,
-            &logs,
+            &plan.logs,
         )?);
+        Ok(())
+    }
+
+    fn wait_for_default_service_account(&self) -> anyhow::Result<()> {
         // The default service account exists once the controllers run:
         // nothing can make pods before that.
-        control_plane.wait_for(
+        self.wait_for(
             Duration::from_secs(60),
             "the default service account",
             || {
-                control_plane
-                    .kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
                     .is_ok()
             },
-        )?;
-        Ok(control_plane)
+        )
     }
 
     /// kubectl as the cluster admin, run on the control plane machine.
@@ -350,6 +321,112 @@ impl ControlPlane {
             daemon.stop();
         }
         self.host.shut_down();
+    }
+}
+
+/// The cluster's switch on the control plane machine (a bridge every
+/// node's uplink is plugged into, with the control plane's addresses), and
+/// etcd's tmpfs.
+fn set_up_switch(host: &Host, plan: &Plan) -> anyhow::Result<()> {
+    let sh = |script: &str| host.run("sh", &["-euc", script]);
+    // IPv6 without duplicate address detection: the segment is ours,
+    // and a tentative address would fail the first binds.
+    let ipv6 = if plan.dual_stack {
+        format!(
+            "ip addr add {}/{} dev {} nodad",
+            plan::CONTROL_PLANE_ADDRESS6,
+            plan::UNDERLAY6_PREFIX,
+            plan::BRIDGE
+        )
+    } else {
+        String::new()
+    };
+    sh(&format!(
+        "ip link set lo up
+             ip link add {bridge} type bridge
+             ip addr add {address}/{prefix} dev {bridge}
+             {ipv6}
+             ip link set {bridge} up
+             mkdir -p /var/lib/etcd && mount -t tmpfs -o size=512m tmpfs /var/lib/etcd",
+        bridge = plan::BRIDGE,
+        address = plan::CONTROL_PLANE_ADDRESS,
+        prefix = plan::UNDERLAY_PREFIX,
+    ))
+    .context("setting up the control plane's network")?;
+    Ok(())
+}
+
+/// The control plane's certificates and kubeconfigs.
+struct Credentials {
+    serving: Credential,
+    kubelet_client: Credential,
+    admin_kubeconfig: PathBuf,
+    controller_manager_kubeconfig: PathBuf,
+    scheduler_kubeconfig: PathBuf,
+}
+
+impl Credentials {
+    fn issue(plan: &Plan, pki: &Pki) -> anyhow::Result<Self> {
+        let server = plan.api_server_url();
+        let address = IpAddr::V4(plan::CONTROL_PLANE_ADDRESS);
+
+        // Certificates: the API server's, its client to the kubelets, and
+        // one per control plane client.
+        let serving = pki.server(
+            "apiserver",
+            "kube-apiserver",
+            &[
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+                "localhost",
+            ],
+            &[
+                address,
+                IpAddr::V4(plan::API_SERVICE_ADDRESS),
+                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            ],
+        )?;
+        let kubelet_client = pki.client(
+            "apiserver-kubelet-client",
+            &Subject {
+                user: "kube-apiserver-kubelet-client",
+                groups: &["system:masters"],
+            },
+        )?;
+        let admin = pki.client(
+            "admin",
+            &Subject {
+                user: "kubernetes-admin",
+                groups: &["system:masters"],
+            },
+        )?;
+        let admin_kubeconfig = pki.kubeconfig("admin", &server, &admin)?;
+        let controller_manager = pki.client(
+            "controller-manager",
+            &Subject {
+                user: "system:kube-controller-manager",
+                groups: &[],
+            },
+        )?;
+        let controller_manager_kubeconfig =
+            pki.kubeconfig("controller-manager", &server, &controller_manager)?;
+        let scheduler = pki.client(
+            "scheduler",
+            &Subject {
+                user: "system:kube-scheduler",
+                groups: &[],
+            },
+        )?;
+        let scheduler_kubeconfig = pki.kubeconfig("scheduler", &server, &scheduler)?;
+        Ok(Credentials {
+            serving,
+            kubelet_client,
+            admin_kubeconfig,
+            controller_manager_kubeconfig,
+            scheduler_kubeconfig,
+        })
     }
 }
 

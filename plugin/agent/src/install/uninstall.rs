@@ -22,9 +22,9 @@ use serde_json::Value;
 
 use crate::config::Args;
 use crate::error::{AgentError, Result};
+use crate::node_state::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
 use crate::peers::carrier::VXLAN_DEVICE;
 use crate::peers::routes::Routes;
-use crate::run::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY, network_conf, remove_if_present};
 use flatnet_common::PROG_FROM_UPLINK;
 use flatnet_datapath::bpf::Datapath;
 use flatnet_datapath::masquerade;

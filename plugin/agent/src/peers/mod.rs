@@ -61,6 +61,24 @@ pub struct PeerRoute {
     pub carrier: Carrier,
 }
 
+/// What a route sync did (`routes::Routes::sync`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Routes added or changed (new next hop).
+    pub written: Vec<IpNetwork>,
+    /// flatnet routes no longer wanted, removed.
+    pub removed: Vec<IpNetwork>,
+    /// Wanted routes that are in place now (there already, or written):
+    /// the only ones the fast path may be told about, since it forwards by
+    /// the kernel FIB.
+    pub in_place: Vec<PeerRoute>,
+    /// Wanted routes that are not in place, with the reason (a route not
+    /// made by flatnet in the way, or a failed write).
+    pub missing: Vec<String>,
+    /// Kernel requests (writes and removals) that failed, with the reason.
+    pub failures: Vec<String>,
+}
+
 /// What the node list means for this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {

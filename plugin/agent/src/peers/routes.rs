@@ -20,9 +20,8 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 
 use crate::error::{AgentError, Result};
 use crate::peers::carrier::vxlan_gateway;
-pub use crate::peers::tunnel::Tunnel;
-use crate::peers::tunnel::encap;
-use crate::peers::{Carrier, PeerRoute};
+use crate::peers::tunnel::{Tunnel, encap, sync_next_hops, write_next_hop};
+use crate::peers::{Carrier, PeerRoute, SyncOutcome};
 use flatnet_datapath::netlink::errno;
 
 /// The route protocol flatnet's routes carry: `ip route show proto 102`.
@@ -57,35 +56,9 @@ impl InstalledRoute {
     }
 }
 
-/// What a sync did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct SyncOutcome {
-    /// Routes added or changed (new next hop).
-    pub written: Vec<IpNetwork>,
-    /// flatnet routes no longer wanted, removed.
-    pub removed: Vec<IpNetwork>,
-    /// Wanted routes that are in place now (there already, or written):
-    /// the only ones the fast path may be told about, since it forwards by
-    /// the kernel FIB.
-    pub in_place: Vec<PeerRoute>,
-    /// Wanted routes that are not in place, with the reason (a route not
-    /// made by flatnet in the way, or a failed write).
-    pub missing: Vec<String>,
-    /// Kernel requests (writes and removals) that failed, with the reason.
-    pub failures: Vec<String>,
-}
-
-pub(super) fn route_err(context: String, err: rtnetlink::Error) -> AgentError {
-    let reason = match errno(&err) {
-        Some(code) => std::io::Error::from_raw_os_error(code).to_string(),
-        None => err.to_string(),
-    };
-    AgentError::Route { context, reason }
-}
-
 /// An rtnetlink connection for the node's routes.
 pub struct Routes {
-    pub(super) handle: Handle,
+    handle: Handle,
 }
 
 impl Routes {
@@ -107,7 +80,7 @@ impl Routes {
             while let Some(msg) = stream
                 .try_next()
                 .await
-                .map_err(|e| route_err("listing routes".into(), e))?
+                .map_err(|e| AgentError::route("listing routes".into(), e))?
             {
                 if msg.header.table != MAIN_TABLE {
                     continue;
@@ -155,10 +128,9 @@ impl Routes {
             Carrier::Vxlan => {
                 let tunnel =
                     tunnel.ok_or_else(|| route_error("the VXLAN device is not set up".into()))?;
-                let next_hop = self
-                    .write_next_hop(route, tunnel)
+                let next_hop = write_next_hop(&self.handle, route, tunnel)
                     .await
-                    .map_err(|e| route_err(format!("{}: its next hop", context()), e))?;
+                    .map_err(|e| AgentError::route(format!("{}: its next hop", context()), e))?;
                 let mut message = builder
                     .gateway(next_hop)
                     .map_err(|e| route_error(e.to_string()))?
@@ -175,7 +147,7 @@ impl Routes {
             .replace()
             .execute()
             .await
-            .map_err(|e| route_err(context(), e))
+            .map_err(|e| AgentError::route(context(), e))
     }
 
     /// Removes one of flatnet's routes; one already gone is fine.
@@ -198,7 +170,7 @@ impl Routes {
         match self.handle.route().del(message).execute().await {
             Ok(()) => Ok(()),
             Err(e) if matches!(errno(&e), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
-            Err(e) => Err(route_err(
+            Err(e) => Err(AgentError::route(
                 format!("removing the route of {}", route.cidr),
                 e,
             )),
@@ -248,7 +220,7 @@ impl Routes {
             }
         }
         if let Some(tunnel) = tunnel {
-            self.sync_next_hops(&mut outcome, tunnel).await;
+            sync_next_hops(&self.handle, &mut outcome, tunnel).await;
         }
         Ok(outcome)
     }
@@ -261,7 +233,7 @@ impl Routes {
         while let Some(msg) = stream
             .try_next()
             .await
-            .map_err(|e| route_err("listing addresses".into(), e))?
+            .map_err(|e| AgentError::route("listing addresses".into(), e))?
         {
             for attr in &msg.attributes {
                 let AddressAttribute::Address(ip) = attr else {
@@ -285,7 +257,7 @@ impl Routes {
         while let Some(msg) = stream
             .try_next()
             .await
-            .map_err(|e| route_err("listing addresses".into(), e))?
+            .map_err(|e| AgentError::route("listing addresses".into(), e))?
         {
             let holds = msg
                 .attributes

@@ -15,10 +15,11 @@ use rtnetlink::packet_route::route::{
     RouteLwEnCapType, RouteLwTunnelEncap,
 };
 
-use crate::error::Result;
+use rtnetlink::Handle;
+
+use crate::error::{AgentError, Result};
 use crate::peers::carrier::{vtep_mac, vxlan_gateway};
-use crate::peers::routes::{Routes, SyncOutcome, route_err};
-use crate::peers::{Carrier, PeerRoute};
+use crate::peers::{Carrier, PeerRoute, SyncOutcome};
 
 /// The VXLAN device tunnelled routes go through, and their VNI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,101 +28,100 @@ pub struct Tunnel {
     pub vni: u32,
 }
 
-impl Routes {
-    /// The permanent neighbour entry of `route`'s next hop on the device:
-    /// the peer device's MAC. Returns the next hop.
-    pub(super) async fn write_next_hop(
-        &self,
-        route: &PeerRoute,
-        tunnel: Tunnel,
-    ) -> Result<IpAddr, rtnetlink::Error> {
+/// The permanent neighbour entry of `route`'s next hop on the device:
+/// the peer device's MAC. Returns the next hop.
+pub(super) async fn write_next_hop(
+    handle: &Handle,
+    route: &PeerRoute,
+    tunnel: Tunnel,
+) -> Result<IpAddr, rtnetlink::Error> {
+    let next_hop = vxlan_gateway(route.cidr);
+    handle
+        .neighbours()
+        .add(tunnel.index, next_hop)
+        .link_layer_address(&vtep_mac(route.via))
+        .replace()
+        .execute()
+        .await?;
+    Ok(next_hop)
+}
+
+/// Makes the device's permanent neighbour entries exactly the next
+/// hops of the tunnelled routes in place, from one listing: a missing
+/// or wrong one is written (the kernel flushes a device's neighbours,
+/// permanent ones too, when its MAC changes, as when this node's
+/// address did), one no route uses is removed (its peer left or is
+/// routed directly now). A next hop that cannot be written makes its
+/// route missing.
+pub(super) async fn sync_next_hops(handle: &Handle, outcome: &mut SyncOutcome, tunnel: Tunnel) {
+    let present = match next_hops(handle, tunnel).await {
+        Ok(present) => present,
+        Err(e) => {
+            outcome.failures.push(e.to_string());
+            return;
+        }
+    };
+    let mut kept = BTreeSet::new();
+    let mut failed = Vec::new();
+    for route in outcome
+        .in_place
+        .iter()
+        .filter(|r| r.carrier == Carrier::Vxlan)
+    {
         let next_hop = vxlan_gateway(route.cidr);
-        self.handle
-            .neighbours()
-            .add(tunnel.index, next_hop)
-            .link_layer_address(&vtep_mac(route.via))
-            .replace()
-            .execute()
-            .await?;
-        Ok(next_hop)
-    }
-
-    /// Makes the device's permanent neighbour entries exactly the next
-    /// hops of the tunnelled routes in place, from one listing: a missing
-    /// or wrong one is written (the kernel flushes a device's neighbours,
-    /// permanent ones too, when its MAC changes, as when this node's
-    /// address did), one no route uses is removed (its peer left or is
-    /// routed directly now). A next hop that cannot be written makes its
-    /// route missing.
-    pub(super) async fn sync_next_hops(&self, outcome: &mut SyncOutcome, tunnel: Tunnel) {
-        let present = match self.next_hops(tunnel).await {
-            Ok(present) => present,
-            Err(e) => {
-                outcome.failures.push(e.to_string());
-                return;
-            }
-        };
-        let mut kept = BTreeSet::new();
-        let mut failed = Vec::new();
-        for route in outcome
-            .in_place
+        kept.insert(next_hop);
+        let right = present
             .iter()
-            .filter(|r| r.carrier == Carrier::Vxlan)
-        {
-            let next_hop = vxlan_gateway(route.cidr);
-            kept.insert(next_hop);
-            let right = present
-                .iter()
-                .any(|(ip, mac, _)| *ip == next_hop && *mac == vtep_mac(route.via));
-            if !right && let Err(e) = self.write_next_hop(route, tunnel).await {
-                failed.push((
-                    route.cidr,
-                    route_err(format!("{}: its next hop", route.cidr), e),
-                ));
-            }
-        }
-        for (cidr, error) in failed {
-            outcome.in_place.retain(|r| r.cidr != cidr);
-            outcome.missing.push(error.to_string());
-            outcome.failures.push(error.to_string());
-        }
-        for (ip, _, entry) in present {
-            if kept.contains(&ip) {
-                continue;
-            }
-            match self.handle.neighbours().del(entry).execute().await {
-                Ok(()) => tracing::info!(next_hop = %ip, "stale tunnel next hop removed"),
-                Err(e) => outcome
-                    .failures
-                    .push(route_err(format!("removing the tunnel next hop {ip}"), e).to_string()),
-            }
+            .any(|(ip, mac, _)| *ip == next_hop && *mac == vtep_mac(route.via));
+        if !right && let Err(e) = write_next_hop(handle, route, tunnel).await {
+            failed.push((
+                route.cidr,
+                AgentError::route(format!("{}: its next hop", route.cidr), e),
+            ));
         }
     }
+    for (cidr, error) in failed {
+        outcome.in_place.retain(|r| r.cidr != cidr);
+        outcome.missing.push(error.to_string());
+        outcome.failures.push(error.to_string());
+    }
+    for (ip, _, entry) in present {
+        if kept.contains(&ip) {
+            continue;
+        }
+        match handle.neighbours().del(entry).execute().await {
+            Ok(()) => tracing::info!(next_hop = %ip, "stale tunnel next hop removed"),
+            Err(e) => outcome.failures.push(
+                AgentError::route(format!("removing the tunnel next hop {ip}"), e).to_string(),
+            ),
+        }
+    }
+}
 
-    /// The device's permanent neighbour entries: (address, MAC, entry).
-    async fn next_hops(&self, tunnel: Tunnel) -> Result<Vec<(IpAddr, Vec<u8>, NeighbourMessage)>> {
-        let mut found = Vec::new();
-        let mut entries = self.handle.neighbours().get().execute();
-        while let Some(entry) = entries
-            .try_next()
-            .await
-            .map_err(|e| route_err("listing neighbours".into(), e))?
-        {
-            if entry.header.ifindex != tunnel.index
-                || entry.header.state != NeighbourState::Permanent
-            {
-                continue;
-            }
-            let mac = entry.attributes.iter().find_map(|attr| match attr {
-                NeighbourAttribute::LinkLayerAddress(mac) => Some(mac.clone()),
-                _ => None,
-            });
-            if let (Some(ip), Some(mac)) = (destination(&entry), mac) {
-                found.push((ip, mac, entry));
-            }
+/// The device's permanent neighbour entries: (address, MAC, entry).
+async fn next_hops(
+    handle: &Handle,
+    tunnel: Tunnel,
+) -> Result<Vec<(IpAddr, Vec<u8>, NeighbourMessage)>> {
+    let mut found = Vec::new();
+    let mut entries = handle.neighbours().get().execute();
+    while let Some(entry) = entries
+        .try_next()
+        .await
+        .map_err(|e| AgentError::route("listing neighbours".into(), e))?
+    {
+        if entry.header.ifindex != tunnel.index || entry.header.state != NeighbourState::Permanent {
+            continue;
         }
-        Ok(found)
+        let mac = entry.attributes.iter().find_map(|attr| match attr {
+            NeighbourAttribute::LinkLayerAddress(mac) => Some(mac.clone()),
+            _ => None,
+        });
+        if let (Some(ip), Some(mac)) = (destination(&entry), mac) {
+            found.push((ip, mac, entry));
+        }
     }
+    Ok(found)
 }
 
 /// The address a neighbour entry is for.

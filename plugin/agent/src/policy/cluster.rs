@@ -8,9 +8,10 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::ports::{PortRange, PortSet, Protocol};
+use super::ports::{PortRange, PortSet};
 use super::selector::matches;
 use super::table::Allow;
+use crate::protocol::Protocol;
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 

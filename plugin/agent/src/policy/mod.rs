@@ -40,7 +40,7 @@ use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
-pub use ports::{MAX_PORT_RANGES, PortRange, PortSet, Protocol};
+pub use ports::{MAX_PORT_RANGES, PortRange, PortSet};
 pub use table::{Entry, Table};
 
 pub use cluster::LocalIps;

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::protocol::Protocol;
+
 /// The most port ranges one table entry carries. A BPF map value has a
 /// fixed size, and the datapath checks a packet against the ranges in a
 /// loop the verifier must see bounded: 16 ranges of 6 bytes (protocol, first
@@ -11,33 +13,6 @@ use std::fmt;
 /// short. Real policies name a handful of ports per peer, and ranges
 /// (`endPort`) cover the rest.
 pub const MAX_PORT_RANGES: usize = 16;
-
-/// The transport protocols NetworkPolicy knows, as IP protocol numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u8)]
-pub enum Protocol {
-    Tcp = 6,
-    Udp = 17,
-    Sctp = 132,
-}
-
-impl Protocol {
-    /// The IP protocol number (the `protocol` field of an IP header).
-    pub fn number(self) -> u8 {
-        self as u8
-    }
-
-    /// A Kubernetes protocol name; unset means TCP, as upstream defaults it.
-    /// Anything else is none of ours (the API server rejects it).
-    pub fn from_kube(name: Option<&str>) -> Option<Protocol> {
-        match name.unwrap_or("TCP") {
-            "TCP" => Some(Protocol::Tcp),
-            "UDP" => Some(Protocol::Udp),
-            "SCTP" => Some(Protocol::Sctp),
-            _ => None,
-        }
-    }
-}
 
 /// Ports `first..=last` of one protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -218,16 +193,5 @@ mod tests {
         assert!(!set.allows(1, 0), "ICMP is not in a port list");
         assert!(PortSet::Any.allows(1, 0));
         assert!(!PortSet::none().allows(6, 80));
-    }
-
-    #[test]
-    fn protocols_default_to_tcp_and_unknown_ones_are_refused() {
-        assert_eq!(Protocol::from_kube(None), Some(TCP));
-        assert_eq!(Protocol::from_kube(Some("UDP")), Some(UDP));
-        assert_eq!(
-            Protocol::from_kube(Some("SCTP")).map(Protocol::number),
-            Some(132)
-        );
-        assert_eq!(Protocol::from_kube(Some("tcp")), None);
     }
 }

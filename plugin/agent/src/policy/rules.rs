@@ -6,9 +6,10 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cluster::{Cluster, PodView};
-use super::ports::{PortRange, PortSet, Protocol};
+use super::ports::{PortRange, PortSet};
 use super::selector::matches;
 use super::table::{Allow, everywhere};
+use crate::protocol::Protocol;
 
 /// Where a rule's traffic may go or come from.
 enum Peer {

@@ -155,8 +155,9 @@ pub fn everywhere() -> impl Iterator<Item = IpNetwork> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ports::{PortRange, Protocol};
+    use super::super::ports::PortRange;
     use super::*;
+    use crate::protocol::Protocol;
 
     fn net(s: &str) -> IpNetwork {
         s.parse().unwrap()

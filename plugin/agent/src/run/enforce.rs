@@ -9,7 +9,8 @@ use crate::error::{AgentError, Result};
 use crate::install::{self};
 use crate::policy;
 use crate::policy::records_watch;
-use crate::services::sync::{self as service_sync, ServiceSync};
+use crate::services::plan as service_plan;
+use crate::services::sync::ServiceSync;
 use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
 
 use super::{Agent, cgroup2_root};
@@ -134,7 +135,7 @@ impl Agent {
         sync.health
             .update(crate::services::health::checks(&frontends));
         sync.update(
-            &service_sync::desired(&frontends, &self.nodeport_addresses),
+            &service_plan::desired(&frontends, &self.nodeport_addresses),
             &self.nodeport_addresses,
             &self.node_sources,
         );

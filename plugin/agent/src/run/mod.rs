@@ -29,6 +29,7 @@ use crate::config::{Args, ServicesMode, SourceKind};
 use crate::error::{AgentError, Result};
 use crate::install::{self};
 use crate::metrics::{self, AgentMetrics};
+use crate::node_state::{network_conf, remove_if_present};
 use crate::peers::file_source::FileSource;
 use crate::peers::kube_source::{self, KubeSource};
 use crate::peers::routes::Routes;
@@ -42,8 +43,6 @@ use flatnet_datapath::bpf::Datapath;
 use flatnet_datapath::netlink::Netlink;
 use flatnet_datapath::node::first_packet::isolation_file;
 use flatnet_datapath::node::markers as ready;
-
-pub use uplink::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY};
 
 /// How long policy changes are gathered before the plan is recomputed: a
 /// burst of events (a Deployment scaled, a namespace relabelled) costs one
@@ -228,26 +227,6 @@ fn spawn_source<S: PeerSource>(
             }
         }
     });
-}
-
-/// The flatnet plugin configuration the agent loads the datapath for
-/// (validates the network name and gateway device as the plugin would).
-pub(super) fn network_conf(args: &Args) -> Result<NetConf> {
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": args.network,
-        "type": "flatnet",
-        "bridge": args.bridge,
-        "datapath": flatnet_datapath::DatapathMode::from(args.datapath).as_str(),
-        "pinRoot": args.pin_root.display().to_string(),
-    });
-    Ok(NetConf::parse(conf.to_string().as_bytes())?)
-}
-
-/// Removes `path`; true when it was there.
-pub(super) fn remove_if_present(path: &Path) -> Result<bool> {
-    flatnet_datapath::util::remove_file_if_present(path)
-        .map_err(|e| AgentError::io(format!("removing {}", path.display()), e))
 }
 
 /// The node's state as the agent keeps it.

@@ -7,11 +7,12 @@ use std::path::Path;
 use crate::config::ServicesMode;
 use crate::install::{self};
 use crate::metrics::{self};
+use crate::node_state::remove_if_present;
 use crate::policy::watch::PolicyObjects;
 use flatnet_datapath::bpf::DATAPATH_ID;
 use flatnet_datapath::node::markers as ready;
 
-use super::{Agent, remove_if_present};
+use super::Agent;
 
 /// Why the `flatnet` plugin in `bin_dir` cannot serve this agent's network:
 /// it is another datapath build (its `--version` says which), so its ADDs

@@ -8,7 +8,7 @@ use flatnet_common::{PROG_FROM_TUNNEL, PROG_TO_UPLINK, TunnelConfig};
 
 use crate::error::{AgentError, Result};
 use crate::peers::carrier::{VXLAN_DEVICE, vtep_mac, vxlan_overhead};
-use crate::peers::routes::Tunnel;
+use crate::peers::tunnel::Tunnel;
 use crate::peers::{Node, Plan, Routing, RoutingMode};
 use flatnet_datapath::bpf::{AttachMode, LinkRole, attach_mode, ingress_programs};
 use flatnet_datapath::netlink::VxlanDevice;

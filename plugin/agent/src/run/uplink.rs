@@ -3,17 +3,12 @@
 use flatnet_common::{PROG_FROM_UPLINK, PROG_TO_UPLINK};
 
 use crate::error::{AgentError, Result};
+use crate::node_state::{UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY};
 use crate::peers::Node;
 use flatnet_datapath::bpf::{AttachMode, LinkRole, attach_mode, ingress_programs};
 use flatnet_datapath::netlink::TcHook;
 
 use super::Agent;
-
-/// tc filter priority and handle of `from_uplink` on the uplink: its own
-/// slot, so other tc users of the uplink keep theirs, and a restart or an
-/// upgrade replaces it in one request.
-pub const UPLINK_TC_PRIORITY: u16 = 0xf1a7;
-pub const UPLINK_TC_HANDLE: u32 = 0xf1a7;
 
 impl Agent {
     /// The uplink's ifindex: `--uplink`, else the interface holding the

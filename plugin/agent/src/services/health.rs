@@ -145,7 +145,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::policy::Protocol;
+    use crate::protocol::Protocol;
     use crate::services::FrontendPort;
 
     fn lb(local: &[&str], health_port: Option<u16>, local_policy: bool) -> Frontend<'static> {

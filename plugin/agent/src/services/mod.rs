@@ -14,6 +14,7 @@
 
 pub mod health;
 pub mod nat;
+pub mod plan;
 pub mod ports;
 pub mod sync;
 pub mod topology;
@@ -25,7 +26,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use crate::policy::Protocol;
+use crate::protocol::Protocol;
 pub use topology::Here;
 
 /// The label an EndpointSlice names its Service with.

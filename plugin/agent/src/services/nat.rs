@@ -16,7 +16,7 @@ use flatnet_common::MAX_NAT_FLOWS;
 use flatnet_datapath::bpf::{Datapath, NatFlow};
 
 use crate::metrics::AgentMetrics;
-use crate::services::sync::FrontendKey;
+use crate::services::plan::FrontendKey;
 
 /// An established TCP flow's idle timeout (kube-proxy's
 /// `--conntrack-tcp-timeout-established` default).

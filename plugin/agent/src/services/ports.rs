@@ -9,7 +9,7 @@ use flatnet_common::external_port;
 use flatnet_datapath::bpf::{Datapath, Outside};
 
 use crate::metrics::AgentMetrics;
-use crate::services::sync::{FrontendKey, Target};
+use crate::services::plan::{FrontendKey, Target};
 
 /// The `EXTERNAL_PORTS` bits of each port that frontends outside clients
 /// reach listen on: a NodePort's (the wildcard address) or an external

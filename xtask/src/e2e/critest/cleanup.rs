@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::super::host;
-use super::machine::{NAME, SOCKET, STATE_DIR};
+use super::names::{NAME, SOCKET, STATE_DIR};
 
 /// The `k8s.io` folder of every cgroup hierarchy.
 pub(super) fn k8s_cgroups() -> Vec<PathBuf> {

@@ -23,14 +23,9 @@ use super::super::build::Built;
 use super::super::daemon::Daemon;
 use super::super::host::Host;
 use super::cleanup::{k8s_cgroups, remove_state};
+use super::names::{CNI_LOG, NAME, SOCKET, STATE_DIR};
 use super::registry;
 
-/// The machine's name (its network namespace, its hostname).
-pub const NAME: &str = "flatnet-critest";
-/// Its state (removed after each run).
-pub const STATE_DIR: &str = "/var/tmp/flatnet-critest";
-/// The CRI socket, inside the machine.
-pub const SOCKET: &str = "/run/containerd/containerd.sock";
 /// The pod network: a name and a subnet no other test of the project uses.
 pub const NETWORK: &str = "flatnet-critest";
 pub const SUBNET: &str = "10.88.77.0/24";
@@ -65,7 +60,7 @@ pub fn conflist() -> String {
   ]
 }}
 "#,
-        log = super::runtime_cni::CNI_LOG,
+        log = CNI_LOG,
     )
 }
 

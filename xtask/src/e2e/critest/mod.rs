@@ -7,6 +7,7 @@
 
 mod cleanup;
 mod machine;
+mod names;
 mod registry;
 mod report;
 mod runtime_cni;
@@ -111,7 +112,7 @@ fn run_on(
     heading("critest: the suite");
     let report_dir = logs.join("junit");
     std::fs::create_dir_all(&report_dir)?;
-    let endpoint = format!("unix://{}", machine::SOCKET);
+    let endpoint = format!("unix://{}", names::SOCKET);
     let mut cmd = machine.command(built.bin("critest"));
     cmd.arg(format!("--runtime-endpoint={endpoint}"))
         .arg(format!("--image-endpoint={endpoint}"))
@@ -149,7 +150,7 @@ fn run_on(
         .host
         .dir
         .join("root")
-        .join(runtime_cni::CNI_LOG.trim_start_matches('/'));
+        .join(names::CNI_LOG.trim_start_matches('/'));
     let verbs = runtime_cni::tally(&std::fs::read_to_string(&cni_log).unwrap_or_default());
     let _ = std::fs::copy(&cni_log, logs.join("flatnet-cni.log"));
     let runtime = runtime_cni::markdown(&verbs, &mid_add);

@@ -17,10 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use super::machine::{Machine, SOCKET};
-
-/// Where flatnet's runner writes one line per invocation, in the machine.
-pub const CNI_LOG: &str = "/var/lib/cni/flatnet-cni.log";
+use super::machine::Machine;
+use super::names::{CNI_LOG, SOCKET};
 
 /// The CNI verbs and what containerd made of them.
 #[derive(Debug, Default, Serialize, PartialEq)]

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::E2eArgs;
+use super::args::E2eArgs;
 use super::build::Built;
 use super::cluster::Cluster;
 use super::plan;

@@ -301,7 +301,8 @@ mod tests {
     use super::*;
     use crate::error::AgentError;
     use crate::metrics;
-    use crate::policy::{Entry, PortRange, PortSet, Protocol, Table};
+    use crate::policy::{Entry, PortRange, PortSet, Table};
+    use crate::protocol::Protocol;
     use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts};
 
     /// Records what it is asked; pods with an address in `attached` are
