@@ -26,85 +26,13 @@ pub const MAX_ENDPOINTS: u32 = 16384;
 /// Pin directory root; each network gets `<root>/<network>/`.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
 
-/// Map and program names, as they appear in the object file and on bpffs.
-pub const MAP_ENDPOINTS_V4: &str = "ENDPOINTS_V4";
-pub const MAP_ENDPOINTS_V6: &str = "ENDPOINTS_V6";
-pub const MAP_HOST_VETHS: &str = "HOST_VETHS";
-pub const MAP_STATS: &str = "STATS";
-pub const MAP_ENDPOINT_STATS: &str = "ENDPOINT_STATS";
-/// Each pod's own addresses, by counter slot: the source check.
-pub const MAP_POD_SOURCES: &str = "POD_SOURCES";
-/// What conntrack said of each TCP flow the fast path saw (an LRU cache).
-pub const MAP_FLOWS: &str = "FLOWS";
 /// Maps older builds pinned that this one no longer has (`TCP_FLOWS`:
 /// `FLOWS` before it held UDP too), unpinned at load: the programs still
 /// using them hold them open until their veths move over.
 pub const RETIRED_MAPS: [&str; 1] = ["TCP_FLOWS"];
-/// NetworkPolicy: each pod's isolation by counter slot, its allowed
-/// prefixes (LPM tries), the flows already judged, its drops, and the
-/// node's own addresses (always allowed in).
-pub const MAP_POLICY_PODS: &str = "POLICY_PODS";
-pub const MAP_POLICY_V4: &str = "POLICY_V4";
-pub const MAP_POLICY_V6: &str = "POLICY_V6";
-pub const MAP_POLICY_FLOWS: &str = "POLICY_FLOWS";
-pub const MAP_POLICY_DROPS: &str = "POLICY_DROPS";
-pub const MAP_LOCAL_ADDRS: &str = "LOCAL_ADDRS";
-/// NetworkPolicy drops, one `PolicyEvent` each (a ring buffer `flatnet
-/// monitor` reads).
-pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
-/// Services at the socket (`--services ebpf`): frontends, their backends,
-/// and which ClusterIP each connected or sending socket's peer stands for.
-pub const MAP_SERVICES: &str = "SERVICES";
-pub const MAP_SERVICE_BACKENDS: &str = "SERVICE_BACKENDS";
-pub const MAP_SERVICE_REVNAT: &str = "SERVICE_REVNAT";
-/// sessionAffinity ClientIP: the backend each client (network namespace)
-/// was given for a frontend, and when it last used it.
-pub const MAP_SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
-/// The node addresses NodePorts answer on: a frontend keyed by the
-/// unspecified address stands for all of them.
-pub const MAP_NODEPORT_ADDRS: &str = "NODEPORT_ADDRS";
-/// The node's own source address per family (index 0 IPv4, 1 IPv6; all
-/// zero: none): its first InternalIP, which a connect() of the node's own
-/// to a ClusterIP whose backend is a local pod is bound to, as kube-proxy's
-/// DNAT keeps the source the route to the ClusterIP picked.
-pub const MAP_NODE_SOURCES: &str = "NODE_SOURCES";
-/// The source address the kernel selects toward a local pod, per family
-/// (index 0 IPv4, unused: MASQUERADE picks the node's address there; 1
-/// IPv6; all zero: none seen yet): a translated flow to a local backend is
-/// given it, as kube-proxy's MASQUERADE picks it, when it is not the
-/// frontend's (`NAT_F_LOCAL_SOURCE`). Written by the NodePort path from the
-/// FIB (`BPF_FIB_LOOKUP_SRC`).
-pub const MAP_NAT_LOCAL_SOURCES: &str = "NAT_LOCAL_SOURCES";
-/// Node ports being taken from spent flows, by the reply tuple, each for
-/// the length of one program run: a new flow writes its claim only if
-/// none is there, so of two CPUs that found the same spent port at once,
-/// one takes it (`NAT_CLAIMS_MAX` at once).
-pub const MAP_NAT_CLAIMS: &str = "NAT_CLAIMS";
-/// Claims held at once: one per CPU running the NodePort path, at most.
+/// Claims held at once in `NAT_CLAIMS`: one per CPU running the NodePort
+/// path, at most.
 pub const NAT_CLAIMS_MAX: u32 = 1024;
-/// The ports outside clients reach frontends on (`nat::external_port`
-/// bits by port number), and the uplink's translation of each such flow:
-/// forward (by the client's tuple) and reverse (by the backend's reply).
-pub const MAP_EXTERNAL_PORTS: &str = "EXTERNAL_PORTS";
-pub const MAP_NAT_FORWARD: &str = "NAT_FORWARD";
-pub const MAP_NAT_REVERSE: &str = "NAT_REVERSE";
-/// The ports of fragmented datagrams of translated flows, for their later
-/// fragments (`nat::FragmentKey`, and `nat::FragmentKey6` for IPv6's).
-pub const MAP_NAT_FRAGMENTS: &str = "NAT_FRAGMENTS";
-pub const MAP_NAT_FRAGMENTS6: &str = "NAT_FRAGMENTS6";
-/// `from_pod`'s tail call: entry 0 is `nodeport_reply` (pinned, so that the
-/// entry lives on after the loader exits).
-pub const MAP_NODEPORT_CALLS: &str = "NODEPORT_CALLS";
-/// Other nodes' pod CIDRs (LPM tries), filled by the node agent.
-pub const MAP_REMOTE_CIDRS_V4: &str = "REMOTE_CIDRS_V4";
-pub const MAP_REMOTE_CIDRS_V6: &str = "REMOTE_CIDRS_V6";
-/// The addresses of the other nodes routed directly on the uplink (the
-/// next hops of non-tunnelled `REMOTE_CIDRS_*` entries), kept with them:
-/// a TCP flow one of them opens to a local pod (a NodePort flow another
-/// node sent on with its own address as the source) takes the fast path
-/// both ways, as pod-to-pod flows do.
-pub const MAP_PEER_NODES_V4: &str = "PEER_NODES_V4";
-pub const MAP_PEER_NODES_V6: &str = "PEER_NODES_V6";
 /// Every map's name, in the order of `MAP_SPECS` (the order they are pinned).
 pub const MAPS: [&str; MAP_SPECS.len()] = {
     let mut names = [""; MAP_SPECS.len()];

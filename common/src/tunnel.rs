@@ -27,8 +27,6 @@ pub struct TunnelConfig {
 }
 const _: () = assert!(size_of::<TunnelConfig>() == 16);
 
-pub const MAP_TUNNEL: &str = "TUNNEL";
-
 /// The MAC of the VXLAN device of the node at `address` (`family` says how
 /// many of its bytes are used, as in `RemoteNode`): 0e:66 (locally
 /// administered, unicast) and the address's last four bytes.

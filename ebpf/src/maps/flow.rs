@@ -1,9 +1,7 @@
 //! The flow verdicts kept from conntrack's answers (`FLOWS`, see `flow`),
 //! and whether UDP's are kept (`UDP_FLOWS`).
 
-use aya_ebpf::btf_maps::LruHashMap;
-use aya_ebpf::macros::btf_map;
-use flatnet_common::{FlowKey, FlowVerdict, maps};
+use super::map;
 
 /// Whether UDP answers are kept: set by the loader (1 where the kernel has
 /// tcx, which puts `to_pod` and `to_uplink` on every way out of the stack;
@@ -13,8 +11,7 @@ use flatnet_common::{FlowKey, FlowVerdict, maps};
 #[unsafe(no_mangle)]
 pub(crate) static UDP_FLOWS: u32 = 0;
 
-/// What conntrack said of each TCP and UDP flow direction (see above).
-#[btf_map]
-pub(crate) static FLOWS: LruHashMap<FlowKey, FlowVerdict, { maps::FLOWS.max_entries as usize }> =
-    LruHashMap::new();
-const _: () = assert!(maps::FLOWS.holds::<FlowKey, FlowVerdict>());
+map!(
+    /// What conntrack said of each TCP and UDP flow direction (see above).
+    FLOWS
+);

@@ -4,77 +4,55 @@
 //! port claims, and its per-CPU scratch area with the types it holds.
 
 use aya_ebpf::bindings::bpf_fib_lookup;
-use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray};
+use aya_ebpf::btf_maps::PerCpuArray;
 use aya_ebpf::macros::btf_map;
-use flatnet_common::{
-    FragmentKey, FragmentKey6, FragmentPorts, NatForward, NatKey, NatReverse, ServiceBackend, maps,
-};
+use flatnet_common::{FragmentKey, FragmentKey6, NatForward, NatKey, NatReverse, ServiceBackend};
 
-/// Which protocols' frontends listen on each port (`external_port` bits).
-#[btf_map]
-pub(crate) static EXTERNAL_PORTS: Array<u32, { maps::EXTERNAL_PORTS.max_entries as usize }> =
-    Array::new();
-const _: () = assert!(maps::EXTERNAL_PORTS.holds::<u32, u32>());
+use super::map;
 
-/// The NodePort path's programs, for `from_pod` and `from_uplink` to
-/// tail-call (`nodeport_call` indices).
-#[btf_map]
-pub(crate) static NODEPORT_CALLS: ProgramArray<{ maps::NODEPORT_CALLS.max_entries as usize }> =
-    ProgramArray::new();
-const _: () = assert!(maps::NODEPORT_CALLS.holds::<u32, u32>());
+map!(
+    /// Which protocols' frontends listen on each port (`external_port` bits).
+    EXTERNAL_PORTS
+);
 
-/// Translated flows by the client's tuple.
-#[btf_map]
-pub(crate) static NAT_FORWARD: LruHashMap<
-    NatKey,
-    NatForward,
-    { maps::NAT_FORWARD.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::NAT_FORWARD.holds::<NatKey, NatForward>());
+map!(
+    /// The NodePort path's programs, for `from_pod` and `from_uplink` to
+    /// tail-call (`nodeport_call` indices).
+    NODEPORT_CALLS
+);
 
-/// Translated flows by their replies' tuple.
-#[btf_map]
-pub(crate) static NAT_REVERSE: LruHashMap<
-    NatKey,
-    NatReverse,
-    { maps::NAT_REVERSE.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::NAT_REVERSE.holds::<NatKey, NatReverse>());
+map!(
+    /// Translated flows by the client's tuple.
+    NAT_FORWARD
+);
 
-/// The ports of fragmented datagrams, from their first fragments, for
-/// their later ones.
-#[btf_map]
-pub(crate) static NAT_FRAGMENTS: LruHashMap<
-    FragmentKey,
-    FragmentPorts,
-    { maps::NAT_FRAGMENTS.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::NAT_FRAGMENTS.holds::<FragmentKey, FragmentPorts>());
+map!(
+    /// Translated flows by their replies' tuple.
+    NAT_REVERSE
+);
 
-/// The same for IPv6 datagrams (their fragment header's identification).
-#[btf_map]
-pub(crate) static NAT_FRAGMENTS6: LruHashMap<
-    FragmentKey6,
-    FragmentPorts,
-    { maps::NAT_FRAGMENTS6.max_entries as usize },
-> = LruHashMap::new();
-const _: () = assert!(maps::NAT_FRAGMENTS6.holds::<FragmentKey6, FragmentPorts>());
+map!(
+    /// The ports of fragmented datagrams, from their first fragments, for
+    /// their later ones.
+    NAT_FRAGMENTS
+);
 
-/// The source address the kernel picks on the way to a local pod, per
-/// family (index 0 IPv4, 1 IPv6), as the last new flow to a local backend
-/// found it.
-#[btf_map]
-pub(crate) static NAT_LOCAL_SOURCES: Array<
-    [u8; 16],
-    { maps::NAT_LOCAL_SOURCES.max_entries as usize },
-> = Array::new();
-const _: () = assert!(maps::NAT_LOCAL_SOURCES.holds::<u32, [u8; 16]>());
+map!(
+    /// The same for IPv6 datagrams (their fragment header's identification).
+    NAT_FRAGMENTS6
+);
 
-/// Node ports being taken from spent flows (`take_claimed`).
-#[btf_map]
-pub(crate) static NAT_CLAIMS: HashMap<NatKey, u32, { maps::NAT_CLAIMS.max_entries as usize }> =
-    HashMap::new();
-const _: () = assert!(maps::NAT_CLAIMS.holds::<NatKey, u32>());
+map!(
+    /// The source address the kernel picks on the way to a local pod, per
+    /// family (index 0 IPv4, 1 IPv6), as the last new flow to a local backend
+    /// found it.
+    NAT_LOCAL_SOURCES
+);
+
+map!(
+    /// Node ports being taken from spent flows (`take_claimed`).
+    NAT_CLAIMS
+);
 
 /// What the path works on for the packet at hand, per CPU (a program runs
 /// to its end on one CPU).

@@ -270,6 +270,7 @@ mod tests {
             assert_eq!(map.key_size(), spec.key_size, "{}", spec.name);
             assert_eq!(map.value_size(), spec.value_size, "{}", spec.name);
             assert_eq!(map.max_entries(), spec.max_entries, "{}", spec.name);
+            assert_eq!(map.map_flags(), spec.flags, "{}", spec.name);
             use aya_obj::generated::bpf_map_type::*;
             let kind = match map.map_type() {
                 t if t == BPF_MAP_TYPE_HASH as u32 => MapKind::Hash,
