@@ -23,17 +23,19 @@ impl Datapath {
             0
         };
         self.set_sources(endpoint.counter_slot, index, addresses, sources_flags)?;
-        self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+        self.hash_map::<maps::HOST_VETHS>()?
             .insert(index, endpoint, 0)
             .map_err(|e| Error::bpf("inserting the host veth", e))?;
         for address in addresses {
             match address {
-                IpAddr::V4(v4) => self
-                    .hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
-                    .insert(v4.octets(), endpoint, 0),
-                IpAddr::V6(v6) => self
-                    .hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
-                    .insert(v6.octets(), endpoint, 0),
+                IpAddr::V4(v4) => {
+                    self.hash_map::<maps::ENDPOINTS_V4>()?
+                        .insert(v4.octets(), endpoint, 0)
+                }
+                IpAddr::V6(v6) => {
+                    self.hash_map::<maps::ENDPOINTS_V6>()?
+                        .insert(v6.octets(), endpoint, 0)
+                }
             }
             .map_err(|e| Error::bpf(format!("inserting endpoint {address}"), e))?;
         }
@@ -43,12 +45,8 @@ impl Datapath {
     /// The endpoint of an address, if the datapath knows it.
     pub fn endpoint(&self, address: IpAddr) -> Result<Option<Endpoint>> {
         let found = match address {
-            IpAddr::V4(v4) => self
-                .hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?
-                .get(&v4.octets(), 0),
-            IpAddr::V6(v6) => self
-                .hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?
-                .get(&v6.octets(), 0),
+            IpAddr::V4(v4) => self.hash_map::<maps::ENDPOINTS_V4>()?.get(&v4.octets(), 0),
+            IpAddr::V6(v6) => self.hash_map::<maps::ENDPOINTS_V6>()?.get(&v6.octets(), 0),
         };
         match found {
             Ok(endpoint) => Ok(Some(endpoint)),
@@ -60,11 +58,11 @@ impl Datapath {
     /// Every address the datapath knows, with its endpoint.
     pub fn all_endpoints(&self) -> Result<Vec<(IpAddr, Endpoint)>> {
         let mut all = Vec::new();
-        for entry in self.hash_map::<Ipv4Key, Endpoint>(MAP_ENDPOINTS_V4)?.iter() {
+        for entry in self.hash_map::<maps::ENDPOINTS_V4>()?.iter() {
             let (ip, endpoint) = entry.map_err(|e| Error::bpf("listing endpoints", e))?;
             all.push((IpAddr::from(ip), endpoint));
         }
-        for entry in self.hash_map::<Ipv6Key, Endpoint>(MAP_ENDPOINTS_V6)?.iter() {
+        for entry in self.hash_map::<maps::ENDPOINTS_V6>()?.iter() {
             let (ip, endpoint) = entry.map_err(|e| Error::bpf("listing endpoints", e))?;
             all.push((IpAddr::from(ip), endpoint));
         }
@@ -73,7 +71,7 @@ impl Datapath {
 
     /// The host veths the datapath serves (ifindex -> endpoint).
     pub fn host_veths(&self) -> Result<Vec<(u32, Endpoint)>> {
-        self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
+        self.hash_map::<maps::HOST_VETHS>()?
             .iter()
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::bpf("listing host veths", e))
@@ -92,11 +90,7 @@ impl Datapath {
         if !self.map_path(MAP_HOST_VETHS).exists() {
             return Ok(true);
         }
-        Ok(self
-            .hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?
-            .keys()
-            .next()
-            .is_none())
+        Ok(self.hash_map::<maps::HOST_VETHS>()?.keys().next().is_none())
     }
 
     /// Forgets the pod behind host veth `index`. With its `addresses` known
@@ -125,12 +119,12 @@ impl Datapath {
                         .collect(),
                 );
                 if !v4.is_empty()
-                    && let Some(mut map) = self.pinned_hash_map(MAP_ENDPOINTS_V4)?
+                    && let Some(mut map) = self.pinned_hash_map::<maps::ENDPOINTS_V4>()?
                 {
                     remove_if_pointing_at(&mut map, &v4, index)?;
                 }
                 if !v6.is_empty()
-                    && let Some(mut map) = self.pinned_hash_map(MAP_ENDPOINTS_V6)?
+                    && let Some(mut map) = self.pinned_hash_map::<maps::ENDPOINTS_V6>()?
                 {
                     remove_if_pointing_at(&mut map, &v6, index)?;
                 }
@@ -138,7 +132,7 @@ impl Datapath {
             None => self.remove_addresses_of(|i| i == index)?,
         }
         // No HOST_VETHS pinned (a load killed before it): no pod to clear.
-        let Some(mut veths) = self.pinned_hash_map::<u32, Endpoint>(MAP_HOST_VETHS)? else {
+        let Some(mut veths) = self.pinned_hash_map::<maps::HOST_VETHS>()? else {
             return Ok(());
         };
         if let Ok(endpoint) = veths.get(&index, 0) {
@@ -151,20 +145,22 @@ impl Datapath {
 
     /// Removes the addresses whose host veth `doomed` selects.
     pub(super) fn remove_addresses_of(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
-        self.remove_entries::<Ipv4Key>(MAP_ENDPOINTS_V4, &doomed)?;
-        self.remove_entries::<Ipv6Key>(MAP_ENDPOINTS_V6, &doomed)
+        self.remove_entries::<maps::ENDPOINTS_V4>(&doomed)?;
+        self.remove_entries::<maps::ENDPOINTS_V6>(&doomed)
     }
 
-    /// Removes the entries of address map `name` whose host veth `doomed` selects.
-    pub(super) fn remove_entries<K: aya::Pod>(
+    /// Removes the entries of address map `M` whose host veth `doomed` selects.
+    pub(super) fn remove_entries<M: TypedMap<Value = Endpoint>>(
         &self,
-        name: &str,
         doomed: &impl Fn(u32) -> bool,
-    ) -> Result<()> {
-        let Some(mut map) = self.pinned_hash_map::<K, Endpoint>(name)? else {
+    ) -> Result<()>
+    where
+        KeyOf<M>: aya::Pod,
+    {
+        let Some(mut map) = self.pinned_hash_map::<M>()? else {
             return Ok(());
         };
-        let keys: Vec<K> = map
+        let keys: Vec<KeyOf<M>> = map
             .iter()
             .filter_map(|e| e.ok())
             .filter(|(_, ep)| doomed(ep.host_ifindex))
@@ -180,7 +176,7 @@ impl Datapath {
     /// addresses first, so nothing is redirected to it any more.
     pub fn remove_pods(&self, doomed: impl Fn(u32) -> bool) -> Result<()> {
         self.remove_addresses_of(&doomed)?;
-        let Some(mut veths) = self.pinned_hash_map::<u32, Endpoint>(MAP_HOST_VETHS)? else {
+        let Some(mut veths) = self.pinned_hash_map::<maps::HOST_VETHS>()? else {
             return Ok(());
         };
         let pods: Vec<(u32, Endpoint)> = veths

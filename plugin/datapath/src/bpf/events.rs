@@ -27,8 +27,7 @@ impl Datapath {
                 path.display()
             )));
         }
-        let ring = RingBuf::try_from(Map::RingBuf(self.open_map(MAP_POLICY_EVENTS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_EVENTS}"), e))?;
+        let ring = self.ring_buf::<maps::POLICY_EVENTS>()?;
         Ok(PolicyEvents { ring })
     }
 

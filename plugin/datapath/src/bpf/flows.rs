@@ -32,9 +32,8 @@ pub fn flow_key(src: SocketAddr, dst: SocketAddr, proto: u8) -> FlowKey {
 }
 
 impl Datapath {
-    fn flows(&self) -> Result<HashMap<MapData, FlowKey, FlowVerdict>> {
-        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_FLOWS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_FLOWS}"), e))
+    fn flows(&self) -> Result<HashOf<maps::FLOWS>> {
+        self.hash_map::<maps::FLOWS>()
     }
 
     /// The answer kept for `key` (`flatnet_common::verdict::*`), if any.

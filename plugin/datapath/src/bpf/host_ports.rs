@@ -18,8 +18,7 @@ use std::path::PathBuf;
 
 use flatnet_common::{
     BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_HOST_PORT, FRONTEND_F_KEEP_CLIENT,
-    HOST_PORT_ID_BASE, MAP_SERVICE_BACKENDS, MAP_SERVICES, ServiceBackend, ServiceKey,
-    ServiceValue, external_port,
+    HOST_PORT_ID_BASE, MAP_SERVICES, ServiceKey, ServiceValue, external_port,
 };
 use serde::{Deserialize, Serialize};
 
@@ -117,7 +116,7 @@ impl Datapath {
     fn forget_host_port(&self, port: &HostPort) -> Result<()> {
         let key = service_key(port.address, port.port, port.protocol);
         let ours = self
-            .hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?
+            .hash_map::<maps::SERVICES>()?
             .get(&key, 0)
             .is_ok_and(|value| value.flags & FRONTEND_F_HOST_PORT != 0);
         if ours
@@ -130,7 +129,7 @@ impl Datapath {
 
     fn put_host_port(&self, port: &HostPort) -> Result<()> {
         let key = service_key(port.address, port.port, port.protocol);
-        let frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let frontends = self.hash_map::<maps::SERVICES>()?;
         let previous = frontends.get(&key, 0).ok();
         let backend = service_backend(port.backend);
         if let Some(previous) = previous
@@ -158,7 +157,7 @@ impl Datapath {
     /// A backend-set id in the hostPorts' range that no set uses (the
     /// lock is held: no other plugin takes one meanwhile), and not `not`.
     fn free_host_port_id(&self, key: &ServiceKey, not: Option<u32>) -> Result<u32> {
-        let sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        let sets = self.hash_map::<maps::SERVICE_BACKENDS>()?;
         let seed = key
             .address
             .iter()

@@ -10,21 +10,21 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{Array, HashMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuValues};
+use aya::maps::lpm_trie::Key as LpmKey;
+use aya::maps::{HashMap, MapData, MapInfo, MapType, PerCpuValues};
 use aya::programs::{Program, ProgramFd, ProgramInfo};
 use aya::util::nr_cpus;
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use flatnet_common::{
     Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
-    Ipv6Key, MAP_ENDPOINT_STATS, MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_HOST_VETHS,
-    MAP_NODEPORT_CALLS, MAP_PEER_NODES_V4, MAP_PEER_NODES_V6, MAP_POD_SOURCES, MAP_REMOTE_CIDRS_V4,
-    MAP_REMOTE_CIDRS_V6, MAP_SPECS, MAP_STATS, MAP_TUNNEL, MAPS, MAX_ENDPOINTS, MapKind, MapSpec,
-    NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP,
-    PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_NODEPORT_IN, PROG_NODEPORT_REPLY, PROG_POD_XDP_PASS,
-    PROG_TO_POD, PROG_TO_UPLINK, PROG_UPLINK_DELIVER, PodSources, REMOTE_F_TUNNEL, RemoteCidrV4,
-    RemoteCidrV6, RemoteNode, SOURCES_F_MORE, SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID,
-    SOURCES_PER_FAMILY, TunnelConfig, action, preferred_slot,
+    Ipv6Key, KeyOf, MAP_ENDPOINT_STATS, MAP_HOST_VETHS, MAP_NODEPORT_CALLS, MAP_PEER_NODES_V4,
+    MAP_PEER_NODES_V6, MAP_POD_SOURCES, MAP_SPECS, MAP_STATS, MAP_TUNNEL, MAPS, MAX_ENDPOINTS,
+    MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_PASSED,
+    PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_NODEPORT_IN, PROG_NODEPORT_REPLY,
+    PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PROG_UPLINK_DELIVER, PodSources,
+    REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
+    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig, TypedMap, action,
+    maps, preferred_slot,
 };
 use ipnetwork::IpNetwork;
 
@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 
 pub use crate::Shaping;
 use crate::lock::{LOCK_DIR, Lock};
+use typed::{ArrayOf, HashOf, PerCpuArrayOf, TrieOf};
 
 mod attach;
 mod bpffs;
@@ -51,6 +52,7 @@ mod services;
 mod slots;
 mod sources;
 mod stats;
+mod typed;
 mod variant;
 
 pub use attach::{ATTACH_ENV, AttachMode, LinkRole, attach_mode, hook_programs, ingress_programs};
@@ -306,24 +308,6 @@ impl Datapath {
     fn open_map(&self, name: &str) -> Result<MapData> {
         let path = self.map_path(name);
         MapData::from_pin(&path).map_err(|e| Error::bpf(format!("opening {}", path.display()), e))
-    }
-
-    fn hash_map<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
-        HashMap::try_from(Map::HashMap(self.open_map(name)?))
-            .map_err(|e| Error::bpf(format!("opening {name}"), e))
-    }
-
-    /// As [`hash_map`](Self::hash_map), None when the map is not pinned:
-    /// a load killed half-way pins some maps and not others, and a map
-    /// that is not pinned holds nothing of any pod.
-    fn pinned_hash_map<K: aya::Pod, V: aya::Pod>(
-        &self,
-        name: &str,
-    ) -> Result<Option<HashMap<MapData, K, V>>> {
-        if !self.map_path(name).exists() {
-            return Ok(None);
-        }
-        self.hash_map(name).map(Some)
     }
 
     /// Unpins everything of this network. Attached programs keep their own

@@ -5,10 +5,9 @@
 
 use std::net::SocketAddr;
 
-use aya::maps::Array;
 use flatnet_common::{
     MAP_EXTERNAL_PORTS, MAP_NAT_FORWARD, MAP_NAT_LOCAL_SOURCES, MAP_NAT_REVERSE, NAT_F_CLOSING,
-    NAT_F_LOCAL_SOURCE, NatForward, NatKey, NatReverse, external_port,
+    NAT_F_LOCAL_SOURCE, NatKey, NatReverse, external_port,
 };
 
 use super::services::address_of;
@@ -69,19 +68,16 @@ fn socket(address: &[u8; 16], port: [u8; 2], family: u8) -> SocketAddr {
 }
 
 impl Datapath {
-    fn external_ports(&self) -> Result<Array<MapData, u32>> {
-        Array::try_from(Map::Array(self.open_map(MAP_EXTERNAL_PORTS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_EXTERNAL_PORTS}"), e))
+    fn external_ports(&self) -> Result<ArrayOf<maps::EXTERNAL_PORTS>> {
+        self.array::<maps::EXTERNAL_PORTS>()
     }
 
-    fn nat_forward(&self) -> Result<HashMap<MapData, NatKey, NatForward>> {
-        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_NAT_FORWARD)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_NAT_FORWARD}"), e))
+    fn nat_forward(&self) -> Result<HashOf<maps::NAT_FORWARD>> {
+        self.hash_map::<maps::NAT_FORWARD>()
     }
 
-    fn nat_reverse(&self) -> Result<HashMap<MapData, NatKey, NatReverse>> {
-        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_NAT_REVERSE)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_NAT_REVERSE}"), e))
+    fn nat_reverse(&self) -> Result<HashOf<maps::NAT_REVERSE>> {
+        self.hash_map::<maps::NAT_REVERSE>()
     }
 
     /// Every port with frontends outside clients reach, and its
@@ -177,9 +173,7 @@ impl Datapath {
         if !self.map_path(MAP_NAT_LOCAL_SOURCES).exists() {
             return Ok([[0; 16]; 2]);
         }
-        let sources: Array<MapData, [u8; 16]> =
-            Array::try_from(Map::Array(self.open_map(MAP_NAT_LOCAL_SOURCES)?))
-                .map_err(|e| Error::bpf(format!("opening {MAP_NAT_LOCAL_SOURCES}"), e))?;
+        let sources = self.array::<maps::NAT_LOCAL_SOURCES>()?;
         let mut found = [[0; 16]; 2];
         for (index, slot) in found.iter_mut().enumerate() {
             *slot = sources

@@ -19,14 +19,12 @@ pub struct RemoteCidr {
 }
 
 impl Datapath {
-    pub(super) fn remote_v4(&self) -> Result<LpmTrie<MapData, RemoteCidrV4, RemoteNode>> {
-        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V4)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_REMOTE_CIDRS_V4}"), e))
+    pub(super) fn remote_v4(&self) -> Result<TrieOf<maps::REMOTE_CIDRS_V4>> {
+        self.lpm_trie::<maps::REMOTE_CIDRS_V4>()
     }
 
-    pub(super) fn remote_v6(&self) -> Result<LpmTrie<MapData, RemoteCidrV6, RemoteNode>> {
-        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_REMOTE_CIDRS_V6)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_REMOTE_CIDRS_V6}"), e))
+    pub(super) fn remote_v6(&self) -> Result<TrieOf<maps::REMOTE_CIDRS_V6>> {
+        self.lpm_trie::<maps::REMOTE_CIDRS_V6>()
     }
 
     /// Other nodes' pod CIDRs the fast path knows.
@@ -90,14 +88,12 @@ impl Datapath {
         self.set_peer_nodes(&directly_routed)
     }
 
-    fn peer_nodes_v4(&self) -> Result<HashMap<MapData, Ipv4Key, u32>> {
-        HashMap::try_from(Map::HashMap(self.open_map(MAP_PEER_NODES_V4)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_PEER_NODES_V4}"), e))
+    fn peer_nodes_v4(&self) -> Result<HashOf<maps::PEER_NODES_V4>> {
+        self.hash_map::<maps::PEER_NODES_V4>()
     }
 
-    fn peer_nodes_v6(&self) -> Result<HashMap<MapData, Ipv6Key, u32>> {
-        HashMap::try_from(Map::HashMap(self.open_map(MAP_PEER_NODES_V6)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_PEER_NODES_V6}"), e))
+    fn peer_nodes_v6(&self) -> Result<HashOf<maps::PEER_NODES_V6>> {
+        self.hash_map::<maps::PEER_NODES_V6>()
     }
 
     /// The other nodes' addresses whose TCP flows to local pods take the
@@ -172,9 +168,8 @@ impl Datapath {
             .map_err(|e| Error::bpf(format!("writing {MAP_TUNNEL}"), e))
     }
 
-    fn tunnel_map(&self) -> Result<Array<MapData, TunnelConfig>> {
-        Array::try_from(Map::Array(self.open_map(MAP_TUNNEL)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_TUNNEL}"), e))
+    fn tunnel_map(&self) -> Result<ArrayOf<maps::TUNNEL>> {
+        self.array::<maps::TUNNEL>()
     }
 }
 

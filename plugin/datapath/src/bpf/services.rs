@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use flatnet_common::{
     BackendKey, FRONTEND_F_EXTERNAL, FRONTEND_F_HOST_PORT, FRONTEND_F_KEEP_CLIENT,
-    MAP_NODE_SOURCES, MAP_NODEPORT_ADDRS, MAP_SERVICE_BACKENDS, MAP_SERVICE_REVNAT, MAP_SERVICES,
-    NodePortAddress, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    MAP_NODE_SOURCES, MAP_NODEPORT_ADDRS, MAP_SERVICE_REVNAT, MAP_SERVICES, NodePortAddress,
+    RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
 use super::*;
@@ -122,7 +122,7 @@ impl Datapath {
         if !self.map_path(MAP_SERVICES).exists() {
             return Ok(Vec::new());
         }
-        let map = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let map = self.hash_map::<maps::SERVICES>()?;
         map.iter()
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::bpf("reading SERVICES", e))
@@ -130,11 +130,11 @@ impl Datapath {
 
     /// The backends of `key`'s frontend, in index order; None without one.
     pub fn service_backends(&self, key: &ServiceKey) -> Result<Option<Vec<ServiceBackend>>> {
-        let frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let frontends = self.hash_map::<maps::SERVICES>()?;
         let Ok(value) = frontends.get(key, 0) else {
             return Ok(None);
         };
-        let backends = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        let backends = self.hash_map::<maps::SERVICE_BACKENDS>()?;
         (0..value.count)
             .map(|index| {
                 backends
@@ -186,7 +186,7 @@ impl Datapath {
         backends: &[ServiceBackend],
         value: ServiceValue,
     ) -> Result<()> {
-        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let mut frontends = self.hash_map::<maps::SERVICES>()?;
         let previous = frontends.get(key, 0).ok();
         if let Some(previous) = previous
             && (previous.flags ^ value.flags) & FRONTEND_F_HOST_PORT != 0
@@ -202,7 +202,7 @@ impl Datapath {
                 protocol_name(protocol)
             )));
         }
-        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        let mut sets = self.hash_map::<maps::SERVICE_BACKENDS>()?;
         for (index, backend) in backends.iter().enumerate() {
             let index =
                 u32::try_from(index).map_err(|_| Error::Datapath("too many backends".into()))?;
@@ -227,12 +227,12 @@ impl Datapath {
 
     /// Removes `key`'s frontend, then its backends.
     pub fn delete_service(&self, key: &ServiceKey) -> Result<()> {
-        let mut frontends = self.hash_map::<ServiceKey, ServiceValue>(MAP_SERVICES)?;
+        let mut frontends = self.hash_map::<maps::SERVICES>()?;
         let Ok(previous) = frontends.get(key, 0) else {
             return Ok(());
         };
         ignore_missing(frontends.remove(key))?;
-        let mut sets = self.hash_map::<BackendKey, ServiceBackend>(MAP_SERVICE_BACKENDS)?;
+        let mut sets = self.hash_map::<maps::SERVICE_BACKENDS>()?;
         delete_set(&mut sets, previous)
     }
 
@@ -242,7 +242,7 @@ impl Datapath {
         if !self.map_path(MAP_NODEPORT_ADDRS).exists() {
             return Ok(Vec::new());
         }
-        let map = self.hash_map::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS)?;
+        let map = self.hash_map::<maps::NODEPORT_ADDRS>()?;
         map.keys()
             .map(|key| key.map(|key| address_of(&key.address, key.family)))
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -253,9 +253,7 @@ impl Datapath {
     /// of `addresses` (its InternalIPs, preferred first) of each; none for a
     /// family it has no address of.
     pub fn set_node_sources(&self, addresses: &[IpAddr]) -> Result<()> {
-        let mut map: Array<MapData, [u8; 16]> =
-            Array::try_from(Map::Array(self.open_map(MAP_NODE_SOURCES)?))
-                .map_err(|e| Error::bpf(format!("opening {MAP_NODE_SOURCES}"), e))?;
+        let mut map = self.array::<maps::NODE_SOURCES>()?;
         for (index, ipv4) in [(0, true), (1, false)] {
             let source = addresses
                 .iter()
@@ -270,9 +268,7 @@ impl Datapath {
     /// The node's own source address of each family, as `set_node_sources`
     /// wrote them.
     pub fn node_sources(&self) -> Result<Vec<IpAddr>> {
-        let map: Array<MapData, [u8; 16]> =
-            Array::try_from(Map::Array(self.open_map(MAP_NODE_SOURCES)?))
-                .map_err(|e| Error::bpf(format!("opening {MAP_NODE_SOURCES}"), e))?;
+        let map = self.array::<maps::NODE_SOURCES>()?;
         let mut sources = Vec::new();
         for (index, family) in [(0, 4), (1, 6)] {
             let source = map
@@ -290,7 +286,7 @@ impl Datapath {
     /// `externalTrafficPolicy: Local` NodePort there is left to that node),
     /// or no longer (`None`).
     pub fn set_nodeport_address(&self, address: IpAddr, this_node: Option<bool>) -> Result<()> {
-        let mut map = self.hash_map::<NodePortAddress, u32>(MAP_NODEPORT_ADDRS)?;
+        let mut map = self.hash_map::<maps::NODEPORT_ADDRS>()?;
         let (bytes, family) = address_bytes(address);
         let key = NodePortAddress {
             address: bytes,
@@ -306,9 +302,8 @@ impl Datapath {
             .map_err(|e| Error::bpf(format!("writing {MAP_NODEPORT_ADDRS}"), e))
     }
 
-    fn revnat(&self) -> Result<HashMap<MapData, RevNatKey, RevNat>> {
-        HashMap::try_from(Map::LruHashMap(self.open_map(MAP_SERVICE_REVNAT)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_SERVICE_REVNAT}"), e))
+    fn revnat(&self) -> Result<HashOf<maps::SERVICE_REVNAT>> {
+        self.hash_map::<maps::SERVICE_REVNAT>()
     }
 
     /// The frontend a socket (its cookie) asked for when connect() or
@@ -355,10 +350,7 @@ pub fn protocol_name(protocol: u8) -> &'static str {
 }
 
 /// Deletes the entries of the backend set `value` points at.
-fn delete_set(
-    sets: &mut HashMap<MapData, BackendKey, ServiceBackend>,
-    value: ServiceValue,
-) -> Result<()> {
+fn delete_set(sets: &mut HashOf<maps::SERVICE_BACKENDS>, value: ServiceValue) -> Result<()> {
     for index in 0..value.count {
         ignore_missing(sets.remove(&BackendKey {
             id: value.id,

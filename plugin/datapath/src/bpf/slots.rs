@@ -81,7 +81,7 @@ impl Datapath {
     /// The counter slot of an existing pod, claimed (and written into its
     /// entries) when an older build left it without one: upgrades, repairs.
     pub fn ensure_counter_slot(&self, index: u32) -> Result<u32> {
-        let mut veths = self.hash_map::<u32, Endpoint>(MAP_HOST_VETHS)?;
+        let mut veths = self.hash_map::<maps::HOST_VETHS>()?;
         let mut endpoint = match veths.get(&index, 0) {
             Ok(endpoint) => endpoint,
             Err(aya::maps::MapError::KeyNotFound) => return self.claim_counter_slot(index),
@@ -96,15 +96,21 @@ impl Datapath {
         veths
             .insert(index, endpoint, 0)
             .map_err(|e| Error::bpf("updating a host veth", e))?;
-        self.update_entries::<Ipv4Key>(MAP_ENDPOINTS_V4, endpoint)?;
-        self.update_entries::<Ipv6Key>(MAP_ENDPOINTS_V6, endpoint)?;
+        self.update_entries::<maps::ENDPOINTS_V4>(endpoint)?;
+        self.update_entries::<maps::ENDPOINTS_V6>(endpoint)?;
         Ok(endpoint.counter_slot)
     }
 
     /// Rewrites the address entries of `endpoint`'s pod with `endpoint`.
-    pub(super) fn update_entries<K: aya::Pod>(&self, name: &str, endpoint: Endpoint) -> Result<()> {
-        let mut map = self.hash_map::<K, Endpoint>(name)?;
-        let keys: Vec<K> = map
+    pub(super) fn update_entries<M: TypedMap<Value = Endpoint>>(
+        &self,
+        endpoint: Endpoint,
+    ) -> Result<()>
+    where
+        KeyOf<M>: aya::Pod,
+    {
+        let mut map = self.hash_map::<M>()?;
+        let keys: Vec<KeyOf<M>> = map
             .iter()
             .filter_map(|e| e.ok())
             .filter(|(_, ep)| ep.host_ifindex == endpoint.host_ifindex)
@@ -126,8 +132,7 @@ impl Datapath {
             .map_err(|e| Error::bpf("zeroing a pod's counters", e))
     }
 
-    pub(super) fn endpoint_counters(&self) -> Result<PerCpuArray<MapData, EndpointCounters>> {
-        PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_ENDPOINT_STATS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_ENDPOINT_STATS}"), e))
+    pub(super) fn endpoint_counters(&self) -> Result<PerCpuArrayOf<maps::ENDPOINT_STATS>> {
+        self.per_cpu_array::<maps::ENDPOINT_STATS>()
     }
 }

@@ -13,9 +13,8 @@ impl Datapath {
             .collect())
     }
 
-    pub(super) fn pod_sources(&self) -> Result<Array<MapData, PodSources>> {
-        Array::try_from(Map::Array(self.open_map(MAP_POD_SOURCES)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POD_SOURCES}"), e))
+    pub(super) fn pod_sources(&self) -> Result<ArrayOf<maps::POD_SOURCES>> {
+        self.array::<maps::POD_SOURCES>()
     }
 
     /// Writes the addresses the pod in counter slot `slot`, behind host

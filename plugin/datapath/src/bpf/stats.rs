@@ -5,9 +5,7 @@ use super::*;
 impl Datapath {
     /// The action counters summed over all CPUs, indexed by `action`.
     pub fn stats(&self) -> Result<[Counter; action::COUNT as usize]> {
-        let map: PerCpuArray<MapData, Counter> =
-            PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_STATS)?))
-                .map_err(|e| Error::bpf(format!("opening {MAP_STATS}"), e))?;
+        let map = self.per_cpu_array::<maps::STATS>()?;
         let mut totals = [Counter::default(); action::COUNT as usize];
         for (index, total) in totals.iter_mut().enumerate() {
             let per_cpu = map

@@ -9,12 +9,11 @@
 use std::collections::HashSet;
 
 use flatnet_common::{
-    LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6,
-    POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, PolicyCidrV4,
-    PolicyCidrV6, PolicyDrops, PolicyPod,
+    LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, POLICY_DIR_EGRESS,
+    POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
+    PolicyPod,
 };
 // The map value; `PolicyPorts` here is the library's own enum.
-use flatnet_common::PolicyPorts as PortsValue;
 
 mod keys;
 
@@ -59,24 +58,20 @@ pub struct PolicyDropCounts {
 }
 
 impl Datapath {
-    fn policy_pods(&self) -> Result<Array<MapData, PolicyPod>> {
-        Array::try_from(Map::Array(self.open_map(MAP_POLICY_PODS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_PODS}"), e))
+    fn policy_pods(&self) -> Result<ArrayOf<maps::POLICY_PODS>> {
+        self.array::<maps::POLICY_PODS>()
     }
 
-    fn policy_v4(&self) -> Result<LpmTrie<MapData, PolicyCidrV4, PortsValue>> {
-        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_POLICY_V4)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_V4}"), e))
+    fn policy_v4(&self) -> Result<TrieOf<maps::POLICY_V4>> {
+        self.lpm_trie::<maps::POLICY_V4>()
     }
 
-    fn policy_v6(&self) -> Result<LpmTrie<MapData, PolicyCidrV6, PortsValue>> {
-        LpmTrie::try_from(Map::LpmTrie(self.open_map(MAP_POLICY_V6)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_V6}"), e))
+    fn policy_v6(&self) -> Result<TrieOf<maps::POLICY_V6>> {
+        self.lpm_trie::<maps::POLICY_V6>()
     }
 
-    fn policy_drops_map(&self) -> Result<PerCpuArray<MapData, PolicyDrops>> {
-        PerCpuArray::try_from(Map::PerCpuArray(self.open_map(MAP_POLICY_DROPS)?))
-            .map_err(|e| Error::bpf(format!("opening {MAP_POLICY_DROPS}"), e))
+    fn policy_drops_map(&self) -> Result<PerCpuArrayOf<maps::POLICY_DROPS>> {
+        self.per_cpu_array::<maps::POLICY_DROPS>()
     }
 
     /// The counter slot of the local pod with `address` (the index the
@@ -312,7 +307,7 @@ impl Datapath {
                 flatnet_common::MAX_LOCAL_ADDRS
             )));
         }
-        let mut map = self.hash_map::<LocalAddrKey, u32>(MAP_LOCAL_ADDRS)?;
+        let mut map = self.hash_map::<maps::LOCAL_ADDRS>()?;
         let wanted: HashSet<LocalAddrKey> = addresses.iter().map(|a| local_addr_key(*a)).collect();
         for key in &wanted {
             map.insert(key, 0, 0)
