@@ -283,13 +283,23 @@ fn clean_up_leftovers() {
         println!("e2e: removing the cgroup {root}, left by an earlier run");
         cgroups::remove_cgroup_tree(&root);
     }
-    for mode in ServicesMode::ALL {
-        let dir = PathBuf::from(STATE_DIR).join(mode.name());
+    for name in run_names() {
+        let dir = PathBuf::from(STATE_DIR).join(name);
         for machine in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             host::remove_made_mount_points(&machine.path());
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Every run's folder name, dual-stack runs' too: clean-up removes them
+/// all, so a machine's containerd store left by a killed run is never
+/// reused by the next (its blobs may be half collected).
+fn run_names() -> Vec<String> {
+    ServicesMode::ALL
+        .iter()
+        .flat_map(|mode| [mode.run_name(false), mode.run_name(true)])
+        .collect()
 }
 
 /// containerd shims of machines already gone: a run interrupted while
@@ -341,4 +351,25 @@ fn processes() -> Vec<i32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ServicesMode, run_names};
+
+    /// A dual-stack run's folder was once left behind by clean-up, and
+    /// the next run imported images into its half-collected store.
+    #[test]
+    fn clean_up_knows_every_runs_folder() {
+        let names = run_names();
+        for mode in ServicesMode::ALL {
+            for dual_stack in [false, true] {
+                assert!(
+                    names.contains(&mode.run_name(dual_stack)),
+                    "{mode:?} {dual_stack}"
+                );
+            }
+        }
+        assert!(names.contains(&"kube-proxy-nftables-dual-stack".to_string()));
+    }
 }
