@@ -12,10 +12,18 @@ use crate::proto::{ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP, Ports};
 
 /// A packet's verdict: from `FLOWS` unless `ask_again` (a TCP SYN) or the
 /// flow is not there, else from conntrack (`judge`), remembered. A NodePort
-/// reply holds at a SYN while its flow is there.
+/// reply holds at a SYN-ACK (`syn_ack`) while its flow is there; a SYN
+/// without ACK opens a connection, never a reply, and reads nothing kept.
 #[inline(always)]
-pub(super) fn judge_cached(key: &FlowKey, ask_again: bool, judge: impl FnOnce() -> Flow) -> Flow {
-    if let Some(known) = FLOWS.get_ptr(key) {
+pub(super) fn judge_cached(
+    key: &FlowKey,
+    ask_again: bool,
+    syn_ack: bool,
+    judge: impl FnOnce() -> Flow,
+) -> Flow {
+    if (!ask_again || syn_ack)
+        && let Some(known) = FLOWS.get_ptr(key)
+    {
         // SAFETY: a valid map value for the program's run; read once.
         let kept = unsafe { core::ptr::read_volatile(&(*known).verdict) };
         if !ask_again
@@ -48,7 +56,7 @@ pub(super) fn udp_flows_kept() -> bool {
 #[inline(always)]
 pub(super) fn judge_udp(key: &FlowKey, judge: impl FnOnce() -> Flow) -> Flow {
     if udp_flows_kept() {
-        return judge_cached(key, false, judge);
+        return judge_cached(key, false, false, judge);
     }
     if let Some(known) = FLOWS.get_ptr(key)
         // SAFETY: a valid map value for the program's run; read once.

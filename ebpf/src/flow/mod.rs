@@ -198,7 +198,8 @@ fn transport<T: Tuple>(
         // SAFETY: bounds checked by `header_at`.
         let tcp = unsafe { &*tcp };
         let ask_again = tcp.flags & TCP_SYN != 0;
-        return judge_cached(&key(&tcp.ports), ask_again, || {
+        let syn_ack = ask_again && tcp.flags & TCP_ACK != 0;
+        return judge_cached(&key(&tcp.ports), ask_again, syn_ack, || {
             judge(ct, proto, tuple(&tcp.ports))
         });
     }
