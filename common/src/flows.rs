@@ -1,8 +1,6 @@
 //! `FLOWS`: what the fast path keeps of the kernel's conntrack answers,
 //! one entry per flow direction.
 
-use crate::*;
-
 /// Entries of `FLOWS`: an LRU, so a busy node forgets old flows (a
 /// forgotten flow's next packet asks conntrack again: slower, never wrong).
 pub const MAX_FLOWS: u32 = 65536;

@@ -2,8 +2,6 @@
 //! node: the ports such frontends listen on, and the translation table of
 //! each flow the uplink program translated (both directions).
 
-use crate::*;
-
 /// Flows translated at once (`NAT_FORWARD` and `NAT_REVERSE` entries each).
 pub const MAX_NAT_FLOWS: u32 = 131072;
 /// Entries of `EXTERNAL_PORTS`: one per port number.

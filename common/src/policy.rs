@@ -1,8 +1,6 @@
 //! NetworkPolicy: a pod's isolation, its allowed peers and ports by
 //! prefix, the flows already judged, drops and events.
 
-use crate::*;
-
 /// The entry of a pod in `POLICY_PODS` (an array by counter slot): which of
 /// its directions a policy isolates (`POLICY_F_*`; 0: selected by no
 /// policy, the only lookup such a pod's packets pay) and the generation of

@@ -1,8 +1,6 @@
 //! Services in eBPF: frontends, backends, reverse translation for
 //! sockets, and session affinity.
 
-use crate::*;
-
 /// Service ports (frontends) and backends a node holds, and sockets whose
 /// peer stands for a ClusterIP.
 pub const MAX_SERVICES: u32 = 65536;

@@ -3,8 +3,6 @@
 //! and the MAC every node's device has, derived from its address so that a
 //! peer knows it from the node list alone.
 
-use crate::*;
-
 /// `RemoteNode::flags`: the CIDR's node is reached through the VXLAN
 /// device (its `node_address` is the tunnel's far end), not by a route on
 /// the uplink. `from_pod` encapsulates for it; `from_uplink` leaves packets

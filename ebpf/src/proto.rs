@@ -5,6 +5,11 @@
 pub(crate) const ETH_P_IP: u16 = 0x0800;
 pub(crate) const ETH_P_ARP: u16 = 0x0806;
 pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+/// Address families (linux/socket.h), as `bpf_fib_lookup` and a
+/// `sockaddr`'s first field hold them.
+pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
+
 /// `skb->pkt_type` of a frame addressed to this host (linux/if_packet.h).
 pub(crate) const PACKET_HOST: u32 = 0;
 

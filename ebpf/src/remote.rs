@@ -13,11 +13,7 @@ use network_types::eth::EthHdr;
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
 
 use crate::packet::{decrement_ttl, header_at, zero_words};
-use crate::proto::{ETH_P_IP, ETH_P_IPV6};
-
-pub(crate) const AF_INET: u8 = 2;
-
-pub(crate) const AF_INET6: u8 = 10;
+use crate::proto::{AF_INET, AF_INET6, ETH_P_IP, ETH_P_IPV6};
 
 /// `bpf_check_mtu`'s BPF_MTU_CHK_SEGS: a GSO packet is judged by its
 /// segments (without it every GSO packet passes).

@@ -48,6 +48,7 @@ use crate::maps::services::{
     SERVICE_REVNAT, SERVICES,
 };
 use crate::policy;
+use crate::proto::{AF_INET, AF_INET6};
 
 /// What a cgroup sock_addr program answers: let the call go on (with
 /// whatever address it now holds), or fail it.
@@ -209,11 +210,11 @@ fn keep_node_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
     // sockaddr_in and sockaddr_in6, port 0 (the kernel picks one at connect).
     let mut local = [0u8; 28];
     let len = if family == 4 {
-        local[..2].copy_from_slice(&AF_INET.to_ne_bytes());
+        local[..2].copy_from_slice(&u16::from(AF_INET).to_ne_bytes());
         local[4..8].copy_from_slice(&address[..4]);
         16
     } else {
-        local[..2].copy_from_slice(&AF_INET6.to_ne_bytes());
+        local[..2].copy_from_slice(&u16::from(AF_INET6).to_ne_bytes());
         local[8..24].copy_from_slice(address);
         28
     };
@@ -271,9 +272,6 @@ fn set_datagram_source(ctx: &SockAddrContext, family: u8, address: &[u8; 16]) {
         );
     }
 }
-
-const AF_INET: u16 = 2;
-const AF_INET6: u16 = 10;
 
 /// The frontend at `key`'s address, or, at a node address, the NodePort
 /// at its port (`key` then holds the wildcard, as affinity keys it).

@@ -26,6 +26,7 @@ use crate::nodeport::ports::{free_port, load_nat_source, set_reply_of_forward};
 use crate::nodeport::reply::{icmp_error_out, reply_out};
 use crate::packet::zero_words;
 use crate::policy;
+use crate::proto::AF_INET6;
 use crate::remote::words;
 use crate::services::affinity_index;
 
@@ -318,7 +319,7 @@ fn local_masquerade_source(ctx: &TcContext, s: &mut Scratch, uplink: u32) -> boo
     zero_words(&raw mut s.fib);
     s.fib.ifindex = uplink;
     s.fib.l4_protocol = s.key.protocol;
-    s.fib.family = crate::remote::AF_INET6;
+    s.fib.family = AF_INET6;
     s.fib.__bindgen_anon_3.ipv6_src = words(s.key.src);
     s.fib.__bindgen_anon_4.ipv6_dst = words(s.backend.address);
     // SAFETY: the skb pointer and a params struct of the size given.

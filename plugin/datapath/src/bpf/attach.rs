@@ -23,7 +23,12 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions, TcAttachType};
 use aya::programs::xdp::{XdpLink, XdpMode};
 use aya::programs::{SchedClassifier, Xdp};
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use flatnet_common::PROG_TO_POD;
+
+use super::Datapath;
+use crate::error::{Error, Result};
 use crate::netlink::{Netlink, TcHook};
 
 /// How tc programs are attached on this kernel.

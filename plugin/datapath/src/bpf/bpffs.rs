@@ -1,6 +1,9 @@
 //! bpffs: mounted where flatnet pins, as production CNIs do.
 
-use super::*;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::lock::Lock;
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 pub(super) const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

@@ -1,6 +1,16 @@
 //! The pods the datapath knows: their host veths and addresses.
 
-use super::*;
+use std::net::IpAddr;
+
+use aya::maps::{HashMap, MapData};
+use flatnet_common::{
+    ENDPOINT_F_SHAPED_INGRESS, Endpoint, Ipv4Key, Ipv6Key, KeyOf, MAP_HOST_VETHS,
+    SOURCES_F_SHAPED_EGRESS, TypedMap, maps,
+};
+
+use super::{Datapath, ignore_missing};
+use crate::Shaping;
+use crate::error::{Error, Result};
 
 impl Datapath {
     /// Makes a pod known to the datapath: its host veth (with the counter

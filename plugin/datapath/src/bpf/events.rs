@@ -6,9 +6,12 @@
 use std::os::fd::{AsFd, BorrowedFd};
 
 use aya::maps::RingBuf;
-use flatnet_common::{MAP_POLICY_EVENTS, PolicyEvent};
+use flatnet_common::{MAP_POLICY_EVENTS, PolicyEvent, maps};
 
-use super::*;
+use aya::maps::MapData;
+
+use super::Datapath;
+use crate::error::{Error, Result};
 
 /// The network's `POLICY_EVENTS`, open for reading.
 pub struct PolicyEvents {

@@ -6,7 +6,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use flatnet_common::{FlowKey, FlowVerdict, MAP_FLOWS};
 
-use super::*;
+use flatnet_common::maps;
+
+use super::Datapath;
+use super::typed::HashOf;
+use crate::error::{Error, Result};
 
 /// The key of the flow direction whose packets go from `src` to `dst`
 /// (`proto`: IPPROTO_TCP or IPPROTO_UDP), as the programs build it: IPv4

@@ -23,7 +23,11 @@ use flatnet_common::{
 use serde::{Deserialize, Serialize};
 
 use super::services::protocol_name;
-use super::*;
+use flatnet_common::maps;
+
+use super::Datapath;
+use super::services::{service_backend, service_key};
+use crate::error::{Error, Result};
 use crate::lock::{LOCK_DIR, Lock};
 
 /// One frontend of a hostPort: `address` (unspecified: every address

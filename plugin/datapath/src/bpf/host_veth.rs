@@ -5,7 +5,14 @@
 
 use std::fs::File;
 
-use super::*;
+use flatnet_common::{
+    PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP, PROG_POD_XDP_PASS, PROG_TO_POD,
+};
+
+use super::attach::{AttachMode, LinkRole, attach_mode};
+use super::{Datapath, TC_HANDLE, TC_PRIORITY};
+use crate::DatapathMode;
+use crate::error::Result;
 use crate::netlink::{Netlink, TcHook, set_tx_checksum};
 use crate::netns;
 

@@ -2,7 +2,20 @@
 //! pinning the programs of a mode, reusing the pinned maps after checking
 //! them against `flatnet_common::MAP_SPECS`, and retiring older builds.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use aya::maps::{MapData, MapInfo, MapType};
+use aya::programs::{Program, ProgramInfo};
+use aya::{Ebpf, EbpfLoader};
+use flatnet_common::{
+    GLOBAL_UPLINK_TO_PODS, MAP_ENDPOINT_STATS, MAP_NODEPORT_CALLS, MAP_SPECS, MAP_STATS, MAPS,
+    MapKind, MapSpec, action,
+};
+
+use super::attach::{AttachMode, attach_mode};
+use super::{DATAPATH_ID, Datapath, OBJECT, ProgramHandle, programs};
+use crate::DatapathMode;
+use crate::error::{Error, Result};
 
 impl Datapath {
     /// Counter maps of an older build that this one cannot use are
@@ -254,6 +267,12 @@ pub(crate) fn verify(
 
 #[cfg(test)]
 mod tests {
+    use flatnet_common::{
+        PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP, PROG_FROM_UPLINK,
+        PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK,
+    };
+
+    use super::super::object;
     use super::*;
 
     /// The object's maps are the spec table's, each as the spec says (the

@@ -5,35 +5,22 @@
 //! maps, counter slots, the pods' source addresses, counters, and the
 //! remote-CIDR tries.
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::lpm_trie::Key as LpmKey;
-use aya::maps::{HashMap, MapData, MapInfo, MapType, PerCpuValues};
-use aya::programs::{Program, ProgramFd, ProgramInfo};
-use aya::util::nr_cpus;
-use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
+use aya::include_bytes_aligned;
+use aya::maps::MapData;
+use aya::programs::{ProgramFd, ProgramInfo};
 use flatnet_common::{
-    Counter, ENDPOINT_F_SHAPED_INGRESS, Endpoint, EndpointCounters, GLOBAL_UPLINK_TO_PODS, Ipv4Key,
-    Ipv6Key, KeyOf, MAP_ENDPOINT_STATS, MAP_HOST_VETHS, MAP_NODEPORT_CALLS, MAP_PEER_NODES_V4,
-    MAP_PEER_NODES_V6, MAP_POD_SOURCES, MAP_SPECS, MAP_STATS, MAP_TUNNEL, MAPS, MAX_ENDPOINTS,
-    MapKind, MapSpec, NO_COUNTER_SLOT, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_PASSED,
-    PROG_FROM_POD_XDP, PROG_FROM_TUNNEL, PROG_FROM_UPLINK, PROG_NODEPORT_IN, PROG_NODEPORT_REPLY,
-    PROG_POD_XDP_PASS, PROG_TO_POD, PROG_TO_UPLINK, PROG_UPLINK_DELIVER, PodSources,
-    REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode, SOURCES_F_MORE,
-    SOURCES_F_SHAPED_EGRESS, SOURCES_F_VALID, SOURCES_PER_FAMILY, TunnelConfig, TypedMap, action,
-    maps, preferred_slot,
+    MAPS, PIN_ROOT, PROG_FROM_POD, PROG_FROM_POD_PASSED, PROG_FROM_POD_XDP, PROG_FROM_TUNNEL,
+    PROG_FROM_UPLINK, PROG_NODEPORT_IN, PROG_NODEPORT_REPLY, PROG_POD_XDP_PASS, PROG_TO_POD,
+    PROG_TO_UPLINK, PROG_UPLINK_DELIVER,
 };
-use ipnetwork::IpNetwork;
 
 use crate::DatapathMode;
 use crate::error::{Error, Result};
 
 pub use crate::Shaping;
-use crate::lock::{LOCK_DIR, Lock};
-use typed::{ArrayOf, HashOf, PerCpuArrayOf, TrieOf};
 
 mod attach;
 mod bpffs;

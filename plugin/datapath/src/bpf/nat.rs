@@ -11,7 +11,11 @@ use flatnet_common::{
 };
 
 use super::services::address_of;
-use super::*;
+use flatnet_common::maps;
+
+use super::typed::{ArrayOf, HashOf};
+use super::{Datapath, ignore_missing};
+use crate::error::{Error, Result};
 
 /// One translated flow, as `flatnet inspect` and the collector see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,19 @@
 //! Other nodes' pod CIDRs (the LPM tries the agent keeps) and the node's
 //! VXLAN device (`TUNNEL`).
 
-use super::*;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use aya::maps::lpm_trie::Key as LpmKey;
+use flatnet_common::{
+    MAP_PEER_NODES_V4, MAP_PEER_NODES_V6, MAP_TUNNEL, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6,
+    RemoteNode, TunnelConfig, maps,
+};
+use ipnetwork::IpNetwork;
+
+use super::typed::{ArrayOf, HashOf, TrieOf};
+use super::{Datapath, ignore_missing};
+use crate::error::{Error, Result};
 
 /// `AF_INET`/`AF_INET6` as `RemoteNode::family` holds them.
 pub(super) const FAMILY_INET: u32 = libc::AF_INET as u32;

@@ -12,7 +12,11 @@ use flatnet_common::{
 };
 
 use super::attach::{pin_link, remove_if_there};
-use super::*;
+use aya::EbpfLoader;
+use flatnet_common::MAPS;
+
+use super::{Datapath, OBJECT};
+use crate::error::{Error, Result};
 
 /// The socket programs, in the order they are attached.
 pub const SERVICE_PROGRAMS: [&str; 8] = [

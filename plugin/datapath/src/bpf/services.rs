@@ -13,7 +13,11 @@ use flatnet_common::{
     RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
 };
 
-use super::*;
+use flatnet_common::maps;
+
+use super::typed::HashOf;
+use super::{Datapath, ignore_missing};
+use crate::error::{Error, Result};
 
 /// Whether clients outside the node reach a frontend (a NodePort, an
 /// externalIP, a load-balancer IP: the uplink program serves them), and

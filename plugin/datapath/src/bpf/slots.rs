@@ -1,7 +1,19 @@
 //! Counter slots: each pod's index into `ENDPOINT_STATS` and `POD_SOURCES`,
 //! claimed with an exclusive file per slot so two ADDs never share one.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use aya::maps::PerCpuValues;
+use aya::util::nr_cpus;
+use flatnet_common::{
+    Endpoint, EndpointCounters, KeyOf, MAX_ENDPOINTS, NO_COUNTER_SLOT, TypedMap, maps,
+    preferred_slot,
+};
+
+use super::Datapath;
+use super::typed::PerCpuArrayOf;
+use crate::error::{Error, Result};
+use crate::lock::LOCK_DIR;
 
 impl Datapath {
     /// Where this network's counter slots are claimed: one file per slot in

@@ -1,6 +1,15 @@
 //! `POD_SOURCES`: the addresses each pod may send from.
 
-use super::*;
+use std::net::IpAddr;
+
+use flatnet_common::{
+    MAP_POD_SOURCES, NO_COUNTER_SLOT, PodSources, SOURCES_F_MORE, SOURCES_F_VALID,
+    SOURCES_PER_FAMILY, maps,
+};
+
+use super::Datapath;
+use super::typed::ArrayOf;
+use crate::error::{Error, Result};
 
 impl Datapath {
     /// The addresses the address maps give the pod behind host veth `index`.

@@ -1,6 +1,9 @@
 //! What the datapath counted: per action, per pod.
 
-use super::*;
+use flatnet_common::{Counter, EndpointCounters, NO_COUNTER_SLOT, action, maps};
+
+use super::Datapath;
+use crate::error::{Error, Result};
 
 impl Datapath {
     /// The action counters summed over all CPUs, indexed by `action`.

@@ -8,7 +8,13 @@ use aya::programs::tc::{TcAttachOptions, TcAttachType};
 
 use super::attach::pin_link;
 use super::load::verify;
-use super::*;
+use std::path::Path;
+
+use flatnet_common::PROG_FROM_POD;
+
+use super::Datapath;
+use crate::DatapathMode;
+use crate::error::{Error, Result};
 
 /// A variant as the kernel took it.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,11 @@
 //! Addresses of a link.
 
-use super::*;
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+
+use super::{EEXIST, Netlink, errno, kernel};
+use crate::error::Result;
 
 impl Netlink {
     /// Adds an address; one that is already there is not an error. IPv6

@@ -1,6 +1,7 @@
 //! The one ethtool setting flatnet changes: transmit checksum offload.
 
-use super::*;
+use crate::error::{Error, Result};
+use std::os::fd::AsRawFd;
 
 /// Turns tx checksum offload of `ifname` (in the current thread's
 /// namespace) on or off, with the ethtool ioctl. XDP mode needs it off on

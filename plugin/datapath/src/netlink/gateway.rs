@@ -1,7 +1,11 @@
 //! The gateway device: a bridge without ports that holds a network's
 //! gateway addresses, marked with an alias so flatnet knows it is its own.
 
-use super::*;
+use super::sysctl::set_sysctl;
+use rtnetlink::{LinkBridge, LinkUnspec};
+
+use super::{EEXIST, Netlink, errno, kernel};
+use crate::error::{Error, Result};
 
 const GATEWAY_ALIAS_PREFIX: &str = "flatnet:";
 

@@ -1,7 +1,18 @@
 //! Links: looking them up, the veth pair of a pod, up and down, renames,
 //! deletion.
 
-use super::*;
+use futures::TryStreamExt;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+use rtnetlink::packet_route::link::{
+    InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage, LinkXdp,
+};
+use rtnetlink::{LinkUnspec, LinkVeth};
+
+use super::names::Mac;
+use super::{EEXIST, EINVAL, ENODEV, ENOENT, Netlink, errno, kernel};
+use crate::error::{Error, Result};
 
 /// What CHECK and DEL need to know of an interface.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,29 +4,11 @@
 //! attachment, and the two non-netlink knobs flatnet turns (ethtool, sysctl).
 
 use std::fs::File;
-use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 
-use futures::{StreamExt, TryStreamExt};
-use ipnetwork::IpNetwork;
-use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
-    NetlinkPayload,
-};
-use rtnetlink::packet_route::AddressFamily;
+use futures::StreamExt;
+use rtnetlink::Handle;
+use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use rtnetlink::packet_route::RouteNetlinkMessage;
-use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::packet_route::address::AddressFlags;
-use rtnetlink::packet_route::link::{
-    InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage, LinkXdp,
-};
-use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
-use rtnetlink::packet_route::tc::{
-    TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption,
-};
-use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::netns;

@@ -1,7 +1,8 @@
 //! Names and MACs of an attachment, derived from (network, container ID,
 //! ifname): stable, so DEL and CHECK find it again without stored state.
 
-use super::*;
+use sha2::Digest;
+use sha2::Sha256;
 
 pub type Mac = [u8; 6];
 

@@ -1,6 +1,14 @@
 //! Neighbour entries: the permanent ones flatnet writes for its pods.
 
-use super::*;
+use futures::TryStreamExt;
+use std::net::IpAddr;
+
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
+
+use super::names::Mac;
+use super::{Netlink, kernel};
+use crate::error::Result;
 
 impl Netlink {
     /// A permanent neighbour entry, so the host never ARPs for a pod.

@@ -1,6 +1,15 @@
 //! Routes of the main table.
 
-use super::*;
+use futures::TryStreamExt;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use rtnetlink::RouteMessageBuilder;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
+
+use super::{EEXIST, Netlink, errno, kernel};
+use crate::error::{Error, Result};
 
 /// A route as read back from the kernel (main table).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! Writing a sysctl, and the node's forwarding switches.
 
-use super::*;
+use std::net::IpAddr;
+
+use crate::error::{Error, Result};
 
 /// Writes a sysctl under /proc/sys (of the current thread's namespace).
 pub fn set_sysctl(key: &str, value: &str) -> Result<()> {

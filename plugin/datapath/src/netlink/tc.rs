@@ -1,6 +1,16 @@
 //! Program attachment: the clsact qdisc and tc filters, and XDP.
 
-use super::*;
+use futures::TryStreamExt;
+use rtnetlink::LinkUnspec;
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp};
+use rtnetlink::packet_route::tc::{
+    TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption,
+};
+
+use super::{EEXIST, EINVAL, ENOENT, Netlink, errno, kernel};
+use crate::error::Result;
 
 /// htons(ETH_P_ALL): a filter for every protocol.
 const ALL_PROTOCOLS: u16 = 0x0003_u16.to_be();

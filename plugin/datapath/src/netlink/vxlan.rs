@@ -2,10 +2,13 @@
 //! carries pod traffic to every peer, each route naming its peer
 //! (`encap ip id VNI dst PEER`) instead of an FDB entry per peer.
 
-use rtnetlink::packet_route::link::{InfoData, InfoVxlan, LinkInfo};
-use rtnetlink::{LinkMessageBuilder, LinkVxlan};
+use futures::TryStreamExt;
+use rtnetlink::packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo};
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVxlan};
 
-use super::*;
+use super::names::Mac;
+use super::{EEXIST, Netlink, errno, kernel};
+use crate::error::{Error, Result};
 
 /// What the device must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

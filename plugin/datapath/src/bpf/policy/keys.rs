@@ -11,7 +11,10 @@ use flatnet_common::{
 use ipnetwork::IpNetwork;
 
 use super::{PolicyPortRange, PolicyPorts, PolicyRule};
-use crate::bpf::*;
+use aya::maps::lpm_trie::Key as LpmKey;
+use flatnet_common::{MAX_ENDPOINTS, NO_COUNTER_SLOT};
+
+use crate::error::{Error, Result};
 
 /// The map value of `ports`; an error when it holds too many ranges.
 pub fn ports_value(cidr: &IpNetwork, ports: &PolicyPorts) -> Result<PortsValue> {

@@ -17,7 +17,18 @@ use flatnet_common::{
 
 mod keys;
 
-use super::*;
+use std::net::IpAddr;
+
+use aya::maps::PerCpuValues;
+use aya::maps::lpm_trie::Key as LpmKey;
+use aya::util::nr_cpus;
+use flatnet_common::{NO_COUNTER_SLOT, PROG_TO_POD, maps};
+use ipnetwork::IpNetwork;
+
+use super::attach::{AttachMode, LinkRole, attach_mode};
+use super::typed::{ArrayOf, PerCpuArrayOf, TrieOf};
+use super::{Datapath, ignore_missing};
+use crate::error::{Error, Result};
 use keys::{Address, check_slot, key_v4, key_v6, policy_network, rule_of};
 pub use keys::{local_addr_key, ports_value};
 

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use flatnet_cni::error::{Error, Result};
 
-use super::*;
+use super::{AttachmentName, DiskStore, LAST_RESERVED, attachment_key, store_err, warn};
 use crate::store::{AllocationStore, Record};
 
 impl AllocationStore for DiskStore {
