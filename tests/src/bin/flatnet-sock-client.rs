@@ -1,4 +1,4 @@
-//! A client process for the socket load-balancing tests (socket_lb.rs):
+//! A client process for the socket load-balancing tests (socket_lb/):
 //! cgroup programs act on the processes of their cgroup, so the client must
 //! be a process of its own, put in the test's cgroup before it makes its
 //! socket, and in the pod's network namespace.

@@ -20,10 +20,10 @@ use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 use serde_json::json;
 
-use crate::nodeport::{
-    Echo, OUTSIDE, tcp_ask, two_nodes_and_outside, two_nodes_and_outside_flagged, udp_ask,
-};
-use crate::socket_lb::{BACKEND_PORT, Seen, api_service, client};
+use crate::nodeport::exchanges::{Echo, tcp_ask, udp_ask};
+use crate::nodeport::fixture::{OUTSIDE, two_nodes_and_outside, two_nodes_and_outside_flagged};
+use crate::socket_lb::api::{BACKEND_PORT, api_service};
+use crate::socket_lb::fixture::{Seen, client};
 
 const WEB_PORT: u16 = 30500;
 const SHARED_PORT: u16 = 30600;

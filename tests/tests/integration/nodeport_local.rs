@@ -17,8 +17,9 @@ use flatnet_tests::kube_proxy::{Mode, Protocol, ServicePort};
 use flatnet_tests::kube_stub::{ApiStub, Kind};
 use flatnet_tests::*;
 
-use crate::nodeport::{Echo, tcp_ask, two_nodes_and_outside_flagged, udp_ask};
-use crate::socket_lb::{BACKEND_PORT, add_udp_twin, api_service, api_slice};
+use crate::nodeport::exchanges::{Echo, tcp_ask, udp_ask};
+use crate::nodeport::fixture::two_nodes_and_outside_flagged;
+use crate::socket_lb::api::{BACKEND_PORT, add_udp_twin, api_service, api_slice};
 
 const NODE_PORT: u16 = 30180;
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 9, 40);

@@ -18,7 +18,7 @@
 //! paths are measured in interleaved slices, medians reported.
 //!
 //! Then the same Service counts as NodePorts, reached from outside the
-//! cluster (`nodeport.rs`).
+//! cluster (`nodeport/`).
 //!
 //! Usage: flatnet-services-bench <seconds> <count>... ; prints one JSON line.
 

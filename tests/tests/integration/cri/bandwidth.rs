@@ -1,7 +1,17 @@
 //! The bandwidth annotations through the chained bandwidth plugin: pod
 //! traffic shaped to the rate in both directions.
 
-use super::*;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use flatnet_common::{ENDPOINT_F_SHAPED_INGRESS, SOURCES_F_SHAPED_EGRESS, action};
+use flatnet_tests::cri::PodSpec;
+use flatnet_tests::*;
+
+use super::node::{Node, assert_node_gone, cri_tools};
+use super::sandbox::{Sandbox, assert_no_sandboxes, in_netns, stop_and_remove};
 
 /// What a receiver saw of a TCP stream through a token bucket: the bytes
 /// (and time) it got at full speed before the bucket ran dry, and the rate

@@ -1,7 +1,14 @@
 //! RunPodSandbox latency, flatnet against the bridge plugin (the benchmark's
 //! CRI rows run this test).
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use flatnet_tests::cri::{CriClient, PodSpec};
+use flatnet_tests::*;
+use serde_json::json;
+
+use super::node::{Node, cri_tools};
+use super::sandbox::stop_and_remove;
 
 /// Median RunPodSandbox latency over `runs` sequential sandboxes (each
 /// stopped and removed before the next, outside the timing), in ms.

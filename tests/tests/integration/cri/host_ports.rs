@@ -1,7 +1,17 @@
 //! hostPort through portmap chained after flatnet: from the node, other pods
 //! and outside, and nothing left behind.
 
-use super::*;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use flatnet_tests::containerd::BUSYBOX_IMAGE;
+use flatnet_tests::cri::{CriClient, PodSpec};
+use flatnet_tests::*;
+use k8s_cri::v1::{PortMapping, Protocol};
+
+use super::node::{Node, NodeNs, assert_node_gone, cri_tools, host_rules};
+use super::sandbox::{Sandbox, assert_no_sandboxes, http_get, in_netns, stop_and_remove};
 
 impl Node {
     fn node_ns(&self) -> &NodeNs {

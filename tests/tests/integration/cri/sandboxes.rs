@@ -2,7 +2,20 @@
 //! status, both families, traffic between them, teardown, a containerd
 //! restart, 32 at once.
 
-use super::*;
+use std::collections::HashSet;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use flatnet_tests::cri::PodSpec;
+use flatnet_tests::*;
+use k8s_cri::v1::PodSandboxState;
+
+use super::node::{Node, cri_tools};
+use super::sandbox::{
+    Sandbox, assert_no_sandboxes, fetch_busybox, http_get, in_netns, stop_and_remove,
+};
 
 #[flatnet_test(root, tools = cri_tools())]
 fn sandbox_ip_in_cri_status_is_flatnets() {

@@ -21,12 +21,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use flatnet::config::DatapathMode;
 use flatnet_common::{
-    Counter, Endpoint, POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_EVENTS_BYTES, POLICY_F_EGRESS,
-    POLICY_F_INGRESS, POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX, POLICY_REASON_PORT,
-    PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_TO_POD, PolicyEvent, SOURCES_F_MORE,
-    action,
+    Counter, Endpoint, PROG_FROM_POD, PROG_FROM_POD_XDP, PROG_FROM_UPLINK, PROG_TO_POD,
+    SOURCES_F_MORE, action,
 };
-use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::bpf::PolicyPortRange;
 use flatnet_datapath::bpf::{RemoteCidr, Shaping};
 use flatnet_tests::frames::*;
 use flatnet_tests::test_run::{

@@ -56,7 +56,7 @@ pub const COMMON_SKIPS: &[(&str, &str)] = &[
     ),
     (
         r"\[Feature:LoadBalancer\]",
-        "needs a load-balancer controller (a cloud's, or MetalLB's) to give the Service an ingress address: none runs here, and each spec would wait 15 min for one (flatnet's handling of ingress addresses and ipMode is tested without one: services::tests, nodeport.rs)",
+        "needs a load-balancer controller (a cloud's, or MetalLB's) to give the Service an ingress address: none runs here, and each spec would wait 15 min for one (flatnet's handling of ingress addresses and ipMode is tested without one: services::tests, nodeport/)",
     ),
     (
         r"DNS configMap nameserver",
