@@ -1,7 +1,7 @@
-//! A frame from a pod: its source checked against the pod's own addresses,
-//! its destination looked up (another local pod, another node's pod, or
-//! the host stack's), and the fast path taken unless the host tracks the
-//! flow (`flow`).
+//! A frame from a pod, step by step: its source checked against the pod's
+//! own addresses, its destination looked up (another local pod, another
+//! node's pod, or the host stack's), and the fast path taken unless the
+//! host tracks the flow (`flow`).
 
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use flatnet_common::{

@@ -1,6 +1,6 @@
 //! Install: release binaries into the CNI bin dir and the default conflist
-//! into the CNI conf dir, both atomically (temp file + rename), so a runtime
-//! never sees a half-written binary or configuration.
+//! into the CNI conf dir. Each is written atomically (temp file + rename),
+//! so a runtime never sees a half-written binary or configuration.
 
 use std::path::{Path, PathBuf};
 

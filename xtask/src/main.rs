@@ -3,11 +3,13 @@
 
 mod bench;
 mod cni;
+mod code_map;
 mod demo;
 mod e2e;
 #[cfg(test)]
 mod flag_tables;
 mod install;
+mod markers;
 mod setup;
 mod test;
 mod util;
@@ -44,7 +46,8 @@ enum Task {
     },
     /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
     Bench(bench::BenchArgs),
-    /// Write docs/benchmarks.md and the README's benchmark table from results/ (no measuring).
+    /// Write docs/benchmarks.md and the README's benchmark table from results/ (no measuring),
+    /// and the code map in docs/development.md from the Rust files' `//!` lines.
     Docs,
     /// Build Kubernetes (the servers, kubelet, kube-proxy, e2e.test, agnhost), etcd,
     /// containerd 2, cri-tools and pause from their Go modules, in $FLATNET_CACHE.
@@ -96,7 +99,11 @@ fn main() -> anyhow::Result<()> {
             setup::all()?;
             bench::run(&args)
         }
-        Task::Docs => bench::docs::write(&util::root()),
+        Task::Docs => {
+            let root = util::root();
+            bench::docs::write(&root)?;
+            code_map::write(&root)
+        }
         Task::E2e(args) => {
             setup::all()?;
             e2e::run(&args)

@@ -1,6 +1,7 @@
-//! Other nodes: their pod CIDRs (`REMOTE_CIDRS_*`), their own addresses
-//! on the uplink (`PEER_NODES_*`), the node's VXLAN device (`TUNNEL`), and
-//! whether `from_uplink` may hand packets to pods (`UPLINK_TO_PODS`).
+//! The maps of other nodes: their pod CIDRs (`REMOTE_CIDRS_*`), their own
+//! addresses on the uplink (`PEER_NODES_*`), the node's VXLAN device
+//! (`TUNNEL`), and whether `from_uplink` may hand packets to pods
+//! (`UPLINK_TO_PODS`).
 
 use super::map;
 

@@ -1,8 +1,8 @@
-//! Services: frontends and their backends (`SERVICES`,
-//! `SERVICE_BACKENDS`), what each socket was sent to (`SERVICE_REVNAT`),
-//! sessionAffinity (`SERVICE_AFFINITY`), the node addresses NodePorts
-//! answer on (`NODEPORT_ADDRS`), and the node's own sources and network
-//! namespace (see `services`).
+//! Services' maps (see `services`): frontends and their backends
+//! (`SERVICES`, `SERVICE_BACKENDS`), what each socket was sent to
+//! (`SERVICE_REVNAT`), sessionAffinity (`SERVICE_AFFINITY`), the node
+//! addresses NodePorts answer on (`NODEPORT_ADDRS`), and the node's own
+//! sources and network namespace.
 
 use super::map;
 

@@ -1,7 +1,6 @@
-//! The Kubernetes side: `kube_watch::run` against a stub of the API
-//! server's core/v1 services and discovery.k8s.io/v1 endpointslices
-//! collections on 127.0.0.1 (list, then a watch stream fed by the test).
-//! Loopback only.
+//! `kube_watch::run` against a stub of the API server: its core/v1 services
+//! and discovery.k8s.io/v1 endpointslices collections on 127.0.0.1 (list,
+//! then a watch stream fed by the test). Loopback only.
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -1,9 +1,9 @@
-//! What this process made on the machine that would outlive it (named
-//! network namespaces, bpffs mounts, test networks), listed as it is made and struck off
-//! as `Drop` removes it, so that a signal that ends the process (SIGINT,
-//! SIGTERM, SIGHUP: `Drop` does not run) still takes it all back:
-//! [`remove_on_signal`]. A bench killed by `timeout` used to leave its
-//! namespaces, mounts and agents behind.
+//! What this process made that would outlive it, kept for a signal to take
+//! back: named network namespaces, bpffs mounts and test networks, listed as
+//! they are made and struck off as `Drop` removes them, so that a signal that
+//! ends the process (SIGINT, SIGTERM, SIGHUP: `Drop` does not run) still takes
+//! them all back: [`remove_on_signal`]. A bench killed by `timeout` used to
+//! leave its namespaces, mounts and agents behind.
 
 use std::collections::BTreeMap;
 use std::path::Path;

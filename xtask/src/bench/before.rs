@@ -1,10 +1,10 @@
 //! `--before REV`: flatnet as an earlier commit built it, measured in the
-//! same rounds as this checkout's build (a plain pair and a ClusterIP path
-//! of each), so a change to the datapath is judged by before/after ratios
-//! taken minutes apart on the same machine, not by numbers from runs days
-//! apart. The 100-policy pair is this build's only: its policies are
-//! written by the tests crate's fixture, which writes this build's maps
-//! (an earlier build's pins are not this build's to write).
+//! same rounds as this checkout's build. A plain pair and a ClusterIP path
+//! of each are measured, so a change to the datapath is judged by
+//! before/after ratios taken minutes apart on the same machine, not by
+//! numbers from runs days apart. The 100-policy pair is this build's only:
+//! its policies are written by the tests crate's fixture, which writes this
+//! build's maps (an earlier build's pins are not this build's to write).
 //!
 //! The earlier commit's sources are exported (`git archive`) under
 //! `target/bench-before/<commit>` and built there with a target directory

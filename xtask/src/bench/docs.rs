@@ -14,6 +14,7 @@ use super::control::CniTimes;
 use super::figures;
 use super::report::{self, Config};
 use super::samples::{DataSample, Round};
+use crate::markers::Section;
 
 const TEMPLATE: &str = include_str!("benchmarks.template.md");
 /// The README's generated section lies between these two lines.
@@ -417,24 +418,18 @@ fn fill(template: &str, values: &[(&str, String)]) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// The README's generated section.
+const README_TABLE: Section = Section {
+    page: "the README",
+    what: "the benchmark table",
+    start: TABLE_START,
+    end: TABLE_END,
+};
+
 /// `readme` with what lies between its markers replaced by `section`;
 /// everything outside them is kept byte for byte.
 pub fn replace_section(readme: &str, section: &str) -> anyhow::Result<String> {
-    let (Some(start), Some(end)) = (readme.find(TABLE_START), readme.find(TABLE_END)) else {
-        bail!(
-            "the README lacks the lines {TABLE_START} and {TABLE_END} that enclose the benchmark table: put them back where the table goes"
-        );
-    };
-    if end < start {
-        bail!("the README has {TABLE_END} before {TABLE_START}");
-    }
-    let body_start = start + TABLE_START.len();
-    Ok(format!(
-        "{}\n{}\n{}",
-        &readme[..body_start],
-        section.trim_end(),
-        &readme[end..]
-    ))
+    README_TABLE.replace(readme, &format!("{}\n", section.trim_end()))
 }
 
 /// Writes `<root>/docs/benchmarks.md` and the README's section from

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: flatnet against the reference bridge plugin and a
-//! bare veth pair, interleaved round by round in one run, reported as
-//! median ratios (the noise of a shared 2-core machine cancels in them).
+//! bare veth pair. The paths are interleaved round by round in one run and
+//! reported as median ratios (the noise of a shared 2-core machine cancels
+//! in them).
 
 mod before;
 mod control;

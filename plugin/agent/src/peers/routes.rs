@@ -1,10 +1,10 @@
-//! Peer routes: one per peer node's pod CIDR, in the main table, tagged
-//! with flatnet's own route protocol number so the agent finds its routes
-//! again after a restart (and removes the stale ones) without any state of
-//! its own. host-gw (`Carrier::Direct`): via the peer's address. VXLAN:
-//! via the CIDR's network address on the VXLAN device (onlink, a permanent
-//! neighbour entry with the peer device's MAC), encapsulated to the peer's
-//! address by the route itself (`encap ip id VNI dst PEER`).
+//! Peer routes: one per peer node's pod CIDR, in the main table. Each is
+//! tagged with flatnet's own route protocol number so the agent finds its
+//! routes again after a restart (and removes the stale ones) without any
+//! state of its own. host-gw (`Carrier::Direct`): via the peer's address.
+//! VXLAN: via the CIDR's network address on the VXLAN device (onlink, a
+//! permanent neighbour entry with the peer device's MAC), encapsulated to
+//! the peer's address by the route itself (`encap ip id VNI dst PEER`).
 
 use std::net::IpAddr;
 

@@ -1,7 +1,8 @@
-//! The NetworkPolicies of a cluster of realistic size, as the agent's scale
-//! test (`policy::tests::scale`) and the integration test of policy
-//! latency (`tests/tests/integration/policy_latency.rs`) both build it:
-//! one generator, so the two measure the same policies.
+//! The NetworkPolicies of a cluster of realistic size, one generator for
+//! two measurements: the agent's scale test (`policy::tests::scale`) and
+//! the integration test of policy latency
+//! (`tests/tests/integration/policy_latency.rs`) both build them here, so
+//! the two measure the same policies.
 
 use serde_json::{Value, json};
 

@@ -1,9 +1,9 @@
-//! The agent's life: set the node up once (forwarding, bpffs, the datapath
-//! loaded and pinned, binaries installed), then follow the peer source and
-//! make the node match each node list (routes, remote-CIDR map, no-masquerade
-//! sets, uplink program, conflist), re-checking everything every
-//! `--resync-secs`. Readiness is decided afresh at each pass from the node's
-//! own setup; a peer whose route cannot be written does not change it.
+//! The agent's life on a node: set the node up once (forwarding, bpffs, the
+//! datapath loaded and pinned, binaries installed), then follow the peer
+//! source and make the node match each node list (routes, remote-CIDR map,
+//! no-masquerade sets, uplink program, conflist), re-checking everything
+//! every `--resync-secs`. Readiness is decided afresh at each pass from the
+//! node's own setup; a peer whose route cannot be written does not change it.
 //! Nothing the datapath needs is torn down on exit: pods keep talking while
 //! the agent restarts (`--uninstall` is the way to take it all away).
 //!

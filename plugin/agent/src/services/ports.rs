@@ -1,7 +1,7 @@
-//! `EXTERNAL_PORTS`: which protocols' NodePorts and external addresses
-//! listen on each port number, kept from the frontends the agent writes
-//! (a port's bits gained before its frontends are put, lost after they
-//! are deleted).
+//! `EXTERNAL_PORTS` as the agent keeps it: which protocols' NodePorts and
+//! external addresses listen on each port number, kept from the frontends
+//! the agent writes (a port's bits gained before its frontends are put,
+//! lost after they are deleted).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,7 +1,7 @@
-//! A pod's host veth: its programs put on (`from_pod`, or `from_pod_xdp`
-//! with `from_pod_passed` at tc behind it, at ingress; `to_pod` at
-//! egress), ADD's quick way (cls_bpf filters) and the move to tcx links
-//! after the answer, and the pod side's XDP setup.
+//! The programs of a pod's host veth: put on (`from_pod`, or `from_pod_xdp`
+//! with `from_pod_passed` at tc behind it, at ingress; `to_pod` at egress)
+//! ADD's quick way (cls_bpf filters) and moved to tcx links after the
+//! answer; and the pod side's XDP setup.
 
 use std::fs::File;
 

@@ -1,6 +1,7 @@
-//! Loading the object (its kfunc calls aimed at this kernel first),
-//! pinning the programs of a mode, reusing the pinned maps after checking
-//! them against `flatnet_common::MAP_SPECS`, and retiring older builds.
+//! Loading and pinning the object: its kfunc calls aimed at this kernel
+//! first, the programs of a mode pinned, the pinned maps reused after
+//! checking them against `flatnet_common::MAP_SPECS`, and older builds
+//! retired.
 
 use std::collections::BTreeSet;
 

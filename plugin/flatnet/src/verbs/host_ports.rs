@@ -1,8 +1,8 @@
-//! ADD's hostPorts: the frontends `runtimeConfig.portMappings` asks for,
-//! each on its address (or every node address of its family, a mapping
-//! without `hostIP`), leading to the pod's address of that family. Served
-//! in BPF (see `flatnet_datapath::bpf::HostPort`); what that cannot serve is
-//! refused here, before anything is made.
+//! ADD's hostPorts, served in BPF: the frontends `runtimeConfig.portMappings`
+//! asks for, each on its address (or every node address of its family, a
+//! mapping without `hostIP`), leading to the pod's address of that family (see
+//! `flatnet_datapath::bpf::HostPort`). What BPF cannot serve is refused here,
+//! before anything is made.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

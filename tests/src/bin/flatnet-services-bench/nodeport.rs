@@ -1,4 +1,4 @@
-//! The NodePort part: a client outside the cluster (the simulated
+//! The bench's NodePort part: a client outside the cluster (the simulated
 //! underlay's switch namespace, 172.30.0.100) connects to a NodePort on
 //! cp-1 whose backend is a pod on worker-1, so the flow is translated both
 //! ways and its source becomes cp-1's address, with 10, 1,000 and 10,000
@@ -8,13 +8,13 @@
 //! fixture's NodePort rules in each node; agents with `--services
 //! kube-proxy`). Each path is a two-node cluster of its own; the paths are
 //! measured in interleaved slices, medians reported. And one update each:
-//! an EndpointSlice change until cp-1's maps hold it (the agent's watch
-//! and computation included), against applying kube-proxy's rule set on
-//! the two nodes. Then one more eBPF slice with the kernel's BPF
-//! statistics on: the time cp-1's programs ran per connection, which
-//! bounds what any cheaper translation there could gain. (The kube-proxy
-//! clusters run flatnet's datapath with `--services kube-proxy`: worker-1
-//! takes cp-1's TCP flows past its stack in both.)
+//! an EndpointSlice change until cp-1's maps hold it (the agent's watch and
+//! computation included), against applying kube-proxy's rule set on the two
+//! nodes. Then one more eBPF slice with the kernel's BPF statistics on: the
+//! time cp-1's programs ran per connection, which bounds what any cheaper
+//! translation there could gain. (The kube-proxy clusters run flatnet's
+//! datapath with `--services kube-proxy`: worker-1 takes cp-1's TCP flows
+//! past its stack in both.)
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};

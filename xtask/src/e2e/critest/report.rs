@@ -1,6 +1,7 @@
-//! critest's results: its JUnit report read with the e2e suite's reader,
-//! the specs this run skips (each with its reason), the groups of the
-//! table (the networking specs, then the rest) and `results/critest.md`.
+//! critest's results, read and written: its JUnit report read with the e2e
+//! suite's reader, the specs this run skips (each with its reason), the
+//! groups of the table (the networking specs, then the rest) and
+//! `results/critest.md`.
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -1,5 +1,5 @@
-//! The images critest (cri-tools' CRI validation suite) pulls, each a
-//! stand-in written from Debian's binaries, named exactly as critest
+//! The images critest (cri-tools' CRI validation suite) pulls, as
+//! stand-ins: each written from Debian's binaries, named exactly as critest
 //! 1.37.0 asks for it (`pkg/validate/consts*.go`, `pkg/framework/util.go`)
 //! and pushed into a registry on loopback (`cargo xtask critest`).
 //!

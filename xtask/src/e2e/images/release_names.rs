@@ -1,10 +1,10 @@
-//! The test images' tags change with every release (agnhost is 2.59 in
-//! 1.35, 2.63.0 in 1.36, 2.66.1 in 1.37), and a pod whose image is not on
-//! the node cannot start: nothing can be pulled here. Each image is given,
-//! beside the names it is built with (1.37's), every name of its
-//! repository that the release's own suite lists (`e2e.test
-//! --list-images`), so the images of one build serve the suite of any
-//! release that `cargo xtask e2e --kubernetes` builds.
+//! Every name the suites of other releases give the test images: the tags
+//! change with every release (agnhost is 2.59 in 1.35, 2.63.0 in 1.36,
+//! 2.66.1 in 1.37), and a pod whose image is not on the node cannot start:
+//! nothing can be pulled here. Each image is given, beside the names it is
+//! built with (1.37's), every name of its repository that the release's own
+//! suite lists (`e2e.test --list-images`), so the images of one build serve
+//! the suite of any release that `cargo xtask e2e --kubernetes` builds.
 
 use std::process::Command;
 

@@ -1,6 +1,7 @@
-//! What ran: the JUnit reports read back (what passed, failed and with
-//! which message, what skipped itself and why), the summary printed after a
-//! run, `results/` written after a `--full` one, and the run's verdict.
+//! The suites' results, read back and reported: the JUnit reports (what
+//! passed, failed and with which message, what skipped itself and why), the
+//! summary printed after a run, `results/` written after a `--full` one,
+//! and the run's verdict.
 
 use std::path::Path;
 
