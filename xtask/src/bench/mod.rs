@@ -4,12 +4,14 @@
 //! in them).
 
 mod before;
+mod chart;
 mod control;
 mod cri;
 pub mod docs;
 mod figures;
 mod gso;
 mod overlay;
+mod page;
 mod path_setup;
 mod paths;
 mod pingpong;
@@ -17,7 +19,9 @@ mod policy;
 mod program_cost;
 mod program_stats;
 mod report;
+mod results;
 mod rounds;
+mod rows;
 mod samples;
 mod services;
 mod socket_services;
@@ -164,7 +168,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if !args.smoke {
         cri_section(&bin, &out_dir)?;
     }
-    let config = report::Config {
+    let config = rows::Config {
         rounds: sizes.rounds,
         seconds: sizes.seconds,
         sequential: sizes.sequential,

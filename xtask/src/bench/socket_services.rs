@@ -173,7 +173,7 @@ fn ceiling_table(rows: &[Value]) -> String {
 /// A bar chart of the run: connections per second per Service count, one
 /// bar per path.
 pub fn chart(report: &Value, path: &Path) -> anyhow::Result<()> {
-    super::report::register_font()?;
+    super::chart::register_font()?;
     let rows = report["rows"].as_array().cloned().unwrap_or_default();
     let paths = [
         ("ebpf", "flatnet eBPF", RGBColor(46, 139, 87)),
