@@ -326,17 +326,12 @@ fn generate(root: &Path) -> anyhow::Result<String> {
     Ok(section(&files, &crates))
 }
 
-/// `page` with its code map replaced by `map`.
-fn replace_map(page: &str, map: &str) -> anyhow::Result<String> {
-    SECTION.replace(page, map)
-}
-
 /// Rewrites the code map in `<root>/docs/development.md`.
 pub fn write(root: &Path) -> anyhow::Result<()> {
     let path = root.join(PAGE);
     let page =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let updated = replace_map(&page, &generate(root)?)?;
+    let updated = SECTION.replace(&page, &generate(root)?)?;
     std::fs::write(&path, updated)?;
     println!("wrote the code map in {}", path.display());
     Ok(())
@@ -468,34 +463,8 @@ mod tests {
     }
 
     #[test]
-    fn map_replacement_is_idempotent_and_keeps_the_rest() -> anyhow::Result<()> {
-        let page = format!("# t\n\nbefore\n{START}\nold map\n{END}\n\nafter\n");
-        let once = replace_map(&page, "\nnew map\n\n")?;
-        assert_eq!(
-            once,
-            format!("# t\n\nbefore\n{START}\n\nnew map\n\n{END}\n\nafter\n")
-        );
-        assert_eq!(replace_map(&once, "\nnew map\n\n")?, once);
-        Ok(())
-    }
-
-    #[test]
-    fn missing_or_reversed_markers_are_a_clear_error() {
-        for page in [
-            "no markers".to_string(),
-            format!("{START}\nonly the start\n"),
-            format!("only the end\n{END}\n"),
-            format!("{END}\nreversed\n{START}\n"),
-        ] {
-            let error = match replace_map(&page, "map\n") {
-                Ok(_) => panic!("accepted {page:?}"),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                error.contains(PAGE) && error.contains(START) && error.contains(END),
-                "{error}"
-            );
-        }
+    fn the_map_is_replaced_between_its_markers() -> anyhow::Result<()> {
+        crate::markers::checks::replaces_between_its_markers(&SECTION, "\nnew map\n\n")
     }
 
     /// The committed map is exactly what the generator writes from the
@@ -510,7 +479,7 @@ mod tests {
             assert!(line.chars().count() <= WIDTH, "longer than {WIDTH}: {line}");
         }
         assert!(
-            page == replace_map(&page, &map)?,
+            page == SECTION.replace(&page, &map)?,
             "the code map in {PAGE} differs from what `cargo xtask docs` writes from the tree's `//!` lines: run `cargo xtask docs`"
         );
         Ok(())

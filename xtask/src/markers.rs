@@ -42,3 +42,40 @@ impl Section {
         ))
     }
 }
+
+/// What every generated section is held to, for its own module's tests.
+#[cfg(test)]
+pub mod checks {
+    use super::Section;
+
+    /// `section` replaces `body` (which ends with a newline) between its
+    /// markers idempotently, keeping the rest of the page byte for byte, and
+    /// refuses a page whose markers are missing or reversed with an error
+    /// that names the page and both markers.
+    pub fn replaces_between_its_markers(section: &Section, body: &str) -> anyhow::Result<()> {
+        let (start, end) = (section.start, section.end);
+        let page = format!("# t\n\nbefore\n{start}\nold\n{end}\n\nafter\n");
+        let once = section.replace(&page, body)?;
+        assert_eq!(
+            once,
+            format!("# t\n\nbefore\n{start}\n{body}{end}\n\nafter\n")
+        );
+        assert_eq!(section.replace(&once, body)?, once);
+        for page in [
+            "no markers".to_string(),
+            format!("{start}\nonly the start\n"),
+            format!("only the end\n{end}\n"),
+            format!("{end}\nreversed\n{start}\n"),
+        ] {
+            let error = match section.replace(&page, body) {
+                Ok(_) => panic!("accepted {page:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                error.contains(section.page) && error.contains(start) && error.contains(end),
+                "{error}"
+            );
+        }
+        Ok(())
+    }
+}

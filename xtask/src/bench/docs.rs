@@ -14,8 +14,8 @@ use super::results::Results;
 use crate::markers::Section;
 
 /// The README's generated section lies between these two lines.
-pub const TABLE_START: &str = "<!-- bench-table -->";
-pub const TABLE_END: &str = "<!-- /bench-table -->";
+const TABLE_START: &str = "<!-- bench-table -->";
+const TABLE_END: &str = "<!-- /bench-table -->";
 
 /// The README's generated section.
 const README_TABLE: Section = Section {
@@ -110,33 +110,8 @@ mod tests {
     }
 
     #[test]
-    fn marker_replacement_is_idempotent_and_keeps_the_rest() -> anyhow::Result<()> {
-        let readme = format!("# t\n\nbefore\n{TABLE_START}\nold table\n{TABLE_END}\n\nafter\n");
-        let once = replace_section(&readme, "new table\n")?;
-        assert_eq!(
-            once,
-            format!("# t\n\nbefore\n{TABLE_START}\nnew table\n{TABLE_END}\n\nafter\n")
-        );
-        assert_eq!(replace_section(&once, "new table\n")?, once);
-        Ok(())
-    }
-
-    #[test]
-    fn missing_markers_are_a_clear_error() {
-        for readme in [
-            "no markers".to_string(),
-            format!("{TABLE_START}\nonly the start\n"),
-            format!("{TABLE_END}\nreversed\n{TABLE_START}\n"),
-        ] {
-            let error = match replace_section(&readme, "table") {
-                Ok(_) => panic!("accepted {readme:?}"),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                error.contains(TABLE_START) && error.contains(TABLE_END),
-                "{error}"
-            );
-        }
+    fn the_table_is_replaced_between_its_markers() -> anyhow::Result<()> {
+        crate::markers::checks::replaces_between_its_markers(&README_TABLE, "new table\n")
     }
 
     /// The committed page and README section are exactly what the generator
