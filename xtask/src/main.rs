@@ -10,6 +10,7 @@ mod e2e;
 mod flag_tables;
 mod install;
 mod markers;
+mod prose;
 mod setup;
 mod test;
 mod util;

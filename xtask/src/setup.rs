@@ -1,4 +1,4 @@
-//! Set-up of a fresh machine (see ../shared/toolchain.md), idempotent: each
+//! Set-up of a fresh machine (what it installs: docs/development.md, Building), idempotent: each
 //! step checks first and only installs what is missing.
 
 use std::process::Command;

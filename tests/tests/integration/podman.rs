@@ -60,7 +60,7 @@ impl Podman {
         )
         .expect("write the conflist");
         let d = podman.dir.display();
-        // See ../shared/toolchain.md: runc (crun fails on this kernel's
+        // runc (crun fails on this kernel's
         // hybrid cgroups), no default ulimits (the sandbox refuses raising
         // RLIMIT_NOFILE), the CNI backend.
         let conf = format!(

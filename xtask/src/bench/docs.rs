@@ -91,7 +91,8 @@ mod tests {
         let results = Results::parse(&fixture_bench(), None, None, None, None, &[])?;
         let section = readme_section(&results);
         assert!(section.starts_with(
-            "2030-01-02 03:04 UTC, commit abc1234; 2 cores; 1 interleaved round(s), 3 s per data-plane measurement.\n\n| metric | bridge |"
+            "2030-01-02 03:04 UTC, commit abc1234; 2 cores; 1 interleaved round(s), 3 s per data-plane\n\
+             measurement.\n\n| metric | bridge |"
         ));
         for row in [
             "| TCP throughput, 1 stream (Gbit/s) | 10.00 | 20.00 | 4.00 | 16.00 | 20.00 | 2.00 | 1.25 | 1.00 | 0.40 | bridge >= 1, veth >= 1.1, veth BIG TCP >= 0.97 | met |",

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::figures;
 use super::results::{Results, field};
 use super::rows;
+use crate::prose;
 
 const TEMPLATE: &str = include_str!("benchmarks.template.md");
 
@@ -223,12 +224,12 @@ pub fn page(results: &Results) -> anyhow::Result<String> {
         ("program_cost", program_cost(results)),
         ("e2e", e2e(results)),
     ];
-    fill(TEMPLATE, &values)
+    Ok(prose::wrap(&fill(TEMPLATE, &values)?))
 }
 
 /// What goes between the README's markers: the run and the headline table.
 pub fn readme_section(results: &Results) -> String {
-    format!("{}\n\n{}", run_line(results), main_table(results))
+    prose::wrap(&format!("{}\n\n{}", run_line(results), main_table(results)))
 }
 
 /// `template` with each `{{name}}` replaced by its value; a placeholder

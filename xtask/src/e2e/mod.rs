@@ -1,6 +1,6 @@
 //! Real-Kubernetes cluster tests: what they need on the machine, prepared
-//! once and cached outside the checkout (`build/`, see
-//! ../shared/k8s-real.md), and `cargo xtask e2e`, which brings up a
+//! once and cached outside the checkout (`build/`; docs/kubernetes.md,
+//! Real Kubernetes), and `cargo xtask e2e`, which brings up a
 //! cluster of real components on this machine with flatnet as its CNI and
 //! runs the upstream e2e suites of the same release on it.
 

@@ -3,7 +3,7 @@
 //! sandbox, the e2e suite's test images, flatnet's agent, the cluster DNS)
 //! is a docker-archive tarball written from Debian's binaries and ours, then
 //! imported into each node's containerd with `ctr -n k8s.io images import`
-//! (see ../shared/k8s-real.md).
+//! (docs/kubernetes.md, Real Kubernetes).
 //!
 //! Three parts:
 //! - [`Rootfs`]: what an image holds, as host files copied in (each
