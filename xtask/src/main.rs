@@ -48,7 +48,8 @@ enum Task {
     /// Set up, build, and benchmark flatnet against the kernel bridge and a bare veth.
     Bench(bench::BenchArgs),
     /// Write docs/benchmarks.md and the README's benchmark table from results/ (no measuring),
-    /// and the code map in docs/development.md from the Rust files' `//!` lines.
+    /// results/e2e.md from the e2e-<mode>.json beside it, and the code map in
+    /// docs/development.md from the Rust files' `//!` lines.
     Docs,
     /// Build Kubernetes (the servers, kubelet, kube-proxy, e2e.test, agnhost), etcd,
     /// containerd 2, cri-tools and pause from their Go modules, in $FLATNET_CACHE.
@@ -103,6 +104,7 @@ fn main() -> anyhow::Result<()> {
         Task::Docs => {
             let root = util::root();
             bench::docs::write(&root)?;
+            e2e::write_summary(&root.join("results"))?;
             code_map::write(&root)
         }
         Task::E2e(args) => {

@@ -145,8 +145,11 @@ fn parse_junit(text: &str) -> anyhow::Result<Vec<SpecResult>> {
             .and_then(|t| t.parse().ok())
             .unwrap_or(0.0);
         let child = |tag: &str| case.children().find(|c| c.has_tag_name(tag));
+        // ginkgo v2 leaves a failure's `message` empty and writes the
+        // text in the element's body.
         let message = |node: roxmltree::Node| {
             node.attribute("message")
+                .filter(|m| !m.trim().is_empty())
                 .map(str::to_string)
                 .or_else(|| node.text().map(str::to_string))
                 .unwrap_or_default()
@@ -273,11 +276,30 @@ pub fn write_results(reports: &[ModeReport], dir: &Path, run: &str) -> anyhow::R
             "| `{pattern}` | all, IPv4-only clusters | {why} |\n"
         ));
     }
+    // A mode's skips hold for its serial suite too: one row per pattern,
+    // naming every mode it is skipped in.
+    let mut mode_skips: Vec<(&str, &str, Vec<&str>)> = Vec::new();
     for suite in SUITES.iter().filter(|s| !s.in_ci) {
-        for (pattern, why) in suite.skips {
-            let modes: Vec<&str> = suite.modes.iter().map(|m| m.name()).collect();
-            md.push_str(&format!("| `{pattern}` | {} | {why} |\n", modes.join(", ")));
+        for &(pattern, why) in suite.skips {
+            let at = match mode_skips
+                .iter()
+                .position(|(p, w, _)| (*p, *w) == (pattern, why))
+            {
+                Some(at) => at,
+                None => {
+                    mode_skips.push((pattern, why, Vec::new()));
+                    mode_skips.len() - 1
+                }
+            };
+            for mode in suite.modes.iter().map(|m| m.name()) {
+                if !mode_skips[at].2.contains(&mode) {
+                    mode_skips[at].2.push(mode);
+                }
+            }
         }
+    }
+    for (pattern, why, modes) in mode_skips {
+        md.push_str(&format!("| `{pattern}` | {} | {why} |\n", modes.join(", ")));
     }
     md.push_str("\n## Skipped at run time by the suite itself\n\n| Services | spec | message |\n|---|---|---|\n");
     for report in reports {
@@ -388,6 +410,7 @@ more</failure>
   <testcase name="[It] [sig-network] b skips itself" classname="Kubernetes e2e suite" status="skipped" time="0.4"><skipped message="skipped - Requires at least 2 nodes"></skipped></testcase>
   <testcase name="[It] [sig-storage] c not selected" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
   <testcase name="[ReportAfterSuite] Kubernetes e2e suite report" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+  <testcase name="[It] [sig-network] d times out" classname="Kubernetes e2e suite" status="failed" time="300"><failure message="" type="failed">[FAILED] Timed out after 300.001s.&#xA;expected pod to be running</failure></testcase>
   <testcase name="[SynchronizedAfterSuite]" classname="Kubernetes e2e suite" status="failed" time="3"><failure message="cleanup failed"></failure></testcase>
 </testsuite></testsuites>"#;
         let specs = selected(parse_junit(xml).unwrap());
@@ -397,10 +420,17 @@ more</failure>
             [
                 "[sig-network] a passes",
                 "[sig-network] b skips itself",
+                "[sig-network] d times out",
                 "[SynchronizedAfterSuite]"
             ]
         );
         assert_eq!(specs[1].outcome, Outcome::Skipped);
         assert_eq!(specs[2].outcome, Outcome::Failed);
+        assert_eq!(
+            first_line(&specs[2].message),
+            "[FAILED] Timed out after 300.001s."
+        );
+        assert_eq!(specs[3].outcome, Outcome::Failed);
+        assert_eq!(specs[3].message, "cleanup failed");
     }
 }
