@@ -1,16 +1,15 @@
 //! The cluster as policies see it: pods (as subjects and as peers) and
 //! namespaces' labels.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::ports::{PortRange, PortSet};
+use super::identity::{IdentityNumbers, PeerIdentity, Relevant, identities};
+use super::ports::PortRange;
 use super::selector::matches;
-use super::table::Allow;
 use crate::protocol::Protocol;
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -100,19 +99,6 @@ impl<'a> PodView<'a> {
             .filter_map(|p| u16::try_from(p.container_port).ok())
             .map(move |port| PortRange::new(protocol, port, port))
     }
-
-    /// A /32 or /128 per IP, each allowing `ports`.
-    pub fn allows(&self, ports: &PortSet, policy: &'a str, out: &mut Vec<Allow<'a>>) {
-        for &ip in &self.ips {
-            let host = IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 });
-            out.extend(host.ok().map(|cidr| Allow {
-                cidr,
-                except: Vec::new(),
-                ports: ports.clone(),
-                policy,
-            }));
-        }
-    }
 }
 
 /// The pods that can be peers, and the namespaces' labels.
@@ -120,15 +106,31 @@ pub struct Cluster<'a> {
     /// Pods with an IP that have not finished, host-network ones included
     /// (their IPs are the node's; upstream selectors match them too).
     pub peers: Vec<PodView<'a>>,
+    /// The identities of the peers' addresses, by number.
+    pub identities: Vec<PeerIdentity>,
+    /// Every peer address's identity number.
+    pub addresses: HashMap<IpAddr, u32>,
     namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(pods: &[&'a Pod], namespaces: &[&'a Namespace], local: &LocalIps) -> Self {
-        let peers = pods
+    /// The cluster with its peers numbered as `numbers` says (what
+    /// `relevant` keeps of them tells identities apart).
+    pub fn new(
+        pods: &[&'a Pod],
+        namespaces: &[&'a Namespace],
+        local: &LocalIps,
+        (relevant, numbers): (&Relevant, &mut IdentityNumbers),
+    ) -> Self {
+        let peers: Vec<PodView<'a>> = pods
             .iter()
             .map(|p| PodView::new(p).or_recorded(local))
             .filter(|p| !p.ips.is_empty() && !p.finished())
+            .collect();
+        let identities = identities(&peers, relevant, numbers);
+        let addresses = identities
+            .iter()
+            .flat_map(|i| i.addresses.iter().map(|a| (*a, i.number)))
             .collect();
         let namespaces = namespaces
             .iter()
@@ -137,7 +139,12 @@ impl<'a> Cluster<'a> {
                 n.metadata.name.as_deref().map(|name| (name, labels))
             })
             .collect();
-        Cluster { peers, namespaces }
+        Cluster {
+            peers,
+            identities,
+            addresses,
+            namespaces,
+        }
     }
 
     /// A namespace not seen yet (the watch lags) is taken to have only the

@@ -14,6 +14,7 @@
 //!   the node (kubelet's probes) passes any ingress policy.
 
 mod datapath;
+mod identities;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -42,6 +43,29 @@ pub trait PolicySink {
     /// reloaded over wiped pins starts with empty policy maps).
     fn in_place(&mut self, _policy: &PodPolicy) -> bool {
         true
+    }
+
+    /// The peer identities it holds by address (a restarted agent finds
+    /// the last one's).
+    fn peer_ids(&mut self) -> Result<BTreeMap<IpAddr, u32>> {
+        Ok(BTreeMap::new())
+    }
+
+    /// Gives each of `addresses` its identity number (new entries and
+    /// changed ones), for the tables that name peers by identity.
+    fn write_peer_ids(&mut self, _addresses: &[(IpAddr, u32)]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Takes these addresses' identities away.
+    fn remove_peer_ids(&mut self, _addresses: &[IpAddr]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Has the flows the pod with `ips` recorded judged again: a peer it
+    /// allowed by identity left that identity.
+    fn rejudge(&mut self, _ips: &[IpAddr]) -> Result<()> {
+        Ok(())
     }
 
     /// Records which policies select each pod, by pod address, for people
@@ -134,16 +158,21 @@ pub struct PolicySync<S> {
     written: BTreeMap<PodKey, Vec<IpAddr>>,
     /// Pods to try again: not attached yet, or a failed write or removal.
     retry: BTreeSet<PodKey>,
+    /// The peer identities the sink holds by address; None: unknown (a
+    /// write failed), all written again at the next resync.
+    peer_ids: Option<BTreeMap<IpAddr, u32>>,
 }
 
 impl<S: PolicySink> PolicySync<S> {
-    pub fn new(sink: S, metrics: AgentMetrics) -> Self {
+    pub fn new(mut sink: S, metrics: AgentMetrics) -> Self {
+        let peer_ids = sink.peer_ids().ok();
         PolicySync {
             sink,
             metrics,
             plan: None,
             written: BTreeMap::new(),
             retry: BTreeSet::new(),
+            peer_ids,
         }
     }
 
@@ -196,7 +225,11 @@ impl<S: PolicySink> PolicySync<S> {
                 .set(isolated as i64);
         }
         let retry = std::mem::take(&mut self.retry);
+        // Addresses of new identities before the tables that name them;
+        // changed and gone ones after, when no table needs the old.
+        self.add_peer_ids(&plan);
         self.take_steps(&previous, &plan, &retry);
+        self.settle_peer_ids(&previous, &plan);
         if let Err(e) = self.sink.policy_names(&policy_names(&plan)) {
             tracing::warn!(error = %e, "cannot record which policies select each pod");
         }
@@ -220,6 +253,13 @@ impl<S: PolicySink> PolicySync<S> {
                     self.retry.insert(key.clone());
                 }
             }
+        }
+        if self.peer_ids.is_none()
+            && let Some(plan) = self.plan.take()
+        {
+            self.add_peer_ids(&plan);
+            self.settle_peer_ids(&plan, &plan);
+            self.plan = Some(plan);
         }
         if self.retry.is_empty() {
             return;
@@ -373,6 +413,7 @@ mod tests {
                 cidr: from.parse().unwrap(),
                 ports: PortSet::of([PortRange::new(Protocol::Tcp, port, port)]),
             }],
+            peers: BTreeMap::new(),
         })
     }
 
@@ -389,6 +430,7 @@ mod tests {
     fn plan(pods: Vec<(&str, Result<PodPolicy, PolicyError>)>) -> Plan {
         Plan {
             pods: pods.into_iter().map(|(k, r)| (key(k), r)).collect(),
+            addresses: BTreeMap::new(),
         }
     }
 
@@ -483,7 +525,7 @@ mod tests {
         let error = PolicyError::TooManyPortRanges {
             pod: key("a/web"),
             direction: Direction::Ingress,
-            cidr: "10.1.0.0/16".parse().unwrap(),
+            peer: "10.1.0.0/16".into(),
             ranges: 17,
             policies: vec!["p".into()],
         };
@@ -584,7 +626,16 @@ mod tests {
                     ports: PortSet::of([PortRange::new(Protocol::Udp, 53, 54)]),
                 },
             ],
+            peers: BTreeMap::from([(7, PortSet::Any)]),
         });
+        assert_eq!(
+            datapath::peer_rules(&any),
+            [flatnet_datapath::bpf::PeerRule {
+                identity: 7,
+                ports: PolicyPorts::Any
+            }]
+        );
+        assert!(datapath::peer_rules(&Allowed::All).is_empty());
         let rules = rules(&any).unwrap();
         assert_eq!(rules[0].ports, PolicyPorts::Any);
         assert_eq!(rules[1].ports, PolicyPorts::Ranges(vec![]));

@@ -1,0 +1,100 @@
+//! Keeping the sink's peer identities (address -> identity number) in line
+//! with the plan's: new ones before the tables naming them are written,
+//! changed and gone ones after, and the flows a pod recorded judged again
+//! when a peer it allowed by identity left that identity.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use super::{PolicySink, PolicySync};
+use crate::policy::{Allowed, Plan};
+
+impl<S: PolicySink> PolicySync<S> {
+    /// Writes the plan's addresses the sink lacks (all of them when what
+    /// it holds is unknown). Changed ones wait for `settle_peer_ids`.
+    pub(super) fn add_peer_ids(&mut self, plan: &Plan) {
+        let held = self.peer_ids.as_ref();
+        let new: Vec<(IpAddr, u32)> = plan
+            .addresses
+            .iter()
+            .filter(|(a, _)| held.is_none_or(|h| !h.contains_key(*a)))
+            .map(|(a, n)| (*a, *n))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        match self.sink.write_peer_ids(&new) {
+            Ok(()) => {
+                if let Some(held) = &mut self.peer_ids {
+                    held.extend(new);
+                }
+            }
+            Err(e) => self.peer_ids_failed(&e),
+        }
+    }
+
+    /// Makes the sink's addresses the plan's: changed ones rewritten, gone
+    /// ones removed; then the pods whose tables named a peer's old
+    /// identity have their flows judged again.
+    pub(super) fn settle_peer_ids(&mut self, previous: &Plan, plan: &Plan) {
+        let held = match self.peer_ids.take() {
+            Some(held) => held,
+            // Unknown: read back, else everything the previous plan had is
+            // rewritten.
+            None => self
+                .sink
+                .peer_ids()
+                .unwrap_or_else(|_| previous.addresses.clone()),
+        };
+        let changed: Vec<(IpAddr, u32)> = plan
+            .addresses
+            .iter()
+            .filter(|(a, n)| held.get(*a).is_none_or(|h| h != *n))
+            .map(|(a, n)| (*a, *n))
+            .collect();
+        let gone: Vec<IpAddr> = held
+            .keys()
+            .filter(|a| !plan.addresses.contains_key(*a))
+            .copied()
+            .collect();
+        let left: HashSet<u32> = held
+            .iter()
+            .filter(|(a, n)| plan.addresses.get(*a) != Some(*n))
+            .map(|(_, n)| *n)
+            .collect();
+        if let Err(e) = self.sink.write_peer_ids(&changed) {
+            return self.peer_ids_failed(&e);
+        }
+        if let Err(e) = self.sink.remove_peer_ids(&gone) {
+            return self.peer_ids_failed(&e);
+        }
+        self.peer_ids = Some(plan.addresses.clone());
+        if left.is_empty() {
+            return;
+        }
+        for result in previous.pods.values().chain(plan.pods.values()) {
+            let Ok(policy) = result else { continue };
+            let names = |a: &Allowed| match a {
+                Allowed::All => false,
+                Allowed::Only(t) => t.peers.keys().any(|n| left.contains(n)),
+            };
+            if (names(&policy.ingress) || names(&policy.egress))
+                && let Err(e) = self.sink.rejudge(&policy.ips)
+            {
+                self.metrics.policy_errors.inc();
+                tracing::warn!(error = %e, ips = ?policy.ips, "cannot have a pod's recorded flows judged again");
+            }
+        }
+    }
+
+    fn peer_ids_failed(&mut self, error: &crate::error::AgentError) {
+        self.metrics.policy_errors.inc();
+        tracing::warn!(%error, "cannot write the identities of peer addresses; retrying at the next resync (until then those peers are denied)");
+        self.peer_ids = None;
+    }
+
+    /// The peer identities the sink holds, as last written.
+    pub fn peer_ids(&self) -> Option<&BTreeMap<IpAddr, u32>> {
+        self.peer_ids.as_ref()
+    }
+}
