@@ -72,7 +72,8 @@ impl<S: PolicySink> PolicySync<S> {
         if left.is_empty() {
             return;
         }
-        for result in previous.pods.values().chain(plan.pods.values()) {
+        // A pod whose table no longer names it was rewritten already.
+        for result in plan.pods.values() {
             let Ok(policy) = result else { continue };
             let names = |a: &Allowed| match a {
                 Allowed::All => false,
@@ -96,5 +97,65 @@ impl<S: PolicySink> PolicySync<S> {
     /// The peer identities the sink holds, as last written.
     pub fn peer_ids(&self) -> Option<&BTreeMap<IpAddr, u32>> {
         self.peer_ids.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::tests::{calls, ip, key, only, plan, pod, synced};
+    use crate::policy::{Allowed, Plan, PortSet};
+
+    /// `a/web` (10.0.0.2) letting in identity 7 on any port, with
+    /// `addresses` (address -> identity).
+    fn by_identity(addresses: &[(&str, u32)]) -> Plan {
+        let mut allowed = only("192.0.2.0/24", 80);
+        if let Allowed::Only(table) = &mut allowed {
+            table.peers = BTreeMap::from([(7, PortSet::Any)]);
+        }
+        let mut plan = plan(vec![("a/web", pod("10.0.0.2", allowed))]);
+        plan.addresses = addresses.iter().map(|(a, n)| (ip(a), *n)).collect();
+        plan
+    }
+
+    #[test]
+    fn new_identities_go_before_the_tables_changed_and_gone_ones_after() {
+        let mut sync = synced(&["10.0.0.2"]);
+        sync.update(by_identity(&[("10.1.0.5", 7), ("10.1.0.6", 8)]));
+        let first = calls(&mut sync);
+        assert_eq!(first[..2], ["id 10.1.0.5=7", "id 10.1.0.6=8"]);
+        assert!(first[2].starts_with("write a/web"), "{first:?}");
+        assert_eq!(first.len(), 3);
+
+        // A peer of identity 7 coming: one address entry, no table.
+        sync.update(by_identity(&[("10.1.0.5", 7), ("10.1.0.6", 8), ("10.1.0.9", 7)]));
+        assert_eq!(calls(&mut sync), ["id 10.1.0.9=7"]);
+
+        // 10.1.0.5 leaves identity 7, 10.1.0.9 goes: a/web named 7, so its
+        // recorded flows are judged again, after the entries changed.
+        sync.update(by_identity(&[("10.1.0.5", 8), ("10.1.0.6", 8)]));
+        assert_eq!(
+            calls(&mut sync),
+            ["id 10.1.0.5=8", "id 10.1.0.9 gone", "rejudge [10.0.0.2]"]
+        );
+
+        // 10.1.0.6 leaving 8 concerns no table here: nothing judged again.
+        sync.update(by_identity(&[("10.1.0.5", 8)]));
+        assert_eq!(calls(&mut sync), ["id 10.1.0.6 gone"]);
+    }
+
+    #[test]
+    fn a_failed_write_is_done_again_at_the_next_resync() {
+        let mut sync = synced(&["10.0.0.2"]);
+        sync.sink.failing.insert("peer ids".into());
+        sync.update(by_identity(&[("10.1.0.5", 7)]));
+        assert_eq!(sync.peer_ids(), None, "unknown after a failure");
+        assert!(calls(&mut sync)[0].starts_with("write a/web"));
+        sync.sink.failing.clear();
+        sync.resync(&[]);
+        assert_eq!(calls(&mut sync)[0], "id 10.1.0.5=7");
+        assert_eq!(sync.peer_ids(), Some(&BTreeMap::from([(ip("10.1.0.5"), 7)])));
+        let _ = key("a/web");
     }
 }

@@ -335,7 +335,7 @@ impl<S: PolicySink> PolicySync<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::HashSet;
 
     use super::*;
@@ -348,11 +348,11 @@ mod tests {
     /// Records what it is asked; pods with an address in `attached` are
     /// in the datapath, those in `failing` fail.
     #[derive(Default)]
-    struct Recorder {
-        calls: Vec<String>,
-        attached: HashSet<IpAddr>,
-        failing: HashSet<String>,
-        local: Vec<IpAddr>,
+    pub(super) struct Recorder {
+        pub(super) calls: Vec<String>,
+        pub(super) attached: HashSet<IpAddr>,
+        pub(super) failing: HashSet<String>,
+        pub(super) local: Vec<IpAddr>,
     }
 
     impl PolicySink for Recorder {
@@ -392,13 +392,35 @@ mod tests {
             self.local = addresses.to_vec();
             Ok(())
         }
+
+        fn write_peer_ids(&mut self, addresses: &[(IpAddr, u32)]) -> Result<()> {
+            if self.failing.contains("peer ids") {
+                return Err(AgentError::Config("peer ids: refused".into()));
+            }
+            for (address, identity) in addresses {
+                self.calls.push(format!("id {address}={identity}"));
+            }
+            Ok(())
+        }
+
+        fn remove_peer_ids(&mut self, addresses: &[IpAddr]) -> Result<()> {
+            for address in addresses {
+                self.calls.push(format!("id {address} gone"));
+            }
+            Ok(())
+        }
+
+        fn rejudge(&mut self, ips: &[IpAddr]) -> Result<()> {
+            self.calls.push(format!("rejudge {ips:?}"));
+            Ok(())
+        }
     }
 
-    fn ip(s: &str) -> IpAddr {
+    pub(super) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
-    fn key(s: &str) -> PodKey {
+    pub(super) fn key(s: &str) -> PodKey {
         let (namespace, name) = s.split_once('/').unwrap();
         PodKey {
             namespace: namespace.into(),
@@ -407,7 +429,7 @@ mod tests {
     }
 
     /// Ingress from `from` on TCP `port`.
-    fn only(from: &str, port: u16) -> Allowed {
+    pub(super) fn only(from: &str, port: u16) -> Allowed {
         Allowed::Only(Table {
             entries: vec![Entry {
                 cidr: from.parse().unwrap(),
@@ -417,7 +439,7 @@ mod tests {
         })
     }
 
-    fn pod(address: &str, ingress: Allowed) -> Result<PodPolicy, PolicyError> {
+    pub(super) fn pod(address: &str, ingress: Allowed) -> Result<PodPolicy, PolicyError> {
         let isolated = matches!(ingress, Allowed::Only(_));
         Ok(PodPolicy {
             ips: vec![ip(address)],
@@ -427,14 +449,14 @@ mod tests {
         })
     }
 
-    fn plan(pods: Vec<(&str, Result<PodPolicy, PolicyError>)>) -> Plan {
+    pub(super) fn plan(pods: Vec<(&str, Result<PodPolicy, PolicyError>)>) -> Plan {
         Plan {
             pods: pods.into_iter().map(|(k, r)| (key(k), r)).collect(),
             addresses: BTreeMap::new(),
         }
     }
 
-    fn synced(attached: &[&str]) -> PolicySync<Recorder> {
+    pub(super) fn synced(attached: &[&str]) -> PolicySync<Recorder> {
         let sink = Recorder {
             attached: attached.iter().map(|a| ip(a)).collect(),
             ..Recorder::default()
@@ -442,7 +464,7 @@ mod tests {
         PolicySync::new(sink, AgentMetrics::default())
     }
 
-    fn calls(sync: &mut PolicySync<Recorder>) -> Vec<String> {
+    pub(super) fn calls(sync: &mut PolicySync<Recorder>) -> Vec<String> {
         std::mem::take(&mut sync.sink.calls)
     }
 

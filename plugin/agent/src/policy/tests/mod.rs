@@ -3,6 +3,7 @@
 
 mod features;
 mod first_packet;
+mod growth;
 mod model;
 mod named_ports;
 mod scale;
