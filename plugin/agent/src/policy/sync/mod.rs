@@ -224,6 +224,10 @@ impl<S: PolicySink> PolicySync<S> {
                 })
                 .set(isolated as i64);
         }
+        let identities: HashSet<u32> = plan.addresses.values().copied().collect();
+        let metrics = &self.metrics;
+        metrics.policy_peer_addresses.set(plan.addresses.len() as i64);
+        metrics.policy_identities.set(identities.len() as i64);
         let retry = std::mem::take(&mut self.retry);
         // Addresses of new identities before the tables that name them;
         // changed and gone ones after, when no table needs the old.
