@@ -7,12 +7,13 @@ use crate::{
     Affinity, AffinityKey, BackendKey, Counter, EXTERNAL_PORT_COUNT, Endpoint, EndpointCounters,
     FlowKey, FlowVerdict, FragmentKey, FragmentKey6, FragmentPorts, Ipv4Key, Ipv6Key, LocalAddrKey,
     MAX_ENDPOINTS, MAX_FLOWS, MAX_LOCAL_ADDRS, MAX_NAT_FLOWS, MAX_NAT_FRAGMENTS,
-    MAX_NODEPORT_ADDRS, MAX_PEER_NODES, MAX_PEER_IDS, MAX_POLICY_ENTRIES, MAX_POLICY_FLOWS, MAX_POLICY_PEERS, MAX_REMOTE_CIDRS,
-    MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS, MAX_SERVICE_REVNAT, MAX_SERVICES, NAT_CLAIMS_MAX,
-    NatForward, NatKey, NatReverse, NodePortAddress, POLICY_EVENTS_BYTES, PodSources, PolicyCidrV4,
-    PolicyCidrV6, PolicyDrops, PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPod, PolicyPorts,
-    RemoteCidrV4, RemoteCidrV6, RemoteNode, RevNat, RevNatKey, ServiceBackend, ServiceKey,
-    ServiceValue, TunnelConfig, action, nodeport_call,
+    MAX_NODEPORT_ADDRS, MAX_PEER_IDS, MAX_PEER_NODES, MAX_POLICY_ENTRIES, MAX_POLICY_FLOWS,
+    MAX_POLICY_PEERS, MAX_REMOTE_CIDRS, MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS,
+    MAX_SERVICE_REVNAT, MAX_SERVICES, NAT_CLAIMS_MAX, NatForward, NatKey, NatReverse,
+    NodePortAddress, POLICY_EVENTS_BYTES, PodSources, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
+    PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPod, PolicyPorts, RemoteCidrV4,
+    RemoteCidrV6, RemoteNode, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    TunnelConfig, action, nodeport_call,
 };
 
 /// The kind of a BPF map (`BPF_MAP_TYPE_*`), as the loader checks a pinned

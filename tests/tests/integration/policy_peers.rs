@@ -41,7 +41,10 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     let served = ServedStub::start(listener);
     let stub = &served.stub;
     stub.add(Kind::Namespace, api_namespace("app", json!({})));
-    stub.add(Kind::Namespace, api_namespace("clients", json!({"role": "clients"})));
+    stub.add(
+        Kind::Namespace,
+        api_namespace("clients", json!({"role": "clients"})),
+    );
     for i in 0..CLIENTS {
         stub.add(Kind::Pod, synthetic_client(i));
     }
@@ -56,14 +59,25 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     let servers: Vec<_> = (0..SERVERS).map(|_| node.pod()).collect();
     for (i, pod) in servers.iter().enumerate() {
         let ip = IpAddr::V4(pod.ip);
-        stub.add(Kind::Pod, shop_pod("app", &format!("server-{i}"), NODE, ip, "server"));
+        stub.add(
+            Kind::Pod,
+            shop_pod("app", &format!("server-{i}"), NODE, ip, "server"),
+        );
     }
     let gauge = |name: &str| metric(&node.metrics(), name).unwrap_or(-1.0);
-    wait_until("the servers isolated, the clients' addresses written", SETTLE, || {
-        gauge("flatnet_policy_isolated_pods{direction=\"ingress\"}") == SERVERS as f64
-            && gauge("flatnet_policy_peer_addresses") == CLIENTS as f64
-    });
-    assert_eq!(gauge("flatnet_policy_identities"), 1.0, "one Deployment, one identity");
+    wait_until(
+        "the servers isolated, the clients' addresses written",
+        SETTLE,
+        || {
+            gauge("flatnet_policy_isolated_pods{direction=\"ingress\"}") == SERVERS as f64
+                && gauge("flatnet_policy_peer_addresses") == CLIENTS as f64
+        },
+    );
+    assert_eq!(
+        gauge("flatnet_policy_identities"),
+        1.0,
+        "one Deployment, one identity"
+    );
 
     // A client that comes later, a real pod on this node.
     let late = node.pod();
@@ -84,7 +98,10 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     let mut by_prefix = 0;
     let mut by_identity = 0;
     for server in &servers {
-        let slot = datapath.slot_of(IpAddr::V4(server.ip)).unwrap().expect("a server's slot");
+        let slot = datapath
+            .slot_of(IpAddr::V4(server.ip))
+            .unwrap()
+            .expect("a server's slot");
         by_prefix += datapath.pod_policy_rules(slot).unwrap().len();
         by_identity += datapath.pod_policy_peers(slot).unwrap().len();
     }

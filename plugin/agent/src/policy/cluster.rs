@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::identity::{IdentityNumbers, PeerIdentity, Relevant, identities};
+use super::identity::{IdentityKey, IdentityNumbers, Member, PeerIdentity, Relevant};
 use super::ports::PortRange;
 use super::selector::matches;
 use crate::protocol::Protocol;
@@ -71,6 +71,34 @@ impl<'a> PodView<'a> {
             self.ips = ips.clone();
         }
         self
+    }
+
+    /// What the pod shows to the policies whose concerns are `relevant`.
+    pub fn member(&self, relevant: &Relevant) -> Member {
+        let labels = self
+            .labels
+            .iter()
+            .filter(|(k, _)| relevant.label_keys.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut named_ports: Vec<(String, String, i32)> = Vec::new();
+        if relevant.named_ports {
+            let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+            named_ports = containers
+                .flat_map(|c| c.ports.iter().flatten())
+                .filter_map(|p| {
+                    let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                    Some((p.name.clone()?, protocol, p.container_port))
+                })
+                .collect();
+            named_ports.sort_unstable();
+            named_ports.dedup();
+        }
+        Member {
+            namespace: self.namespace.to_string(),
+            labels,
+            named_ports,
+        }
     }
 
     /// Succeeded or Failed: its containers are gone, its IPs may be reused.
@@ -159,4 +187,41 @@ impl<'a> Cluster<'a> {
             }
         }
     }
+}
+
+/// The identities of `peers`' addresses, sorted by number.
+pub fn identities(
+    peers: &[PodView<'_>],
+    relevant: &Relevant,
+    numbers: &mut IdentityNumbers,
+) -> Vec<PeerIdentity> {
+    let mut by_address: BTreeMap<IpAddr, BTreeMap<Member, usize>> = BTreeMap::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let member = peer.member(relevant);
+        for ip in &peer.ips {
+            by_address
+                .entry(*ip)
+                .or_default()
+                .entry(member.clone())
+                .or_insert(i);
+        }
+    }
+    let mut by_key: BTreeMap<IdentityKey, PeerIdentity> = BTreeMap::new();
+    for (ip, members) in by_address {
+        let key: IdentityKey = members.keys().cloned().collect();
+        let identity = by_key.entry(key).or_insert_with(|| PeerIdentity {
+            number: 0,
+            members: members.values().copied().collect(),
+            addresses: Vec::new(),
+        });
+        identity.addresses.push(ip);
+    }
+    // Hinted numbers first, so a fresh one never takes a hint another
+    // identity would have had.
+    for (key, identity) in &mut by_key {
+        identity.number = numbers.number(key, &identity.addresses);
+    }
+    let mut identities: Vec<PeerIdentity> = by_key.into_values().collect();
+    identities.sort_by_key(|i| i.number);
+    identities
 }

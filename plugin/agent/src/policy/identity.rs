@@ -23,8 +23,6 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::cluster::PodView;
-
 /// What one pod shows to selectors.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Member {
@@ -67,44 +65,25 @@ impl Relevant {
     }
 
     fn peers(&mut self, peers: Option<&[NetworkPolicyPeer]>) {
-        for selector in peers.unwrap_or_default().iter().filter_map(|p| p.pod_selector.as_ref()) {
+        for selector in peers
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p.pod_selector.as_ref())
+        {
             self.selector(selector);
         }
     }
 
     fn selector(&mut self, selector: &LabelSelector) {
-        self.label_keys
-            .extend(selector.match_labels.iter().flatten().map(|(k, _)| k.clone()));
+        self.label_keys.extend(
+            selector
+                .match_labels
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.clone()),
+        );
         let expressions = selector.match_expressions.iter().flatten();
         self.label_keys.extend(expressions.map(|e| e.key.clone()));
-    }
-
-    /// What `pod` shows to the node's policies.
-    pub fn member(&self, pod: &PodView<'_>) -> Member {
-        let labels = pod
-            .labels
-            .iter()
-            .filter(|(k, _)| self.label_keys.contains(*k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut named_ports: Vec<(String, String, i32)> = Vec::new();
-        if self.named_ports {
-            let containers = pod.pod.spec.iter().flat_map(|s| &s.containers);
-            named_ports = containers
-                .flat_map(|c| c.ports.iter().flatten())
-                .filter_map(|p| {
-                    let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
-                    Some((p.name.clone()?, protocol, p.container_port))
-                })
-                .collect();
-            named_ports.sort_unstable();
-            named_ports.dedup();
-        }
-        Member {
-            namespace: pod.namespace.to_string(),
-            labels,
-            named_ports,
-        }
     }
 }
 
@@ -193,39 +172,6 @@ pub struct PeerIdentity {
     pub addresses: Vec<IpAddr>,
 }
 
-/// The identities of `peers`' addresses, sorted by number.
-pub fn identities(
-    peers: &[PodView<'_>],
-    relevant: &Relevant,
-    numbers: &mut IdentityNumbers,
-) -> Vec<PeerIdentity> {
-    let mut by_address: BTreeMap<IpAddr, BTreeMap<Member, usize>> = BTreeMap::new();
-    for (i, peer) in peers.iter().enumerate() {
-        let member = relevant.member(peer);
-        for ip in &peer.ips {
-            by_address.entry(*ip).or_default().entry(member.clone()).or_insert(i);
-        }
-    }
-    let mut by_key: BTreeMap<IdentityKey, PeerIdentity> = BTreeMap::new();
-    for (ip, members) in by_address {
-        let key: IdentityKey = members.keys().cloned().collect();
-        let identity = by_key.entry(key).or_insert_with(|| PeerIdentity {
-            number: 0,
-            members: members.values().copied().collect(),
-            addresses: Vec::new(),
-        });
-        identity.addresses.push(ip);
-    }
-    // Hinted numbers first, so a fresh one never takes a hint another
-    // identity would have had.
-    for (key, identity) in &mut by_key {
-        identity.number = numbers.number(key, &identity.addresses);
-    }
-    let mut identities: Vec<PeerIdentity> = by_key.into_values().collect();
-    identities.sort_by_key(|i| i.number);
-    identities
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,7 +202,11 @@ mod tests {
 
     #[test]
     fn hints_from_the_datapath_are_taken_up_once() {
-        let hints = HashMap::from([(ip("10.0.0.1"), 7), (ip("10.0.0.2"), 7), (ip("10.0.0.3"), 9)]);
+        let hints = HashMap::from([
+            (ip("10.0.0.1"), 7),
+            (ip("10.0.0.2"), 7),
+            (ip("10.0.0.3"), 9),
+        ]);
         let mut numbers = IdentityNumbers::with_hints(hints);
         // A fresh number never takes a hinted one.
         assert_eq!(numbers.number(&key("x", "new"), &[]), 10);

@@ -259,12 +259,7 @@ pub fn plan_of(
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
     relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
-    let cluster = Cluster::new(
-        pods,
-        namespaces,
-        local,
-        (&Relevant::of(&relevant), numbers),
-    );
+    let cluster = Cluster::new(pods, namespaces, local, (&Relevant::of(&relevant), numbers));
     let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
         .into_iter()
         .map(|p| (p, Policy::compile(p, &cluster)))

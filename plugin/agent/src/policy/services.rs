@@ -28,7 +28,12 @@ use crate::services::Frontend;
 /// whether the table allows a backend.
 pub type Backends<'t> = (&'t Table, &'t HashMap<IpAddr, u32>);
 
-fn allows_backend((table, addresses): Backends<'_>, backend: IpAddr, protocol: u8, port: u16) -> bool {
+fn allows_backend(
+    (table, addresses): Backends<'_>,
+    backend: IpAddr,
+    protocol: u8,
+    port: u16,
+) -> bool {
     table.allows(backend, addresses.get(&backend).copied(), protocol, port)
 }
 
@@ -36,7 +41,11 @@ fn allows_backend((table, addresses): Backends<'_>, backend: IpAddr, protocol: u
 /// whose CIDR contains it, unless `table` (the allows as written) lets
 /// through every backend of each of its ports (kube-proxy would send the
 /// packet to one of them; `cluster_ip_allows` then says which ports).
-pub fn withhold_cluster_ips(table: Backends<'_>, frontends: &[Frontend<'_>], allows: &mut [Allow<'_>]) {
+pub fn withhold_cluster_ips(
+    table: Backends<'_>,
+    frontends: &[Frontend<'_>],
+    allows: &mut [Allow<'_>],
+) {
     for frontend in frontends {
         for ip in &frontend.cluster_ips {
             let through_every_port = !frontend.ports.is_empty()

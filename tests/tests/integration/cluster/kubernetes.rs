@@ -240,9 +240,9 @@ fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
         let ids = datapath.peer_ids().unwrap();
         for (direction, rule) in datapath.pod_policy_peers(slot).unwrap() {
             let members = ids.iter().filter(|(_, id)| **id == rule.identity);
-            rules.extend(members.map(|(address, _)| {
-                format!("{direction} {address}/32 {:?}", rule.ports)
-            }));
+            rules.extend(
+                members.map(|(address, _)| format!("{direction} {address}/32 {:?}", rule.ports)),
+            );
         }
         rules.sort();
         (flags, rules)

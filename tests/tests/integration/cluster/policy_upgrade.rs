@@ -19,12 +19,23 @@ use serde_json::json;
 /// A pod of `cp-1` in namespace `shop`, labelled `app: <app>`.
 fn shop_pod(name: &str, ip: Ipv4Addr, app: &str) -> serde_json::Value {
     let containers = json!([{"name": "c", "image": "busybox"}]);
-    api_pod("shop", name, "cp-1", IpAddr::V4(ip), json!({"app": app}), containers)
+    api_pod(
+        "shop",
+        name,
+        "cp-1",
+        IpAddr::V4(ip),
+        json!({"app": app}),
+        containers,
+    )
 }
 
 /// Tries TCP connections from `from` to `to` every 100 ms until stopped;
 /// counts the ones that got through.
-fn keep_trying(from: &Netns, to: SocketAddr, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<AtomicU32>) {
+fn keep_trying(
+    from: &Netns,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> (std::thread::JoinHandle<()>, Arc<AtomicU32>) {
     let through = Arc::new(AtomicU32::new(0));
     let path = from.path();
     let counted = through.clone();
@@ -64,7 +75,10 @@ fn policy_moves_to_peer_identities_under_traffic_without_opening_or_dropping() {
                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}]}]}}),
     );
     let datapath = node.datapath();
-    let slot = datapath.slot_of(IpAddr::V4(web.ip)).unwrap().expect("web's slot");
+    let slot = datapath
+        .slot_of(IpAddr::V4(web.ip))
+        .unwrap()
+        .expect("web's slot");
     let client_ip = IpAddr::V4(client.ip);
     wait_until("the client's identity written", SETTLE, || {
         datapath.peer_ids().unwrap().contains_key(&client_ip)
@@ -93,7 +107,8 @@ fn policy_moves_to_peer_identities_under_traffic_without_opening_or_dropping() {
 
     let probed = web.netns.run(|| TcpListener::bind((web.ip, 0))).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let (prober, through) = keep_trying(&stranger.netns, probed.local_addr().unwrap(), stop.clone());
+    let (prober, through) =
+        keep_trying(&stranger.netns, probed.local_addr().unwrap(), stop.clone());
     let (sent, received) = stream_during(&web.netns, web.ip, &client.netns, || {
         node.start_agent(&Peers::Api(served.url.clone()));
         node.wait_ready();
@@ -108,7 +123,11 @@ fn policy_moves_to_peer_identities_under_traffic_without_opening_or_dropping() {
     prober.join().unwrap();
     assert_eq!(sent, received, "bytes were lost across the upgrade");
     assert!(sent > 1 << 20, "the stream barely moved: {sent} bytes");
-    assert_eq!(through.load(Ordering::Relaxed), 0, "the denied pod got through");
+    assert_eq!(
+        through.load(Ordering::Relaxed),
+        0,
+        "the denied pod got through"
+    );
     let new_id = datapath.program(PROG_FROM_POD).unwrap().id().unwrap();
     assert_ne!(new_id, old_id, "no new program was loaded");
     // Still denied, still allowed, once it is all done.

@@ -129,7 +129,11 @@ mod tests {
         assert_eq!(first.len(), 3);
 
         // A peer of identity 7 coming: one address entry, no table.
-        sync.update(by_identity(&[("10.1.0.5", 7), ("10.1.0.6", 8), ("10.1.0.9", 7)]));
+        sync.update(by_identity(&[
+            ("10.1.0.5", 7),
+            ("10.1.0.6", 8),
+            ("10.1.0.9", 7),
+        ]));
         assert_eq!(calls(&mut sync), ["id 10.1.0.9=7"]);
 
         // 10.1.0.5 leaves identity 7, 10.1.0.9 goes: a/web named 7, so its
@@ -155,7 +159,10 @@ mod tests {
         sync.sink.failing.clear();
         sync.resync(&[]);
         assert_eq!(calls(&mut sync)[0], "id 10.1.0.5=7");
-        assert_eq!(sync.peer_ids(), Some(&BTreeMap::from([(ip("10.1.0.5"), 7)])));
+        assert_eq!(
+            sync.peer_ids(),
+            Some(&BTreeMap::from([(ip("10.1.0.5"), 7)]))
+        );
         let _ = key("a/web");
     }
 }

@@ -226,7 +226,9 @@ impl<S: PolicySink> PolicySync<S> {
         }
         let identities: HashSet<u32> = plan.addresses.values().copied().collect();
         let metrics = &self.metrics;
-        metrics.policy_peer_addresses.set(plan.addresses.len() as i64);
+        metrics
+            .policy_peer_addresses
+            .set(plan.addresses.len() as i64);
         metrics.policy_identities.set(identities.len() as i64);
         let retry = std::mem::take(&mut self.retry);
         // Addresses of new identities before the tables that name them;

@@ -76,10 +76,7 @@ fn sixteen_pods_that_admit_a_namespace_of_5000_pods_take_16_plus_5000_entries() 
 
 /// Plans one after the other, as the agent makes them: identity numbers
 /// kept from one to the next.
-fn planner(
-    policies: &[NetworkPolicy],
-    namespaces: &[Namespace],
-) -> impl FnMut(&[Pod]) -> Plan {
+fn planner(policies: &[NetworkPolicy], namespaces: &[Namespace]) -> impl FnMut(&[Pod]) -> Plan {
     let mut numbers = identity::IdentityNumbers::default();
     move |pods: &[Pod]| {
         let policies: Vec<&NetworkPolicy> = policies.iter().collect();
@@ -100,7 +97,11 @@ fn a_peer_pod_coming_or_going_rewrites_no_table() {
     assert_eq!(after.changed_since(&before), Vec::<PodKey>::new());
     assert_eq!(after.addresses.len(), before.addresses.len() + 1);
     let new = after.addresses[&ip("10.2.0.202")];
-    assert_eq!(Some(&new), before.addresses.values().next(), "same identity");
+    assert_eq!(
+        Some(&new),
+        before.addresses.values().next(),
+        "same identity"
+    );
 
     // A label no selector mentions does not split the identity.
     pods.last_mut().unwrap().metadata.labels = Some(BTreeMap::from([
@@ -137,11 +138,21 @@ fn a_pod_whose_selected_label_changes_changes_identity() {
     let namespaces = [namespace("x", json!({}))];
     let mut plan_now = planner(&policies, &namespaces);
     let both = plan_now(&pods("client"));
-    assert!(of(&both, "x/server").ingress.allows(ip("10.0.1.3"), TCP, 80));
-    assert_eq!(both.addresses[&ip("10.0.1.2")], both.addresses[&ip("10.0.1.3")]);
+    assert!(
+        of(&both, "x/server")
+            .ingress
+            .allows(ip("10.0.1.3"), TCP, 80)
+    );
+    assert_eq!(
+        both.addresses[&ip("10.0.1.2")],
+        both.addresses[&ip("10.0.1.3")]
+    );
     let one = plan_now(&pods("batch"));
     assert!(!of(&one, "x/server").ingress.allows(ip("10.0.1.3"), TCP, 80));
-    assert!(!one.addresses.contains_key(&ip("10.0.1.3")), "named by no table");
+    assert!(
+        !one.addresses.contains_key(&ip("10.0.1.3")),
+        "named by no table"
+    );
     assert_eq!(one.changed_since(&both), Vec::<PodKey>::new());
 }
 
@@ -166,9 +177,17 @@ fn an_address_shared_by_host_network_pods_is_matched_through_any_of_them() {
             .ports(&[("metrics", 9999, "TCP")])
             .build(),
     ];
-    let plan = plan(NODE, &[policy("x", "p", spec)], &pods, &[namespace("x", json!({}))]);
+    let plan = plan(
+        NODE,
+        &[policy("x", "p", spec)],
+        &pods,
+        &[namespace("x", json!({}))],
+    );
     let egress = &of(&plan, "x/me").egress;
     assert!(egress.allows(ip("192.168.0.2"), TCP, 9100));
-    assert!(!egress.allows(ip("192.168.0.2"), TCP, 9999), "not the agent's port");
+    assert!(
+        !egress.allows(ip("192.168.0.2"), TCP, 9999),
+        "not the agent's port"
+    );
     assert_eq!(entries(egress), ["192.168.0.2/32 tcp/9100"]);
 }

@@ -171,7 +171,7 @@ pub fn ip(s: &str) -> IpAddr {
 }
 
 /// The table of an isolated direction.
-pub fn table<'a>(allowed: &'a Allowed) -> &'a Table {
+pub fn table(allowed: &Allowed) -> &Table {
     match allowed {
         Allowed::Only(table) => table,
         Allowed::All => panic!("not isolated"),

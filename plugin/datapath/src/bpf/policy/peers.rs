@@ -7,8 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use flatnet_common::{MAP_PEER_IDS_V4, MAP_POLICY_PEERS, PolicyPeerKey, maps};
 use flatnet_common::PolicyPorts as PortsValue;
+use flatnet_common::{MAP_PEER_IDS_V4, MAP_POLICY_PEERS, PolicyPeerKey, maps};
 
 use super::super::typed::HashOf;
 use super::super::{Datapath, ignore_missing};

@@ -18,7 +18,12 @@ const CLIENTS: u32 = 7;
 const OTHERS: u32 = 8;
 
 impl Node {
-    fn set_tables(&self, pod: &Pod, ingress: Option<PolicyTable<'_>>, egress: Option<PolicyTable<'_>>) {
+    fn set_tables(
+        &self,
+        pod: &Pod,
+        ingress: Option<PolicyTable<'_>>,
+        egress: Option<PolicyTable<'_>>,
+    ) {
         let datapath = &self.scratch.datapath;
         self.netns
             .run(|| datapath.set_pod_tables(pod.slot, ingress, egress))
@@ -28,7 +33,10 @@ impl Node {
     /// Gives `pod`'s addresses identity `identity`.
     fn name_pod(&self, pod: &Pod, identity: u32) {
         let entries: Vec<_> = FAMILIES.iter().map(|f| (pod.ip(*f), identity)).collect();
-        self.scratch.datapath.write_peer_ids(&entries).expect("writing peer identities");
+        self.scratch
+            .datapath
+            .write_peer_ids(&entries)
+            .expect("writing peer identities");
     }
 }
 
@@ -43,7 +51,14 @@ fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
         identity: CLIENTS,
         ports: PolicyPorts::Ranges(vec![tcp_port(8080)]),
     }];
-    node.set_tables(a, None, Some(PolicyTable { rules: &rules, peers: &peers }));
+    node.set_tables(
+        a,
+        None,
+        Some(PolicyTable {
+            rules: &rules,
+            peers: &peers,
+        }),
+    );
     let read = node.scratch.datapath.pod_policy_peers(a.slot).unwrap();
     assert_eq!(read, [(1, peers[0].clone())], "egress is direction 1");
 
@@ -122,7 +137,13 @@ fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
 
     // Not isolated any more: its identity entries go with it.
     node.scratch.datapath.clear_pod_policy(a.slot).unwrap();
-    assert!(node.scratch.datapath.pod_policy_peers(a.slot).unwrap().is_empty());
+    assert!(
+        node.scratch
+            .datapath
+            .pod_policy_peers(a.slot)
+            .unwrap()
+            .is_empty()
+    );
     node.scratch
         .datapath
         .remove_peer_ids(&FAMILIES.map(|f| b.ip(f)))
@@ -138,13 +159,23 @@ fn policy_ingress_by_identity_admits_another_nodes_pod_once_it_has_the_identity(
         identity: CLIENTS,
         ports: PolicyPorts::Any,
     }];
-    node.set_tables(b, Some(PolicyTable { rules: &[], peers: &peers }), None);
+    node.set_tables(
+        b,
+        Some(PolicyTable {
+            rules: &[],
+            peers: &peers,
+        }),
+        None,
+    );
     for family in FAMILIES {
         let frame = from_remote(REMOTE_POD.of(family), b.ip(family), TTL);
         let outcome = node.try_run(Hook::Uplink, &frame).unwrap();
         assert_eq!(outcome.verdict, TC_ACT_SHOT, "{family:?} no identity yet");
     }
-    let remote: Vec<_> = FAMILIES.iter().map(|f| (REMOTE_POD.of(*f), CLIENTS)).collect();
+    let remote: Vec<_> = FAMILIES
+        .iter()
+        .map(|f| (REMOTE_POD.of(*f), CLIENTS))
+        .collect();
     node.scratch.datapath.write_peer_ids(&remote).unwrap();
     for family in FAMILIES {
         let (src, dst) = (REMOTE_POD.of(family), b.ip(family));
