@@ -6,6 +6,7 @@ use flatnet_datapath::bpf::{
     Datapath, PeerRule, PolicyPortRange, PolicyPorts, PolicyRule, PolicyTable,
 };
 
+use flatnet_common::{POLICY_F_EGRESS, POLICY_F_INGRESS};
 use flatnet_datapath::node::markers::policy_names_file;
 
 use crate::error::{AgentError, Result};
@@ -80,11 +81,26 @@ impl PolicySink for DatapathSink {
             self.datapath.clear_pod_policy(slot)?;
             return Ok(Applied::Written);
         }
-        self.datapath.set_pod_tables(
+        let written = self.datapath.set_pod_tables(
             slot,
             table(ingress.as_deref(), &ingress_peers),
             table(egress.as_deref(), &egress_peers),
-        )?;
+        );
+        if let Err(error) = written {
+            // Fail closed: nothing in, nothing out where it is isolated,
+            // until a write succeeds.
+            let mut flags = 0;
+            if ingress.is_some() {
+                flags |= POLICY_F_INGRESS;
+            }
+            if egress.is_some() {
+                flags |= POLICY_F_EGRESS;
+            }
+            if let Err(e) = self.datapath.hold_pod_closed(slot, flags) {
+                tracing::error!(slot, error = %e, "cannot hold a pod closed after its policy failed");
+            }
+            return Err(error.into());
+        }
         Ok(Applied::Written)
     }
 

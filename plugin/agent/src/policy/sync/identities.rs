@@ -69,6 +69,7 @@ impl<S: PolicySink> PolicySync<S> {
             return self.peer_ids_failed(&e);
         }
         self.peer_ids = Some(plan.addresses.clone());
+        self.peer_ids_failure = None;
         if left.is_empty() {
             return;
         }
@@ -92,6 +93,7 @@ impl<S: PolicySink> PolicySync<S> {
         self.metrics.policy_errors.inc();
         tracing::warn!(%error, "cannot write the identities of peer addresses; retrying at the next resync (until then those peers are denied)");
         self.peer_ids = None;
+        self.peer_ids_failure = Some(error.to_string());
     }
 
     /// The peer identities the sink holds, as last written.
@@ -155,6 +157,8 @@ mod tests {
         sync.sink.failing.insert("peer ids".into());
         sync.update(by_identity(&[("10.1.0.5", 7)]));
         assert_eq!(sync.peer_ids(), None, "unknown after a failure");
+        let problem = sync.problem().unwrap_or_default();
+        assert!(problem.contains("peers are denied (invalid setting: peer ids: refused)"), "{problem}");
         assert!(calls(&mut sync)[0].starts_with("write a/web"));
         sync.sink.failing.clear();
         sync.resync(&[]);

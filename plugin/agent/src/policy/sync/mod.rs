@@ -161,6 +161,10 @@ pub struct PolicySync<S> {
     /// The peer identities the sink holds by address; None: unknown (a
     /// write failed), all written again at the next resync.
     peer_ids: Option<BTreeMap<IpAddr, u32>>,
+    /// Pods whose policy could not be written, and why (the sink holds
+    /// them closed meanwhile); why the peer identities could not be.
+    failures: BTreeMap<PodKey, String>,
+    peer_ids_failure: Option<String>,
 }
 
 impl<S: PolicySink> PolicySync<S> {
@@ -173,7 +177,28 @@ impl<S: PolicySink> PolicySync<S> {
             written: BTreeMap::new(),
             retry: BTreeSet::new(),
             peer_ids,
+            failures: BTreeMap::new(),
+            peer_ids_failure: None,
         }
+    }
+
+    /// What keeps the node's policy from being what the plan says, for
+    /// readiness: pods whose policy could not be written (held closed),
+    /// peer addresses without their identity (denied). None: all written.
+    pub fn problem(&self) -> Option<String> {
+        let mut problems = Vec::new();
+        if let Some((pod, error)) = self.failures.iter().next() {
+            problems.push(format!(
+                "the policy of {} pod(s) cannot be written, so they are held closed (first, {pod}: {error})",
+                self.failures.len()
+            ));
+        }
+        if let Some(error) = &self.peer_ids_failure {
+            problems.push(format!(
+                "the identities of peer addresses cannot be written, so those peers are denied ({error})"
+            ));
+        }
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 
     pub fn sink(&self) -> &S {
@@ -291,6 +316,7 @@ impl<S: PolicySink> PolicySync<S> {
         for step in steps(previous, next, retry) {
             match step {
                 Step::Remove(key) => {
+                    self.failures.remove(&key);
                     // Never written (or already taken away): nothing to do.
                     let Some(ips) = self.written.get(&key) else {
                         continue;
@@ -303,6 +329,7 @@ impl<S: PolicySink> PolicySync<S> {
                     match self.sink.apply(&key, &ips, None) {
                         Ok(applied) => {
                             self.written.remove(&key);
+                            self.failures.remove(&key);
                             if applied == Applied::Written {
                                 self.metrics.policy_updates.inc();
                             }
@@ -321,13 +348,15 @@ impl<S: PolicySink> PolicySync<S> {
                     }
                     Ok(applied) => {
                         self.written.insert(key.clone(), policy.ips.clone());
+                        self.failures.remove(key);
                         if applied == Applied::Written {
                             self.metrics.policy_updates.inc();
                         }
                     }
                     Err(e) => {
                         self.metrics.policy_errors.inc();
-                        tracing::warn!(pod = %key, error = %e, "cannot write a pod's policy; retrying");
+                        tracing::warn!(pod = %key, error = %e, "cannot write a pod's policy: it is held closed, retrying");
+                        self.failures.insert(key.clone(), e.to_string());
                         self.retry.insert(key.clone());
                     }
                 },
@@ -577,11 +606,16 @@ pub(super) mod tests {
         let p = plan(vec![("a/web", pod("10.0.0.2", only("10.1.0.0/16", 80)))]);
         sync.update(p.clone());
         assert!(sync.waiting().contains(&key("a/web")));
+        // Readiness names it.
+        let problem = sync.problem().unwrap_or_default();
+        assert!(problem.contains("1 pod(s) cannot be written"), "{problem}");
+        assert!(problem.contains("a/web: invalid setting: a/web: refused"), "{problem}");
         sync.sink.failing.clear();
         // The next event, even one that changed nothing for the pod.
         sync.update(p);
         assert_eq!(calls(&mut sync).len(), 1);
         assert!(sync.waiting().is_empty());
+        assert_eq!(sync.problem(), None);
         let text = rendered(&sync);
         assert!(text.contains("flatnet_policy_errors_total 1"), "{text}");
         assert!(text.contains("flatnet_policy_updates_total 1"), "{text}");

@@ -204,6 +204,24 @@ impl Datapath {
         Ok(())
     }
 
+    /// Holds the pod in counter slot `slot` closed in `flags`' directions
+    /// (`POLICY_F_*`): isolated with empty tables, nothing allowed, its
+    /// recorded flows judged again. What a pod gets when its policy cannot
+    /// be written (a full map): denying what it allows is loud and safe,
+    /// keeping an older table could allow what it denies.
+    pub fn hold_pod_closed(&self, slot: u32, flags: u32) -> Result<()> {
+        check_slot(slot)?;
+        if flags & POLICY_F_INGRESS != 0 {
+            self.ensure_to_pod(slot)?;
+        }
+        self.write_pod_policy(slot, flags)?;
+        self.remove_policy_entries(slot, |_, _, _| true)?;
+        if self.has_peer_ids() {
+            peers::remove_peer_entries(&mut self.policy_peers()?, slot, &[])?;
+        }
+        self.write_pod_policy(slot, flags)
+    }
+
     /// Has the flows recorded for the pod in counter slot `slot` judged
     /// again (a new generation, its flags kept): a peer it allowed by
     /// identity has left that identity, or the cluster.
