@@ -62,10 +62,11 @@ impl<S: PolicySink> PolicySync<S> {
             .filter(|(a, n)| plan.addresses.get(*a) != Some(*n))
             .map(|(_, n)| *n)
             .collect();
-        if let Err(e) = self.sink.write_peer_ids(&changed) {
+        // Gone ones first: in a full map they make room.
+        if let Err(e) = self.sink.remove_peer_ids(&gone) {
             return self.peer_ids_failed(&e);
         }
-        if let Err(e) = self.sink.remove_peer_ids(&gone) {
+        if let Err(e) = self.sink.write_peer_ids(&changed) {
             return self.peer_ids_failed(&e);
         }
         self.peer_ids = Some(plan.addresses.clone());
@@ -143,7 +144,7 @@ mod tests {
         sync.update(by_identity(&[("10.1.0.5", 8), ("10.1.0.6", 8)]));
         assert_eq!(
             calls(&mut sync),
-            ["id 10.1.0.5=8", "id 10.1.0.9 gone", "rejudge [10.0.0.2]"]
+            ["id 10.1.0.9 gone", "id 10.1.0.5=8", "rejudge [10.0.0.2]"]
         );
 
         // 10.1.0.6 leaving 8 concerns no table here: nothing judged again.
@@ -158,7 +159,10 @@ mod tests {
         sync.update(by_identity(&[("10.1.0.5", 7)]));
         assert_eq!(sync.peer_ids(), None, "unknown after a failure");
         let problem = sync.problem().unwrap_or_default();
-        assert!(problem.contains("peers are denied (invalid setting: peer ids: refused)"), "{problem}");
+        assert!(
+            problem.contains("peers are denied (invalid setting: peer ids: refused)"),
+            "{problem}"
+        );
         assert!(calls(&mut sync)[0].starts_with("write a/web"));
         sync.sink.failing.clear();
         sync.resync(&[]);

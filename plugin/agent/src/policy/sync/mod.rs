@@ -609,7 +609,10 @@ pub(super) mod tests {
         // Readiness names it.
         let problem = sync.problem().unwrap_or_default();
         assert!(problem.contains("1 pod(s) cannot be written"), "{problem}");
-        assert!(problem.contains("a/web: invalid setting: a/web: refused"), "{problem}");
+        assert!(
+            problem.contains("a/web: invalid setting: a/web: refused"),
+            "{problem}"
+        );
         sync.sink.failing.clear();
         // The next event, even one that changed nothing for the pod.
         sync.update(p);
