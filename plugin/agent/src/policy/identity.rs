@@ -102,6 +102,8 @@ pub struct IdentityNumbers {
     /// Numbers given, and numbers hinted until the next `retain`.
     taken: HashSet<u32>,
     hints: HashMap<IpAddr, u32>,
+    /// The hints by number.
+    hinted: HashMap<u32, Vec<IpAddr>>,
     last: u32,
 }
 
@@ -109,26 +111,38 @@ impl IdentityNumbers {
     /// Numbering that starts from what the datapath holds (address ->
     /// number, from before a restart).
     pub fn with_hints(hints: HashMap<IpAddr, u32>) -> Self {
+        let mut hinted: HashMap<u32, Vec<IpAddr>> = HashMap::new();
+        for (address, number) in &hints {
+            hinted.entry(*number).or_default().push(*address);
+        }
         IdentityNumbers {
             taken: hints.values().copied().filter(|n| *n != 0).collect(),
             last: hints.values().copied().max().unwrap_or(0),
             hints,
+            hinted,
             by_key: HashMap::new(),
         }
     }
 
     /// The number of `key`, the identity of `addresses`: the one it has,
-    /// else one hinted for one of its addresses that no other identity
-    /// took, else a fresh one.
+    /// else one hinted for its addresses that no other identity took and
+    /// that no other address holds (an address elsewhere with that number
+    /// would change meaning under tables written for `key`), else a fresh
+    /// one.
     pub fn number(&mut self, key: &IdentityKey, addresses: &[IpAddr]) -> u32 {
         if let Some(&number) = self.by_key.get(key) {
             return number;
         }
         let given: HashSet<u32> = self.by_key.values().copied().collect();
+        let mine: HashSet<&IpAddr> = addresses.iter().collect();
+        let only_mine = |n: u32| {
+            let holders = self.hinted.get(&n).into_iter().flatten();
+            holders.into_iter().all(|a| mine.contains(a))
+        };
         let hinted = addresses
             .iter()
             .filter_map(|a| self.hints.get(a).copied())
-            .find(|n| *n != 0 && !given.contains(n));
+            .find(|n| *n != 0 && !given.contains(n) && only_mine(*n));
         let number = match hinted {
             Some(number) => number,
             None => loop {
@@ -150,6 +164,7 @@ impl IdentityNumbers {
         self.by_key.retain(|_, n| used.contains(n));
         self.taken = self.by_key.values().copied().collect();
         self.hints.clear();
+        self.hinted.clear();
     }
 
     pub fn len(&self) -> usize {
@@ -206,16 +221,22 @@ mod tests {
             (ip("10.0.0.1"), 7),
             (ip("10.0.0.2"), 7),
             (ip("10.0.0.3"), 9),
+            (ip("10.0.0.4"), 8),
+            (ip("10.0.0.5"), 8),
         ]);
         let mut numbers = IdentityNumbers::with_hints(hints);
         // A fresh number never takes a hinted one.
         assert_eq!(numbers.number(&key("x", "new"), &[]), 10);
-        assert_eq!(numbers.number(&key("x", "a"), &[ip("10.0.0.1")]), 7);
+        let a = [ip("10.0.0.1"), ip("10.0.0.2")];
+        assert_eq!(numbers.number(&key("x", "a"), &a), 7);
+        // 8 is also 10.0.0.5's, which is not d's: d may not take it (the
+        // tables written for d would let 10.0.0.5 in under d's name).
+        assert_eq!(numbers.number(&key("x", "d"), &[ip("10.0.0.4")]), 11);
         // 10.0.0.2 had 7 too, but a took it: b gets a fresh number.
-        assert_eq!(numbers.number(&key("x", "b"), &[ip("10.0.0.2")]), 11);
-        numbers.retain(&HashSet::from([7, 10, 11]));
+        assert_eq!(numbers.number(&key("x", "b"), &[ip("10.0.0.2")]), 12);
+        numbers.retain(&HashSet::from([7, 10, 11, 12]));
         // 9 was only hinted: free again, and hints are gone.
-        assert_eq!(numbers.number(&key("x", "c"), &[ip("10.0.0.3")]), 12);
+        assert_eq!(numbers.number(&key("x", "c"), &[ip("10.0.0.3")]), 13);
     }
 
     #[test]
