@@ -110,6 +110,12 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     assert_eq!((by_prefix, by_identity), (0, SERVERS));
     assert_eq!(datapath.peer_ids().unwrap().len(), CLIENTS + 1);
     assert_eq!(gauge("flatnet_policy_errors_total"), 0.0);
+    let pressure = gauge("flatnet_bpf_map_pressure{map=\"PEER_IDS_V4\"}");
+    let expected = (CLIENTS + 1) as f64 / f64::from(flatnet_common::MAX_PEER_IDS);
+    assert!(
+        (pressure - expected).abs() < 1e-9,
+        "PEER_IDS_V4 pressure {pressure}"
+    );
     println!(
         "{SERVERS} servers open to {CLIENTS} clients: {by_identity} identity entries, {} peer addresses",
         CLIENTS + 1

@@ -26,7 +26,9 @@
 //!   datapath), `flatnet_policy_peer_addresses` and
 //!   `flatnet_policy_identities` (peer addresses whose identity a local
 //!   pod's table names, and those identities: the node's policy state
-//!   grows with them, not with peers times tables), `flatnet_policy_errors_total` (pods whose policy could not
+//!   grows with them, not with peers times tables),
+//!   `flatnet_bpf_map_pressure{map}` (entries over capacity of each
+//!   policy map, from what the agent wrote: 1 is full), `flatnet_policy_errors_total` (pods whose policy could not
 //!   be computed or written, and broken policy watches).
 //! - With `--services ebpf`: `flatnet_services`, `flatnet_service_backends`,
 //!   `flatnet_service_update_seconds`, `flatnet_service_errors_total`,
@@ -40,6 +42,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use axum::Router;
 use axum::extract::State;
@@ -78,6 +81,7 @@ pub struct AgentMetrics {
     pub policy_isolated: Family<DirectionLabel, Gauge>,
     pub policy_updates: Counter,
     pub policy_peer_addresses: Gauge,
+    pub map_pressure: Family<MapLabel, Gauge<f64, AtomicU64>>,
     pub policy_identities: Gauge,
     pub policy_errors: Counter,
     pub services: Gauge,
@@ -98,6 +102,12 @@ pub struct AgentMetrics {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FeatureLabel {
     pub feature: String,
+}
+
+/// A BPF map's name (`POLICY_PEERS`, ...).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabel {
+    pub map: String,
 }
 
 /// `ingress` or `egress`.
@@ -206,6 +216,11 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "flatnet_policy_peer_addresses",
         "Peer addresses whose identity a table of this node's pods names, in the last plan",
         agent.policy_peer_addresses.clone(),
+    );
+    registry.register(
+        "flatnet_bpf_map_pressure",
+        "Entries over capacity of each policy map, as the agent wrote them (1 is full)",
+        agent.map_pressure.clone(),
     );
     registry.register(
         "flatnet_policy_identities",

@@ -15,6 +15,7 @@
 
 mod datapath;
 mod identities;
+mod pressure;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -261,6 +262,7 @@ impl<S: PolicySink> PolicySync<S> {
         self.add_peer_ids(&plan);
         self.take_steps(&previous, &plan, &retry);
         self.settle_peer_ids(&previous, &plan);
+        self.report_pressure(&plan);
         if let Err(e) = self.sink.policy_names(&policy_names(&plan)) {
             tracing::warn!(error = %e, "cannot record which policies select each pod");
         }
@@ -301,6 +303,7 @@ impl<S: PolicySink> PolicySync<S> {
         let retry = std::mem::take(&mut self.retry);
         // Against itself: only the waiting pods are taken again.
         self.take_steps(&plan, &plan, &retry);
+        self.report_pressure(&plan);
         self.plan = Some(plan);
     }
 
