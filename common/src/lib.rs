@@ -448,6 +448,8 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyPod {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PolicyCidrV4 {}
+    // SAFETY: #[repr(C)], three u32s, no padding.
+    unsafe impl aya::Pod for super::PolicyPeerKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PolicyCidrV6 {}
     // SAFETY: as above.

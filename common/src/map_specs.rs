@@ -7,12 +7,13 @@ use crate::{
     Affinity, AffinityKey, BackendKey, Counter, EXTERNAL_PORT_COUNT, Endpoint, EndpointCounters,
     FlowKey, FlowVerdict, FragmentKey, FragmentKey6, FragmentPorts, Ipv4Key, Ipv6Key, LocalAddrKey,
     MAX_ENDPOINTS, MAX_FLOWS, MAX_LOCAL_ADDRS, MAX_NAT_FLOWS, MAX_NAT_FRAGMENTS,
-    MAX_NODEPORT_ADDRS, MAX_PEER_NODES, MAX_POLICY_ENTRIES, MAX_POLICY_FLOWS, MAX_REMOTE_CIDRS,
-    MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS, MAX_SERVICE_REVNAT, MAX_SERVICES, NAT_CLAIMS_MAX,
-    NatForward, NatKey, NatReverse, NodePortAddress, POLICY_EVENTS_BYTES, PodSources, PolicyCidrV4,
-    PolicyCidrV6, PolicyDrops, PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPod, PolicyPorts,
-    RemoteCidrV4, RemoteCidrV6, RemoteNode, RevNat, RevNatKey, ServiceBackend, ServiceKey,
-    ServiceValue, TunnelConfig, action, nodeport_call,
+    MAX_NODEPORT_ADDRS, MAX_PEER_IDS, MAX_PEER_NODES, MAX_POLICY_ENTRIES, MAX_POLICY_FLOWS,
+    MAX_POLICY_PEERS, MAX_REMOTE_CIDRS, MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS,
+    MAX_SERVICE_REVNAT, MAX_SERVICES, NAT_CLAIMS_MAX, NatForward, NatKey, NatReverse,
+    NodePortAddress, POLICY_EVENTS_BYTES, PodSources, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
+    PolicyEvent, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPod, PolicyPorts, RemoteCidrV4,
+    RemoteCidrV6, RemoteNode, RevNat, RevNatKey, ServiceBackend, ServiceKey, ServiceValue,
+    TunnelConfig, action, nodeport_call,
 };
 
 /// The kind of a BPF map (`BPF_MAP_TYPE_*`), as the loader checks a pinned
@@ -187,6 +188,11 @@ map_specs! {
     MAP_POLICY_PODS => POLICY_PODS: Array<u32, PolicyPod> [MAX_ENDPOINTS];
     MAP_POLICY_V4 => POLICY_V4: LpmTrie<LpmKey<PolicyCidrV4>, PolicyPorts> [MAX_POLICY_ENTRIES];
     MAP_POLICY_V6 => POLICY_V6: LpmTrie<LpmKey<PolicyCidrV6>, PolicyPorts> [MAX_POLICY_ENTRIES];
+    /// NetworkPolicy by peer identity: each pod's allowed identities, and
+    /// the identity of each peer address a local pod's policy names.
+    MAP_POLICY_PEERS => POLICY_PEERS: Hash<PolicyPeerKey, PolicyPorts> [MAX_POLICY_PEERS, BPF_F_NO_PREALLOC];
+    MAP_PEER_IDS_V4 => PEER_IDS_V4: Hash<Ipv4Key, u32> [MAX_PEER_IDS, BPF_F_NO_PREALLOC];
+    MAP_PEER_IDS_V6 => PEER_IDS_V6: Hash<Ipv6Key, u32> [MAX_PEER_IDS, BPF_F_NO_PREALLOC];
     MAP_POLICY_FLOWS => POLICY_FLOWS: LruHash<PolicyFlowKey, PolicyFlow> [MAX_POLICY_FLOWS];
     MAP_POLICY_DROPS => POLICY_DROPS: PerCpuArray<u32, PolicyDrops> [MAX_ENDPOINTS];
     MAP_LOCAL_ADDRS => LOCAL_ADDRS: Hash<LocalAddrKey, u32> [MAX_LOCAL_ADDRS];

@@ -57,6 +57,27 @@ pub struct PolicyCidrV6 {
 }
 const _: () = assert!(size_of::<PolicyCidrV6>() == 24);
 
+/// Key of `POLICY_PEERS`: what the pod in counter slot `slot` allows in
+/// `direction` for the peers of identity `identity` (the number
+/// `PEER_IDS_V4`/`PEER_IDS_V6` give their addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct PolicyPeerKey {
+    pub slot: u32,
+    pub direction: u32,
+    pub identity: u32,
+}
+const _: () = assert!(size_of::<PolicyPeerKey>() == 12);
+
+/// Entries of `POLICY_PEERS`, all pods together: a pod's entries grow
+/// with the identities its rules select, not with the pods that have them
+/// (allocated as used).
+pub const MAX_POLICY_PEERS: u32 = 65536;
+
+/// Entries per family of `PEER_IDS_V4`/`PEER_IDS_V6`: one per address of
+/// a pod whose identity a local pod's policy names (allocated as used).
+pub const MAX_PEER_IDS: u32 = 262144;
+
 /// Bits of an LPM key's prefix before the address: slot and direction.
 pub const POLICY_KEY_FIXED_BITS: u32 = 64;
 

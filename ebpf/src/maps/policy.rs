@@ -20,6 +20,22 @@ map!(
 );
 
 map!(
+    /// (slot, direction, peer identity) -> what it allows.
+    POLICY_PEERS
+);
+
+map!(
+    /// IPv4 peer address -> its identity, for the addresses local pods'
+    /// policies name by identity.
+    PEER_IDS_V4
+);
+
+map!(
+    /// IPv6 peer address -> its identity.
+    PEER_IDS_V6
+);
+
+map!(
     /// Flows policy allowed, per pod and direction (see above).
     POLICY_FLOWS
 );

@@ -7,11 +7,14 @@ use flatnet_common::{
     POLICY_DIR_EGRESS, POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, POLICY_FLOW_F_REPLY,
     POLICY_KEY_FIXED_BITS, POLICY_MAX_RANGES, POLICY_REASON_EXCEPT, POLICY_REASON_NO_PREFIX,
     POLICY_REASON_PORT, PolicyCidrV4, PolicyCidrV6, PolicyEvent, PolicyFlow, PolicyFlowKey,
-    PolicyPorts,
+    PolicyPeerKey, PolicyPorts,
 };
 
 use crate::counters::count;
-use crate::maps::policy::{POLICY_DROPS, POLICY_EVENTS, POLICY_FLOWS, POLICY_V4, POLICY_V6};
+use crate::maps::policy::{
+    PEER_IDS_V4, PEER_IDS_V6, POLICY_DROPS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PEERS, POLICY_V4,
+    POLICY_V6,
+};
 use crate::policy::keys::{Judged, has_ports, quoted_v4, quoted_v6};
 use crate::sender::PodPolicy;
 
@@ -74,9 +77,46 @@ pub(super) fn set_verdict(set: *const PolicyPorts, protocol: u8, port: u16) -> u
 
 /// Whether the pod's `direction` table allows `protocol` to `port` with
 /// `peer` on the far side (IPv4 in the first 4 bytes when `family` is 4):
-/// `ALLOWED`, or why not.
+/// what the longest prefix holding `peer` allows, together with what the
+/// peer's identity is allowed. `ALLOWED`, or why not (the prefix's reason
+/// unless the identity has an entry: then a port it does not allow).
 #[inline(always)]
 pub(super) fn table_verdict(
+    pod: PodPolicy,
+    direction: u32,
+    family: u8,
+    peer: &[u8; 16],
+    protocol: u8,
+    port: u16,
+) -> u8 {
+    let by_prefix = prefix_verdict(pod, direction, family, peer, protocol, port);
+    if by_prefix == ALLOWED {
+        return ALLOWED;
+    }
+    let identity = if family == 4 {
+        PEER_IDS_V4.get_ptr(&[peer[0], peer[1], peer[2], peer[3]])
+    } else {
+        PEER_IDS_V6.get_ptr(peer)
+    };
+    let Some(identity) = identity else {
+        return by_prefix;
+    };
+    let key = PolicyPeerKey {
+        slot: pod.slot,
+        direction,
+        // SAFETY: a valid map value for the program's run; read once.
+        identity: unsafe { core::ptr::read_volatile(identity) },
+    };
+    match POLICY_PEERS.get_ptr(&key) {
+        Some(set) => set_verdict(set, protocol, port),
+        None => by_prefix,
+    }
+}
+
+/// The verdict of the longest prefix of the pod's `direction` table
+/// holding `peer`.
+#[inline(always)]
+fn prefix_verdict(
     pod: PodPolicy,
     direction: u32,
     family: u8,

@@ -7,9 +7,9 @@ use std::process::Command;
 
 use flatnet::config::DatapathMode;
 use flatnet_common::{
-    MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_LOCAL_ADDRS, MAP_POD_SOURCES, MAP_POLICY_DROPS,
-    MAP_POLICY_EVENTS, MAP_POLICY_FLOWS, MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6,
-    PROG_FROM_POD, SOURCES_F_VALID, action,
+    MAP_ENDPOINTS_V4, MAP_ENDPOINTS_V6, MAP_LOCAL_ADDRS, MAP_PEER_IDS_V4, MAP_PEER_IDS_V6,
+    MAP_POD_SOURCES, MAP_POLICY_DROPS, MAP_POLICY_EVENTS, MAP_POLICY_FLOWS, MAP_POLICY_PEERS,
+    MAP_POLICY_PODS, MAP_POLICY_V4, MAP_POLICY_V6, PROG_FROM_POD, SOURCES_F_VALID, action,
 };
 use flatnet_datapath::bpf::DATAPATH_ID;
 use flatnet_tests::*;
@@ -54,6 +54,9 @@ fn a_tcp_stream_survives_an_upgrade_of_the_datapath() {
         MAP_POLICY_FLOWS,
         MAP_POLICY_DROPS,
         MAP_LOCAL_ADDRS,
+        MAP_POLICY_PEERS,
+        MAP_PEER_IDS_V4,
+        MAP_PEER_IDS_V6,
     ];
     for map in policy_maps {
         std::fs::remove_file(datapath.map_path(map)).unwrap();

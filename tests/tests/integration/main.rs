@@ -25,6 +25,7 @@ mod nodeport_local;
 mod overlay;
 mod podman;
 mod policy_latency;
+mod policy_peers;
 mod programs;
 mod protocol;
 mod reclaim;

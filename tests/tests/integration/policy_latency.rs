@@ -121,15 +121,15 @@ fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policie
     // Whether pod-0's ingress table allows `port` (only policy-40 names it
     // when it is 8443).
     let allows = |port: i32| {
-        datapath
-            .pod_policy_rules(slot)
-            .unwrap()
-            .iter()
-            .any(|(direction, rule)| {
-                *direction == flatnet_common::POLICY_DIR_INGRESS
-                    && matches!(&rule.ports, flatnet_datapath::bpf::PolicyPorts::Ranges(ranges)
-                        if ranges.iter().any(|r| i32::from(r.first) <= port && port <= i32::from(r.last)))
-            })
+        let names = |direction: u32, ports: &flatnet_datapath::bpf::PolicyPorts| {
+            direction == flatnet_common::POLICY_DIR_INGRESS
+                && matches!(ports, flatnet_datapath::bpf::PolicyPorts::Ranges(ranges)
+                    if ranges.iter().any(|r| i32::from(r.first) <= port && port <= i32::from(r.last)))
+        };
+        let by_prefix = datapath.pod_policy_rules(slot).unwrap();
+        let by_identity = datapath.pod_policy_peers(slot).unwrap();
+        by_prefix.iter().any(|(d, rule)| names(*d, &rule.ports))
+            || by_identity.iter().any(|(d, rule)| names(*d, &rule.ports))
     };
     wait_until("pod-0's initial rules written", SETTLE, || {
         allows(PORTS[0]) && !allows(PORTS[1])

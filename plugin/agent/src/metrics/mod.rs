@@ -23,7 +23,12 @@
 //!   node's plan), `flatnet_policy_isolated_pods{direction}` (pods of this
 //!   node isolated for ingress / egress in the last plan),
 //!   `flatnet_policy_updates_total` (pods whose policy was written to the
-//!   datapath), `flatnet_policy_errors_total` (pods whose policy could not
+//!   datapath), `flatnet_policy_peer_addresses` and
+//!   `flatnet_policy_identities` (peer addresses whose identity a local
+//!   pod's table names, and those identities: the node's policy state
+//!   grows with them, not with peers times tables),
+//!   `flatnet_bpf_map_pressure{map}` (entries over capacity of each
+//!   policy map, from what the agent wrote: 1 is full), `flatnet_policy_errors_total` (pods whose policy could not
 //!   be computed or written, and broken policy watches).
 //! - With `--services ebpf`: `flatnet_services`, `flatnet_service_backends`,
 //!   `flatnet_service_update_seconds`, `flatnet_service_errors_total`,
@@ -37,6 +42,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use axum::Router;
 use axum::extract::State;
@@ -74,6 +80,9 @@ pub struct AgentMetrics {
     pub policy_compute: ComputeSeconds,
     pub policy_isolated: Family<DirectionLabel, Gauge>,
     pub policy_updates: Counter,
+    pub policy_peer_addresses: Gauge,
+    pub map_pressure: Family<MapLabel, Gauge<f64, AtomicU64>>,
+    pub policy_identities: Gauge,
     pub policy_errors: Counter,
     pub services: Gauge,
     pub service_backends: Gauge,
@@ -93,6 +102,12 @@ pub struct AgentMetrics {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FeatureLabel {
     pub feature: String,
+}
+
+/// A BPF map's name (`POLICY_PEERS`, ...).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabel {
+    pub map: String,
 }
 
 /// `ingress` or `egress`.
@@ -196,6 +211,21 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "flatnet_policy_isolated_pods",
         "Pods of this node isolated by NetworkPolicy in the last plan, per direction",
         agent.policy_isolated.clone(),
+    );
+    registry.register(
+        "flatnet_policy_peer_addresses",
+        "Peer addresses whose identity a table of this node's pods names, in the last plan",
+        agent.policy_peer_addresses.clone(),
+    );
+    registry.register(
+        "flatnet_bpf_map_pressure",
+        "Entries over capacity of each policy map, as the agent wrote them (1 is full)",
+        agent.map_pressure.clone(),
+    );
+    registry.register(
+        "flatnet_policy_identities",
+        "Peer identities the tables of this node's pods name, in the last plan",
+        agent.policy_identities.clone(),
     );
     registry.register(
         "flatnet_policy_updates",

@@ -1,16 +1,15 @@
 //! The cluster as policies see it: pods (as subjects and as peers) and
 //! namespaces' labels.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::ports::{PortRange, PortSet};
+use super::identity::{IdentityKey, IdentityNumbers, Member, PeerIdentity, Relevant};
+use super::ports::PortRange;
 use super::selector::matches;
-use super::table::Allow;
 use crate::protocol::Protocol;
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -74,6 +73,34 @@ impl<'a> PodView<'a> {
         self
     }
 
+    /// What the pod shows to the policies whose concerns are `relevant`.
+    pub fn member(&self, relevant: &Relevant) -> Member {
+        let labels = self
+            .labels
+            .iter()
+            .filter(|(k, _)| relevant.label_keys.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut named_ports: Vec<(String, String, i32)> = Vec::new();
+        if relevant.named_ports {
+            let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+            named_ports = containers
+                .flat_map(|c| c.ports.iter().flatten())
+                .filter_map(|p| {
+                    let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                    Some((p.name.clone()?, protocol, p.container_port))
+                })
+                .collect();
+            named_ports.sort_unstable();
+            named_ports.dedup();
+        }
+        Member {
+            namespace: self.namespace.to_string(),
+            labels,
+            named_ports,
+        }
+    }
+
     /// Succeeded or Failed: its containers are gone, its IPs may be reused.
     pub fn finished(&self) -> bool {
         let phase = self.pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -100,19 +127,6 @@ impl<'a> PodView<'a> {
             .filter_map(|p| u16::try_from(p.container_port).ok())
             .map(move |port| PortRange::new(protocol, port, port))
     }
-
-    /// A /32 or /128 per IP, each allowing `ports`.
-    pub fn allows(&self, ports: &PortSet, policy: &'a str, out: &mut Vec<Allow<'a>>) {
-        for &ip in &self.ips {
-            let host = IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 });
-            out.extend(host.ok().map(|cidr| Allow {
-                cidr,
-                except: Vec::new(),
-                ports: ports.clone(),
-                policy,
-            }));
-        }
-    }
 }
 
 /// The pods that can be peers, and the namespaces' labels.
@@ -120,15 +134,31 @@ pub struct Cluster<'a> {
     /// Pods with an IP that have not finished, host-network ones included
     /// (their IPs are the node's; upstream selectors match them too).
     pub peers: Vec<PodView<'a>>,
+    /// The identities of the peers' addresses, by number.
+    pub identities: Vec<PeerIdentity>,
+    /// Every peer address's identity number.
+    pub addresses: HashMap<IpAddr, u32>,
     namespaces: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(pods: &[&'a Pod], namespaces: &[&'a Namespace], local: &LocalIps) -> Self {
-        let peers = pods
+    /// The cluster with its peers numbered as `numbers` says (what
+    /// `relevant` keeps of them tells identities apart).
+    pub fn new(
+        pods: &[&'a Pod],
+        namespaces: &[&'a Namespace],
+        local: &LocalIps,
+        (relevant, numbers): (&Relevant, &mut IdentityNumbers),
+    ) -> Self {
+        let peers: Vec<PodView<'a>> = pods
             .iter()
             .map(|p| PodView::new(p).or_recorded(local))
             .filter(|p| !p.ips.is_empty() && !p.finished())
+            .collect();
+        let identities = identities(&peers, relevant, numbers);
+        let addresses = identities
+            .iter()
+            .flat_map(|i| i.addresses.iter().map(|a| (*a, i.number)))
             .collect();
         let namespaces = namespaces
             .iter()
@@ -137,7 +167,12 @@ impl<'a> Cluster<'a> {
                 n.metadata.name.as_deref().map(|name| (name, labels))
             })
             .collect();
-        Cluster { peers, namespaces }
+        Cluster {
+            peers,
+            identities,
+            addresses,
+            namespaces,
+        }
     }
 
     /// A namespace not seen yet (the watch lags) is taken to have only the
@@ -152,4 +187,41 @@ impl<'a> Cluster<'a> {
             }
         }
     }
+}
+
+/// The identities of `peers`' addresses, sorted by number.
+pub fn identities(
+    peers: &[PodView<'_>],
+    relevant: &Relevant,
+    numbers: &mut IdentityNumbers,
+) -> Vec<PeerIdentity> {
+    let mut by_address: BTreeMap<IpAddr, BTreeMap<Member, usize>> = BTreeMap::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let member = peer.member(relevant);
+        for ip in &peer.ips {
+            by_address
+                .entry(*ip)
+                .or_default()
+                .entry(member.clone())
+                .or_insert(i);
+        }
+    }
+    let mut by_key: BTreeMap<IdentityKey, PeerIdentity> = BTreeMap::new();
+    for (ip, members) in by_address {
+        let key: IdentityKey = members.keys().cloned().collect();
+        let identity = by_key.entry(key).or_insert_with(|| PeerIdentity {
+            number: 0,
+            members: members.values().copied().collect(),
+            addresses: Vec::new(),
+        });
+        identity.addresses.push(ip);
+    }
+    // Hinted numbers first, so a fresh one never takes a hint another
+    // identity would have had.
+    for (key, identity) in &mut by_key {
+        identity.number = numbers.number(key, &identity.addresses);
+    }
+    let mut identities: Vec<PeerIdentity> = by_key.into_values().collect();
+    identities.sort_by_key(|i| i.number);
+    identities
 }

@@ -23,6 +23,7 @@ pub mod sync;
 pub mod watch;
 
 mod cluster;
+pub mod identity;
 mod ports;
 mod rules;
 mod selector;
@@ -32,16 +33,17 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 pub use ports::{MAX_PORT_RANGES, PortRange, PortSet};
 pub use table::{Entry, Table};
+
+use identity::{IdentityNumbers, Relevant};
 
 pub use cluster::LocalIps;
 use cluster::{Cluster, PodView};
@@ -89,12 +91,21 @@ pub enum Allowed {
 
 impl Allowed {
     /// Whether a packet of IP protocol `protocol` to `port`, with `peer`
-    /// on the far side, is allowed.
-    pub fn allows(&self, peer: IpAddr, protocol: u8, port: u16) -> bool {
+    /// (of identity `identity`, if it has one) on the far side, is allowed.
+    pub fn allows(&self, peer: IpAddr, identity: Option<u32>, protocol: u8, port: u16) -> bool {
         match self {
             Allowed::All => true,
-            Allowed::Only(table) => table.allows(peer, protocol, port),
+            Allowed::Only(table) => table.allows(peer, identity, protocol, port),
         }
+    }
+
+    /// The identities its table names.
+    fn identities(&self) -> impl Iterator<Item = u32> + '_ {
+        let table = match self {
+            Allowed::All => None,
+            Allowed::Only(table) => Some(table),
+        };
+        table.into_iter().flat_map(|t| t.peers.keys().copied())
     }
 }
 
@@ -116,14 +127,14 @@ pub enum PolicyError {
     /// One entry would allow more port ranges, after merging, than a map
     /// value holds ([`MAX_PORT_RANGES`]).
     #[error(
-        "pod {pod}: {direction} policy for {cidr} needs {ranges} port ranges, more than the {max} a map entry holds (policies: {})",
+        "pod {pod}: {direction} policy for {peer} needs {ranges} port ranges, more than the {max} a map entry holds (policies: {})",
         .policies.join(", "),
         max = MAX_PORT_RANGES
     )]
     TooManyPortRanges {
         pod: PodKey,
         direction: Direction,
-        cidr: IpNetwork,
+        peer: String,
         ranges: usize,
         policies: Vec<String>,
     },
@@ -140,9 +151,32 @@ pub enum PolicyError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub pods: BTreeMap<PodKey, Result<PodPolicy, PolicyError>>,
+    /// The identity of every address whose identity a table names: all
+    /// the node needs to know about peers (see [`identity`]).
+    pub addresses: BTreeMap<IpAddr, u32>,
 }
 
 impl Plan {
+    /// Whether `pod`'s `direction` lets IP protocol `protocol` to `port`
+    /// through with `peer` on the far side; None: `pod` has no result.
+    pub fn allows(
+        &self,
+        pod: &PodKey,
+        direction: Direction,
+        peer: IpAddr,
+        (protocol, port): (u8, u16),
+    ) -> Option<bool> {
+        let Some(Ok(policy)) = self.pods.get(pod) else {
+            return None;
+        };
+        let allowed = match direction {
+            Direction::Ingress => &policy.ingress,
+            Direction::Egress => &policy.egress,
+        };
+        let identity = self.addresses.get(&peer).copied();
+        Some(allowed.allows(peer, identity, protocol, port))
+    }
+
     /// The pods whose result differs from `previous`, gone ones included,
     /// sorted: the pods whose maps need rewriting.
     pub fn changed_since(&self, previous: &Plan) -> Vec<PodKey> {
@@ -168,11 +202,10 @@ pub fn plan(
     let namespaces: Vec<&Namespace> = namespaces.iter().collect();
     plan_of(
         node,
-        &policies,
-        &pods,
-        &namespaces,
+        (&policies, &pods, &namespaces),
         &[],
         &LocalIps::default(),
+        &mut IdentityNumbers::default(),
     )
 }
 
@@ -199,23 +232,26 @@ pub fn isolation(policies: &[&NetworkPolicy]) -> Isolation {
     isolation
 }
 
+/// The cluster's objects a plan reads: NetworkPolicies, Pods, Namespaces.
+pub type Objects<'o, 'a> = (&'o [&'a NetworkPolicy], &'o [&'a Pod], &'o [&'a Namespace]);
+
 /// [`plan`] on borrowed objects (a watch cache's, not cloned).
 /// `frontends`: the cluster's Services, whose ClusterIPs an egress table
 /// allows where it allows all their backends (see [`services`]).
+/// `numbers`: the identity numbers of the plans before (see [`identity`]);
+/// those this plan does not use are forgotten.
 pub fn plan_of(
     node: &str,
-    policies: &[&NetworkPolicy],
-    pods: &[&Pod],
-    namespaces: &[&Namespace],
+    (policies, pods, namespaces): Objects<'_, '_>,
     frontends: &[crate::services::Frontend<'_>],
     local: &LocalIps,
+    numbers: &mut IdentityNumbers,
 ) -> Plan {
     let subjects: Vec<PodView<'_>> = pods
         .iter()
         .map(|p| PodView::new(p).or_recorded(local))
         .filter(|p| p.node() == Some(node) && !p.host_network() && !p.finished())
         .collect();
-    let cluster = Cluster::new(pods, namespaces, local);
     // Peers are resolved only for policies that select a pod here.
     let mut relevant: Vec<&NetworkPolicy> = policies
         .iter()
@@ -223,6 +259,7 @@ pub fn plan_of(
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
     relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
+    let cluster = Cluster::new(pods, namespaces, local, (&Relevant::of(&relevant), numbers));
     let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
         .into_iter()
         .map(|p| (p, Policy::compile(p, &cluster)))
@@ -254,6 +291,19 @@ pub fn plan_of(
         );
         plan.pods.insert(key, result);
     }
+    let named: HashSet<u32> = plan
+        .pods
+        .values()
+        .flatten()
+        .flat_map(|p| p.ingress.identities().chain(p.egress.identities()))
+        .collect();
+    plan.addresses = cluster
+        .addresses
+        .iter()
+        .filter(|(_, n)| named.contains(n))
+        .map(|(a, n)| (*a, *n))
+        .collect();
+    numbers.retain(&named);
     plan
 }
 
@@ -311,7 +361,7 @@ fn pod_policy<'a>(
             .tables
             .entry((direction, isolating, ports))
             .or_insert_with_key(|(_, isolating, _)| {
-                let mut allows = Vec::new();
+                let mut allows = rules::Allows::default();
                 for &i in isolating {
                     let policy = &compiled[i].1;
                     match direction {
@@ -319,22 +369,26 @@ fn pod_policy<'a>(
                         Direction::Egress => policy.egress_allows(cluster, &mut allows),
                     }
                 }
-                let mut table = table::flatten(&allows)?;
+                let mut table = table::flatten(&allows.cidrs)?;
+                table.peers = table::peer_ports(&allows.peers)?;
                 if direction == Direction::Egress && !frontends.is_empty() {
                     // A ClusterIP is judged by its backends: withheld from
                     // the ipBlocks that contain it, allowed on the ports
                     // whose backends this table allows.
-                    let through = services::cluster_ip_allows(&table, frontends);
-                    services::withhold_cluster_ips(&table, frontends, &mut allows);
-                    allows.extend(through);
-                    table = table::flatten(&allows)?;
+                    let backends = (&table, &cluster.addresses);
+                    let through = services::cluster_ip_allows(backends, frontends);
+                    services::withhold_cluster_ips(backends, frontends, &mut allows.cidrs);
+                    allows.cidrs.extend(through);
+                    let peers = std::mem::take(&mut table.peers);
+                    table = table::flatten(&allows.cidrs)?;
+                    table.peers = peers;
                 }
                 Ok(Allowed::Only(table))
             });
         result.clone().map_err(|o| PolicyError::TooManyPortRanges {
             pod: key.clone(),
             direction,
-            cidr: o.cidr,
+            peer: o.peer,
             ranges: o.ranges,
             policies: o.policies,
         })

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::cluster::{Cluster, PodView};
 use super::ports::{PortRange, PortSet};
 use super::selector::matches;
-use super::table::{Allow, everywhere};
+use super::table::{Allow, PeerAllow, everywhere};
 use crate::protocol::Protocol;
 
 /// Where a rule's traffic may go or come from.
@@ -19,8 +19,38 @@ enum Peer {
         cidr: IpNetwork,
         except: Vec<IpNetwork>,
     },
-    /// Index into [`Cluster::peers`].
-    Pod(usize),
+    /// The pods of one identity (an index into [`Cluster::identities`]),
+    /// those of its members (indices into [`Cluster::peers`]) the peer
+    /// selects.
+    Identity { index: usize, members: Vec<usize> },
+}
+
+/// What rules allow: by address block, and by peer identity.
+#[derive(Debug, Default)]
+pub struct Allows<'a> {
+    pub cidrs: Vec<Allow<'a>>,
+    pub peers: Vec<PeerAllow<'a>>,
+}
+
+impl<'a> Allows<'a> {
+    fn everywhere(&mut self, ports: &PortSet, policy: &'a str) {
+        self.cidrs.extend(everywhere().map(|cidr| Allow {
+            cidr,
+            except: Vec::new(),
+            ports: ports.clone(),
+            policy,
+        }));
+    }
+
+    fn identity(&mut self, identity: u32, ports: PortSet, policy: &'a str) {
+        if !ports.is_none() {
+            self.peers.push(PeerAllow {
+                identity,
+                ports,
+                policy,
+            });
+        }
+    }
 }
 
 enum RulePort<'a> {
@@ -110,7 +140,7 @@ impl<'a> Policy<'a> {
         &self,
         subject: &PodView<'_>,
         cluster: &Cluster<'a>,
-        out: &mut Vec<Allow<'a>>,
+        out: &mut Allows<'a>,
     ) {
         for rule in self.ingress.iter().flatten() {
             let ports = PortSet::union(
@@ -125,19 +155,17 @@ impl<'a> Policy<'a> {
             }
             for peer in &rule.peers {
                 match peer {
-                    Peer::All => out.extend(everywhere().map(|cidr| Allow {
-                        cidr,
-                        except: Vec::new(),
-                        ports: ports.clone(),
-                        policy: self.name,
-                    })),
-                    Peer::Block { cidr, except } => out.push(Allow {
+                    Peer::All => out.everywhere(&ports, self.name),
+                    Peer::Block { cidr, except } => out.cidrs.push(Allow {
                         cidr: *cidr,
                         except: except.clone(),
                         ports: ports.clone(),
                         policy: self.name,
                     }),
-                    Peer::Pod(i) => cluster.peers[*i].allows(&ports, self.name, out),
+                    Peer::Identity { index, .. } => {
+                        let number = cluster.identities[*index].number;
+                        out.identity(number, ports.clone(), self.name);
+                    }
                 }
             }
         }
@@ -145,9 +173,10 @@ impl<'a> Policy<'a> {
 
     /// What this policy's egress rules let out of its pods (the same for
     /// each of them). Named ports are each destination pod's: such a rule
-    /// becomes one entry per pod that has the port, and never matches an
-    /// ipBlock (upstream: a named port only means something on a pod).
-    pub fn egress_allows(&self, cluster: &Cluster<'a>, out: &mut Vec<Allow<'a>>) {
+    /// becomes one entry per identity whose pods have the port, and never
+    /// matches an ipBlock (upstream: a named port only means something on a
+    /// pod).
+    pub fn egress_allows(&self, cluster: &Cluster<'a>, out: &mut Allows<'a>) {
         for rule in self.egress.iter().flatten() {
             // Without a destination pod, named ports resolve to nothing.
             let numbered: Vec<PortSet> = rule.ports.iter().map(|p| resolve(p, None)).collect();
@@ -157,43 +186,43 @@ impl<'a> Policy<'a> {
                 .iter()
                 .filter(|p| matches!(p, RulePort::Named { .. }))
                 .collect();
-            let per_pod = |pod: &PodView<'_>| {
-                let resolved: Vec<PortSet> = named.iter().map(|p| resolve(p, Some(pod))).collect();
-                PortSet::union(resolved.iter().chain([&numbered]))
+            // Members of one identity show the same named ports.
+            let per_member = |members: &[usize], with_numbered: bool| {
+                let pods = members.iter().map(|&m| &cluster.peers[m]);
+                let resolved: Vec<PortSet> = pods
+                    .flat_map(|pod| named.iter().map(|p| resolve(p, Some(pod))))
+                    .collect();
+                let numbered = with_numbered.then_some(&numbered);
+                PortSet::union(resolved.iter().chain(numbered))
             };
             for peer in &rule.peers {
                 match peer {
                     Peer::All => {
                         if !numbered.is_none() {
-                            out.extend(everywhere().map(|cidr| Allow {
-                                cidr,
-                                except: Vec::new(),
-                                ports: numbered.clone(),
-                                policy: self.name,
-                            }));
+                            out.everywhere(&numbered, self.name);
                         }
+                        // Numbered ports are everywhere's already: an
+                        // identity needs an entry only where a name
+                        // resolves.
                         if !named.is_empty() {
-                            for pod in &cluster.peers {
-                                let ports = per_pod(pod);
-                                if !ports.is_none() {
-                                    pod.allows(&ports, self.name, out);
+                            for identity in &cluster.identities {
+                                if !per_member(&identity.members, false).is_none() {
+                                    let ports = per_member(&identity.members, true);
+                                    out.identity(identity.number, ports, self.name);
                                 }
                             }
                         }
                     }
-                    Peer::Block { cidr, except } if !numbered.is_none() => out.push(Allow {
+                    Peer::Block { cidr, except } if !numbered.is_none() => out.cidrs.push(Allow {
                         cidr: *cidr,
                         except: except.clone(),
                         ports: numbered.clone(),
                         policy: self.name,
                     }),
                     Peer::Block { .. } => {}
-                    Peer::Pod(i) => {
-                        let pod = &cluster.peers[*i];
-                        let ports = per_pod(pod);
-                        if !ports.is_none() {
-                            pod.allows(&ports, self.name, out);
-                        }
+                    Peer::Identity { index, members } => {
+                        let number = cluster.identities[*index].number;
+                        out.identity(number, per_member(members, true), self.name);
                     }
                 }
             }
@@ -244,18 +273,27 @@ fn compile_peers(
         }
         // namespaceSelector picks the namespaces (else the policy's own),
         // podSelector the pods in them (else all): both given means AND.
-        for (i, pod) in cluster.peers.iter().enumerate() {
+        // An identity's members stand for all its pods.
+        let selects = |pod: &PodView<'_>| {
             let in_namespace = match &peer.namespace_selector {
                 Some(selector) => cluster.namespace_matches(selector, pod.namespace),
                 None => pod.namespace == namespace,
             };
-            if in_namespace
+            in_namespace
                 && peer
                     .pod_selector
                     .as_ref()
                     .is_none_or(|s| matches(s, pod.labels))
-            {
-                compiled.push(Peer::Pod(i));
+        };
+        for (index, identity) in cluster.identities.iter().enumerate() {
+            let members: Vec<usize> = identity
+                .members
+                .iter()
+                .copied()
+                .filter(|&m| selects(&cluster.peers[m]))
+                .collect();
+            if !members.is_empty() {
+                compiled.push(Peer::Identity { index, members });
             }
         }
     }

@@ -15,17 +15,37 @@
 //! Service. Such a ClusterIP is withheld from the ipBlock (an `except` of
 //! its own) unless the table allows every backend of every port of it.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+
 use ipnetwork::IpNetwork;
 
 use super::ports::{PortRange, PortSet};
 use super::table::{Allow, Table};
 use crate::services::Frontend;
 
+/// An egress table and the identity of every peer address: enough to say
+/// whether the table allows a backend.
+pub type Backends<'t> = (&'t Table, &'t HashMap<IpAddr, u32>);
+
+fn allows_backend(
+    (table, addresses): Backends<'_>,
+    backend: IpAddr,
+    protocol: u8,
+    port: u16,
+) -> bool {
+    table.allows(backend, addresses.get(&backend).copied(), protocol, port)
+}
+
 /// Adds each ClusterIP of `frontends` to the `except` list of every allow
 /// whose CIDR contains it, unless `table` (the allows as written) lets
 /// through every backend of each of its ports (kube-proxy would send the
 /// packet to one of them; `cluster_ip_allows` then says which ports).
-pub fn withhold_cluster_ips(table: &Table, frontends: &[Frontend<'_>], allows: &mut [Allow<'_>]) {
+pub fn withhold_cluster_ips(
+    table: Backends<'_>,
+    frontends: &[Frontend<'_>],
+    allows: &mut [Allow<'_>],
+) {
     for frontend in frontends {
         for ip in &frontend.cluster_ips {
             let through_every_port = !frontend.ports.is_empty()
@@ -33,7 +53,7 @@ pub fn withhold_cluster_ips(table: &Table, frontends: &[Frontend<'_>], allows: &
                     let mut backends = port.backends_for(*ip).peekable();
                     backends.peek().is_some()
                         && backends.all(|(backend, target)| {
-                            table.allows(*backend, port.protocol.number(), *target)
+                            allows_backend(table, *backend, port.protocol.number(), *target)
                         })
                 });
             if through_every_port {
@@ -55,7 +75,7 @@ pub fn withhold_cluster_ips(table: &Table, frontends: &[Frontend<'_>], allows: &
 /// and ClusterIP, that port when the table allows every backend of the
 /// ClusterIP's family (kube-proxy translates within a family) on its target
 /// port, and there is at least one.
-pub fn cluster_ip_allows<'a>(table: &Table, frontends: &[Frontend<'a>]) -> Vec<Allow<'a>> {
+pub fn cluster_ip_allows<'a>(table: Backends<'_>, frontends: &[Frontend<'a>]) -> Vec<Allow<'a>> {
     let mut out = Vec::new();
     for frontend in frontends {
         for port in &frontend.ports {
@@ -63,7 +83,7 @@ pub fn cluster_ip_allows<'a>(table: &Table, frontends: &[Frontend<'a>]) -> Vec<A
                 let mut backends = port.backends_for(*ip).peekable();
                 if backends.peek().is_none()
                     || !backends.all(|(backend, target)| {
-                        table.allows(*backend, port.protocol.number(), *target)
+                        allows_backend(table, *backend, port.protocol.number(), *target)
                     })
                 {
                     continue;

@@ -35,15 +35,28 @@ pub struct Entry {
     pub ports: PortSet,
 }
 
+/// What one rule allows for the pods of one identity (see `identity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAllow<'a> {
+    pub identity: u32,
+    pub ports: PortSet,
+    pub policy: &'a str,
+}
+
 /// A longest-prefix-match table, entries sorted by CIDR (IPv4 first, a
-/// prefix before the longer ones inside it) with host bits cleared.
+/// prefix before the longer ones inside it) with host bits cleared, and
+/// what the pods of each identity may use. A peer is allowed what the
+/// longest entry containing its address allows together with what its
+/// identity's entry allows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Table {
     pub entries: Vec<Entry>,
+    /// Identity number -> ports.
+    pub peers: BTreeMap<u32, PortSet>,
 }
 
 impl Table {
-    /// What the longest entry containing `addr` allows; None: denied.
+    /// What the longest entry containing `addr` allows; None: no entry.
     pub fn lookup(&self, addr: IpAddr) -> Option<&PortSet> {
         self.entries
             .iter()
@@ -52,17 +65,51 @@ impl Table {
             .map(|e| &e.ports)
     }
 
-    /// Whether a packet of IP protocol `protocol` to `port` with `addr` on
-    /// the far side is allowed.
-    pub fn allows(&self, addr: IpAddr, protocol: u8, port: u16) -> bool {
-        self.lookup(addr).is_some_and(|p| p.allows(protocol, port))
+    /// Whether a packet of IP protocol `protocol` to `port` with `addr`
+    /// (of identity `identity`, if it has one) on the far side is allowed.
+    pub fn allows(&self, addr: IpAddr, identity: Option<u32>, protocol: u8, port: u16) -> bool {
+        let by_identity = identity.and_then(|i| self.peers.get(&i));
+        self.lookup(addr)
+            .into_iter()
+            .chain(by_identity)
+            .any(|p| p.allows(protocol, port))
     }
+}
+
+/// Identity number -> the union of what `allows` give it. Fails on the
+/// first identity (by number) with more than [`MAX_PORT_RANGES`] ranges.
+pub fn peer_ports(allows: &[PeerAllow<'_>]) -> Result<BTreeMap<u32, PortSet>, Overflow> {
+    let mut by_identity: BTreeMap<u32, Vec<&PeerAllow<'_>>> = BTreeMap::new();
+    for allow in allows {
+        by_identity.entry(allow.identity).or_default().push(allow);
+    }
+    let mut peers = BTreeMap::new();
+    for (identity, allows) in by_identity {
+        let ports = PortSet::union(allows.iter().map(|a| &a.ports));
+        if let PortSet::Ranges(r) = &ports
+            && r.len() > MAX_PORT_RANGES
+        {
+            let mut policies: Vec<String> = allows.iter().map(|a| a.policy.to_string()).collect();
+            policies.sort();
+            policies.dedup();
+            return Err(Overflow {
+                peer: format!("the pods of identity {identity}"),
+                ranges: r.len(),
+                policies,
+            });
+        }
+        if !ports.is_none() {
+            peers.insert(identity, ports);
+        }
+    }
+    Ok(peers)
 }
 
 /// An entry would need more port ranges than a map value holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Overflow {
-    pub cidr: IpNetwork,
+    /// The CIDR, or the identity, whose entry it is.
+    pub peer: String,
     pub ranges: usize,
     /// The policies whose rules meet in the entry, sorted.
     pub policies: Vec<String>,
@@ -105,7 +152,7 @@ pub fn flatten(allows: &[Allow<'_>]) -> Result<Table, Overflow> {
             && r.len() > MAX_PORT_RANGES
         {
             return Err(Overflow {
-                cidr: candidate,
+                peer: candidate.to_string(),
                 ranges: r.len(),
                 policies: policies.into_iter().map(String::from).collect(),
             });
@@ -125,7 +172,10 @@ pub fn flatten(allows: &[Allow<'_>]) -> Result<Table, Overflow> {
             enclosing.push(entries.len() - 1);
         }
     }
-    Ok(Table { entries })
+    Ok(Table {
+        entries,
+        peers: BTreeMap::new(),
+    })
 }
 
 /// Whether `outer` contains every address of `inner`.
@@ -311,7 +361,7 @@ mod tests {
             allow("10.0.0.0/8", &[], tcp(1, 1)),
         ])
         .unwrap_err();
-        assert_eq!(err.cidr, net("10.0.0.0/24"));
+        assert_eq!(err.peer, "10.0.0.0/24");
         assert_eq!(err.ranges, 19);
         assert_eq!(err.policies, ["a", "b", "p"]);
         // Ranges that merge fit.

@@ -42,11 +42,10 @@ impl Agent {
         let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         let plan = policy::plan_of(
             &self.node_name,
-            &policies,
-            &pods,
-            &namespaces,
+            (&policies, &pods, &namespaces),
             &frontends,
             &local,
+            &mut enforcer.numbers,
         );
         self.metrics
             .policy_compute

@@ -34,6 +34,7 @@ use crate::peers::file_source::FileSource;
 use crate::peers::kube_source::{self, KubeSource};
 use crate::peers::routes::Routes;
 use crate::peers::{Node, PeerSource};
+use crate::policy::identity::IdentityNumbers;
 use crate::policy::sync::{DatapathSink, PolicySync};
 use crate::policy::watch::{self as policy_watch, PolicyObjects};
 use crate::reclaim::Reclaimer;
@@ -109,11 +110,16 @@ pub async fn run(args: Args) -> Result<()> {
                 policy_rx = Some(changes);
             }
             if agent.args.network_policy {
+                let sync = PolicySync::new(
+                    DatapathSink::new(agent.datapath.clone()),
+                    agent.metrics.clone(),
+                );
+                // The identities a restarted agent's predecessor wrote are
+                // taken up again: nothing in the maps changes meaning.
+                let hints = sync.peer_ids().cloned().unwrap_or_default();
                 agent.policy = Some(Enforcer {
-                    sync: PolicySync::new(
-                        DatapathSink::new(agent.datapath.clone()),
-                        agent.metrics.clone(),
-                    ),
+                    numbers: IdentityNumbers::with_hints(hints.into_iter().collect()),
+                    sync,
                 });
                 records_rx = Some(agent.start_first_packet_policy()?);
             }
@@ -268,6 +274,8 @@ pub struct Agent {
 /// NetworkPolicy on this node: what was written.
 struct Enforcer {
     sync: PolicySync<DatapathSink>,
+    /// The peer identities' numbers, kept from one plan to the next.
+    numbers: IdentityNumbers,
 }
 
 /// The node's own addresses as policy sees them: its InternalIPs, and the

@@ -53,6 +53,8 @@ impl Agent {
     /// isolated meanwhile), and the node is not ready, saying why.
     pub(super) fn refresh_ready(&mut self) {
         let problem = self.objects.as_ref().and_then(PolicyObjects::problem);
+        // Policy the maps cannot hold (held closed meanwhile) is down too.
+        let written = self.policy.as_ref().and_then(|e| e.sync.problem());
         let mut down = Vec::new();
         for (enabled, feature, what) in [
             (self.args.network_policy, "network_policy", "NetworkPolicy"),
@@ -65,6 +67,11 @@ impl Agent {
             if !enabled || self.objects.is_none() {
                 continue;
             }
+            let problem = match (&problem, &written) {
+                (Some(problem), _) => Some(problem.clone()),
+                (None, Some(written)) if feature == "network_policy" => Some(written.clone()),
+                _ => None,
+            };
             self.metrics
                 .feature_ready
                 .get_or_create(&metrics::FeatureLabel {

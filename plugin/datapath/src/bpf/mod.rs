@@ -53,7 +53,8 @@ pub use host_veth::{
 };
 pub use nat::{NatFlow, OrphanReply, orphan_replies};
 pub use policy::{
-    PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, local_addr_key, ports_value,
+    PeerRule, PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, PolicyTable,
+    local_addr_key, ports_value,
 };
 pub use remote::RemoteCidr;
 pub use service_programs::SERVICE_PROGRAMS;

@@ -65,7 +65,8 @@ pub struct PodReport {
 pub struct PodPolicyReport {
     pub ingress_isolated: bool,
     pub egress_isolated: bool,
-    /// Entries of its table per direction.
+    /// Entries of its table per direction (by prefix and by peer
+    /// identity).
     pub ingress_rules: usize,
     pub egress_rules: usize,
     /// What policy dropped, per direction.
@@ -93,17 +94,24 @@ fn pod_policy(
     names: &BTreeMap<IpAddr, Vec<String>>,
 ) -> Result<PodPolicyReport> {
     let state = datapath.pod_policy(slot)?;
-    let rules = datapath.pod_policy_rules(slot)?;
-    let ingress_rules = rules
+    // Entries by prefix and by peer identity, per direction.
+    let mut directions: Vec<u32> = datapath
+        .pod_policy_rules(slot)?
+        .into_iter()
+        .map(|(direction, _)| direction)
+        .collect();
+    let by_identity = datapath.pod_policy_peers(slot)?;
+    directions.extend(by_identity.iter().map(|(direction, _)| *direction));
+    let ingress_rules = directions
         .iter()
-        .filter(|(direction, _)| *direction == POLICY_DIR_INGRESS)
+        .filter(|direction| **direction == POLICY_DIR_INGRESS)
         .count();
     let drops = datapath.policy_drop_counts(slot)?;
     Ok(PodPolicyReport {
         ingress_isolated: state.flags & POLICY_F_INGRESS != 0,
         egress_isolated: state.flags & POLICY_F_EGRESS != 0,
         ingress_rules,
-        egress_rules: rules.len() - ingress_rules,
+        egress_rules: directions.len() - ingress_rules,
         ingress_drops: Counts {
             packets: drops.ingress_packets,
             bytes: drops.ingress_bytes,

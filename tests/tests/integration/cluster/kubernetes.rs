@@ -227,14 +227,24 @@ fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
     wait_until("web's policy written", SETTLE, || updates() >= 1.0);
     let datapath = node.datapath();
     let slot = datapath.slot_of(web_ip).unwrap().expect("web's slot");
+    // A pod's rules as "direction cidr ports": its prefixes, and the
+    // addresses of each identity it allows as host prefixes.
     let written = |slot: u32| {
         let flags = datapath.pod_policy(slot).unwrap().flags;
-        let rules: Vec<String> = datapath
+        let mut rules: Vec<String> = datapath
             .pod_policy_rules(slot)
             .unwrap()
             .iter()
             .map(|(direction, rule)| format!("{direction} {} {:?}", rule.cidr, rule.ports))
             .collect();
+        let ids = datapath.peer_ids().unwrap();
+        for (direction, rule) in datapath.pod_policy_peers(slot).unwrap() {
+            let members = ids.iter().filter(|(_, id)| **id == rule.identity);
+            rules.extend(
+                members.map(|(address, _)| format!("{direction} {address}/32 {:?}", rule.ports)),
+            );
+        }
+        rules.sort();
         (flags, rules)
     };
     let (flags, rules) = written(slot);

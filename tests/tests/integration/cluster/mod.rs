@@ -6,8 +6,9 @@
 //! fallback to the stack, ipMasq), `node_settings` (dual-stack, XDP mode,
 //! uplink and MTU), `peers` (the peer file and foreign routes),
 //! `agent_lifecycle` (uninstall, restarts, other builds, a moved pin root)
-//! and `kubernetes` (the agent against the API stub). What they read off a
-//! node is in `fixture`.
+//! `kubernetes` (the agent against the API stub) and `policy_upgrade` (an
+//! upgrade to policy by peer identity under traffic). What they read off
+//! a node is in `fixture`.
 
 mod fixture;
 
@@ -16,3 +17,4 @@ mod fast_path;
 mod kubernetes;
 mod node_settings;
 mod peers;
+mod policy_upgrade;

@@ -2,8 +2,11 @@
 
 use std::net::IpAddr;
 
-use flatnet_datapath::bpf::{Datapath, PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::bpf::{
+    Datapath, PeerRule, PolicyPortRange, PolicyPorts, PolicyRule, PolicyTable,
+};
 
+use flatnet_common::{POLICY_F_EGRESS, POLICY_F_INGRESS};
 use flatnet_datapath::node::markers::policy_names_file;
 
 use crate::error::{AgentError, Result};
@@ -68,6 +71,8 @@ impl PolicySink for DatapathSink {
         };
         let ingress = rules(&policy.ingress);
         let egress = rules(&policy.egress);
+        let ingress_peers = peer_rules(&policy.ingress);
+        let egress_peers = peer_rules(&policy.egress);
         if ingress.is_none() && egress.is_none() {
             // Most pods: never isolated, nothing to clear.
             if self.datapath.pod_policy(slot)?.flags == 0 {
@@ -76,9 +81,46 @@ impl PolicySink for DatapathSink {
             self.datapath.clear_pod_policy(slot)?;
             return Ok(Applied::Written);
         }
-        self.datapath
-            .set_pod_policy(slot, ingress.as_deref(), egress.as_deref())?;
+        let written = self.datapath.set_pod_tables(
+            slot,
+            table(ingress.as_deref(), &ingress_peers),
+            table(egress.as_deref(), &egress_peers),
+        );
+        if let Err(error) = written {
+            // Fail closed: nothing in, nothing out where it is isolated,
+            // until a write succeeds.
+            let mut flags = 0;
+            if ingress.is_some() {
+                flags |= POLICY_F_INGRESS;
+            }
+            if egress.is_some() {
+                flags |= POLICY_F_EGRESS;
+            }
+            if let Err(e) = self.datapath.hold_pod_closed(slot, flags) {
+                tracing::error!(slot, error = %e, "cannot hold a pod closed after its policy failed");
+            }
+            return Err(error.into());
+        }
         Ok(Applied::Written)
+    }
+
+    fn peer_ids(&mut self) -> Result<BTreeMap<IpAddr, u32>> {
+        Ok(self.datapath.peer_ids()?.into_iter().collect())
+    }
+
+    fn write_peer_ids(&mut self, addresses: &[(IpAddr, u32)]) -> Result<()> {
+        Ok(self.datapath.write_peer_ids(addresses)?)
+    }
+
+    fn remove_peer_ids(&mut self, addresses: &[IpAddr]) -> Result<()> {
+        Ok(self.datapath.remove_peer_ids(addresses)?)
+    }
+
+    fn rejudge(&mut self, ips: &[IpAddr]) -> Result<()> {
+        if let Some(slot) = self.slot(ips)? {
+            self.datapath.rejudge_pod_flows(slot)?;
+        }
+        Ok(())
     }
 
     fn local_addresses(&mut self, addresses: &[IpAddr]) -> Result<()> {
@@ -121,25 +163,48 @@ pub fn rules(allowed: &Allowed) -> Option<Vec<PolicyRule>> {
     }
 }
 
+fn table<'a>(rules: Option<&'a [PolicyRule]>, peers: &'a [PeerRule]) -> Option<PolicyTable<'a>> {
+    rules.map(|rules| PolicyTable { rules, peers })
+}
+
+/// An isolated direction's rules by peer identity; empty when not
+/// isolated.
+pub fn peer_rules(allowed: &Allowed) -> Vec<PeerRule> {
+    let Allowed::Only(table) = allowed else {
+        return Vec::new();
+    };
+    let peers = table.peers.iter();
+    peers
+        .map(|(identity, ports)| PeerRule {
+            identity: *identity,
+            ports: ports_of(ports),
+        })
+        .collect()
+}
+
 fn table_rules(table: &Table) -> Vec<PolicyRule> {
     table
         .entries
         .iter()
         .map(|entry| PolicyRule {
             cidr: entry.cidr,
-            ports: match &entry.ports {
-                PortSet::Any => PolicyPorts::Any,
-                PortSet::Ranges(ranges) => PolicyPorts::Ranges(
-                    ranges
-                        .iter()
-                        .map(|r| PolicyPortRange {
-                            protocol: r.protocol.number(),
-                            first: r.first,
-                            last: r.last,
-                        })
-                        .collect(),
-                ),
-            },
+            ports: ports_of(&entry.ports),
         })
         .collect()
+}
+
+fn ports_of(ports: &PortSet) -> PolicyPorts {
+    match ports {
+        PortSet::Any => PolicyPorts::Any,
+        PortSet::Ranges(ranges) => PolicyPorts::Ranges(
+            ranges
+                .iter()
+                .map(|r| PolicyPortRange {
+                    protocol: r.protocol.number(),
+                    first: r.first,
+                    last: r.last,
+                })
+                .collect(),
+        ),
+    }
 }

@@ -14,6 +14,8 @@
 //!   the node (kubelet's probes) passes any ingress policy.
 
 mod datapath;
+mod identities;
+mod pressure;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -42,6 +44,29 @@ pub trait PolicySink {
     /// reloaded over wiped pins starts with empty policy maps).
     fn in_place(&mut self, _policy: &PodPolicy) -> bool {
         true
+    }
+
+    /// The peer identities it holds by address (a restarted agent finds
+    /// the last one's).
+    fn peer_ids(&mut self) -> Result<BTreeMap<IpAddr, u32>> {
+        Ok(BTreeMap::new())
+    }
+
+    /// Gives each of `addresses` its identity number (new entries and
+    /// changed ones), for the tables that name peers by identity.
+    fn write_peer_ids(&mut self, _addresses: &[(IpAddr, u32)]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Takes these addresses' identities away.
+    fn remove_peer_ids(&mut self, _addresses: &[IpAddr]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Has the flows the pod with `ips` recorded judged again: a peer it
+    /// allowed by identity left that identity.
+    fn rejudge(&mut self, _ips: &[IpAddr]) -> Result<()> {
+        Ok(())
     }
 
     /// Records which policies select each pod, by pod address, for people
@@ -134,17 +159,47 @@ pub struct PolicySync<S> {
     written: BTreeMap<PodKey, Vec<IpAddr>>,
     /// Pods to try again: not attached yet, or a failed write or removal.
     retry: BTreeSet<PodKey>,
+    /// The peer identities the sink holds by address; None: unknown (a
+    /// write failed), all written again at the next resync.
+    peer_ids: Option<BTreeMap<IpAddr, u32>>,
+    /// Pods whose policy could not be written, and why (the sink holds
+    /// them closed meanwhile); why the peer identities could not be.
+    failures: BTreeMap<PodKey, String>,
+    peer_ids_failure: Option<String>,
 }
 
 impl<S: PolicySink> PolicySync<S> {
-    pub fn new(sink: S, metrics: AgentMetrics) -> Self {
+    pub fn new(mut sink: S, metrics: AgentMetrics) -> Self {
+        let peer_ids = sink.peer_ids().ok();
         PolicySync {
             sink,
             metrics,
             plan: None,
             written: BTreeMap::new(),
             retry: BTreeSet::new(),
+            peer_ids,
+            failures: BTreeMap::new(),
+            peer_ids_failure: None,
         }
+    }
+
+    /// What keeps the node's policy from being what the plan says, for
+    /// readiness: pods whose policy could not be written (held closed),
+    /// peer addresses without their identity (denied). None: all written.
+    pub fn problem(&self) -> Option<String> {
+        let mut problems = Vec::new();
+        if let Some((pod, error)) = self.failures.iter().next() {
+            problems.push(format!(
+                "the policy of {} pod(s) cannot be written, so they are held closed (first, {pod}: {error})",
+                self.failures.len()
+            ));
+        }
+        if let Some(error) = &self.peer_ids_failure {
+            problems.push(format!(
+                "the identities of peer addresses cannot be written, so those peers are denied ({error})"
+            ));
+        }
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 
     pub fn sink(&self) -> &S {
@@ -195,8 +250,19 @@ impl<S: PolicySink> PolicySync<S> {
                 })
                 .set(isolated as i64);
         }
+        let identities: HashSet<u32> = plan.addresses.values().copied().collect();
+        let metrics = &self.metrics;
+        metrics
+            .policy_peer_addresses
+            .set(plan.addresses.len() as i64);
+        metrics.policy_identities.set(identities.len() as i64);
         let retry = std::mem::take(&mut self.retry);
+        // Addresses of new identities before the tables that name them;
+        // changed and gone ones after, when no table needs the old.
+        self.add_peer_ids(&plan);
         self.take_steps(&previous, &plan, &retry);
+        self.settle_peer_ids(&previous, &plan);
+        self.report_pressure(&plan);
         if let Err(e) = self.sink.policy_names(&policy_names(&plan)) {
             tracing::warn!(error = %e, "cannot record which policies select each pod");
         }
@@ -221,6 +287,13 @@ impl<S: PolicySink> PolicySync<S> {
                 }
             }
         }
+        if self.peer_ids.is_none()
+            && let Some(plan) = self.plan.take()
+        {
+            self.add_peer_ids(&plan);
+            self.settle_peer_ids(&plan, &plan);
+            self.plan = Some(plan);
+        }
         if self.retry.is_empty() {
             return;
         }
@@ -230,6 +303,7 @@ impl<S: PolicySink> PolicySync<S> {
         let retry = std::mem::take(&mut self.retry);
         // Against itself: only the waiting pods are taken again.
         self.take_steps(&plan, &plan, &retry);
+        self.report_pressure(&plan);
         self.plan = Some(plan);
     }
 
@@ -245,6 +319,7 @@ impl<S: PolicySink> PolicySync<S> {
         for step in steps(previous, next, retry) {
             match step {
                 Step::Remove(key) => {
+                    self.failures.remove(&key);
                     // Never written (or already taken away): nothing to do.
                     let Some(ips) = self.written.get(&key) else {
                         continue;
@@ -257,6 +332,7 @@ impl<S: PolicySink> PolicySync<S> {
                     match self.sink.apply(&key, &ips, None) {
                         Ok(applied) => {
                             self.written.remove(&key);
+                            self.failures.remove(&key);
                             if applied == Applied::Written {
                                 self.metrics.policy_updates.inc();
                             }
@@ -275,13 +351,15 @@ impl<S: PolicySink> PolicySync<S> {
                     }
                     Ok(applied) => {
                         self.written.insert(key.clone(), policy.ips.clone());
+                        self.failures.remove(key);
                         if applied == Applied::Written {
                             self.metrics.policy_updates.inc();
                         }
                     }
                     Err(e) => {
                         self.metrics.policy_errors.inc();
-                        tracing::warn!(pod = %key, error = %e, "cannot write a pod's policy; retrying");
+                        tracing::warn!(pod = %key, error = %e, "cannot write a pod's policy: it is held closed, retrying");
+                        self.failures.insert(key.clone(), e.to_string());
                         self.retry.insert(key.clone());
                     }
                 },
@@ -295,7 +373,7 @@ impl<S: PolicySink> PolicySync<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::HashSet;
 
     use super::*;
@@ -308,11 +386,11 @@ mod tests {
     /// Records what it is asked; pods with an address in `attached` are
     /// in the datapath, those in `failing` fail.
     #[derive(Default)]
-    struct Recorder {
-        calls: Vec<String>,
-        attached: HashSet<IpAddr>,
-        failing: HashSet<String>,
-        local: Vec<IpAddr>,
+    pub(super) struct Recorder {
+        pub(super) calls: Vec<String>,
+        pub(super) attached: HashSet<IpAddr>,
+        pub(super) failing: HashSet<String>,
+        pub(super) local: Vec<IpAddr>,
     }
 
     impl PolicySink for Recorder {
@@ -352,13 +430,35 @@ mod tests {
             self.local = addresses.to_vec();
             Ok(())
         }
+
+        fn write_peer_ids(&mut self, addresses: &[(IpAddr, u32)]) -> Result<()> {
+            if self.failing.contains("peer ids") {
+                return Err(AgentError::Config("peer ids: refused".into()));
+            }
+            for (address, identity) in addresses {
+                self.calls.push(format!("id {address}={identity}"));
+            }
+            Ok(())
+        }
+
+        fn remove_peer_ids(&mut self, addresses: &[IpAddr]) -> Result<()> {
+            for address in addresses {
+                self.calls.push(format!("id {address} gone"));
+            }
+            Ok(())
+        }
+
+        fn rejudge(&mut self, ips: &[IpAddr]) -> Result<()> {
+            self.calls.push(format!("rejudge {ips:?}"));
+            Ok(())
+        }
     }
 
-    fn ip(s: &str) -> IpAddr {
+    pub(super) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
-    fn key(s: &str) -> PodKey {
+    pub(super) fn key(s: &str) -> PodKey {
         let (namespace, name) = s.split_once('/').unwrap();
         PodKey {
             namespace: namespace.into(),
@@ -367,16 +467,17 @@ mod tests {
     }
 
     /// Ingress from `from` on TCP `port`.
-    fn only(from: &str, port: u16) -> Allowed {
+    pub(super) fn only(from: &str, port: u16) -> Allowed {
         Allowed::Only(Table {
             entries: vec![Entry {
                 cidr: from.parse().unwrap(),
                 ports: PortSet::of([PortRange::new(Protocol::Tcp, port, port)]),
             }],
+            peers: BTreeMap::new(),
         })
     }
 
-    fn pod(address: &str, ingress: Allowed) -> Result<PodPolicy, PolicyError> {
+    pub(super) fn pod(address: &str, ingress: Allowed) -> Result<PodPolicy, PolicyError> {
         let isolated = matches!(ingress, Allowed::Only(_));
         Ok(PodPolicy {
             ips: vec![ip(address)],
@@ -386,13 +487,14 @@ mod tests {
         })
     }
 
-    fn plan(pods: Vec<(&str, Result<PodPolicy, PolicyError>)>) -> Plan {
+    pub(super) fn plan(pods: Vec<(&str, Result<PodPolicy, PolicyError>)>) -> Plan {
         Plan {
             pods: pods.into_iter().map(|(k, r)| (key(k), r)).collect(),
+            addresses: BTreeMap::new(),
         }
     }
 
-    fn synced(attached: &[&str]) -> PolicySync<Recorder> {
+    pub(super) fn synced(attached: &[&str]) -> PolicySync<Recorder> {
         let sink = Recorder {
             attached: attached.iter().map(|a| ip(a)).collect(),
             ..Recorder::default()
@@ -400,7 +502,7 @@ mod tests {
         PolicySync::new(sink, AgentMetrics::default())
     }
 
-    fn calls(sync: &mut PolicySync<Recorder>) -> Vec<String> {
+    pub(super) fn calls(sync: &mut PolicySync<Recorder>) -> Vec<String> {
         std::mem::take(&mut sync.sink.calls)
     }
 
@@ -483,7 +585,7 @@ mod tests {
         let error = PolicyError::TooManyPortRanges {
             pod: key("a/web"),
             direction: Direction::Ingress,
-            cidr: "10.1.0.0/16".parse().unwrap(),
+            peer: "10.1.0.0/16".into(),
             ranges: 17,
             policies: vec!["p".into()],
         };
@@ -507,11 +609,19 @@ mod tests {
         let p = plan(vec![("a/web", pod("10.0.0.2", only("10.1.0.0/16", 80)))]);
         sync.update(p.clone());
         assert!(sync.waiting().contains(&key("a/web")));
+        // Readiness names it.
+        let problem = sync.problem().unwrap_or_default();
+        assert!(problem.contains("1 pod(s) cannot be written"), "{problem}");
+        assert!(
+            problem.contains("a/web: invalid setting: a/web: refused"),
+            "{problem}"
+        );
         sync.sink.failing.clear();
         // The next event, even one that changed nothing for the pod.
         sync.update(p);
         assert_eq!(calls(&mut sync).len(), 1);
         assert!(sync.waiting().is_empty());
+        assert_eq!(sync.problem(), None);
         let text = rendered(&sync);
         assert!(text.contains("flatnet_policy_errors_total 1"), "{text}");
         assert!(text.contains("flatnet_policy_updates_total 1"), "{text}");
@@ -584,7 +694,16 @@ mod tests {
                     ports: PortSet::of([PortRange::new(Protocol::Udp, 53, 54)]),
                 },
             ],
+            peers: BTreeMap::from([(7, PortSet::Any)]),
         });
+        assert_eq!(
+            datapath::peer_rules(&any),
+            [flatnet_datapath::bpf::PeerRule {
+                identity: 7,
+                ports: PolicyPorts::Any
+            }]
+        );
+        assert!(datapath::peer_rules(&Allowed::All).is_empty());
         let rules = rules(&any).unwrap();
         assert_eq!(rules[0].ports, PolicyPorts::Any);
         assert_eq!(rules[1].ports, PolicyPorts::Ranges(vec![]));

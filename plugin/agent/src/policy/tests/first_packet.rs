@@ -48,11 +48,14 @@ fn a_local_pod_without_an_address_in_the_api_takes_the_one_add_recorded() {
     let plan_with = |local: &LocalIps| {
         plan_of(
             NODE,
-            &policies.iter().collect::<Vec<_>>(),
-            &pods.iter().collect::<Vec<_>>(),
-            &namespaces.iter().collect::<Vec<_>>(),
+            (
+                &policies.iter().collect::<Vec<_>>(),
+                &pods.iter().collect::<Vec<_>>(),
+                &namespaces.iter().collect::<Vec<_>>(),
+            ),
             &[],
             local,
+            &mut identity::IdentityNumbers::default(),
         )
     };
     let without = plan_with(&LocalIps::default());

@@ -3,11 +3,13 @@
 
 mod features;
 mod first_packet;
+mod growth;
 mod model;
 mod named_ports;
 mod scale;
 mod services;
 
+use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
 use super::*;
@@ -98,11 +100,69 @@ pub fn key(pod: &str) -> PodKey {
     }
 }
 
+/// One direction of a pod's computed policy, with the plan's peer
+/// identities to look peers up in.
+pub struct Side<'a> {
+    pub allowed: &'a Allowed,
+    addresses: &'a BTreeMap<IpAddr, u32>,
+}
+
+impl Side<'_> {
+    /// Whether a packet of `protocol` to `port` with `peer` on the far
+    /// side passes, as the datapath judges it (prefix and identity).
+    pub fn allows(&self, peer: IpAddr, protocol: u8, port: u16) -> bool {
+        let identity = self.addresses.get(&peer).copied();
+        self.allowed.allows(peer, identity, protocol, port)
+    }
+}
+
+impl PartialEq<Allowed> for Side<'_> {
+    fn eq(&self, other: &Allowed) -> bool {
+        self.allowed == other
+    }
+}
+
+impl std::fmt::Debug for Side<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.allowed.fmt(f)
+    }
+}
+
+impl std::ops::Deref for Side<'_> {
+    type Target = Allowed;
+    fn deref(&self) -> &Allowed {
+        self.allowed
+    }
+}
+
+/// A pod's computed policy, its directions as [`Side`]s.
+pub struct Of<'a> {
+    policy: &'a PodPolicy,
+    pub ingress: Side<'a>,
+    pub egress: Side<'a>,
+}
+
+impl std::ops::Deref for Of<'_> {
+    type Target = PodPolicy;
+    fn deref(&self) -> &PodPolicy {
+        self.policy
+    }
+}
+
 /// The computed policy of `pod` ("ns/name"), which must be in the plan.
-pub fn of<'a>(plan: &'a Plan, pod: &str) -> &'a PodPolicy {
-    match plan.pods.get(&key(pod)) {
+pub fn of<'a>(plan: &'a Plan, pod: &str) -> Of<'a> {
+    let policy = match plan.pods.get(&key(pod)) {
         Some(Ok(p)) => p,
         other => panic!("{pod}: {other:?}"),
+    };
+    let side = |allowed| Side {
+        allowed,
+        addresses: &plan.addresses,
+    };
+    Of {
+        policy,
+        ingress: side(&policy.ingress),
+        egress: side(&policy.egress),
     }
 }
 
@@ -118,11 +178,21 @@ pub fn table(allowed: &Allowed) -> &Table {
     }
 }
 
-/// A table's entries as "cidr ports" lines.
-pub fn entries(allowed: &Allowed) -> Vec<String> {
-    let t = table(allowed);
-    t.entries
+/// A table's entries as "cidr ports" lines, sorted by CIDR: its prefixes,
+/// and each address of an identity it names as a host prefix.
+pub fn entries(side: &Side<'_>) -> Vec<String> {
+    let t = table(side.allowed);
+    let mut lines: Vec<(IpNetwork, String)> = t
+        .entries
         .iter()
-        .map(|e| format!("{} {}", e.cidr, e.ports))
-        .collect()
+        .map(|e| (e.cidr, format!("{} {}", e.cidr, e.ports)))
+        .collect();
+    for (address, identity) in side.addresses {
+        if let Some(ports) = t.peers.get(identity) {
+            let host = IpNetwork::from(*address);
+            lines.push((host, format!("{host} {ports}")));
+        }
+    }
+    lines.sort();
+    lines.into_iter().map(|(_, line)| line).collect()
 }

@@ -120,7 +120,7 @@ fn without_policies_everything_is_allowed() {
     assert_eq!(plan.pods.len(), 9);
     assert_eq!(reachability(&plan, TCP, 80), ALL);
     let xa = of(&plan, "x/a");
-    assert_eq!((&xa.ingress, &xa.egress), (&Allowed::All, &Allowed::All));
+    assert_eq!((&*xa.ingress, &*xa.egress), (&Allowed::All, &Allowed::All));
     assert!(xa.policies.is_empty());
     assert_eq!(xa.ips, [ip("10.0.1.1"), ip("fd00::1:1")]);
 }

@@ -185,7 +185,7 @@ fn too_many_port_ranges_are_an_error_naming_pod_and_policies() {
         PolicyError::TooManyPortRanges {
             pod: key("x/me"),
             direction: Direction::Ingress,
-            cidr: "0.0.0.0/0".parse().unwrap(),
+            peer: "0.0.0.0/0".into(),
             ranges: 18,
             policies: vec!["one".into(), "two".into()],
         }

@@ -150,11 +150,10 @@ fn egress_plan_with(spec: Value) -> Plan {
     let frontends = frontends(&services, &slices, here);
     plan_of(
         NODE,
-        &policies,
-        &pods,
-        &namespaces,
+        (&policies, &pods, &namespaces),
         &frontends,
         &super::super::LocalIps::default(),
+        &mut identity::IdentityNumbers::default(),
     )
 }
 

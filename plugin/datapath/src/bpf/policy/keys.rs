@@ -17,7 +17,7 @@ use flatnet_common::{MAX_ENDPOINTS, NO_COUNTER_SLOT};
 use crate::error::{Error, Result};
 
 /// The map value of `ports`; an error when it holds too many ranges.
-pub fn ports_value(cidr: &IpNetwork, ports: &PolicyPorts) -> Result<PortsValue> {
+pub fn ports_value(cidr: &impl std::fmt::Display, ports: &PolicyPorts) -> Result<PortsValue> {
     let mut value = PortsValue::default();
     match ports {
         PolicyPorts::Any => value.any = 1,
@@ -112,7 +112,15 @@ pub(super) fn policy_network(address: IpAddr, prefix_len: u32) -> Result<IpNetwo
 }
 
 pub(super) fn rule_of(cidr: IpNetwork, value: &PortsValue) -> PolicyRule {
-    let ports = if value.any != 0 {
+    PolicyRule {
+        cidr,
+        ports: ports_of(value),
+    }
+}
+
+/// What a map value allows.
+pub(super) fn ports_of(value: &PortsValue) -> PolicyPorts {
+    if value.any != 0 {
         PolicyPorts::Any
     } else {
         PolicyPorts::Ranges(
@@ -127,8 +135,7 @@ pub(super) fn rule_of(cidr: IpNetwork, value: &PortsValue) -> PolicyRule {
                 })
                 .collect(),
         )
-    };
-    PolicyRule { cidr, ports }
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use flatnet_common::{
 // The map value; `PolicyPorts` here is the library's own enum.
 
 mod keys;
+mod peers;
 
 use std::net::IpAddr;
 
@@ -31,6 +32,7 @@ use super::{Datapath, ignore_missing};
 use crate::error::{Error, Result};
 use keys::{Address, check_slot, key_v4, key_v6, policy_network, rule_of};
 pub use keys::{local_addr_key, ports_value};
+pub use peers::{PeerRule, PolicyTable};
 
 /// Ports `first..=last` of IP protocol `protocol` (6 TCP, 17 UDP, 132 SCTP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,22 +106,34 @@ impl Datapath {
 
     /// Makes the pod in counter slot `slot` isolated for ingress and/or
     /// egress with these tables (None: that direction is not isolated).
-    /// The new entries are written first, then the pod's flags and a new
-    /// generation (from then on its packets meet the new tables, and its
-    /// recorded flows are judged again), then the entries no longer wanted
-    /// are deleted: an isolated pod's table is never seen empty.
     pub fn set_pod_policy(
         &self,
         slot: u32,
         ingress: Option<&[PolicyRule]>,
         egress: Option<&[PolicyRule]>,
     ) -> Result<()> {
+        let table = |rules| PolicyTable { rules, peers: &[] };
+        self.set_pod_tables(slot, ingress.map(table), egress.map(table))
+    }
+
+    /// [`set_pod_policy`](Self::set_pod_policy) with rules by peer
+    /// identity too. The new entries are written first, then the pod's
+    /// flags and a new generation (from then on its packets meet the new
+    /// tables, and its recorded flows are judged again), then the entries
+    /// no longer wanted are deleted: an isolated pod's table is never seen
+    /// empty.
+    pub fn set_pod_tables(
+        &self,
+        slot: u32,
+        ingress: Option<PolicyTable<'_>>,
+        egress: Option<PolicyTable<'_>>,
+    ) -> Result<()> {
         check_slot(slot)?;
         // Every value built before anything is written.
         let mut wanted_v4 = Vec::new();
         let mut wanted_v6 = Vec::new();
-        for (direction, rules) in [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)] {
-            for rule in rules.unwrap_or_default() {
+        for (direction, table) in [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)] {
+            for rule in table.map(|t| t.rules).unwrap_or_default() {
                 let cidr = crate::util::normalized(rule.cidr);
                 let value = ports_value(&cidr, &rule.ports)?;
                 match cidr {
@@ -128,6 +142,18 @@ impl Datapath {
                 }
             }
         }
+        let tables = [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)];
+        let wanted_peers = peers::peer_entries(slot, tables)?;
+        let mut by_peer = if self.has_peer_ids() {
+            Some(self.policy_peers()?)
+        } else if wanted_peers.is_empty() {
+            None
+        } else {
+            return Err(Error::Datapath(
+                "the pinned datapath predates policy by peer identity: reload it (flatnet repair)"
+                    .into(),
+            ));
+        };
         let mut v4 = self.policy_v4()?;
         let mut v6 = self.policy_v6()?;
         for (key, value) in &wanted_v4 {
@@ -137,6 +163,9 @@ impl Datapath {
         for (key, value) in &wanted_v6 {
             v6.insert(key, *value, 0)
                 .map_err(|e| Error::bpf("writing a policy entry", e))?;
+        }
+        if let Some(map) = &mut by_peer {
+            peers::write_peer_entries(map, &wanted_peers)?;
         }
         let mut flags = 0;
         if ingress.is_some() {
@@ -157,11 +186,14 @@ impl Datapath {
             .iter()
             .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
             .collect();
-        let removed =
+        let mut removed =
             self.remove_policy_entries(slot, |prefix, direction, address| match address {
                 Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
                 Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
             })?;
+        if let Some(map) = &mut by_peer {
+            removed += peers::remove_peer_entries(map, slot, &wanted_peers)?;
+        }
         // A packet judged between the new generation and these deletions
         // met the stale entries as well, and its flow was recorded with the
         // new generation: allowed for good by an entry that is gone. One
@@ -170,6 +202,36 @@ impl Datapath {
             self.write_pod_policy(slot, flags)?;
         }
         Ok(())
+    }
+
+    /// Holds the pod in counter slot `slot` closed in `flags`' directions
+    /// (`POLICY_F_*`): isolated with empty tables, nothing allowed, its
+    /// recorded flows judged again. What a pod gets when its policy cannot
+    /// be written (a full map): denying what it allows is loud and safe,
+    /// keeping an older table could allow what it denies.
+    pub fn hold_pod_closed(&self, slot: u32, flags: u32) -> Result<()> {
+        check_slot(slot)?;
+        if flags & POLICY_F_INGRESS != 0 {
+            self.ensure_to_pod(slot)?;
+        }
+        self.write_pod_policy(slot, flags)?;
+        self.remove_policy_entries(slot, |_, _, _| true)?;
+        if self.has_peer_ids() {
+            peers::remove_peer_entries(&mut self.policy_peers()?, slot, &[])?;
+        }
+        self.write_pod_policy(slot, flags)
+    }
+
+    /// Has the flows recorded for the pod in counter slot `slot` judged
+    /// again (a new generation, its flags kept): a peer it allowed by
+    /// identity has left that identity, or the cluster.
+    pub fn rejudge_pod_flows(&self, slot: u32) -> Result<()> {
+        check_slot(slot)?;
+        let current = self.pod_policy(slot)?;
+        if current.flags == 0 {
+            return Ok(());
+        }
+        self.write_pod_policy(slot, current.flags)
     }
 
     /// A new pod's policy before the agent has written its own (see
@@ -228,6 +290,9 @@ impl Datapath {
             self.write_pod_policy(slot, 0)?;
         }
         self.remove_policy_entries(slot, |_, _, _| true)?;
+        if self.has_peer_ids() {
+            peers::remove_peer_entries(&mut self.policy_peers()?, slot, &[])?;
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@
 mod fixture;
 
 mod events;
+mod identities;
 mod recorded_flows;
 mod tables;
 

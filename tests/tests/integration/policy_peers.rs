@@ -1,0 +1,238 @@
+//! A node's policy state grows with pods plus rules: 16 pods here that a
+//! policy opens to a namespace of 5,000 pods on another node hold one
+//! identity entry each and the node one address entry per client (the
+//! per-address layout needed 80,000 entries, more than the node's 65,536,
+//! and a client that came later reached none of the 16). One simulated
+//! node, its agent on the API stub, the 16 servers and a late client real
+//! pods made through the plugin. And when the map is full after all: the
+//! pods whose tables do not fit are held closed and the node says so.
+
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+
+use flatnet_datapath::bpf::{PeerRule, PolicyPorts, PolicyTable};
+use flatnet_tests::cluster::*;
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
+use flatnet_tests::*;
+use serde_json::{Value, json};
+
+const NODE: &str = "cp-1";
+const SERVERS: usize = 16;
+const CLIENTS: usize = 5_000;
+
+fn shop_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, app: &str) -> Value {
+    let containers = json!([{"name": "c", "image": "busybox"}]);
+    api_pod(namespace, name, node, ip, json!({"app": app}), containers)
+}
+
+/// Client `i` on worker-1: every other address of 10.245.0.0/16, as a
+/// namespace's pods are spread over a node's range.
+fn synthetic_client(i: usize) -> Value {
+    let n = 2 * i + 2;
+    let ip = IpAddr::V4(Ipv4Addr::new(10, 245, (n / 256) as u8, (n % 256) as u8));
+    shop_pod("clients", &format!("client-{i}"), "worker-1", ip, "client")
+}
+
+#[flatnet_test(root)]
+fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_them() {
+    let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
+    let node = cluster.node(NODE);
+    let listener = node
+        .netns
+        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .unwrap();
+    let served = ServedStub::start(listener);
+    let stub = &served.stub;
+    stub.add(Kind::Namespace, api_namespace("app", json!({})));
+    stub.add(
+        Kind::Namespace,
+        api_namespace("clients", json!({"role": "clients"})),
+    );
+    for i in 0..CLIENTS {
+        stub.add(Kind::Pod, synthetic_client(i));
+    }
+    stub.add(
+        Kind::NetworkPolicy,
+        json!({"metadata": {"namespace": "app", "name": "from-clients"},
+               "spec": {"podSelector": {"matchLabels": {"app": "server"}},
+                        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"role": "clients"}}}]}]}}),
+    );
+    node.start_agent(&Peers::Api(served.url.clone()));
+    node.wait_ready();
+    let servers: Vec<_> = (0..SERVERS).map(|_| node.pod()).collect();
+    for (i, pod) in servers.iter().enumerate() {
+        let ip = IpAddr::V4(pod.ip);
+        stub.add(
+            Kind::Pod,
+            shop_pod("app", &format!("server-{i}"), NODE, ip, "server"),
+        );
+    }
+    let gauge = |name: &str| metric(&node.metrics(), name).unwrap_or(-1.0);
+    wait_until(
+        "the servers isolated, the clients' addresses written",
+        SETTLE,
+        || {
+            gauge("flatnet_policy_isolated_pods{direction=\"ingress\"}") == SERVERS as f64
+                && gauge("flatnet_policy_peer_addresses") == CLIENTS as f64
+        },
+    );
+    assert_eq!(
+        gauge("flatnet_policy_identities"),
+        1.0,
+        "one Deployment, one identity"
+    );
+
+    // A client that comes later, a real pod on this node.
+    let late = node.pod();
+    stub.add(
+        Kind::Pod,
+        shop_pod("clients", "late", NODE, IpAddr::V4(late.ip), "client"),
+    );
+    wait_until("the late client's address written", SETTLE, || {
+        gauge("flatnet_policy_peer_addresses") == (CLIENTS + 1) as f64
+    });
+    for server in &servers {
+        tcp_echo(Some(&server.netns), server.ip, Some(&late.netns), 1 << 10)
+            .unwrap_or_else(|e| panic!("the late client to {}: {e}", server.ip));
+    }
+    // And what the datapath holds: one identity entry per server, no
+    // prefix, one address per client.
+    let datapath = node.datapath();
+    let mut by_prefix = 0;
+    let mut by_identity = 0;
+    for server in &servers {
+        let slot = datapath
+            .slot_of(IpAddr::V4(server.ip))
+            .unwrap()
+            .expect("a server's slot");
+        by_prefix += datapath.pod_policy_rules(slot).unwrap().len();
+        by_identity += datapath.pod_policy_peers(slot).unwrap().len();
+    }
+    assert_eq!((by_prefix, by_identity), (0, SERVERS));
+    assert_eq!(datapath.peer_ids().unwrap().len(), CLIENTS + 1);
+    assert_eq!(gauge("flatnet_policy_errors_total"), 0.0);
+    let pressure = gauge("flatnet_bpf_map_pressure{map=\"PEER_IDS_V4\"}");
+    let expected = (CLIENTS + 1) as f64 / f64::from(flatnet_common::MAX_PEER_IDS);
+    assert!(
+        (pressure - expected).abs() < 1e-9,
+        "PEER_IDS_V4 pressure {pressure}"
+    );
+    println!(
+        "{SERVERS} servers open to {CLIENTS} clients: {by_identity} identity entries, {} peer addresses",
+        CLIENTS + 1
+    );
+    node.stop_agent();
+    drop((servers, late));
+    drop(served);
+}
+
+/// The counter slot the filler entries are written for: no pod's here.
+const FILLER_SLOT: u32 = 16_000;
+
+#[flatnet_test(root)]
+fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
+    let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
+    let node = cluster.node(NODE);
+    let listener = node
+        .netns
+        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .unwrap();
+    let served = ServedStub::start(listener);
+    let stub = &served.stub;
+    stub.add(Kind::Namespace, api_namespace("app", json!({})));
+    stub.add(
+        Kind::Namespace,
+        api_namespace("clients", json!({"role": "clients"})),
+    );
+    let policy = |apps: &[&str]| {
+        let from: Vec<Value> = apps
+            .iter()
+            .map(|app| json!({"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}))
+            .collect();
+        json!({"metadata": {"namespace": "app", "name": "from-clients"},
+               "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [{"from": from}]}})
+    };
+    stub.add(Kind::NetworkPolicy, policy(&["client"]));
+    node.start_agent(&Peers::Api(served.url.clone()));
+    node.wait_ready();
+    let (server, client) = (node.pod(), node.pod());
+    stub.add(
+        Kind::Pod,
+        shop_pod("app", "server", NODE, IpAddr::V4(server.ip), "server"),
+    );
+    stub.add(
+        Kind::Pod,
+        shop_pod("clients", "client", NODE, IpAddr::V4(client.ip), "client"),
+    );
+    // An identity the policy will name later, on another node.
+    let batch = IpAddr::V4(Ipv4Addr::new(10, 245, 0, 9));
+    stub.add(
+        Kind::Pod,
+        shop_pod("clients", "batch", "worker-1", batch, "batch"),
+    );
+    let feature = || {
+        metric(
+            &node.metrics(),
+            "flatnet_agent_feature_ready{feature=\"network_policy\"}",
+        )
+    };
+    let reaches = || tcp_echo(Some(&server.netns), server.ip, Some(&client.netns), 1 << 10).is_ok();
+    wait_until("the client let in", SETTLE, || {
+        reaches() && feature() == Some(1.0)
+    });
+
+    let datapath = node.datapath();
+    let slot = datapath
+        .slot_of(IpAddr::V4(server.ip))
+        .unwrap()
+        .expect("the server's slot");
+    wait_until("the server's table written", SETTLE, || {
+        datapath.pod_policy_peers(slot).unwrap().len() == 1
+    });
+    // Fill POLICY_PEERS to the last entry, as many pods' tables would.
+    let used = datapath.policy_peer_entries().unwrap();
+    let filler: Vec<PeerRule> = (0..flatnet_common::MAX_POLICY_PEERS as usize - used)
+        .map(|i| PeerRule {
+            identity: 1_000_000 + i as u32,
+            ports: PolicyPorts::Any,
+        })
+        .collect();
+    let table = PolicyTable {
+        rules: &[],
+        peers: &filler,
+    };
+    datapath
+        .set_pod_tables(FILLER_SLOT, None, Some(table))
+        .unwrap();
+
+    // The policy now names a second identity: the server's table cannot
+    // take it. It is held closed (the client it allowed is cut off, not
+    // left with a table the policy no longer has), and the node says why.
+    stub.modify(Kind::NetworkPolicy, "app/from-clients", |p| {
+        *p = policy(&["client", "batch"]);
+    });
+    wait_until("network policy reported down", SETTLE, || {
+        feature() == Some(0.0)
+    });
+    assert!(
+        !reaches(),
+        "a pod whose policy could not be written let the client in"
+    );
+    let marker = std::fs::read_to_string(node.ready_marker()).unwrap_or_default();
+    assert!(marker.contains("held closed"), "the ready marker: {marker}");
+    assert!(
+        node.agent_log().contains("it is held closed"),
+        "{}",
+        node.agent_log()
+    );
+    assert!(metric(&node.metrics(), "flatnet_policy_errors_total").unwrap_or(0.0) >= 1.0);
+
+    // Room again: the next resync writes the table, and all is well.
+    datapath.clear_pod_policy(FILLER_SLOT).unwrap();
+    wait_until("the client let in again", SETTLE, || {
+        reaches() && feature() == Some(1.0)
+    });
+    assert_eq!(datapath.pod_policy_peers(slot).unwrap().len(), 2);
+    node.stop_agent();
+    drop((server, client));
+    drop(served);
+}

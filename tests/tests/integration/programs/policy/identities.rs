@@ -1,0 +1,197 @@
+//! Policy by peer identity: a pod's table names identities, the node maps
+//! peer addresses to them, and the programs allow what the longest prefix
+//! allows together with what the peer's identity is allowed. A peer that
+//! leaves an identity loses what it allowed, for new flows at once and
+//! for recorded ones once the pod's flows are judged again.
+
+use flatnet::config::DatapathMode;
+use flatnet_datapath::bpf::{PeerRule, PolicyPorts, PolicyTable};
+use flatnet_tests::flatnet_test;
+use flatnet_tests::frames::*;
+use flatnet_tests::test_run::{TC_ACT_REDIRECT, TC_ACT_SHOT};
+
+use super::fixture::{rule, tcp_port};
+use crate::programs::cross_node::from_remote;
+use crate::programs::{FAMILIES, Hook, Node, Pod, REMOTE_POD, TTL, Tuple};
+
+const CLIENTS: u32 = 7;
+const OTHERS: u32 = 8;
+
+impl Node {
+    fn set_tables(
+        &self,
+        pod: &Pod,
+        ingress: Option<PolicyTable<'_>>,
+        egress: Option<PolicyTable<'_>>,
+    ) {
+        let datapath = &self.scratch.datapath;
+        self.netns
+            .run(|| datapath.set_pod_tables(pod.slot, ingress, egress))
+            .expect("writing a pod's policy");
+    }
+
+    /// Gives `pod`'s addresses identity `identity`.
+    fn name_pod(&self, pod: &Pod, identity: u32) {
+        let entries: Vec<_> = FAMILIES.iter().map(|f| (pod.ip(*f), identity)).collect();
+        self.scratch
+            .datapath
+            .write_peer_ids(&entries)
+            .expect("writing peer identities");
+    }
+}
+
+#[flatnet_test(root)]
+fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    // The pod subnet explicitly denied by prefix (an ipBlock's except):
+    // the identity's entry allows B all the same.
+    let rules = [rule("10.244.0.0/16", &[]), rule("fd00:244::/32", &[])];
+    let peers = [PeerRule {
+        identity: CLIENTS,
+        ports: PolicyPorts::Ranges(vec![tcp_port(8080)]),
+    }];
+    node.set_tables(
+        a,
+        None,
+        Some(PolicyTable {
+            rules: &rules,
+            peers: &peers,
+        }),
+    );
+    let read = node.scratch.datapath.pod_policy_peers(a.slot).unwrap();
+    assert_eq!(read, [(1, peers[0].clone())], "egress is direction 1");
+
+    // B has no identity yet: denied.
+    for family in FAMILIES {
+        let frame = a.sends(Tuple::new(a.ip(family), 40000, b.ip(family), 8080).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} A to B before B has an identity"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+    }
+    node.name_pod(b, CLIENTS);
+    for family in FAMILIES {
+        let (ai, bi) = (a.ip(family), b.ip(family));
+        let frame = a.sends(Tuple::new(ai, 40001, bi, 8080).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} A to B, a client, on 8080"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+        let frame = a.sends(Tuple::new(ai, 40002, bi, 9090).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} A to B on 9090"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+    }
+
+    // B leaves the identity: a new flow is denied at once; the recorded
+    // one (40001) passes until A's flows are judged again.
+    node.name_pod(b, OTHERS);
+    for family in FAMILIES {
+        let (ai, bi) = (a.ip(family), b.ip(family));
+        let frame = a.sends(Tuple::new(ai, 40003, bi, 8080).tcp(TCP_SYN));
+        node.check(
+            &format!("{family:?} a new flow once B left"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+        let frame = a.sends(Tuple::new(ai, 40001, bi, 8080).tcp(TCP_ACK));
+        node.check(
+            &format!("{family:?} the recorded flow, not judged again yet"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_REDIRECT,
+            &b.receives(&frame),
+            &[("redirected", 1)],
+        );
+    }
+    node.scratch.datapath.rejudge_pod_flows(a.slot).unwrap();
+    for family in FAMILIES {
+        let frame = a.sends(Tuple::new(a.ip(family), 40001, b.ip(family), 8080).tcp(TCP_ACK));
+        node.check(
+            &format!("{family:?} the recorded flow judged again"),
+            Hook::PodTc(a),
+            &frame,
+            TC_ACT_SHOT,
+            &b.receives(&frame),
+            &[("policy_denied", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(a), (0, 8));
+
+    // Not isolated any more: its identity entries go with it.
+    node.scratch.datapath.clear_pod_policy(a.slot).unwrap();
+    assert!(
+        node.scratch
+            .datapath
+            .pod_policy_peers(a.slot)
+            .unwrap()
+            .is_empty()
+    );
+    node.scratch
+        .datapath
+        .remove_peer_ids(&FAMILIES.map(|f| b.ip(f)))
+        .unwrap();
+    assert!(node.scratch.datapath.peer_ids().unwrap().is_empty());
+}
+
+#[flatnet_test(root)]
+fn policy_ingress_by_identity_admits_another_nodes_pod_once_it_has_the_identity() {
+    let node = Node::new(DatapathMode::Tc);
+    let b = &node.b;
+    let peers = [PeerRule {
+        identity: CLIENTS,
+        ports: PolicyPorts::Any,
+    }];
+    node.set_tables(
+        b,
+        Some(PolicyTable {
+            rules: &[],
+            peers: &peers,
+        }),
+        None,
+    );
+    for family in FAMILIES {
+        let frame = from_remote(REMOTE_POD.of(family), b.ip(family), TTL);
+        let outcome = node.try_run(Hook::Uplink, &frame).unwrap();
+        assert_eq!(outcome.verdict, TC_ACT_SHOT, "{family:?} no identity yet");
+    }
+    let remote: Vec<_> = FAMILIES
+        .iter()
+        .map(|f| (REMOTE_POD.of(*f), CLIENTS))
+        .collect();
+    node.scratch.datapath.write_peer_ids(&remote).unwrap();
+    for family in FAMILIES {
+        let (src, dst) = (REMOTE_POD.of(family), b.ip(family));
+        let forwarded = b.receives(&from_remote(src, dst, TTL - 1));
+        node.check(
+            &format!("{family:?} a client on another node to B"),
+            Hook::Uplink,
+            &from_remote(src, dst, TTL),
+            TC_ACT_REDIRECT,
+            &forwarded,
+            &[("uplink_to_pod", 1)],
+        );
+    }
+    assert_eq!(node.policy_drops(b), (2, 0));
+    node.scratch
+        .datapath
+        .remove_peer_ids(&remote.iter().map(|(a, _)| *a).collect::<Vec<_>>())
+        .unwrap();
+}
