@@ -187,7 +187,12 @@ pub struct Args {
     /// A map sized per node given its own number of entries, `NAME=ENTRIES`
     /// (e.g. `POLICY_PEERS=131072`; repeat the flag, or comma-separate in
     /// the variable); the conflist carries it (`mapSizes`) to the plugin.
-    #[arg(long = "map-size", env = "FLATNET_MAP_SIZES", value_delimiter = ',', value_name = "NAME=ENTRIES")]
+    #[arg(
+        long = "map-size",
+        env = "FLATNET_MAP_SIZES",
+        value_delimiter = ',',
+        value_name = "NAME=ENTRIES"
+    )]
     pub map_sizes: Vec<String>,
 
     /// The fraction of the node's memory the preallocated flow tables

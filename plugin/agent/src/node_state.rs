@@ -73,11 +73,20 @@ mod tests {
 
     #[test]
     fn bad_map_sizes_say_what_to_fix() {
-        let error = conf_with(&["--map-size", "POLICY_PEERS"]).unwrap_err().to_string();
+        let error = conf_with(&["--map-size", "POLICY_PEERS"])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("use NAME=ENTRIES"), "{error}");
-        let error = conf_with(&["--map-size", "ENDPOINTS_V4=64"]).unwrap_err().to_string();
+        let error = conf_with(&["--map-size", "ENDPOINTS_V4=64"])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("not sized per node"), "{error}");
-        let error = conf_with(&["--map-memory-ratio", "0.5"]).unwrap_err().to_string();
-        assert!(error.contains("\"mapMemoryRatio\" 0.5 is out of range"), "{error}");
+        let error = conf_with(&["--map-memory-ratio", "0.5"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("\"mapMemoryRatio\" 0.5 is out of range"),
+            "{error}"
+        );
     }
 }

@@ -204,11 +204,10 @@ impl Datapath {
     /// The datapath of `network`, pinned where its configuration says (see
     /// `pin_root_for`).
     pub fn for_network(network: &crate::node::NodeNetwork) -> Result<Self> {
-        Ok(Self::with_root(
-            &pin_root_for(network.pin_root.as_deref())?,
-            &network.name,
+        Ok(
+            Self::with_root(&pin_root_for(network.pin_root.as_deref())?, &network.name)
+                .sized(&network.map_sizing),
         )
-        .sized(&network.map_sizing))
     }
 
     /// The network's datapath under an explicit pin root.

@@ -93,7 +93,12 @@ impl MapSizing {
             .iter()
             .filter_map(|name| MAP_SPECS.iter().find(|s| s.name == *name))
             .collect();
-        let flow_tables = [MAP_FLOWS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, MAP_POLICY_FLOWS];
+        let flow_tables = [
+            MAP_FLOWS,
+            MAP_NAT_FORWARD,
+            MAP_NAT_REVERSE,
+            MAP_POLICY_FLOWS,
+        ];
         // What the flow tables cost at their floors, and the budget: they
         // grow together by the same factor until they fill it.
         let floor_bytes: u64 = specs
@@ -142,7 +147,11 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn floor(name: &str) -> u32 {
-        MAP_SPECS.iter().find(|s| s.name == name).unwrap().max_entries
+        MAP_SPECS
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+            .max_entries
     }
 
     #[test]
@@ -158,14 +167,23 @@ mod tests {
         let sizing = MapSizing::default();
         let sizes = sizing.sizes(64 * GIB);
         assert!(sizes[MAP_FLOWS] > floor(MAP_FLOWS), "{sizes:?}");
-        assert_eq!(sizes[MAP_NAT_FORWARD] / sizes[MAP_FLOWS], 2, "in proportion");
-        let bytes: u64 = [MAP_FLOWS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, MAP_POLICY_FLOWS]
-            .iter()
-            .map(|n| {
-                let spec = MAP_SPECS.iter().find(|s| s.name == *n).unwrap();
-                u64::from(sizes[n]) * entry_bytes(spec)
-            })
-            .sum();
+        assert_eq!(
+            sizes[MAP_NAT_FORWARD] / sizes[MAP_FLOWS],
+            2,
+            "in proportion"
+        );
+        let bytes: u64 = [
+            MAP_FLOWS,
+            MAP_NAT_FORWARD,
+            MAP_NAT_REVERSE,
+            MAP_POLICY_FLOWS,
+        ]
+        .iter()
+        .map(|n| {
+            let spec = MAP_SPECS.iter().find(|s| s.name == *n).unwrap();
+            u64::from(sizes[n]) * entry_bytes(spec)
+        })
+        .sum();
         // Rounding up to powers of two at most doubles the budget.
         let budget = (64.0 * GIB as f64 * sizing.memory_ratio) as u64;
         assert!(bytes <= 2 * budget, "{bytes} for a budget of {budget}");
@@ -180,7 +198,10 @@ mod tests {
         assert_eq!(sizing.sizes(64 * GIB)[MAP_POLICY_PEERS], 64);
         sizing.overrides.insert("ENDPOINTS_V4".into(), 64);
         let error = sizing.validate().unwrap_err().to_string();
-        assert!(error.contains("ENDPOINTS_V4, which is not sized per node"), "{error}");
+        assert!(
+            error.contains("ENDPOINTS_V4, which is not sized per node"),
+            "{error}"
+        );
         sizing.overrides.clear();
         sizing.overrides.insert(MAP_FLOWS.into(), 4);
         let error = sizing.validate().unwrap_err().to_string();
