@@ -33,6 +33,16 @@ fn maps_are_made_the_size_the_conflist_says_and_pinned_ones_keep_theirs() {
     let datapath = node.datapath();
     assert_eq!(datapath.capacity(MAP_POLICY_PEERS).unwrap(), Some(64));
     assert_eq!(datapath.capacity(MAP_FLOWS).unwrap(), Some(1024));
+    // `flatnet inspect` shows them.
+    let flatnet = bin("flatnet");
+    let mut command = node.netns.command(&[
+        flatnet.to_str().unwrap(),
+        "inspect",
+        "--network",
+        &node.network,
+    ]);
+    let inspect = run_ok(command.env("FLATNET_PIN_ROOT", &node.pin_root));
+    assert!(inspect.contains("POLICY_PEERS 64"), "{inspect}");
     // The plugin, reading the conflist, works with them.
     let (a, b) = (node.pod(), node.pod());
     tcp_echo(Some(&b.netns), b.ip, Some(&a.netns), 1 << 12).expect("pod to pod");

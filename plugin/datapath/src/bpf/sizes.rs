@@ -6,6 +6,10 @@
 //! `bpf-map-dynamic-size-ratio`); the policy maps are allocated as used,
 //! so they scale with memory the same way but cost nothing until filled.
 //!
+//! Sizes grow in powers of two of the built-in ones, the largest that
+//! keeps the flow tables within the budget: a 24 GiB node keeps the
+//! built-in sizes, a 64 GiB one doubles them.
+//!
 //! The plugin (ADD) and the agent load the same datapath: both read the
 //! sizing from the network's configuration (`mapSizes`, `mapMemoryRatio`,
 //! written by the agent) and the node's `MemTotal`, so they agree.
@@ -107,13 +111,16 @@ impl MapSizing {
             .map(|s| u64::from(s.max_entries) * entry_bytes(s))
             .sum();
         let budget = (memory as f64 * self.memory_ratio) as u64;
-        let factor = (budget as f64 / floor_bytes as f64).max(1.0);
+        // A power of two (the kernel rounds hash buckets to one anyway),
+        // the largest that keeps the tables within the budget; 1 below it.
+        let mut factor: u32 = 1;
+        while u64::from(factor) * 2 * floor_bytes <= budget && factor < 1 << 8 {
+            factor *= 2;
+        }
         specs
             .iter()
             .map(|spec| {
-                let derived = (f64::from(spec.max_entries) * factor).min(f64::from(1u32 << 24));
-                // Powers of two, as the kernel rounds hash buckets anyway.
-                let derived = (derived as u32).next_power_of_two().max(spec.max_entries);
+                let derived = spec.max_entries.saturating_mul(factor).min(1 << 24);
                 let entries = self.overrides.get(spec.name).copied().unwrap_or(derived);
                 (spec.name, entries)
             })
@@ -184,9 +191,9 @@ mod tests {
             u64::from(sizes[n]) * entry_bytes(spec)
         })
         .sum();
-        // Rounding up to powers of two at most doubles the budget.
+        // Within the budget, and more than half of it.
         let budget = (64.0 * GIB as f64 * sizing.memory_ratio) as u64;
-        assert!(bytes <= 2 * budget, "{bytes} for a budget of {budget}");
+        assert!(bytes <= budget, "{bytes} for a budget of {budget}");
         assert!(bytes * 2 > budget, "{bytes} for a budget of {budget}");
     }
 
