@@ -184,6 +184,23 @@ pub struct Args {
     #[arg(long, env = "FLATNET_PIN_ROOT", default_value = PIN_ROOT)]
     pub pin_root: PathBuf,
 
+    /// A map sized per node given its own number of entries, `NAME=ENTRIES`
+    /// (e.g. `POLICY_PEERS=131072`; repeat the flag, or comma-separate in
+    /// the variable); the conflist carries it (`mapSizes`) to the plugin.
+    #[arg(
+        long = "map-size",
+        env = "FLATNET_MAP_SIZES",
+        value_delimiter = ',',
+        value_name = "NAME=ENTRIES"
+    )]
+    pub map_sizes: Vec<String>,
+
+    /// The fraction of the node's memory the preallocated flow tables
+    /// (FLOWS, NAT_FORWARD, NAT_REVERSE, POLICY_FLOWS) take together; 0:
+    /// their built-in sizes (`mapMemoryRatio` in the conflist).
+    #[arg(long, env = "FLATNET_MAP_MEMORY_RATIO", default_value_t = flatnet_datapath::bpf::sizes::DEFAULT_MEMORY_RATIO)]
+    pub map_memory_ratio: f64,
+
     /// Where Prometheus metrics (/metrics) and readiness (/readyz) are served.
     #[arg(long, env = "FLATNET_METRICS_ADDR", default_value = "127.0.0.1:9603")]
     pub metrics_addr: SocketAddr,

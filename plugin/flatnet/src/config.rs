@@ -2,6 +2,7 @@
 //! anything is touched. Pure parsing: it names only flatnet-cni and the two
 //! plain datapath types (the fuzz build compiles it on its own).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use crate::{DatapathMode, Shaping};
@@ -11,6 +12,7 @@ use flatnet_cni::error::{Error, Result};
 use flatnet_cni::result::{CniResult, Dns};
 use flatnet_cni::runtime::{Mac, RuntimeOptions};
 use flatnet_cni::version::SpecVersion;
+use flatnet_datapath::bpf::sizes::{DEFAULT_MEMORY_RATIO, MapSizing};
 use serde::Deserialize;
 
 /// `bigTcp`: absent or `true` is the largest size the kernel takes, `false`
@@ -63,6 +65,9 @@ pub struct RawNetConf {
     pub pin_root: Option<PathBuf>,
     /// `true` (the default), `false`, or a GSO/GRO size in bytes.
     pub big_tcp: Option<serde_json::Value>,
+    /// Map name -> entries, for the maps sized per node.
+    pub map_sizes: Option<BTreeMap<String, u32>>,
+    pub map_memory_ratio: Option<f64>,
     /// Capability arguments from the runtime (`mtu`, `mac`, `ips`, ...).
     pub runtime_config: Option<serde_json::Value>,
     /// `args.cni.*` (conventions: `ips`, `mac`).
@@ -93,6 +98,9 @@ pub struct NetConf {
     /// default. flatnet-agent writes it into its conflist, so a plugin that a
     /// runtime runs pins where the agent does (see `flatnet_datapath::bpf::pin_root_for`).
     pub pin_root: Option<PathBuf>,
+    /// `mapSizes` and `mapMemoryRatio`: how the maps sized per node are
+    /// made (see `flatnet_datapath::bpf::sizes`).
+    pub map_sizing: MapSizing,
     /// `bigTcp`: the GSO/GRO size set on both ends of each pod's veth pair
     /// (tc datapath), or None: the kernel's 64 KiB default.
     pub big_tcp: Option<u32>,
@@ -169,6 +177,13 @@ impl NetConf {
             )));
         }
         let big_tcp = big_tcp_size(raw.big_tcp.as_ref())?;
+        let map_sizing = MapSizing {
+            memory_ratio: raw.map_memory_ratio.unwrap_or(DEFAULT_MEMORY_RATIO),
+            overrides: raw.map_sizes.clone().unwrap_or_default(),
+        };
+        map_sizing
+            .validate()
+            .map_err(|e| Error::config(e.to_string()))?;
         Ok(NetConf {
             version,
             name: raw.name,
@@ -187,6 +202,7 @@ impl NetConf {
                 egress: runtime.bandwidth.egress,
             },
             pin_root: raw.pin_root,
+            map_sizing,
             big_tcp,
             port_mappings: raw
                 .runtime_config

@@ -14,6 +14,7 @@ impl NetConf {
             mode: self.datapath,
             ip_masq: self.ip_masq,
             pin_root: self.pin_root.clone(),
+            map_sizing: self.map_sizing.clone(),
         }
     }
 

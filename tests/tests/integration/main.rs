@@ -16,6 +16,7 @@ mod host_ports;
 mod hostile;
 mod ipam;
 mod lifecycle;
+mod map_sizes;
 mod masquerade;
 mod modes;
 mod monitor;

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::error::{AgentError, Result};
 use flatnet::config::BIG_TCP_SIZES;
 use flatnet_datapath::DatapathMode;
+use flatnet_datapath::bpf::sizes::{DEFAULT_MEMORY_RATIO, MapSizing};
 use flatnet_datapath::netlink::GsoLimits;
 use flatnet_datapath::node::markers::AGENT_MANAGED_KEY;
 
@@ -50,6 +51,9 @@ pub struct ConflistSpec {
     /// The CNI versions offered in `cniVersions` (`versions.rs`): 1.1.0
     /// only when every chained plugin speaks it.
     pub cni_versions: Vec<&'static str>,
+    /// How the maps sized per node are made, for the plugin to load them
+    /// the same way (`mapSizes`, `mapMemoryRatio`).
+    pub map_sizing: MapSizing,
 }
 
 /// The largest GSO packet pods may build, given the limits of the devices
@@ -116,6 +120,12 @@ pub fn render_conflist(spec: &ConflistSpec, pod_cidrs: &[IpNetwork]) -> Result<V
     });
     if spec.host_ports_in_bpf {
         plugin["capabilities"]["portMappings"] = json!(true);
+    }
+    if !spec.map_sizing.overrides.is_empty() {
+        plugin["mapSizes"] = json!(spec.map_sizing.overrides);
+    }
+    if spec.map_sizing.memory_ratio != DEFAULT_MEMORY_RATIO {
+        plugin["mapMemoryRatio"] = json!(spec.map_sizing.memory_ratio);
     }
     if let Some(mtu) = spec.mtu {
         plugin["mtu"] = json!(mtu);
@@ -345,7 +355,29 @@ mod tests {
             bandwidth: true,
             big_tcp: None,
             cni_versions: vec!["1.0.0", "1.1.0"],
+            map_sizing: Default::default(),
         }
+    }
+
+    #[test]
+    fn map_sizes_travel_in_the_conflist_only_when_set() {
+        let cidrs = ["10.244.1.0/24".parse().unwrap()];
+        let plain = render_conflist(&spec(), &cidrs).unwrap();
+        assert!(plain["plugins"][0].get("mapSizes").is_none());
+        assert!(plain["plugins"][0].get("mapMemoryRatio").is_none());
+        let mut sized = spec();
+        sized.map_sizing.overrides.insert("POLICY_PEERS".into(), 64);
+        sized.map_sizing.memory_ratio = 0.0;
+        let list = render_conflist(&sized, &cidrs).unwrap();
+        assert_eq!(list["plugins"][0]["mapSizes"], json!({"POLICY_PEERS": 64}));
+        assert_eq!(list["plugins"][0]["mapMemoryRatio"], json!(0.0));
+        // What the plugin reads back (a runtime adds the list's name and
+        // version to each entry).
+        let mut entry = list["plugins"][0].clone();
+        entry["cniVersion"] = json!("1.0.0");
+        entry["name"] = json!("flatnet");
+        let conf = NetConf::parse(entry.to_string().as_bytes()).unwrap();
+        assert_eq!(conf.map_sizing, sized.map_sizing);
     }
 
     #[test]

@@ -314,6 +314,7 @@ mod tests {
             bandwidth: true,
             big_tcp: None,
             cni_versions: vec!["1.0.0", "1.1.0"],
+            map_sizing: Default::default(),
         };
         let list = render_conflist(&spec, &["10.244.1.0/24".parse().unwrap()]).unwrap();
         assert!(is_agents_conflist(&list, "pods"));

@@ -272,6 +272,7 @@ impl Agent {
             host_ports_in_bpf: self.args.host_ports_in_bpf().unwrap_or(false),
             bandwidth: self.args.chain_bandwidth,
             big_tcp: self.pods_gso_size(uplink).await?,
+            map_sizing: self.conf.map_sizing.clone(),
         };
         let list = install::render_conflist(&spec, &me.pod_cidrs)?;
         let text = serde_json::to_string_pretty(&list)

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use flatnet_common::MAX_NAT_FLOWS;
+use flatnet_common::{MAP_NAT_FORWARD, MAX_NAT_FLOWS};
 use flatnet_datapath::bpf::{Datapath, NatFlow};
 
 use crate::metrics::AgentMetrics;
@@ -91,7 +91,11 @@ pub fn forget_departed(
 
 /// One collection pass: idle flows forgotten, the table's use counted.
 pub fn collect(datapath: &Datapath, metrics: &AgentMetrics) {
-    metrics.nat_flows_max.set(i64::from(MAX_NAT_FLOWS));
+    // The table's size as made (sized for the node), else the built-in.
+    let capacity = datapath.capacity(MAP_NAT_FORWARD).ok().flatten();
+    metrics
+        .nat_flows_max
+        .set(i64::from(capacity.unwrap_or(MAX_NAT_FLOWS)));
     let flows = match datapath.nat_flows() {
         Ok(flows) => flows,
         Err(e) => {

@@ -140,6 +140,11 @@ impl Datapath {
         for name in MAPS {
             loader.map_pin_path(name, self.map_path(name));
         }
+        // Maps made now take the node's sizes; pinned ones keep theirs.
+        let memory = super::sizes::node_memory()?;
+        for (name, entries) in self.sizing.sizes(memory) {
+            loader.map_max_entries(name, entries);
+        }
         // XDP mode routes pods' packets for other nodes through the stack:
         // the replies must not skip it (see the eBPF crate).
         let uplink_to_pods: &'static u32 = if mode == DatapathMode::Tc { &1 } else { &0 };
@@ -237,7 +242,9 @@ fn layout_problem(spec: &MapSpec, info: &MapInfo) -> Option<String> {
             spec.kind
         ));
     }
-    if info.max_entries() != spec.max_entries {
+    // A map sized per node keeps the size it was made with.
+    let sized = super::sizes::SIZED_MAPS.contains(&spec.name);
+    if !sized && info.max_entries() != spec.max_entries {
         return Some(format!(
             "holds {} entries, this build needs {}",
             info.max_entries(),

@@ -36,6 +36,7 @@ mod policy;
 mod remote;
 mod service_programs;
 mod services;
+pub mod sizes;
 mod slots;
 mod sources;
 mod stats;
@@ -190,6 +191,8 @@ impl ProgramHandle {
 pub struct Datapath {
     root: PathBuf,
     dir: PathBuf,
+    /// How its maps are sized when they are made (see `sizes`).
+    sizing: sizes::MapSizing,
 }
 
 impl Datapath {
@@ -201,10 +204,10 @@ impl Datapath {
     /// The datapath of `network`, pinned where its configuration says (see
     /// `pin_root_for`).
     pub fn for_network(network: &crate::node::NodeNetwork) -> Result<Self> {
-        Ok(Self::with_root(
-            &pin_root_for(network.pin_root.as_deref())?,
-            &network.name,
-        ))
+        Ok(
+            Self::with_root(&pin_root_for(network.pin_root.as_deref())?, &network.name)
+                .sized(&network.map_sizing),
+        )
     }
 
     /// The network's datapath under an explicit pin root.
@@ -212,7 +215,21 @@ impl Datapath {
         Datapath {
             root: root.to_path_buf(),
             dir: root.join(pin_name(network)),
+            sizing: sizes::MapSizing::default(),
         }
+    }
+
+    /// This datapath, its maps made with `sizing` when it is loaded (maps
+    /// already pinned keep their size).
+    pub fn sized(mut self, sizing: &sizes::MapSizing) -> Self {
+        self.sizing = sizing.clone();
+        self
+    }
+
+    /// How many entries the pinned map `name` holds at most: its size as
+    /// made, which `sizes` decides for the maps sized per node.
+    pub fn capacity(&self, name: &str) -> Result<Option<u32>> {
+        Ok(self.pinned_map_info(name)?.map(|info| info.max_entries()))
     }
 
     /// The pin root this network's directory is in.

@@ -62,7 +62,8 @@ pub async fn ensure_datapath(
             conf.mode.as_str()
         )));
     }
-    datapath.load(conf.mode)?;
+    // Maps made now are sized as the network's configuration says.
+    datapath.clone().sized(&conf.map_sizing).load(conf.mode)?;
     if datapath.pod_count()? == 0 {
         // Empty maps: a new network, or pins wiped under running pods.
         rebuild_pods(&conf.name, &conf.gateway_device, conf.mode, datapath, host).await?;

@@ -27,4 +27,6 @@ pub struct NodeNetwork {
     pub ip_masq: bool,
     /// Where the datapath is pinned, when not the default.
     pub pin_root: Option<PathBuf>,
+    /// How the maps sized per node are made.
+    pub map_sizing: crate::bpf::sizes::MapSizing,
 }

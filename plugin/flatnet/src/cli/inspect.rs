@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::inspect_remote::{self as remote, RemoteReport, TunnelReport};
 use crate::config::DatapathMode;
 use crate::error::Result;
+use flatnet_datapath::bpf::sizes::SIZED_MAPS;
 use flatnet_datapath::bpf::{DATAPATH_ID, Datapath, attach_mode, ingress_programs, programs};
 use flatnet_datapath::netlink::{Netlink, format_mac};
 
@@ -28,6 +29,8 @@ pub struct NetworkReport {
     /// Pinned programs: name -> kernel ID.
     pub programs: BTreeMap<String, u32>,
     pub maps: Vec<String>,
+    /// The maps sized per node, as made: name -> most entries.
+    pub map_sizes: BTreeMap<&'static str, u32>,
     /// Action counters summed over CPUs: name -> (packets, bytes).
     pub counters: BTreeMap<&'static str, Counts>,
     /// Other nodes' pod CIDRs the fast path knows (`REMOTE_CIDRS_*`).
@@ -157,6 +160,10 @@ pub async fn network(network: &str, host: &Netlink) -> Result<NetworkReport> {
             .filter(|p| p.exists())
             .map(|p| p.display().to_string())
             .collect(),
+        map_sizes: SIZED_MAPS
+            .iter()
+            .filter_map(|m| Some((*m, datapath.capacity(m).ok().flatten()?)))
+            .collect(),
         counters: BTreeMap::new(),
         remote: Vec::new(),
         tunnel: None,
@@ -278,6 +285,18 @@ pub fn render(report: &NetworkReport) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    if !report.map_sizes.is_empty() {
+        let sizes: Vec<String> = report
+            .map_sizes
+            .iter()
+            .map(|(name, entries)| format!("{name} {entries}"))
+            .collect();
+        out.push_str(&format!(
+            "  sized:    {}
+",
+            sizes.join(", ")
+        ));
+    }
     let counters: Vec<String> = report
         .counters
         .iter()

@@ -182,6 +182,7 @@ impl Node {
             big_tcp: None,
             // containerd 1.6's libcni reads cniVersion alone.
             cni_versions: vec!["1.0.0", "1.1.0"],
+            map_sizing: Default::default(),
         };
         let list = render_conflist(&spec, &cidrs).expect("the agent's conflist");
         node.write_conf("10-flatnet.conflist", &list);

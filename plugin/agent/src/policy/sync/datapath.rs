@@ -104,6 +104,10 @@ impl PolicySink for DatapathSink {
         Ok(Applied::Written)
     }
 
+    fn capacity(&mut self, name: &str) -> Option<u32> {
+        self.datapath.capacity(name).ok().flatten()
+    }
+
     fn peer_ids(&mut self) -> Result<BTreeMap<IpAddr, u32>> {
         Ok(self.datapath.peer_ids()?.into_iter().collect())
     }

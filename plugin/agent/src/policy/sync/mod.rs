@@ -69,6 +69,12 @@ pub trait PolicySink {
         Ok(())
     }
 
+    /// How many entries map `name` holds at most, as made; None: unknown
+    /// (the built-in size is taken).
+    fn capacity(&mut self, _name: &str) -> Option<u32> {
+        None
+    }
+
     /// Records which policies select each pod, by pod address, for people
     /// (`flatnet inspect`).
     fn policy_names(&mut self, _names: &BTreeMap<IpAddr, Vec<String>>) -> Result<()> {

@@ -54,12 +54,14 @@ pub fn entries(
 
 impl<S: PolicySink> PolicySync<S> {
     /// Sets `flatnet_bpf_map_pressure` for the policy maps.
-    pub(super) fn report_pressure(&self, plan: &Plan) {
+    pub(super) fn report_pressure(&mut self, plan: &Plan) {
         let peer_ids = self.peer_ids.iter().flat_map(|ids| ids.keys().copied());
         let written = |key: &crate::policy::PodKey| {
             self.written.contains_key(key) && !self.failures.contains_key(key)
         };
-        for (map, count, capacity) in entries(plan, written, peer_ids) {
+        let counted = entries(plan, written, peer_ids);
+        for (map, count, built_in) in counted {
+            let capacity = self.sink.capacity(map).unwrap_or(built_in);
             let label = MapLabel { map: map.into() };
             let gauge = self.metrics.map_pressure.get_or_create(&label);
             gauge.set(count as f64 / f64::from(capacity));
