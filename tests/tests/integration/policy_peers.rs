@@ -130,7 +130,11 @@ const FILLER_SLOT: u32 = 16_000;
 
 #[flatnet_test(root)]
 fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
-    let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
+    let mut cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
+    // Passes only on changes: each pass tries the whole table again, and
+    // for the moment a try takes, what the new policy allows is live (a
+    // client's SYN retried over seconds met one at every 2 s resync).
+    cluster.nodes[0].agent_flags = vec!["--resync-secs".into(), "600".into()];
     let node = cluster.node(NODE);
     let listener = node
         .netns
@@ -226,8 +230,12 @@ fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
     );
     assert!(metric(&node.metrics(), "flatnet_policy_errors_total").unwrap_or(0.0) >= 1.0);
 
-    // Room again: the next resync writes the table, and all is well.
+    // Room again: the next pass (here a change in the API) writes the
+    // table, and all is well.
     datapath.clear_pod_policy(FILLER_SLOT).unwrap();
+    stub.modify(Kind::Namespace, "app", |n| {
+        n["metadata"]["labels"]["touched"] = json!("1");
+    });
     wait_until("the client let in again", SETTLE, || {
         reaches() && feature() == Some(1.0)
     });
