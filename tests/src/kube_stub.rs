@@ -303,6 +303,20 @@ impl ServedStub {
         Self::serve(ApiStub::from_fixture(), listener)
     }
 
+    /// The recorded nodes served on the loopback of `netns` (a simulated
+    /// node's, where its agent runs).
+    pub fn start_in(netns: &crate::Netns) -> Self {
+        Self::serve_in(ApiStub::from_fixture(), netns)
+    }
+
+    /// `stub` served on the loopback of `netns`.
+    pub fn serve_in(stub: ApiStub, netns: &crate::Netns) -> Self {
+        let listener = netns
+            .run(|| TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)))
+            .expect("a loopback listener in the namespace");
+        Self::serve(stub, listener)
+    }
+
     pub fn serve(stub: ApiStub, listener: TcpListener) -> Self {
         let url = format!("http://{}", listener.local_addr().expect("bound"));
         listener.set_nonblocking(true).expect("nonblocking");
@@ -351,6 +365,18 @@ pub fn api_namespace(name: &str, labels: Value) -> Value {
 
 /// A Running pod of `node` at `ip` as the API serves it: `labels` on it,
 /// `containers` (their ports, named or not) in its spec.
+/// A Running pod labelled `app: <app>`, one busybox container, no ports.
+pub fn api_app_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    ip: std::net::IpAddr,
+    app: &str,
+) -> Value {
+    let containers = json!([{"name": "c", "image": "busybox"}]);
+    api_pod(namespace, name, node, ip, json!({"app": app}), containers)
+}
+
 pub fn api_pod(
     namespace: &str,
     name: &str,

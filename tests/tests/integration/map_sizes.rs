@@ -3,25 +3,20 @@
 //! keeps its size across a reload; and a policy map filled to its size by
 //! real policy holds its pods closed and says so, until it fits again.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr};
 
 use flatnet::config::DatapathMode;
 use flatnet_common::{MAP_FLOWS, MAP_POLICY_PEERS};
 use flatnet_datapath::bpf::sizes::MapSizing;
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_app_pod, api_namespace, metric};
 use flatnet_tests::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const NODE: &str = "cp-1";
 /// `POLICY_PEERS` as the tests size it: a policy naming more identities
 /// than this cannot be written for one pod.
 const PEERS: u32 = 64;
-
-fn app_pod(name: &str, node: &str, ip: IpAddr, app: &str) -> Value {
-    let containers = json!([{"name": "c", "image": "busybox"}]);
-    api_pod("app", name, node, ip, json!({"app": app}), containers)
-}
 
 #[flatnet_test(root)]
 fn maps_are_made_the_size_the_conflist_says_and_pinned_ones_keep_theirs() {
@@ -82,18 +77,14 @@ fn a_policy_map_filled_by_real_policy_holds_its_pod_closed_until_it_fits() {
         "600".into(),
     ];
     let node = cluster.node(NODE);
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     stub.add(Kind::Namespace, api_namespace("app", json!({})));
     // Clients of `PEERS + 8` apps on another node: as many identities.
     let apps: Vec<String> = (0..PEERS + 8).map(|i| format!("c-{i}")).collect();
     for (i, app) in apps.iter().enumerate() {
         let ip = IpAddr::V4(Ipv4Addr::new(10, 245, 0, 2 + i as u8));
-        stub.add(Kind::Pod, app_pod(app, "worker-1", ip, app));
+        stub.add(Kind::Pod, api_app_pod("app", app, "worker-1", ip, app));
     }
     // The server admits the first `n` apps.
     let admits = |n: usize| {
@@ -108,11 +99,11 @@ fn a_policy_map_filled_by_real_policy_holds_its_pod_closed_until_it_fits() {
     let (server, client) = (node.pod(), node.pod());
     stub.add(
         Kind::Pod,
-        app_pod("server", NODE, IpAddr::V4(server.ip), "server"),
+        api_app_pod("app", "server", NODE, IpAddr::V4(server.ip), "server"),
     );
     stub.add(
         Kind::Pod,
-        app_pod("client", NODE, IpAddr::V4(client.ip), "c-0"),
+        api_app_pod("app", "client", NODE, IpAddr::V4(client.ip), "c-0"),
     );
     let feature = || {
         metric(

@@ -5,7 +5,7 @@
 //! of the pods real ones made through the plugin on this node. Reported,
 //! not asserted: only that every change landed.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use flatnet_tests::cluster::*;
@@ -75,11 +75,7 @@ fn api_policy(i: usize, port: i32) -> Value {
 fn a_policy_change_reaches_a_pods_maps_on_a_cluster_of_1000_pods_and_500_policies() {
     let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
     let node = cluster.node(NODE);
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     for i in 0..NAMESPACES {
         stub.add(Kind::Namespace, namespace(i));

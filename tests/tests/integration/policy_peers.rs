@@ -7,11 +7,11 @@
 //! pods made through the plugin. And when the map is full after all: the
 //! pods whose tables do not fit are held closed and the node says so.
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr};
 
 use flatnet_datapath::bpf::{PeerRule, PolicyPorts, PolicyTable};
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod, metric};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_app_pod, api_namespace, metric};
 use flatnet_tests::*;
 use serde_json::{Value, json};
 
@@ -19,28 +19,19 @@ const NODE: &str = "cp-1";
 const SERVERS: usize = 16;
 const CLIENTS: usize = 5_000;
 
-fn shop_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, app: &str) -> Value {
-    let containers = json!([{"name": "c", "image": "busybox"}]);
-    api_pod(namespace, name, node, ip, json!({"app": app}), containers)
-}
-
 /// Client `i` on worker-1: every other address of 10.245.0.0/16, as a
 /// namespace's pods are spread over a node's range.
 fn synthetic_client(i: usize) -> Value {
     let n = 2 * i + 2;
     let ip = IpAddr::V4(Ipv4Addr::new(10, 245, (n / 256) as u8, (n % 256) as u8));
-    shop_pod("clients", &format!("client-{i}"), "worker-1", ip, "client")
+    api_app_pod("clients", &format!("client-{i}"), "worker-1", ip, "client")
 }
 
 #[flatnet_test(root)]
 fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_them() {
     let cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
     let node = cluster.node(NODE);
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     stub.add(Kind::Namespace, api_namespace("app", json!({})));
     stub.add(
@@ -63,7 +54,7 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
         let ip = IpAddr::V4(pod.ip);
         stub.add(
             Kind::Pod,
-            shop_pod("app", &format!("server-{i}"), NODE, ip, "server"),
+            api_app_pod("app", &format!("server-{i}"), NODE, ip, "server"),
         );
     }
     let gauge = |name: &str| metric(&node.metrics(), name).unwrap_or(-1.0);
@@ -85,7 +76,7 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     let late = node.pod();
     stub.add(
         Kind::Pod,
-        shop_pod("clients", "late", NODE, IpAddr::V4(late.ip), "client"),
+        api_app_pod("clients", "late", NODE, IpAddr::V4(late.ip), "client"),
     );
     wait_until("the late client's address written", SETTLE, || {
         gauge("flatnet_policy_peer_addresses") == (CLIENTS + 1) as f64
@@ -136,11 +127,7 @@ fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
     // client's SYN retried over seconds met one at every 2 s resync).
     cluster.nodes[0].agent_flags = vec!["--resync-secs".into(), "600".into()];
     let node = cluster.node(NODE);
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     stub.add(Kind::Namespace, api_namespace("app", json!({})));
     stub.add(
@@ -161,17 +148,17 @@ fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
     let (server, client) = (node.pod(), node.pod());
     stub.add(
         Kind::Pod,
-        shop_pod("app", "server", NODE, IpAddr::V4(server.ip), "server"),
+        api_app_pod("app", "server", NODE, IpAddr::V4(server.ip), "server"),
     );
     stub.add(
         Kind::Pod,
-        shop_pod("clients", "client", NODE, IpAddr::V4(client.ip), "client"),
+        api_app_pod("clients", "client", NODE, IpAddr::V4(client.ip), "client"),
     );
     // An identity the policy will name later, on another node.
     let batch = IpAddr::V4(Ipv4Addr::new(10, 245, 0, 9));
     stub.add(
         Kind::Pod,
-        shop_pod("clients", "batch", "worker-1", batch, "batch"),
+        api_app_pod("clients", "batch", "worker-1", batch, "batch"),
     );
     let feature = || {
         metric(

@@ -91,11 +91,7 @@ fn the_agent_routes_nodes_from_the_kubernetes_api() {
     let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
     let node = cluster.node("cp-1");
     // The stub listens on the node's own loopback, where the agent runs.
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     node.start_agent(&Peers::Api(served.url.clone()));
     node.wait_ready();
     let ipam = &node.conflist()["plugins"][0]["ipam"]["ranges"][0][0];
@@ -151,11 +147,7 @@ fn http_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, labels: Value) 
 fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
     let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
     let node = cluster.node("cp-1");
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     stub.add(
         Kind::Namespace,

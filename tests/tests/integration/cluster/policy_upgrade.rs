@@ -4,7 +4,7 @@
 //! datapath and moves the tables to identities while an allowed stream
 //! runs and a pod the policy denies keeps trying.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
@@ -12,22 +12,9 @@ use std::time::Duration;
 use flatnet_common::{MAP_PEER_IDS_V4, MAP_PEER_IDS_V6, MAP_POLICY_PEERS, PROG_FROM_POD};
 use flatnet_datapath::bpf::{PolicyPorts, PolicyRule};
 use flatnet_tests::cluster::*;
-use flatnet_tests::kube_stub::{Kind, ServedStub, api_namespace, api_pod};
+use flatnet_tests::kube_stub::{Kind, ServedStub, api_app_pod, api_namespace};
 use flatnet_tests::*;
 use serde_json::json;
-
-/// A pod of `cp-1` in namespace `shop`, labelled `app: <app>`.
-fn shop_pod(name: &str, ip: Ipv4Addr, app: &str) -> serde_json::Value {
-    let containers = json!([{"name": "c", "image": "busybox"}]);
-    api_pod(
-        "shop",
-        name,
-        "cp-1",
-        IpAddr::V4(ip),
-        json!({"app": app}),
-        containers,
-    )
-}
 
 /// Tries TCP connections from `from` to `to` every 100 ms until stopped;
 /// counts the ones that got through.
@@ -55,19 +42,24 @@ fn keep_trying(
 fn policy_moves_to_peer_identities_under_traffic_without_opening_or_dropping() {
     let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
     let node = cluster.node("cp-1");
-    let listener = node
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
-    let served = ServedStub::start(listener);
+    let served = ServedStub::start_in(&node.netns);
     let stub = &served.stub;
     stub.add(Kind::Namespace, api_namespace("shop", json!({})));
     node.start_agent(&Peers::Api(served.url.clone()));
     node.wait_ready();
     let (web, client, stranger) = (node.pod(), node.pod(), node.pod());
-    stub.add(Kind::Pod, shop_pod("web", web.ip, "web"));
-    stub.add(Kind::Pod, shop_pod("client", client.ip, "client"));
-    stub.add(Kind::Pod, shop_pod("stranger", stranger.ip, "other"));
+    stub.add(
+        Kind::Pod,
+        api_app_pod("shop", "web", "cp-1", IpAddr::V4(web.ip), "web"),
+    );
+    stub.add(
+        Kind::Pod,
+        api_app_pod("shop", "client", "cp-1", IpAddr::V4(client.ip), "client"),
+    );
+    stub.add(
+        Kind::Pod,
+        api_app_pod("shop", "stranger", "cp-1", IpAddr::V4(stranger.ip), "other"),
+    );
     stub.add(
         Kind::NetworkPolicy,
         json!({"metadata": {"namespace": "shop", "name": "web-from-clients"},

@@ -16,11 +16,7 @@ fn an_api_server_without_endpoint_slices_v1_leaves_policy_down() {
     let stub = ApiStub::from_fixture();
     stub.without_endpoint_slices();
     let n1 = &cluster.nodes[0];
-    let listener = n1
-        .netns
-        .run(|| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .expect("a loopback listener in the node");
-    let served = ServedStub::serve(stub.clone(), listener);
+    let served = ServedStub::serve_in(stub.clone(), &n1.netns);
     n1.start_agent(&Peers::Api(served.url.clone()));
     let marker = n1.ready_marker();
     wait_until("the agent to say which API it lacks", SETTLE, || {

@@ -4,10 +4,11 @@
 
 use std::net::IpAddr;
 
-use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule};
+use flatnet_datapath::bpf::{PolicyPortRange, PolicyPorts, PolicyRule, PolicyTable};
 use flatnet_tests::frames::*;
+use flatnet_tests::test_run::{TC_ACT_REDIRECT, TC_ACT_SHOT};
 
-use crate::programs::{Node, Pod, TTL};
+use crate::programs::{FAMILIES, Hook, Node, Pod, TTL};
 
 /// TCP to `port` only.
 pub(in crate::programs) fn tcp_port(port: u16) -> PolicyPortRange {
@@ -54,6 +55,53 @@ impl Node {
         self.netns
             .run(|| datapath.set_pod_policy(pod.slot, ingress, egress))
             .expect("writing a pod's policy");
+    }
+
+    /// Writes `pod`'s tables, by prefix and by peer identity.
+    pub(in crate::programs) fn set_tables(
+        &self,
+        pod: &Pod,
+        ingress: Option<PolicyTable<'_>>,
+        egress: Option<PolicyTable<'_>>,
+    ) {
+        let datapath = &self.scratch.datapath;
+        self.netns
+            .run(|| datapath.set_pod_tables(pod.slot, ingress, egress))
+            .expect("writing a pod's policy");
+    }
+
+    /// Gives `pod`'s addresses identity `identity`.
+    pub(in crate::programs) fn name_pod(&self, pod: &Pod, identity: u32) {
+        let entries: Vec<_> = FAMILIES.iter().map(|f| (pod.ip(*f), identity)).collect();
+        self.scratch
+            .datapath
+            .write_peer_ids(&entries)
+            .expect("writing peer identities");
+    }
+
+    /// Runs `frame`, sent by `from` to local pod `to`, through `from`'s tc
+    /// program: redirected into `to` when `allowed`, else dropped by policy
+    /// (rewritten for `to` all the same: judged once the datapath decided).
+    pub(super) fn pod_to_pod(
+        &self,
+        case: &str,
+        (from, to): (&Pod, &Pod),
+        frame: &[u8],
+        allowed: bool,
+    ) {
+        let (verdict, counter) = if allowed {
+            (TC_ACT_REDIRECT, "redirected")
+        } else {
+            (TC_ACT_SHOT, "policy_denied")
+        };
+        self.check(
+            case,
+            Hook::PodTc(from),
+            frame,
+            verdict,
+            &to.receives(frame),
+            &[(counter, 1)],
+        );
     }
 
     /// What policy dropped of `pod`: (ingress, egress) packets.

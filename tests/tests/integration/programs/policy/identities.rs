@@ -12,33 +12,10 @@ use flatnet_tests::test_run::{TC_ACT_REDIRECT, TC_ACT_SHOT};
 
 use super::fixture::{rule, tcp_port};
 use crate::programs::cross_node::from_remote;
-use crate::programs::{FAMILIES, Hook, Node, Pod, REMOTE_POD, TTL, Tuple};
+use crate::programs::{FAMILIES, Hook, Node, REMOTE_POD, TTL, Tuple};
 
 const CLIENTS: u32 = 7;
 const OTHERS: u32 = 8;
-
-impl Node {
-    fn set_tables(
-        &self,
-        pod: &Pod,
-        ingress: Option<PolicyTable<'_>>,
-        egress: Option<PolicyTable<'_>>,
-    ) {
-        let datapath = &self.scratch.datapath;
-        self.netns
-            .run(|| datapath.set_pod_tables(pod.slot, ingress, egress))
-            .expect("writing a pod's policy");
-    }
-
-    /// Gives `pod`'s addresses identity `identity`.
-    fn name_pod(&self, pod: &Pod, identity: u32) {
-        let entries: Vec<_> = FAMILIES.iter().map(|f| (pod.ip(*f), identity)).collect();
-        self.scratch
-            .datapath
-            .write_peer_ids(&entries)
-            .expect("writing peer identities");
-    }
-}
 
 #[flatnet_test(root)]
 fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
@@ -65,36 +42,25 @@ fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
     // B has no identity yet: denied.
     for family in FAMILIES {
         let frame = a.sends(Tuple::new(a.ip(family), 40000, b.ip(family), 8080).tcp(TCP_SYN));
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} A to B before B has an identity"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_SHOT,
-            &b.receives(&frame),
-            &[("policy_denied", 1)],
+            false,
         );
     }
     node.name_pod(b, CLIENTS);
     for family in FAMILIES {
         let (ai, bi) = (a.ip(family), b.ip(family));
         let frame = a.sends(Tuple::new(ai, 40001, bi, 8080).tcp(TCP_SYN));
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} A to B, a client, on 8080"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_REDIRECT,
-            &b.receives(&frame),
-            &[("redirected", 1)],
+            true,
         );
         let frame = a.sends(Tuple::new(ai, 40002, bi, 9090).tcp(TCP_SYN));
-        node.check(
-            &format!("{family:?} A to B on 9090"),
-            Hook::PodTc(a),
-            &frame,
-            TC_ACT_SHOT,
-            &b.receives(&frame),
-            &[("policy_denied", 1)],
-        );
+        node.pod_to_pod(&format!("{family:?} A to B on 9090"), (a, b), &frame, false);
     }
 
     // B leaves the identity: a new flow is denied at once; the recorded
@@ -103,34 +69,28 @@ fn policy_egress_by_identity_allows_the_identitys_pods_on_its_ports() {
     for family in FAMILIES {
         let (ai, bi) = (a.ip(family), b.ip(family));
         let frame = a.sends(Tuple::new(ai, 40003, bi, 8080).tcp(TCP_SYN));
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} a new flow once B left"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_SHOT,
-            &b.receives(&frame),
-            &[("policy_denied", 1)],
+            false,
         );
         let frame = a.sends(Tuple::new(ai, 40001, bi, 8080).tcp(TCP_ACK));
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} the recorded flow, not judged again yet"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_REDIRECT,
-            &b.receives(&frame),
-            &[("redirected", 1)],
+            true,
         );
     }
     node.scratch.datapath.rejudge_pod_flows(a.slot).unwrap();
     for family in FAMILIES {
         let frame = a.sends(Tuple::new(a.ip(family), 40001, b.ip(family), 8080).tcp(TCP_ACK));
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} the recorded flow judged again"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_SHOT,
-            &b.receives(&frame),
-            &[("policy_denied", 1)],
+            false,
         );
     }
     assert_eq!(node.policy_drops(a), (0, 8));

@@ -31,13 +31,11 @@ fn policy_leaves_pods_no_policy_selects_alone() {
     for family in FAMILIES {
         let flow = Tuple::new(a.ip(family), 40000, b.ip(family), 9999);
         let frame = a.sends(flow.udp());
-        node.check(
+        node.pod_to_pod(
             &format!("{family:?} unselected A to unselected B"),
-            Hook::PodTc(a),
+            (a, b),
             &frame,
-            TC_ACT_REDIRECT,
-            &b.receives(&frame),
-            &[("redirected", 1)],
+            true,
         );
         let from_host = b.sends(Tuple::new(THIS_NODE.of(family), 1, b.ip(family), 2).udp());
         node.check(
@@ -78,14 +76,7 @@ fn policy_egress_allows_only_the_tables_ports_and_prefixes() {
         ];
         for (case, packet) in allowed {
             let frame = a.sends(packet);
-            node.check(
-                &format!("{family:?} {case} to B"),
-                Hook::PodTc(a),
-                &frame,
-                TC_ACT_REDIRECT,
-                &b.receives(&frame),
-                &[("redirected", 1)],
-            );
+            node.pod_to_pod(&format!("{family:?} {case} to B"), (a, b), &frame, true);
         }
         let dropped = [
             (
@@ -171,24 +162,10 @@ fn policy_ingress_of_a_local_destination_is_judged_before_the_redirect() {
     for family in FAMILIES {
         let (ai, bi) = (a.ip(family), b.ip(family));
         let frame = a.sends(Tuple::new(ai, 40000, bi, 8080).tcp(TCP_SYN));
-        node.check(
-            &format!("{family:?} A to B on 8080"),
-            Hook::PodTc(a),
-            &frame,
-            TC_ACT_REDIRECT,
-            &b.receives(&frame),
-            &[("redirected", 1)],
-        );
+        node.pod_to_pod(&format!("{family:?} A to B on 8080"), (a, b), &frame, true);
         let frame = a.sends(Tuple::new(ai, 40001, bi, 9090).tcp(TCP_SYN));
         // Rewritten for B before the judgement; dropped all the same.
-        node.check(
-            &format!("{family:?} A to B on 9090"),
-            Hook::PodTc(a),
-            &frame,
-            TC_ACT_SHOT,
-            &b.receives(&frame),
-            &[("policy_denied", 1)],
-        );
+        node.pod_to_pod(&format!("{family:?} A to B on 9090"), (a, b), &frame, false);
         // From another node's pod, through the uplink: not in B's table.
         let frame = from_remote(REMOTE_POD.of(family), bi, TTL);
         let outcome = node.try_run(Hook::Uplink, &frame).unwrap();
