@@ -136,6 +136,13 @@ fn a_policy_map_filled_by_real_policy_holds_its_pod_closed_until_it_fits() {
     );
     let log = node.agent_log();
     assert!(log.contains("it is held closed"), "{log}");
+    let marker = std::fs::read_to_string(node.ready_marker()).unwrap_or_default();
+    assert!(
+        marker.contains("held closed"),
+        "the ready marker (CNI STATUS): {marker}"
+    );
+    let errors = metric(&node.metrics(), "flatnet_policy_errors_total").unwrap_or(0.0);
+    assert!(errors >= 1.0, "flatnet_policy_errors_total {errors}");
 
     // Back within the map: written at the next pass, up again.
     stub.modify(Kind::NetworkPolicy, "app/admit", |p| {

@@ -4,12 +4,11 @@
 //! per-address layout needed 80,000 entries, more than the node's 65,536,
 //! and a client that came later reached none of the 16). One simulated
 //! node, its agent on the API stub, the 16 servers and a late client real
-//! pods made through the plugin. And when the map is full after all: the
-//! pods whose tables do not fit are held closed and the node says so.
+//! pods made through the plugin. (A map that is full after all:
+//! `map_sizes`.)
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use flatnet_datapath::bpf::{PeerRule, PolicyPorts, PolicyTable};
 use flatnet_tests::cluster::*;
 use flatnet_tests::kube_stub::{Kind, ServedStub, api_app_pod, api_namespace, metric};
 use flatnet_tests::*;
@@ -113,121 +112,5 @@ fn sixteen_pods_open_to_a_namespace_of_5000_pods_fit_and_a_late_client_reaches_t
     );
     node.stop_agent();
     drop((servers, late));
-    drop(served);
-}
-
-/// The counter slot the filler entries are written for: no pod's here.
-const FILLER_SLOT: u32 = 16_000;
-
-#[flatnet_test(root)]
-fn a_full_policy_map_holds_the_pods_closed_and_the_node_says_so() {
-    let mut cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
-    // Passes only on changes: each pass tries the whole table again, and
-    // for the moment a try takes, what the new policy allows is live (a
-    // client's SYN retried over seconds met one at every 2 s resync).
-    cluster.nodes[0].agent_flags = vec!["--resync-secs".into(), "600".into()];
-    let node = cluster.node(NODE);
-    let served = ServedStub::start_in(&node.netns);
-    let stub = &served.stub;
-    stub.add(Kind::Namespace, api_namespace("app", json!({})));
-    stub.add(
-        Kind::Namespace,
-        api_namespace("clients", json!({"role": "clients"})),
-    );
-    let policy = |apps: &[&str]| {
-        let from: Vec<Value> = apps
-            .iter()
-            .map(|app| json!({"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}))
-            .collect();
-        json!({"metadata": {"namespace": "app", "name": "from-clients"},
-               "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [{"from": from}]}})
-    };
-    stub.add(Kind::NetworkPolicy, policy(&["client"]));
-    node.start_agent(&Peers::Api(served.url.clone()));
-    node.wait_ready();
-    let (server, client) = (node.pod(), node.pod());
-    stub.add(
-        Kind::Pod,
-        api_app_pod("app", "server", NODE, IpAddr::V4(server.ip), "server"),
-    );
-    stub.add(
-        Kind::Pod,
-        api_app_pod("clients", "client", NODE, IpAddr::V4(client.ip), "client"),
-    );
-    // An identity the policy will name later, on another node.
-    let batch = IpAddr::V4(Ipv4Addr::new(10, 245, 0, 9));
-    stub.add(
-        Kind::Pod,
-        api_app_pod("clients", "batch", "worker-1", batch, "batch"),
-    );
-    let feature = || {
-        metric(
-            &node.metrics(),
-            "flatnet_agent_feature_ready{feature=\"network_policy\"}",
-        )
-    };
-    let reaches = || tcp_echo(Some(&server.netns), server.ip, Some(&client.netns), 1 << 10).is_ok();
-    wait_until("the client let in", SETTLE, || {
-        reaches() && feature() == Some(1.0)
-    });
-
-    let datapath = node.datapath();
-    let slot = datapath
-        .slot_of(IpAddr::V4(server.ip))
-        .unwrap()
-        .expect("the server's slot");
-    wait_until("the server's table written", SETTLE, || {
-        datapath.pod_policy_peers(slot).unwrap().len() == 1
-    });
-    // Fill POLICY_PEERS to the last entry, as many pods' tables would.
-    let used = datapath.policy_peer_entries().unwrap();
-    let filler: Vec<PeerRule> = (0..flatnet_common::MAX_POLICY_PEERS as usize - used)
-        .map(|i| PeerRule {
-            identity: 1_000_000 + i as u32,
-            ports: PolicyPorts::Any,
-        })
-        .collect();
-    let table = PolicyTable {
-        rules: &[],
-        peers: &filler,
-    };
-    datapath
-        .set_pod_tables(FILLER_SLOT, None, Some(table))
-        .unwrap();
-
-    // The policy now names a second identity: the server's table cannot
-    // take it. It is held closed (the client it allowed is cut off, not
-    // left with a table the policy no longer has), and the node says why.
-    stub.modify(Kind::NetworkPolicy, "app/from-clients", |p| {
-        *p = policy(&["client", "batch"]);
-    });
-    wait_until("network policy reported down", SETTLE, || {
-        feature() == Some(0.0)
-    });
-    assert!(
-        !reaches(),
-        "a pod whose policy could not be written let the client in"
-    );
-    let marker = std::fs::read_to_string(node.ready_marker()).unwrap_or_default();
-    assert!(marker.contains("held closed"), "the ready marker: {marker}");
-    assert!(
-        node.agent_log().contains("it is held closed"),
-        "{}",
-        node.agent_log()
-    );
-    assert!(metric(&node.metrics(), "flatnet_policy_errors_total").unwrap_or(0.0) >= 1.0);
-
-    // Room again: the next pass (here a change in the API) writes the
-    // table, and all is well.
-    datapath.clear_pod_policy(FILLER_SLOT).unwrap();
-    stub.modify(Kind::Namespace, "app", |n| {
-        n["metadata"]["labels"]["touched"] = json!("1");
-    });
-    wait_until("the client let in again", SETTLE, || {
-        reaches() && feature() == Some(1.0)
-    });
-    assert_eq!(datapath.pod_policy_peers(slot).unwrap().len(), 2);
-    node.stop_agent();
-    drop((server, client));
     drop(served);
 }

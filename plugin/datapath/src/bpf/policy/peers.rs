@@ -98,15 +98,6 @@ impl Datapath {
         Ok(())
     }
 
-    /// Entries of `POLICY_PEERS`, all pods together (its pressure is this
-    /// over `MAX_POLICY_PEERS`).
-    pub fn policy_peer_entries(&self) -> Result<usize> {
-        if !self.has_peer_ids() {
-            return Ok(0);
-        }
-        Ok(self.policy_peers()?.keys().filter(|k| k.is_ok()).count())
-    }
-
     /// What `slot` allows each identity, read back: (direction, rule).
     pub fn pod_policy_peers(&self, slot: u32) -> Result<Vec<(u32, PeerRule)>> {
         let mut rules = Vec::new();
