@@ -102,7 +102,7 @@ pub struct IdentityNumbers {
     /// Numbers given, and numbers hinted until the next `retain`.
     taken: HashSet<u32>,
     hints: HashMap<IpAddr, u32>,
-    /// The hints by number.
+    /// The hints by number, until an identity takes one up.
     hinted: HashMap<u32, Vec<IpAddr>>,
     last: u32,
 }
@@ -133,18 +133,22 @@ impl IdentityNumbers {
         if let Some(&number) = self.by_key.get(key) {
             return number;
         }
-        let given: HashSet<u32> = self.by_key.values().copied().collect();
         let mine: HashSet<&IpAddr> = addresses.iter().collect();
+        // A hint still in `hinted` is no identity's yet (taken up, it goes).
         let only_mine = |n: u32| {
-            let holders = self.hinted.get(&n).into_iter().flatten();
-            holders.into_iter().all(|a| mine.contains(a))
+            self.hinted
+                .get(&n)
+                .is_some_and(|holders| holders.iter().all(|a| mine.contains(a)))
         };
         let hinted = addresses
             .iter()
             .filter_map(|a| self.hints.get(a).copied())
-            .find(|n| *n != 0 && !given.contains(n) && only_mine(*n));
+            .find(|n| *n != 0 && only_mine(*n));
         let number = match hinted {
-            Some(number) => number,
+            Some(number) => {
+                self.hinted.remove(&number);
+                number
+            }
             None => loop {
                 self.last = self.last.wrapping_add(1);
                 if self.last != 0 && !self.taken.contains(&self.last) {
