@@ -13,7 +13,7 @@ use crate::error::{AgentError, Result};
 use crate::install::write_atomically;
 use crate::policy::{Allowed, PodKey, PodPolicy, PortSet, Table};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{Applied, PolicySink};
 
@@ -24,13 +24,25 @@ pub struct DatapathSink {
     datapath: Datapath,
     /// What `policy_names` wrote last.
     names: Option<BTreeMap<IpAddr, Vec<String>>>,
+    /// The tables written last for each counter slot (ingress, egress), so
+    /// a rewrite deletes its stale entries by key; a slot not here (after
+    /// a restart, a failure, a clear) has its entries walked once.
+    written: HashMap<u32, WrittenTables>,
+    /// The maps' sizes, as made (they change only when a map is made anew,
+    /// from the same configuration).
+    capacities: HashMap<String, Option<u32>>,
 }
+
+/// One direction's rules by prefix and by identity; None: not isolated.
+type WrittenTables = [Option<(Vec<PolicyRule>, Vec<PeerRule>)>; 2];
 
 impl DatapathSink {
     pub fn new(datapath: Datapath) -> Self {
         DatapathSink {
             datapath,
             names: None,
+            written: HashMap::new(),
+            capacities: HashMap::new(),
         }
     }
 
@@ -58,6 +70,7 @@ impl PolicySink for DatapathSink {
                 slots.extend(self.datapath.slot_of(*ip)?);
             }
             for slot in &slots {
+                self.written.remove(slot);
                 self.datapath.clear_pod_policy(*slot)?;
             }
             return Ok(if slots.is_empty() {
@@ -69,24 +82,25 @@ impl PolicySink for DatapathSink {
         let Some(slot) = self.slot(&policy.ips)? else {
             return Ok(Applied::NotAttached);
         };
-        let ingress = rules(&policy.ingress);
-        let egress = rules(&policy.egress);
-        let ingress_peers = peer_rules(&policy.ingress);
-        let egress_peers = peer_rules(&policy.egress);
-        if ingress.is_none() && egress.is_none() {
+        let wanted: WrittenTables = [&policy.ingress, &policy.egress]
+            .map(|allowed| rules(allowed).map(|rules| (rules, peer_rules(allowed))));
+        if wanted.iter().all(Option::is_none) {
             // Most pods: never isolated, nothing to clear.
             if self.datapath.pod_policy(slot)?.flags == 0 {
                 return Ok(Applied::Unchanged);
             }
+            self.written.remove(&slot);
             self.datapath.clear_pod_policy(slot)?;
             return Ok(Applied::Written);
         }
-        let written = self.datapath.set_pod_tables(
+        let previous = self.written.remove(&slot);
+        let written = self.datapath.replace_pod_tables(
             slot,
-            table(ingress.as_deref(), &ingress_peers),
-            table(egress.as_deref(), &egress_peers),
+            previous.as_ref().map(as_tables),
+            as_tables(&wanted),
         );
         if let Err(error) = written {
+            let [ingress, egress] = &wanted;
             // Fail closed: nothing in, nothing out where it is isolated,
             // until a write succeeds.
             let mut flags = 0;
@@ -101,11 +115,20 @@ impl PolicySink for DatapathSink {
             }
             return Err(error.into());
         }
+        self.written.insert(slot, wanted);
         Ok(Applied::Written)
     }
 
     fn capacity(&mut self, name: &str) -> Option<u32> {
-        self.datapath.capacity(name).ok().flatten()
+        if let Some(known) = self.capacities.get(name) {
+            return *known;
+        }
+        let read = self.datapath.capacity(name).ok().flatten();
+        // Not pinned yet: asked again next time.
+        if read.is_some() {
+            self.capacities.insert(name.to_string(), read);
+        }
+        read
     }
 
     fn peer_ids(&mut self) -> Result<BTreeMap<IpAddr, u32>> {
@@ -167,8 +190,13 @@ pub fn rules(allowed: &Allowed) -> Option<Vec<PolicyRule>> {
     }
 }
 
-fn table<'a>(rules: Option<&'a [PolicyRule]>, peers: &'a [PeerRule]) -> Option<PolicyTable<'a>> {
-    rules.map(|rules| PolicyTable { rules, peers })
+/// Tables as the datapath takes them.
+fn as_tables(written: &WrittenTables) -> [Option<PolicyTable<'_>>; 2] {
+    [&written[0], &written[1]].map(|direction| {
+        direction
+            .as_ref()
+            .map(|(rules, peers)| PolicyTable { rules, peers })
+    })
 }
 
 /// An isolated direction's rules by peer identity; empty when not

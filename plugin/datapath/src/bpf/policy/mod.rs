@@ -9,12 +9,12 @@
 use std::collections::HashSet;
 
 use flatnet_common::{
-    LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, POLICY_DIR_EGRESS,
-    POLICY_DIR_INGRESS, POLICY_F_EGRESS, POLICY_F_INGRESS, PolicyCidrV4, PolicyCidrV6, PolicyDrops,
-    PolicyPod,
+    LocalAddrKey, MAP_LOCAL_ADDRS, MAP_POLICY_DROPS, MAP_POLICY_PODS, POLICY_F_EGRESS,
+    POLICY_F_INGRESS, PolicyCidrV4, PolicyCidrV6, PolicyDrops, PolicyPod,
 };
 // The map value; `PolicyPorts` here is the library's own enum.
 
+mod entries;
 mod keys;
 mod peers;
 
@@ -30,7 +30,8 @@ use super::attach::{AttachMode, LinkRole, attach_mode};
 use super::typed::{ArrayOf, PerCpuArrayOf, TrieOf};
 use super::{Datapath, ignore_missing};
 use crate::error::{Error, Result};
-use keys::{Address, check_slot, key_v4, key_v6, policy_network, rule_of};
+use entries::PodEntries;
+use keys::{Address, check_slot, policy_network, rule_of};
 pub use keys::{local_addr_key, ports_value};
 pub use peers::{PeerRule, PolicyTable};
 
@@ -128,25 +129,28 @@ impl Datapath {
         ingress: Option<PolicyTable<'_>>,
         egress: Option<PolicyTable<'_>>,
     ) -> Result<()> {
+        self.replace_pod_tables(slot, None, [ingress, egress])
+    }
+
+    /// [`set_pod_tables`](Self::set_pod_tables) for a writer that knows
+    /// what it wrote for `slot` last (`previous`, ingress and egress): the
+    /// entries no longer wanted are deleted by key, without walking every
+    /// pod's entries. None: unknown (another writer, a restart), walked.
+    pub fn replace_pod_tables(
+        &self,
+        slot: u32,
+        previous: Option<[Option<PolicyTable<'_>>; 2]>,
+        [ingress, egress]: [Option<PolicyTable<'_>>; 2],
+    ) -> Result<()> {
         check_slot(slot)?;
         // Every value built before anything is written.
-        let mut wanted_v4 = Vec::new();
-        let mut wanted_v6 = Vec::new();
-        for (direction, table) in [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)] {
-            for rule in table.map(|t| t.rules).unwrap_or_default() {
-                let cidr = crate::util::normalized(rule.cidr);
-                let value = ports_value(&cidr, &rule.ports)?;
-                match cidr {
-                    IpNetwork::V4(net) => wanted_v4.push((key_v4(slot, direction, &net), value)),
-                    IpNetwork::V6(net) => wanted_v6.push((key_v6(slot, direction, &net), value)),
-                }
-            }
-        }
-        let tables = [(POLICY_DIR_INGRESS, ingress), (POLICY_DIR_EGRESS, egress)];
-        let wanted_peers = peers::peer_entries(slot, tables)?;
+        let wanted = PodEntries::of(slot, [ingress, egress])?;
+        let previous = previous
+            .map(|tables| PodEntries::of(slot, tables))
+            .transpose()?;
         let mut by_peer = if self.has_peer_ids() {
             Some(self.policy_peers()?)
-        } else if wanted_peers.is_empty() {
+        } else if wanted.peers.is_empty() {
             None
         } else {
             return Err(Error::Datapath(
@@ -156,16 +160,16 @@ impl Datapath {
         };
         let mut v4 = self.policy_v4()?;
         let mut v6 = self.policy_v6()?;
-        for (key, value) in &wanted_v4 {
+        for (key, value) in &wanted.v4 {
             v4.insert(key, *value, 0)
                 .map_err(|e| Error::bpf("writing a policy entry", e))?;
         }
-        for (key, value) in &wanted_v6 {
+        for (key, value) in &wanted.v6 {
             v6.insert(key, *value, 0)
                 .map_err(|e| Error::bpf("writing a policy entry", e))?;
         }
         if let Some(map) = &mut by_peer {
-            peers::write_peer_entries(map, &wanted_peers)?;
+            peers::write_peer_entries(map, &wanted.peers)?;
         }
         let mut flags = 0;
         if ingress.is_some() {
@@ -178,22 +182,35 @@ impl Datapath {
             flags |= POLICY_F_EGRESS;
         }
         self.write_pod_policy(slot, flags)?;
-        let keep_v4: HashSet<(u32, u32, [u8; 4])> = wanted_v4
-            .iter()
-            .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
-            .collect();
-        let keep_v6: HashSet<(u32, u32, [u8; 16])> = wanted_v6
-            .iter()
-            .map(|(k, _)| (k.prefix_len(), k.data().direction, k.data().address))
-            .collect();
-        let mut removed =
-            self.remove_policy_entries(slot, |prefix, direction, address| match address {
-                Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
-                Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
-            })?;
-        if let Some(map) = &mut by_peer {
-            removed += peers::remove_peer_entries(map, slot, &wanted_peers)?;
-        }
+        let removed = match previous {
+            Some(previous) => {
+                let stale = previous.stale(&wanted);
+                for (key, _) in &stale.v4 {
+                    ignore_missing(v4.remove(key))?;
+                }
+                for (key, _) in &stale.v6 {
+                    ignore_missing(v6.remove(key))?;
+                }
+                if let Some(map) = &mut by_peer {
+                    for (key, _) in &stale.peers {
+                        ignore_missing(map.remove(key))?;
+                    }
+                }
+                stale.len()
+            }
+            None => {
+                let (keep_v4, keep_v6) = (wanted.v4_ids(), wanted.v6_ids());
+                let mut removed =
+                    self.remove_policy_entries(slot, |prefix, direction, address| match address {
+                        Address::V4(a) => !keep_v4.contains(&(prefix, direction, a)),
+                        Address::V6(a) => !keep_v6.contains(&(prefix, direction, a)),
+                    })?;
+                if let Some(map) = &mut by_peer {
+                    removed += peers::remove_peer_entries(map, slot, &wanted.peers)?;
+                }
+                removed
+            }
+        };
         // A packet judged between the new generation and these deletions
         // met the stale entries as well, and its flow was recorded with the
         // new generation: allowed for good by an entry that is gone. One

@@ -12,7 +12,7 @@ use flatnet_common::{MAP_PEER_IDS_V4, MAP_POLICY_PEERS, PolicyPeerKey, maps};
 
 use super::super::typed::HashOf;
 use super::super::{Datapath, ignore_missing};
-use super::{PolicyPorts, PolicyRule, ports_value};
+use super::{PolicyPorts, PolicyRule};
 use crate::error::{Error, Result};
 
 /// What a pod allows the peers of identity `identity`.
@@ -115,28 +115,6 @@ impl Datapath {
         rules.sort();
         Ok(rules)
     }
-}
-
-/// The `POLICY_PEERS` entries of `slot` for these tables (ingress,
-/// egress), built before anything is written.
-pub(super) fn peer_entries(
-    slot: u32,
-    tables: [(u32, Option<PolicyTable<'_>>); 2],
-) -> Result<Vec<(PolicyPeerKey, PortsValue)>> {
-    let mut entries = Vec::new();
-    for (direction, table) in tables {
-        for rule in table.map(|t| t.peers).unwrap_or_default() {
-            let what = format!("the pods of identity {}", rule.identity);
-            let value = ports_value(&what, &rule.ports)?;
-            let key = PolicyPeerKey {
-                slot,
-                direction,
-                identity: rule.identity,
-            };
-            entries.push((key, value));
-        }
-    }
-    Ok(entries)
 }
 
 pub(super) fn write_peer_entries(

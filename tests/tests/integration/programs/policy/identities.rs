@@ -155,3 +155,46 @@ fn policy_ingress_by_identity_admits_another_nodes_pod_once_it_has_the_identity(
         .remove_peer_ids(&remote.iter().map(|(a, _)| *a).collect::<Vec<_>>())
         .unwrap();
 }
+
+#[flatnet_test(root)]
+fn policy_rewrites_with_the_previous_tables_delete_exactly_the_stale_entries() {
+    let node = Node::new(DatapathMode::Tc);
+    let (a, b) = (&node.a, &node.b);
+    let datapath = &node.scratch.datapath;
+    let peer = |identity| PeerRule {
+        identity,
+        ports: PolicyPorts::Any,
+    };
+    let (old_rules, old_peers) = ([rule("10.244.0.0/16", &[tcp_port(8080)])], [peer(CLIENTS)]);
+    let (new_rules, new_peers) = ([rule("fd00:244::/32", &[tcp_port(8080)])], [peer(OTHERS)]);
+    let old = PolicyTable {
+        rules: &old_rules,
+        peers: &old_peers,
+    };
+    let new = PolicyTable {
+        rules: &new_rules,
+        peers: &new_peers,
+    };
+    node.set_tables(a, None, Some(old));
+    // B's entries are the same keys but B's slot: left alone.
+    node.set_tables(b, None, Some(old));
+    node.netns
+        .run(|| datapath.replace_pod_tables(a.slot, Some([None, Some(old)]), [None, Some(new)]))
+        .expect("rewriting A's tables");
+    let prefixes: Vec<String> = datapath
+        .pod_policy_rules(a.slot)
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.cidr.to_string())
+        .collect();
+    assert_eq!(prefixes, ["fd00:244::/32"]);
+    assert_eq!(
+        datapath.pod_policy_peers(a.slot).unwrap(),
+        [(1, peer(OTHERS))]
+    );
+    assert_eq!(datapath.pod_policy_rules(b.slot).unwrap().len(), 1);
+    assert_eq!(
+        datapath.pod_policy_peers(b.slot).unwrap(),
+        [(1, peer(CLIENTS))]
+    );
+}
