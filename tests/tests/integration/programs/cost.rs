@@ -5,7 +5,8 @@
 
 use super::*;
 use flatnet_common::{PROG_TO_UPLINK, external_port};
-use flatnet_tests::test_run::time_tc;
+use flatnet_datapath::bpf::{PeerRule, PolicyPorts, PolicyTable};
+use flatnet_tests::test_run::{TC_ACT_SHOT, time_tc};
 
 /// Runs per measurement: long enough that the timer's resolution and the
 /// first run's cache misses vanish in the average.
@@ -138,6 +139,54 @@ fn program_cost_per_frame() {
     for (case, program, pod, frame, verdict) in timed {
         time(case, program, pod, &frame, verdict);
     }
+    // NetworkPolicy: A's egress allows TCP 8080 to the pod subnet by
+    // prefix and TCP 9090 to identity 7 (B, once named). A recorded flow
+    // is what most packets of an isolated pod cost; a denied packet is
+    // judged every time, so its runs time the judgement: the prefix alone
+    // (B has no identity), then with B's identity and its entry looked up.
+    let prefixes = [
+        policy::rule("10.244.0.0/16", &[policy::tcp_port(8080)]),
+        policy::rule("fd00:244::/32", &[policy::tcp_port(8080)]),
+    ];
+    let peers = [PeerRule {
+        identity: 7,
+        ports: PolicyPorts::Ranges(vec![policy::tcp_port(9090)]),
+    }];
+    let table = PolicyTable {
+        rules: &prefixes,
+        peers: &peers,
+    };
+    node.set_tables(a, None, Some(table));
+    let recorded = Tuple::new(a.ip(family), 40020, b.ip(family), 8080);
+    node.try_run(Hook::PodTc(a), &a.sends(recorded.tcp(TCP_SYN)))
+        .expect("the recorded flow's SYN");
+    let denied = a.sends(Tuple::new(a.ip(family), 40021, b.ip(family), 7000).udp());
+    time(
+        "policy: tcp ACK of a flow A's egress policy recorded",
+        PROG_FROM_POD,
+        a,
+        &a.sends(recorded.tcp(TCP_ACK)),
+        TC_ACT_REDIRECT,
+    );
+    time(
+        "policy: udp A's egress denies, judged by prefix (the peer has no identity)",
+        PROG_FROM_POD,
+        a,
+        &denied,
+        TC_ACT_SHOT,
+    );
+    node.name_pod(b, 7);
+    time(
+        "policy: udp A's egress denies, judged by prefix and by the peer's identity",
+        PROG_FROM_POD,
+        a,
+        &denied,
+        TC_ACT_SHOT,
+    );
+    node.scratch
+        .datapath
+        .clear_pod_policy(a.slot)
+        .expect("A's policy cleared");
     // The same frame while a NodePort listens for clients outside: only
     // then does `from_pod` ask the reply path (a tail call, a parse, a
     // `NAT_REVERSE` lookup) before the stack.
