@@ -119,8 +119,17 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // mounts and processes of the build: what is new afterwards leaked.
     let bin_dir = util::target_dir(false);
     let before = flatnet_harness::NodeObjects::now(&bin_dir);
-    run_cmd(&mut cmd)?;
+    // Listed also when a test failed: a leak may be what made it fail.
+    let tests = run_cmd(&mut cmd);
     let leaked = flatnet_harness::NodeObjects::now(&bin_dir).new_since(&before);
+    if let Err(failed) = tests {
+        anyhow::ensure!(
+            leaked.is_empty(),
+            "{failed:#}; and the tests left on the node:\n  {}",
+            leaked.join("\n  ")
+        );
+        return Err(failed);
+    }
     anyhow::ensure!(
         leaked.is_empty(),
         "the tests left {} object(s) on the node (each test removes what it makes, also when it fails):\n  {}",
