@@ -1,10 +1,12 @@
 //! flatnet's network configuration (stdin), parsed and validated before
-//! anything is touched. Pure parsing: it names only flatnet-cni and the two
-//! plain datapath types (the fuzz build compiles it on its own).
+//! anything is touched. Pure parsing: it names only flatnet-cni, the two
+//! plain datapath types and the map sizing (the fuzz build compiles it on
+//! its own).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::map_sizing::{DEFAULT_MEMORY_RATIO, MapSizing};
 pub use crate::{DatapathMode, Shaping};
 use flatnet_cni::config::{MTU_RANGE, check_stdin, validate_network_name};
 use flatnet_cni::env::{is_spec_name, validate_ifname};
@@ -12,7 +14,6 @@ use flatnet_cni::error::{Error, Result};
 use flatnet_cni::result::{CniResult, Dns};
 use flatnet_cni::runtime::{Mac, RuntimeOptions};
 use flatnet_cni::version::SpecVersion;
-use flatnet_datapath::bpf::sizes::{DEFAULT_MEMORY_RATIO, MapSizing};
 use serde::Deserialize;
 
 /// `bigTcp`: absent or `true` is the largest size the kernel takes, `false`
@@ -181,9 +182,7 @@ impl NetConf {
             memory_ratio: raw.map_memory_ratio.unwrap_or(DEFAULT_MEMORY_RATIO),
             overrides: raw.map_sizes.clone().unwrap_or_default(),
         };
-        map_sizing
-            .validate()
-            .map_err(|e| Error::config(e.to_string()))?;
+        map_sizing.validate().map_err(Error::config)?;
         Ok(NetConf {
             version,
             name: raw.name,

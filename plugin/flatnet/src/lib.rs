@@ -18,4 +18,5 @@ mod network;
 pub mod verbs;
 
 pub use error::{Error, Result};
+pub use flatnet_datapath::bpf::sizes as map_sizing;
 pub use flatnet_datapath::{DatapathMode, Shaping};

@@ -141,7 +141,8 @@ impl Datapath {
             loader.map_pin_path(name, self.map_path(name));
         }
         // Maps made now take the node's sizes; pinned ones keep theirs.
-        let memory = super::sizes::node_memory()?;
+        let memory = super::sizes::node_memory()
+            .map_err(|e| crate::error::Error::io("reading MemTotal of /proc/meminfo", e))?;
         for (name, entries) in self.sizing.sizes(memory) {
             loader.map_max_entries(name, entries);
         }

@@ -13,6 +13,9 @@
 //! The plugin (ADD) and the agent load the same datapath: both read the
 //! sizing from the network's configuration (`mapSizes`, `mapMemoryRatio`,
 //! written by the agent) and the node's `MemTotal`, so they agree.
+//!
+//! Plain std and flatnet-common only: the plugin's configuration parser
+//! uses it, and the fuzz build compiles that parser with this file alone.
 
 use std::collections::BTreeMap;
 
@@ -20,8 +23,6 @@ use flatnet_common::{
     MAP_FLOWS, MAP_NAT_FORWARD, MAP_NAT_REVERSE, MAP_PEER_IDS_V4, MAP_PEER_IDS_V6,
     MAP_POLICY_FLOWS, MAP_POLICY_PEERS, MAP_POLICY_V4, MAP_POLICY_V6, MAP_SPECS, MapSpec,
 };
-
-use crate::error::{Error, Result};
 
 /// The maps sized for the node.
 pub const SIZED_MAPS: [&str; 9] = [
@@ -66,26 +67,26 @@ impl Default for MapSizing {
 
 impl MapSizing {
     /// Checks what a configuration gave: a known map, a size in range, a
-    /// ratio between 0 and 10%.
-    pub fn validate(&self) -> Result<()> {
+    /// ratio between 0 and 10%; what to fix, if not.
+    pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=0.1).contains(&self.memory_ratio) {
-            return Err(Error::Config(format!(
+            return Err(format!(
                 "\"mapMemoryRatio\" {} is out of range: use 0 (the built-in sizes) to 0.1",
                 self.memory_ratio
-            )));
+            ));
         }
         for (name, entries) in &self.overrides {
             if !SIZED_MAPS.contains(&name.as_str()) {
-                return Err(Error::Config(format!(
+                return Err(format!(
                     "\"mapSizes\" names {name}, which is not sized per node: use one of {}",
                     SIZED_MAPS.join(", ")
-                )));
+                ));
             }
             if !(MIN_ENTRIES..=1 << 24).contains(entries) {
-                return Err(Error::Config(format!(
+                return Err(format!(
                     "\"mapSizes\": {name} of {entries} entries is out of range: use {MIN_ENTRIES} to {}",
                     1 << 24
-                )));
+                ));
             }
         }
         Ok(())
@@ -136,15 +137,14 @@ fn entry_bytes(spec: &MapSpec) -> u64 {
 }
 
 /// The node's memory (`MemTotal` of /proc/meminfo), in bytes.
-pub fn node_memory() -> Result<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| Error::io("reading /proc/meminfo", e))?;
+pub fn node_memory() -> std::io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
     text.lines()
         .find_map(|line| line.strip_prefix("MemTotal:"))
         .and_then(|rest| rest.trim().strip_suffix("kB"))
         .and_then(|kb| kb.trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or_else(|| Error::Datapath("/proc/meminfo has no MemTotal".into()))
+        .ok_or_else(|| std::io::Error::other("no MemTotal line"))
 }
 
 #[cfg(test)]
