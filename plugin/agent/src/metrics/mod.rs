@@ -39,6 +39,9 @@
 //!   them, and what the table holds: its pressure),
 //!   `flatnet_nat_expired_total` (idle ones collected, and ways back no
 //!   flow leads to).
+//! - How long a change takes to reach the datapath (`latency`):
+//!   `flatnet_network_programming_duration_seconds` (kube-proxy's meaning,
+//!   `--services ebpf`) and `flatnet_change_to_datapath_seconds{kind}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,6 +64,7 @@ use datapath::DatapathCollector;
 use flatnet_datapath::bpf::Datapath;
 
 mod datapath;
+pub mod latency;
 
 /// The agent's own metrics, updated as it works.
 #[derive(Debug, Default, Clone)]
@@ -92,6 +96,7 @@ pub struct AgentMetrics {
     pub nat_flows: Gauge,
     pub nat_flows_max: Gauge,
     pub nat_expired: Counter,
+    pub change_latency: latency::ChangeLatency,
     /// 0 for each feature that is down (`network_policy`, ...), 1 when up.
     pub feature_ready: Family<FeatureLabel, Gauge>,
     /// Why the agent is not ready, for `/readyz` (not a metric).
@@ -277,6 +282,7 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "Idle translated flows the agent collected",
         agent.nat_expired.clone(),
     );
+    agent.change_latency.register(&mut registry);
     registry.register_collector(Box::new(DatapathCollector {
         datapath: datapath.clone(),
     }));

@@ -4,7 +4,8 @@
 //! each kept in a kube reflector store by its own watcher (a re-list after
 //! a broken watch, backoff on errors, as for Nodes). Nothing is computed
 //! here: each event bumps a counter the agent's loop waits on, once all
-//! five lists are in.
+//! five lists are in, and each change (not what a list brings) is stamped
+//! for the latency metrics (`metrics::latency`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::metrics::AgentMetrics;
+use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 
 /// A kind's name and the API version it is watched at.
 const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
@@ -47,6 +49,7 @@ pub struct PolicyObjects {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     health: Arc<Mutex<Health>>,
+    stamps: ChangeStamps,
 }
 
 /// Whether each kind has been listed, and its watch's last error since.
@@ -112,6 +115,12 @@ impl PolicyObjects {
         self.health.lock().ok().and_then(|h| h.problem())
     }
 
+    /// The changes stamped since the last call: taken before a pass reads
+    /// the objects, observed once it has written them.
+    pub fn take_changes(&self) -> Taken {
+        self.stamps.take()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             policies: self.policies.state(),
@@ -138,12 +147,16 @@ fn item<K>(kind: usize, event: Result<Event<K>, watcher::Error>) -> Item {
 /// event once all five kinds have been listed (never before: a plan from
 /// a partial view would isolate pods from peers not seen yet); its sender
 /// closing means the watches ended.
-pub fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Receiver<u64>) {
-    let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0);
-    let (pods, pod_events) = reflected::<Pod>(&client, 1);
-    let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2);
-    let (services, service_events) = reflected::<Service>(&client, 3);
-    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 4);
+pub fn spawn(
+    client: Client,
+    metrics: AgentMetrics,
+    stamps: ChangeStamps,
+) -> (PolicyObjects, watch::Receiver<u64>) {
+    let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0, &stamps);
+    let (pods, pod_events) = reflected::<Pod>(&client, 1, &stamps);
+    let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2, &stamps);
+    let (services, service_events) = reflected::<Service>(&client, 3, &stamps);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 4, &stamps);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
@@ -194,17 +207,19 @@ pub fn spawn(client: Client, metrics: AgentMetrics) -> (PolicyObjects, watch::Re
             services,
             slices,
             health,
+            stamps,
         },
         receiver,
     )
 }
 
-/// All objects of kind `K` in a store, and the stream of its events.
-/// managedFields go before the store: they are most of a Pod's size and
-/// none of policy's business.
+/// All objects of kind `K` in a store, and the stream of its events, each
+/// change stamped in `stamps`. managedFields go before the store: they are
+/// most of a Pod's size and none of policy's business.
 fn reflected<K>(
     client: &Client,
     kind: usize,
+    stamps: &ChangeStamps,
 ) -> (Store<K>, Pin<Box<dyn Stream<Item = Item> + Send>>)
 where
     K: Resource<DynamicType = ()>
@@ -217,11 +232,18 @@ where
 {
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
+    let stamps = stamps.clone();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
-        .map(move |event| item(kind, event));
+        .map(move |event| {
+            if let Ok(Event::Apply(object) | Event::Delete(object)) = &event {
+                let trigger = object.annotations().get(TRIGGER_TIME);
+                stamps.record(KINDS[kind].0, trigger.map(String::as_str));
+            }
+            item(kind, event)
+        });
     (store, Box::pin(events))
 }
 

@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use crate::config::{Args, ServicesMode, SourceKind};
 use crate::error::{AgentError, Result};
 use crate::install::{self};
+use crate::metrics::latency::ChangeStamps;
 use crate::metrics::{self, AgentMetrics};
 use crate::node_state::{network_conf, remove_if_present};
 use crate::peers::file_source::FileSource;
@@ -105,7 +106,9 @@ pub async fn run(args: Args) -> Result<()> {
             let client = kube_source::client(agent.args.kube_api_server.as_deref()).await?;
             let services_ebpf = agent.args.services == ServicesMode::Ebpf;
             if agent.args.network_policy || services_ebpf {
-                let (objects, changes) = policy_watch::spawn(client.clone(), agent.metrics.clone());
+                let stamps = ChangeStamps::new(std::time::SystemTime::now());
+                let (objects, changes) =
+                    policy_watch::spawn(client.clone(), agent.metrics.clone(), stamps);
                 agent.objects = Some(objects);
                 policy_rx = Some(changes);
             }
@@ -174,8 +177,13 @@ pub async fn run(args: Args) -> Result<()> {
             }
             _ = until(policy_due) => {
                 policy_due = None;
+                let changes = agent.objects.as_ref().map(|o| o.take_changes());
                 agent.enforce_policy();
                 agent.sync_services();
+                if let Some(changes) = changes {
+                    let services = agent.services.is_some();
+                    agent.metrics.change_latency.observe(changes, services);
+                }
             }
             _ = terminate.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
