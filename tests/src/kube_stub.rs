@@ -272,12 +272,19 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response 
             let notified = changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let next = stub
-                .lock()
-                .events
-                .iter()
-                .find(|(version, k, _)| *version > seen && *k == kind)
-                .map(|(version, _, event)| (*version, event.clone()));
+            // Events are in resourceVersion order: the search starts
+            // after what this watch has seen (a cluster of the scale
+            // harness's size has hundreds of thousands).
+            let next = {
+                let state = stub.lock();
+                let after = state
+                    .events
+                    .partition_point(|(version, ..)| *version <= seen);
+                state.events[after..]
+                    .iter()
+                    .find(|(_, k, _)| *k == kind)
+                    .map(|(version, _, event)| (*version, event.clone()))
+            };
             if let Some((version, event)) = next {
                 seen = version;
                 return Some((Ok::<_, Infallible>(format!("{event}\n")), (stub, seen)));

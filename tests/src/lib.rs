@@ -27,6 +27,8 @@ pub mod gate;
 pub mod kube_stub;
 /// Where a datagram died: each namespace's counters on its path.
 pub mod path_report;
+/// The scale harness's synthetic cluster, churn and measurements.
+pub mod scale;
 /// The datapath's programs run on crafted frames (BPF_PROG_TEST_RUN).
 pub mod test_run;
 

@@ -11,6 +11,7 @@ mod flag_tables;
 mod install;
 mod markers;
 mod prose;
+mod scale;
 mod setup;
 mod test;
 mod util;
@@ -62,6 +63,9 @@ enum Task {
     /// with flatnet as its CNI, and the upstream sig-network and
     /// NetworkPolicy e2e suites of the same release run on it.
     E2e(e2e::E2eArgs),
+    /// The agent against synthetic clusters up to 5,000 nodes and 150,000
+    /// pods, idle and churned, its pods probing; writes results/scale.*.
+    Scale(scale::ScaleArgs),
     /// cri-tools' CRI validation suite (critest) against containerd 2
     /// with flatnet as its CNI; writes results/critest.md.
     Critest(e2e::critest::CritestArgs),
@@ -112,6 +116,11 @@ fn main() -> anyhow::Result<()> {
             e2e::run(&args)
         }
         Task::Critest(args) => e2e::critest::run(&args),
+        Task::Scale(args) => {
+            flatnet_harness::remove_on_signal()?;
+            setup::all()?;
+            scale::run(&args)
+        }
         Task::E2eBuild { kubernetes } => {
             let built = e2e::build::prepare(&kubernetes)?;
             println!("{built}");

@@ -155,6 +155,17 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             services: false,
             before: None,
         })?;
+        heading(
+            "scale smoke: the agent on the smallest synthetic cluster, idle and churned, on the debug build (numbers not asserted, probe verdicts are)",
+        );
+        crate::scale::run(&crate::scale::ScaleArgs {
+            sizes: Vec::new(),
+            idle_secs: 3,
+            churn_secs: 5,
+            rate: 64.0,
+            smoke: true,
+            out: None,
+        })?;
     }
     if !args.no_e2e && args.filter.is_none() {
         heading(

@@ -243,6 +243,25 @@ pub fn binary(release: bool, name: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// A folder of this process's own holding the plugins of `plugin_dir` and
+/// the agent of the same build: a simulated node's agent installs the
+/// plugins beside itself, and a release build puts the static plugins and
+/// the agent in different target folders. The caller removes it.
+pub fn plugins_with_agent(plugin_dir: &Path) -> anyhow::Result<PathBuf> {
+    let bin_dir = std::env::temp_dir().join(format!("flatnet-bins-{}", std::process::id()));
+    std::fs::create_dir_all(&bin_dir)?;
+    let agent = binary(plugin_dir.ends_with("release"), AGENT_PACKAGE)?;
+    for (name, from) in [
+        ("flatnet", plugin_dir.join("flatnet")),
+        ("flatnet-ipam", plugin_dir.join("flatnet-ipam")),
+        (AGENT_PACKAGE, agent),
+    ] {
+        std::fs::copy(&from, bin_dir.join(name))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(bin_dir)
+}
+
 pub fn target_dir(release: bool) -> PathBuf {
     root()
         .join("target")

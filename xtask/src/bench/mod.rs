@@ -105,7 +105,7 @@ fn nothing_left() -> anyhow::Result<()> {
 
 /// What the bench builds: the plugins, and the agent the overlay
 /// section's nodes run.
-const BENCH_BINARIES: [&str; 3] = [
+pub const BENCH_BINARIES: [&str; 3] = [
     crate::install::BINARIES[0],
     crate::install::BINARIES[1],
     util::AGENT_PACKAGE,

@@ -29,20 +29,7 @@ const LABELS: [&str; 3] = ["flatnet-vxlan", "flatnet-direct", "flannel-vxlan"];
 /// kpps) per label.
 pub fn run(plugin_dir: &Path, rounds: usize, seconds: u32) -> anyhow::Result<Value> {
     util::build_debug()?;
-    // The nodes' agents install the plugins beside them: one folder holds
-    // the three (a release build puts the static plugins and the agent in
-    // different target folders).
-    let bin_dir = std::env::temp_dir().join(format!("flatnet-overlay-bin-{}", std::process::id()));
-    std::fs::create_dir_all(&bin_dir)?;
-    let agent = util::binary(plugin_dir.ends_with("release"), util::AGENT_PACKAGE)?;
-    for (name, from) in [
-        ("flatnet", plugin_dir.join("flatnet")),
-        ("flatnet-ipam", plugin_dir.join("flatnet-ipam")),
-        (util::AGENT_PACKAGE, agent),
-    ] {
-        std::fs::copy(&from, bin_dir.join(name))
-            .with_context(|| format!("copying {}", from.display()))?;
-    }
+    let bin_dir = util::plugins_with_agent(plugin_dir)?;
     let measured = measure(&bin_dir, rounds, seconds);
     let _ = std::fs::remove_dir_all(&bin_dir);
     measured

@@ -1,0 +1,268 @@
+//! `flatnet-scale <size> <idle-secs> <churn-secs> <changes-per-sec>`: one
+//! real agent (`--services ebpf`, NetworkPolicy on) on a simulated node
+//! with real pods, against the API stub holding a synthetic cluster of
+//! `size` (`flatnet_tests::scale::objects::SIZES`); idle, then churned,
+//! while the node's pods probe an allowed and a denied peer the whole
+//! time. Prints one JSON row: what the agent took (memory, CPU, maps), how
+//! long changes took to reach its datapath, what it asked of the API
+//! server, and the probes' verdicts. `cargo xtask scale` runs it per size.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use flatnet_tests::cgroup::TestCgroup;
+use flatnet_tests::cluster::{Cluster, Peers, SimNode, specs};
+use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub, api_namespace, api_pod};
+use flatnet_tests::scale::churn::{Churn, Write};
+use flatnet_tests::scale::measure::{self, Buckets};
+use flatnet_tests::scale::objects::{self, Size};
+use flatnet_tests::{ExchangeServer, Netns, poll_until};
+use serde_json::{Value, json};
+
+const NODE: &str = "cp-1";
+const PROBE_NAMESPACE: &str = "probe";
+const PROBE_PORT: u16 = 8080;
+/// How long the agent may take to list the cluster and start.
+const START: Duration = Duration::from_secs(900);
+
+fn main() -> anyhow::Result<()> {
+    flatnet_tests::remove_on_signal()?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [size, idle, churn, rate] = args.as_slice() else {
+        bail!(
+            "usage: flatnet-scale <size: xs|s|m|l|xl> <idle-secs> <churn-secs> <changes-per-sec>"
+        );
+    };
+    let size = objects::size_named(size).with_context(|| format!("no size {size}"))?;
+    let row = run(
+        size,
+        Duration::from_secs(idle.parse()?),
+        Duration::from_secs(churn.parse()?),
+        rate.parse()?,
+    )?;
+    println!("{row}");
+    Ok(())
+}
+
+/// Now, as the EndpointSlice controller stamps a change (RFC 3339).
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+fn apply(stub: &ApiStub, write: Write) {
+    match write {
+        Write::Put(kind, object) => stub.add(kind, object),
+        Write::Delete(kind, key) => {
+            if stub.get(kind, &key).is_some() {
+                stub.delete(kind, &key)
+            }
+        }
+    }
+}
+
+/// The probe namespace's pods: a client, a server its policy lets the
+/// client reach and one it does not; the policies say so, and let in
+/// every production namespace's web tier as well (so the tables name
+/// peers of the synthetic cluster).
+struct Probes<'a> {
+    client: flatnet_tests::cluster::SimPod<'a>,
+    open: (flatnet_tests::cluster::SimPod<'a>, ExchangeServer),
+    closed: (flatnet_tests::cluster::SimPod<'a>, ExchangeServer),
+}
+
+impl<'a> Probes<'a> {
+    fn start(node: &'a SimNode, stub: &ApiStub) -> Self {
+        stub.add(
+            Kind::Namespace,
+            api_namespace(PROBE_NAMESPACE, json!({"env": "prod"})),
+        );
+        stub.add(
+            Kind::NetworkPolicy,
+            json!({"metadata": {"namespace": PROBE_NAMESPACE, "name": "deny"},
+                   "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
+        );
+        stub.add(
+            Kind::NetworkPolicy,
+            json!({"metadata": {"namespace": PROBE_NAMESPACE, "name": "to-open"},
+                   "spec": {"podSelector": {"matchLabels": {"app": "open"}},
+                            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "prod"}},
+                                                   "podSelector": {"matchLabels": {"tier": "web"}}}],
+                                         "ports": [{"port": PROBE_PORT}]}]}}),
+        );
+        let pod = |name: &str, labels: Value| {
+            let pod = node.pod();
+            let ip = IpAddr::V4(pod.ip);
+            let containers = json!([{"name": "c", "image": "busybox"}]);
+            stub.add(
+                Kind::Pod,
+                api_pod(PROBE_NAMESPACE, name, NODE, ip, labels, containers),
+            );
+            pod
+        };
+        let client = pod("client", json!({"tier": "web"}));
+        let open = pod("open", json!({"app": "open"}));
+        let closed = pod("closed", json!({"app": "closed"}));
+        let serve = |netns: &Netns| ExchangeServer::start(netns, PROBE_PORT, 8, 2);
+        let (open_server, closed_server) = (serve(&open.netns), serve(&closed.netns));
+        Probes {
+            client,
+            open: (open, open_server),
+            closed: (closed, closed_server),
+        }
+    }
+
+    /// Whether the client gets an exchange through to `to` (a denied SYN
+    /// is dropped: the connect times out).
+    fn reaches(&self, to: &flatnet_tests::cluster::SimPod) -> bool {
+        let address = SocketAddr::new(IpAddr::V4(to.ip), PROBE_PORT);
+        self.client.netns.run(|| {
+            use std::io::{Read, Write};
+            let Ok(mut stream) =
+                std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500))
+            else {
+                return false;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut echoed = [0u8; 8];
+            stream.write_all(b"scale-hi").is_ok()
+                && stream.read_exact(&mut echoed).is_ok()
+                && &echoed == b"scale-hi"
+        })
+    }
+
+    /// One allowed and one denied probe: how many verdicts were wrong.
+    fn wrong(&self) -> u64 {
+        u64::from(!self.reaches(&self.open.0)) + u64::from(self.reaches(&self.closed.0))
+    }
+}
+
+/// Probes run on a thread of their own while `during` runs: (probes,
+/// wrong verdicts).
+fn probing(probes: &Probes, during: impl FnOnce()) -> (u64, u64) {
+    let (stop, count, wrong) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                wrong.fetch_add(probes.wrong(), Ordering::Relaxed);
+                count.fetch_add(2, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        during();
+        stop.store(true, Ordering::Relaxed);
+    });
+    (count.into_inner(), wrong.into_inner())
+}
+
+/// The latency histograms' p50 and p99 between two readings, in ms.
+fn latencies(before: &str, after: &str) -> Value {
+    let read = |name: &str, labels: &str| {
+        let between =
+            Buckets::read(after, name, labels).since(&Buckets::read(before, name, labels));
+        let ms = |q| between.quantile(q).map(|s| (s * 1e5).round() / 100.0);
+        json!({"count": between.count, "p50_ms": ms(0.5), "p99_ms": ms(0.99)})
+    };
+    let change = "flatnet_change_to_datapath_seconds";
+    json!({
+        "network_programming": read("flatnet_network_programming_duration_seconds", ""),
+        "endpoint_slice_to_maps": read(change, "kind=\"EndpointSlice\""),
+        "policy_implementation": read(change, "kind=\"NetworkPolicy\""),
+        "pod_to_tables": read(change, "kind=\"Pod\""),
+        "plan_compute": read("flatnet_policy_compute_seconds", ""),
+    })
+}
+
+fn requests(stub: &ApiStub) -> Value {
+    let of = |count: fn(&ApiStub, Kind) -> usize| -> usize {
+        Kind::ALL.iter().map(|k| count(stub, *k)).sum()
+    };
+    json!({"lists": of(ApiStub::lists), "watches": of(ApiStub::watches)})
+}
+
+fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Result<Value> {
+    let cgroup = TestCgroup::new("flatnet-scale-")?;
+    let mut cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
+    cluster.nodes[0].agent_flags = ["--services", "ebpf", "--services-cgroup"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([cgroup.0.display().to_string()])
+        .chain(["--resync-secs", "60"].iter().map(|s| s.to_string()))
+        .collect();
+    let node = &cluster.nodes[0];
+    let served = ServedStub::start_in(&node.netns);
+    let stub = &served.stub;
+    let loading = Instant::now();
+    for (kind, object) in objects::all(&size, &now_rfc3339()) {
+        stub.add(kind, object);
+    }
+    let loaded_secs = loading.elapsed().as_secs_f64();
+
+    let starting = Instant::now();
+    node.start_agent(&Peers::Api(served.url.clone()));
+    let ready = poll_until(START, Duration::from_millis(100), || {
+        node.ready_marker().exists() && node.conflist_path().exists()
+    });
+    anyhow::ensure!(
+        ready,
+        "the agent not ready after {START:?}:\n{}",
+        node.agent_log()
+    );
+    let ready_secs = starting.elapsed().as_secs_f64();
+    let pid = node
+        .agent
+        .lock()
+        .map_err(|_| anyhow::anyhow!("agent lock"))?
+        .as_ref()
+        .map(|child| child.id())
+        .context("the agent's process")?;
+    let probes = Probes::start(node, stub);
+    let settled = poll_until(START, Duration::from_millis(200), || probes.wrong() == 0);
+    anyhow::ensure!(
+        settled,
+        "the probes never got their verdicts:\n{}",
+        node.agent_log()
+    );
+    let first_verdicts_secs = starting.elapsed().as_secs_f64();
+
+    let mut idle_cpu = None;
+    let (idle_probes, idle_wrong) = probing(&probes, || {
+        idle_cpu = measure::cpu_share(pid, || std::thread::sleep(idle));
+    });
+    let idle_rss = measure::rss_bytes(pid);
+    let before = node.metrics();
+    let mut churn = Churn::new(size);
+    let mut churn_cpu = None;
+    let (churn_probes, churn_wrong) = probing(&probes, || {
+        churn_cpu = measure::cpu_share(pid, || {
+            let start = Instant::now();
+            while start.elapsed() < churn_for {
+                for write in churn.next_change(&now_rfc3339()) {
+                    apply(stub, write);
+                }
+                let due = start + Duration::from_secs_f64(churn.changes() as f64 / rate);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+        });
+    });
+    // The last changes reach the datapath before the histograms are read.
+    std::thread::sleep(Duration::from_secs(2));
+    let after = node.metrics();
+    let churn_rss = measure::rss_bytes(pid);
+    Ok(json!({
+        "size": size.name, "nodes": size.nodes, "pods": size.pods, "services": size.services,
+        "endpoints": size.endpoints(), "policies": size.policies,
+        "api": "stub",
+        "loaded_secs": loaded_secs, "ready_secs": ready_secs,
+        "first_verdicts_secs": first_verdicts_secs,
+        "idle": {"secs": idle.as_secs(), "cpu_share": idle_cpu, "rss_bytes": idle_rss},
+        "churn": {"secs": churn_for.as_secs(), "changes": churn.changes(),
+                  "rate": churn.changes() as f64 / churn_for.as_secs_f64(),
+                  "cpu_share": churn_cpu, "rss_bytes": churn_rss},
+        "map_bytes": measure::map_memory(&node.pin_root),
+        "latency": latencies(&before, &after),
+        "requests": requests(stub),
+        "probes": {"count": idle_probes + churn_probes, "wrong": idle_wrong + churn_wrong},
+    }))
+}
