@@ -107,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Docs => {
             let root = util::root();
+            scale::redraw(&root.join("results"))?;
             bench::docs::write(&root)?;
             e2e::write_summary(&root.join("results"))?;
             code_map::write(&root)

@@ -262,6 +262,16 @@ pub fn plugins_with_agent(plugin_dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(bin_dir)
 }
 
+/// When and from what a measurement was made: the UTC minute and `git
+/// describe --always --dirty` (empty when either cannot be had).
+pub fn date_and_commit() -> (String, String) {
+    let text = |cmd: &mut Command| output(cmd).unwrap_or_default().trim().to_string();
+    (
+        text(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])),
+        text(Command::new("git").args(["describe", "--always", "--dirty"])),
+    )
+}
+
 pub fn target_dir(release: bool) -> PathBuf {
     root()
         .join("target")

@@ -13,7 +13,7 @@ use plotters::prelude::{
 use super::rows::{Bound, Row};
 
 /// DejaVuSans as the charts' "sans-serif", registered once per process.
-pub(super) fn register_font() -> anyhow::Result<()> {
+pub(crate) fn register_font() -> anyhow::Result<()> {
     static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if REGISTERED.get().is_some() {
         return Ok(());

@@ -4,7 +4,7 @@
 //! in them).
 
 mod before;
-mod chart;
+pub(crate) mod chart;
 mod control;
 mod cri;
 pub mod docs;

@@ -92,13 +92,10 @@ fn measure(bin_dir: &Path, rounds: usize, seconds: u32) -> anyhow::Result<Value>
                 )
             })
             .collect();
+        let (date, commit) = util::date_and_commit();
         Ok(json!({
-            "date": util::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
-                .unwrap_or_default()
-                .trim(),
-            "commit": util::output(Command::new("git").args(["describe", "--always", "--dirty"]))
-                .unwrap_or_default()
-                .trim(),
+            "date": date,
+            "commit": commit,
             "rounds": rounds,
             "seconds": seconds,
             "paths": paths,

@@ -231,6 +231,10 @@ pub fn page(results: &Results) -> anyhow::Result<String> {
         ("cri", cri(results)),
         ("program_cost", program_cost(results)),
         ("e2e", e2e(results)),
+        (
+            "scale",
+            crate::scale::report::section(results.scale.as_ref()),
+        ),
     ];
     Ok(prose::wrap(&fill(TEMPLATE, &values)?))
 }

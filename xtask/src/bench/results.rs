@@ -1,6 +1,7 @@
 //! What a benchmark run left in results/, read back (`Results`): bench.json's
 //! run and rounds, and the optional sections' files (services.json,
-//! cri.json, program-cost.json, overlay.json, e2e-<mode>.json), as the
+//! cri.json, program-cost.json, overlay.json, e2e-<mode>.json,
+//! scale.json), as the
 //! generated docs' text is written from them.
 
 use std::path::Path;
@@ -37,6 +38,8 @@ pub struct Results {
     pub(super) overlay: Option<Value>,
     /// One report per Services mode, in file-name order.
     pub(super) e2e: Vec<Value>,
+    /// The agent at cluster scale (scale.json, `cargo xtask scale`).
+    pub(super) scale: Option<Value>,
 }
 
 fn label(name: &str) -> anyhow::Result<&'static str> {
@@ -147,6 +150,7 @@ impl Results {
                 .iter()
                 .map(|t| json(t, "an e2e-<mode>.json"))
                 .collect::<anyhow::Result<Vec<_>>>()?,
+            scale: None,
         })
     }
 
@@ -167,13 +171,17 @@ impl Results {
             .collect();
         e2e_files.sort();
         let e2e: Vec<String> = e2e_files.iter().filter_map(|name| read(name)).collect();
-        Self::parse(
+        let mut results = Self::parse(
             &bench,
             read("services.json").as_deref(),
             read("cri.json").as_deref(),
             read("program-cost.json").as_deref(),
             read("overlay.json").as_deref(),
             &e2e,
-        )
+        )?;
+        results.scale = read("scale.json")
+            .map(|text| serde_json::from_str(&text).context("scale.json is not JSON"))
+            .transpose()?;
+        Ok(results)
     }
 }

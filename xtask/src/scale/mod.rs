@@ -11,6 +11,9 @@ use serde_json::Value;
 
 use crate::util;
 
+pub mod chart;
+pub mod report;
+
 const BIN: &str = "flatnet-scale";
 
 #[derive(clap::Args)]
@@ -98,6 +101,18 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         out.join("scale.json").display()
     );
     Ok(())
+}
+
+/// results/scale.png drawn again from results/scale.json, if there is one
+/// (`cargo xtask docs`: the chart follows the committed numbers).
+pub fn redraw(results: &Path) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(results.join("scale.json")) else {
+        return Ok(());
+    };
+    let report: Value = serde_json::from_str(&text).context("scale.json is not JSON")?;
+    let rows = report["rows"].as_array().cloned().unwrap_or_default();
+    std::fs::write(results.join("scale.md"), table(&rows))?;
+    chart::chart(&rows, &results.join("scale.png"))
 }
 
 fn run_size(bin_dir: &Path, size: &str, idle: u64, churn: u64, rate: f64) -> anyhow::Result<Value> {
