@@ -164,7 +164,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
             args.nodes,
             build::CONTAINERD_VERSION,
         );
-        suites::write_results(&reports, &util::root().join("results"), &header)?;
+        suites::write_results(&reports, &results_dir(&args.kubernetes)?, &header)?;
     }
     println!(
         "e2e: the uplink guard dropped 0 packets; global settings restored; {:.0} s in all",
@@ -172,6 +172,18 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     );
     outcome?;
     suites::verdict(&reports)
+}
+
+/// Where a full run's results go: results/ for the release the project
+/// is tested on, results/e2e-v<release>/ (its own e2e.md beside the
+/// reports) for the older ones of the `--full` matrix.
+fn results_dir(release: &build::Release) -> anyhow::Result<PathBuf> {
+    let results = util::root().join("results");
+    Ok(if *release == build::DEFAULT_RELEASE.parse()? {
+        results
+    } else {
+        results.join(format!("e2e-{}", release.tag()))
+    })
 }
 
 fn run_mode(
