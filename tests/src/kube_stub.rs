@@ -60,7 +60,7 @@ impl Kind {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Node => "Node",
             Kind::Pod => "Pod",

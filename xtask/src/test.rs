@@ -164,6 +164,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             churn_secs: 5,
             rate: 64.0,
             smoke: true,
+            real_api: Vec::new(),
             out: None,
         })?;
     }

@@ -1,11 +1,14 @@
-//! `flatnet-scale <size> <idle-secs> <churn-secs> <changes-per-sec>`: one
-//! real agent (`--services ebpf`, NetworkPolicy on) on a simulated node
-//! with real pods, against the API stub holding a synthetic cluster of
-//! `size` (`flatnet_tests::scale::objects::SIZES`); idle, then churned,
-//! while the node's pods probe an allowed and a denied peer the whole
-//! time. Prints one JSON row: what the agent took (memory, CPU, maps), how
-//! long changes took to reach its datapath, what it asked of the API
-//! server, and the probes' verdicts. `cargo xtask scale` runs it per size.
+//! `flatnet-scale <size> <idle-secs> <churn-secs> <changes-per-sec>
+//! [<kubernetes-bin-dir>]`: one real agent (`--services ebpf`,
+//! NetworkPolicy on) on a simulated node with real pods, against an API
+//! server holding a synthetic cluster of `size`
+//! (`flatnet_tests::scale::objects::SIZES`): the stub, or with a folder
+//! holding etcd and kube-apiserver a real one (`scale::real_api`). Idle,
+//! then churned, while the node's pods probe an allowed and a denied peer
+//! the whole time. Prints one JSON row: what the agent took (memory, CPU,
+//! maps), how long changes took to reach its datapath, what it asked of
+//! the API server, and the probes' verdicts. `cargo xtask scale` runs it
+//! per size.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flatnet_tests::cgroup::TestCgroup;
-use flatnet_tests::cluster::{Cluster, Peers, SimNode, specs};
-use flatnet_tests::kube_stub::{ApiStub, Kind, ServedStub, api_namespace, api_pod};
-use flatnet_tests::scale::churn::{Churn, Write};
+use flatnet_tests::cluster::{Cluster, SimNode, specs};
+use flatnet_tests::kube_stub::{Kind, api_namespace, api_pod};
+use flatnet_tests::scale::api::{ScaleApi, now_rfc3339};
+use flatnet_tests::scale::churn::Churn;
 use flatnet_tests::scale::measure::{self, Buckets};
 use flatnet_tests::scale::objects::{self, Size};
 use flatnet_tests::{ExchangeServer, Netns, poll_until};
@@ -30,10 +34,12 @@ const START: Duration = Duration::from_secs(900);
 fn main() -> anyhow::Result<()> {
     flatnet_tests::remove_on_signal()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [size, idle, churn, rate] = args.as_slice() else {
-        bail!(
-            "usage: flatnet-scale <size: xs|s|m|l|xl> <idle-secs> <churn-secs> <changes-per-sec>"
-        );
+    let (size, idle, churn, rate, kubernetes) = match args.as_slice() {
+        [size, idle, churn, rate] => (size, idle, churn, rate, None),
+        [size, idle, churn, rate, bin] => (size, idle, churn, rate, Some(bin)),
+        _ => bail!(
+            "usage: flatnet-scale <size: xs|s|m|l|xl> <idle-secs> <churn-secs> <changes-per-sec> [<kubernetes-bin-dir>]"
+        ),
     };
     let size = objects::size_named(size).with_context(|| format!("no size {size}"))?;
     let row = run(
@@ -41,25 +47,10 @@ fn main() -> anyhow::Result<()> {
         Duration::from_secs(idle.parse()?),
         Duration::from_secs(churn.parse()?),
         rate.parse()?,
+        kubernetes.map(std::path::Path::new),
     )?;
     println!("{row}");
     Ok(())
-}
-
-/// Now, as the EndpointSlice controller stamps a change (RFC 3339).
-fn now_rfc3339() -> String {
-    jiff::Timestamp::now().to_string()
-}
-
-fn apply(stub: &ApiStub, write: Write) {
-    match write {
-        Write::Put(kind, object) => stub.add(kind, object),
-        Write::Delete(kind, key) => {
-            if stub.get(kind, &key).is_some() {
-                stub.delete(kind, &key)
-            }
-        }
-    }
 }
 
 /// The probe namespace's pods: a client, a server its policy lets the
@@ -73,44 +64,44 @@ struct Probes<'a> {
 }
 
 impl<'a> Probes<'a> {
-    fn start(node: &'a SimNode, stub: &ApiStub) -> Self {
-        stub.add(
+    fn start(node: &'a SimNode, api: &ScaleApi) -> anyhow::Result<Self> {
+        api.put(
             Kind::Namespace,
             api_namespace(PROBE_NAMESPACE, json!({"env": "prod"})),
-        );
-        stub.add(
+        )?;
+        api.put(
             Kind::NetworkPolicy,
             json!({"metadata": {"namespace": PROBE_NAMESPACE, "name": "deny"},
                    "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
-        );
-        stub.add(
+        )?;
+        api.put(
             Kind::NetworkPolicy,
             json!({"metadata": {"namespace": PROBE_NAMESPACE, "name": "to-open"},
                    "spec": {"podSelector": {"matchLabels": {"app": "open"}},
                             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"env": "prod"}},
                                                    "podSelector": {"matchLabels": {"tier": "web"}}}],
                                          "ports": [{"port": PROBE_PORT}]}]}}),
-        );
-        let pod = |name: &str, labels: Value| {
+        )?;
+        let pod = |name: &str, labels: Value| -> anyhow::Result<_> {
             let pod = node.pod();
             let ip = IpAddr::V4(pod.ip);
             let containers = json!([{"name": "c", "image": "busybox"}]);
-            stub.add(
+            api.put(
                 Kind::Pod,
                 api_pod(PROBE_NAMESPACE, name, NODE, ip, labels, containers),
-            );
-            pod
+            )?;
+            Ok(pod)
         };
-        let client = pod("client", json!({"tier": "web"}));
-        let open = pod("open", json!({"app": "open"}));
-        let closed = pod("closed", json!({"app": "closed"}));
+        let client = pod("client", json!({"tier": "web"}))?;
+        let open = pod("open", json!({"app": "open"}))?;
+        let closed = pod("closed", json!({"app": "closed"}))?;
         let serve = |netns: &Netns| ExchangeServer::start(netns, PROBE_PORT, 8, 2);
         let (open_server, closed_server) = (serve(&open.netns), serve(&closed.netns));
-        Probes {
+        Ok(Probes {
             client,
             open: (open, open_server),
             closed: (closed, closed_server),
-        }
+        })
     }
 
     /// Whether the client gets an exchange through to `to` (a denied SYN
@@ -174,14 +165,13 @@ fn latencies(before: &str, after: &str) -> Value {
     })
 }
 
-fn requests(stub: &ApiStub) -> Value {
-    let of = |count: fn(&ApiStub, Kind) -> usize| -> usize {
-        Kind::ALL.iter().map(|k| count(stub, *k)).sum()
-    };
-    json!({"lists": of(ApiStub::lists), "watches": of(ApiStub::watches)})
-}
-
-fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Result<Value> {
+fn run(
+    size: Size,
+    idle: Duration,
+    churn_for: Duration,
+    rate: f64,
+    kubernetes: Option<&std::path::Path>,
+) -> anyhow::Result<Value> {
     let cgroup = TestCgroup::new("flatnet-scale-")?;
     let mut cluster = Cluster::new(&specs(&[(NODE, 1, Some("10.244.0.0/24"))]));
     cluster.nodes[0].agent_flags = ["--services", "ebpf", "--services-cgroup"]
@@ -191,16 +181,13 @@ fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Re
         .chain(["--resync-secs", "60"].iter().map(|s| s.to_string()))
         .collect();
     let node = &cluster.nodes[0];
-    let served = ServedStub::start_in(&node.netns);
-    let stub = &served.stub;
+    let api = ScaleApi::start(kubernetes, &node.netns)?;
     let loading = Instant::now();
-    for (kind, object) in objects::all(&size, &now_rfc3339()) {
-        stub.add(kind, object);
-    }
+    api.load(&size)?;
     let loaded_secs = loading.elapsed().as_secs_f64();
 
     let starting = Instant::now();
-    node.start_agent(&Peers::Api(served.url.clone()));
+    node.start_agent(&api.peers());
     let ready = poll_until(START, Duration::from_millis(100), || {
         node.ready_marker().exists() && node.conflist_path().exists()
     });
@@ -217,7 +204,7 @@ fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Re
         .as_ref()
         .map(|child| child.id())
         .context("the agent's process")?;
-    let probes = Probes::start(node, stub);
+    let probes = Probes::start(node, &api)?;
     let settled = poll_until(START, Duration::from_millis(200), || probes.wrong() == 0);
     anyhow::ensure!(
         settled,
@@ -233,19 +220,18 @@ fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Re
     let idle_rss = measure::rss_bytes(pid);
     let before = node.metrics();
     let mut churn = Churn::new(size);
-    let mut churn_cpu = None;
+    let (mut churn_cpu, mut churned) = (None, Ok(()));
     let (churn_probes, churn_wrong) = probing(&probes, || {
         churn_cpu = measure::cpu_share(pid, || {
             let start = Instant::now();
-            while start.elapsed() < churn_for {
-                for write in churn.next_change(&now_rfc3339()) {
-                    apply(stub, write);
-                }
+            while start.elapsed() < churn_for && churned.is_ok() {
+                churned = api.apply(churn.next_change(&now_rfc3339()));
                 let due = start + Duration::from_secs_f64(churn.changes() as f64 / rate);
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
             }
         });
     });
+    churned.context("the churn")?;
     // The last changes reach the datapath before the histograms are read.
     std::thread::sleep(Duration::from_secs(2));
     let after = node.metrics();
@@ -253,7 +239,7 @@ fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Re
     Ok(json!({
         "size": size.name, "nodes": size.nodes, "pods": size.pods, "services": size.services,
         "endpoints": size.endpoints(), "policies": size.policies,
-        "api": "stub",
+        "api": api.name(),
         "loaded_secs": loaded_secs, "ready_secs": ready_secs,
         "first_verdicts_secs": first_verdicts_secs,
         "idle": {"secs": idle.as_secs(), "cpu_share": idle_cpu, "rss_bytes": idle_rss},
@@ -262,7 +248,7 @@ fn run(size: Size, idle: Duration, churn_for: Duration, rate: f64) -> anyhow::Re
                   "cpu_share": churn_cpu, "rss_bytes": churn_rss},
         "map_bytes": measure::map_memory(&node.pin_root),
         "latency": latencies(&before, &after),
-        "requests": requests(stub),
+        "requests": api.requests(),
         "probes": {"count": idle_probes + churn_probes, "wrong": idle_wrong + churn_wrong},
     }))
 }

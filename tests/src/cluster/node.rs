@@ -111,6 +111,10 @@ impl SimNode {
             Peers::Api(url) => {
                 cmd.args(["--peer-source", "kubernetes", "--kube-api-server", url]);
             }
+            Peers::Kubeconfig(path) => {
+                cmd.args(["--peer-source", "kubernetes"])
+                    .env("KUBECONFIG", path);
+            }
         }
         let child = cmd.spawn().expect("spawn flatnet-agent");
         *self.agent.lock().unwrap() = Some(child);

@@ -51,7 +51,10 @@ impl NodeSpec {
 /// How the agents learn the nodes.
 pub enum Peers {
     File(PathBuf),
+    /// An API server without authentication (the stub), by URL.
     Api(String),
+    /// An API server as a node reaches it: a kubeconfig.
+    Kubeconfig(PathBuf),
 }
 
 pub fn specs(list: &[(&str, u8, Option<&str>)]) -> Vec<NodeSpec> {

@@ -32,6 +32,10 @@ pub struct ScaleArgs {
     /// churns at 64).
     #[arg(long, default_value_t = 64.0)]
     pub rate: f64,
+    /// The sizes to run against a real kube-apiserver and etcd (of the
+    /// release `cargo xtask e2e-build` builds) instead of the API stub.
+    #[arg(long, value_delimiter = ',')]
+    pub real_api: Vec<String>,
     /// The debug build and the smallest size: proves the harness (its
     /// numbers mean nothing), as the suite runs it with a few seconds.
     #[arg(long)]
@@ -57,13 +61,22 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         args.sizes.clone()
     };
     let (idle, churn) = (args.idle_secs, args.churn_secs);
+    let kubernetes = if args.real_api.is_empty() {
+        None
+    } else {
+        let release = crate::e2e::build::DEFAULT_RELEASE.parse()?;
+        Some(crate::e2e::build::prepare(&release)?.bin_dir)
+    };
     let mut rows = Vec::new();
     for size in &sizes {
         util::heading(&format!(
             "scale: size {size}, {idle} s idle, {churn} s of churn at {}/s",
             args.rate
         ));
-        let row = run_size(&bin_dir, size, idle, churn, args.rate);
+        let api = kubernetes
+            .as_deref()
+            .filter(|_| args.real_api.contains(size));
+        let row = run_size(&bin_dir, size, idle, churn, args.rate, api);
         match row {
             Ok(row) => {
                 println!("{}", table(std::slice::from_ref(&row)));
@@ -115,7 +128,16 @@ pub fn redraw(results: &Path) -> anyhow::Result<()> {
     chart::chart(&rows, &results.join("scale.png"))
 }
 
-fn run_size(bin_dir: &Path, size: &str, idle: u64, churn: u64, rate: f64) -> anyhow::Result<Value> {
+/// One size's row; against a real API server when `kubernetes` (its
+/// binaries' folder) is given.
+fn run_size(
+    bin_dir: &Path,
+    size: &str,
+    idle: u64,
+    churn: u64,
+    rate: f64,
+    kubernetes: Option<&Path>,
+) -> anyhow::Result<Value> {
     let output = Command::new(util::target_dir(false).join(BIN))
         .args([
             size,
@@ -123,6 +145,7 @@ fn run_size(bin_dir: &Path, size: &str, idle: u64, churn: u64, rate: f64) -> any
             &churn.to_string(),
             &rate.to_string(),
         ])
+        .args(kubernetes)
         .env("FLATNET_BIN_DIR", bin_dir)
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -140,7 +163,7 @@ fn run_size(bin_dir: &Path, size: &str, idle: u64, churn: u64, rate: f64) -> any
 /// One Markdown row per size.
 pub fn table(rows: &[Value]) -> String {
     let mut text = String::from(
-        "| size | nodes | pods | Services (endpoints) | policies | ready | RSS idle / churn | CPU idle / churn | BPF maps | network programming p50 / p99 | EndpointSlice to maps p50 / p99 | policy implementation p50 / p99 | lists / watches | probes wrong |\n\
+        "| size, API server | nodes | pods | Services (endpoints) | policies | ready | RSS idle / churn | CPU idle / churn | BPF maps | network programming p50 / p99 | EndpointSlice to maps p50 / p99 | policy implementation p50 / p99 | lists / watches | probes wrong |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
@@ -159,7 +182,11 @@ pub fn table(rows: &[Value]) -> String {
         let latency = &row["latency"];
         text.push_str(&format!(
             "| {} | {} | {} | {} ({}) | {} | {:.1} s | {} / {} | {} / {} | {} | {} | {} | {} | {} / {} | {} of {} |\n",
-            row["size"].as_str().unwrap_or("?"),
+            format!(
+                "{}, {}",
+                row["size"].as_str().unwrap_or("?"),
+                row["api"].as_str().unwrap_or("stub")
+            ),
             row["nodes"], row["pods"], row["services"], row["endpoints"], row["policies"],
             row["ready_secs"].as_f64().unwrap_or(f64::NAN),
             mib(&row["idle"]["rss_bytes"]), mib(&row["churn"]["rss_bytes"]),
