@@ -181,7 +181,7 @@ fn run(
         .chain(["--resync-secs", "60"].iter().map(|s| s.to_string()))
         .collect();
     let node = &cluster.nodes[0];
-    let api = ScaleApi::start(kubernetes, &node.netns)?;
+    let api = ScaleApi::start(kubernetes, node)?;
     let loading = Instant::now();
     api.load(&size)?;
     let loaded_secs = loading.elapsed().as_secs_f64();

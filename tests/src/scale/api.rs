@@ -2,6 +2,7 @@
 //! (`kube_stub`, in this process) or a real kube-apiserver
 //! (`real_api`), written to the same way.
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -9,8 +10,8 @@ use serde_json::{Value, json};
 use super::churn::Write;
 use super::objects::{self, Size};
 use super::real_api::RealApi;
-use crate::Netns;
-use crate::cluster::Peers;
+
+use crate::cluster::{Peers, SimNode};
 use crate::kube_stub::{ApiStub, Kind, ServedStub};
 
 /// Writes made at once while a real API server is loaded.
@@ -28,11 +29,14 @@ pub fn now_rfc3339() -> String {
 
 impl ScaleApi {
     /// The stub, or with `kubernetes` (a folder holding etcd and
-    /// kube-apiserver) a real API server, in `netns` (the node's).
-    pub fn start(kubernetes: Option<&Path>, netns: &Netns) -> anyhow::Result<Self> {
+    /// kube-apiserver) a real API server, on the loopback of `node`.
+    pub fn start(kubernetes: Option<&Path>, node: &SimNode) -> anyhow::Result<Self> {
         Ok(match kubernetes {
-            None => ScaleApi::Stub(ServedStub::serve_in(ApiStub::empty(), netns)),
-            Some(bin) => ScaleApi::Real(RealApi::start(bin, netns)?),
+            None => ScaleApi::Stub(ServedStub::serve_in(ApiStub::empty(), &node.netns)),
+            Some(bin) => {
+                let address = IpAddr::V4(node.spec.address());
+                ScaleApi::Real(RealApi::start(bin, &node.netns, address)?)
+            }
         })
     }
 

@@ -9,6 +9,7 @@
 //! data on a tmpfs of its own; all of it goes on drop, or on a signal.
 
 use std::io::Write as _;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -68,8 +69,9 @@ fn kubeconfig(path: &Path, ca: &Path, token: &str) -> anyhow::Result<()> {
 
 impl RealApi {
     /// Starts etcd and kube-apiserver from `bin` (a folder with both) in
-    /// `netns`, and waits for the API server to be ready.
-    pub fn start(bin: &Path, netns: &Netns) -> anyhow::Result<Self> {
+    /// `netns`, advertised at `address` (the node's: a node namespace has
+    /// no default route to find one by), and waits for it to be ready.
+    pub fn start(bin: &Path, netns: &Netns, address: IpAddr) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(unique("flatnet-scale-api-"));
         std::fs::create_dir_all(&dir)?;
         nix::mount::mount(
@@ -89,11 +91,11 @@ impl RealApi {
             thread: None,
             listed,
         };
-        api.start_in(bin, netns)?;
+        api.start_in(bin, netns, address)?;
         Ok(api)
     }
 
-    fn start_in(&mut self, bin: &Path, netns: &Netns) -> anyhow::Result<()> {
+    fn start_in(&mut self, bin: &Path, netns: &Netns, address: IpAddr) -> anyhow::Result<()> {
         let dir = self.dir.clone();
         run(Command::new("openssl")
             .args([
@@ -117,7 +119,7 @@ impl RealApi {
         std::fs::write(
             dir.join("audit.yaml"),
             format!(
-                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n  users: [{AGENT_USER}]\n- level: None\n"
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [{AGENT_USER}]\n- level: None\n"
             ),
         )?;
 
@@ -149,6 +151,7 @@ impl RealApi {
                 "--profiling=false",
                 "--v=0",
             ])
+            .arg(format!("--advertise-address={address}"))
             .arg(format!("--cert-dir={}", dir.join("certs").display()))
             .arg(format!(
                 "--token-auth-file={}",
@@ -172,9 +175,17 @@ impl RealApi {
             ));
         self.children
             .push(spawn_logged(apiserver, netns, &dir.join("apiserver.log"))?);
+        // Anonymous requests are refused: the check shows the harness's token.
+        let bearer = format!("Authorization: Bearer {harness_token}");
         let ready = poll_until(Duration::from_secs(120), Duration::from_millis(500), || {
             netns
-                .command(&["curl", "-sk", &format!("https://127.0.0.1:{PORT}/readyz")])
+                .command(&[
+                    "curl",
+                    "-sk",
+                    "-H",
+                    &bearer,
+                    &format!("https://127.0.0.1:{PORT}/readyz"),
+                ])
                 .output()
                 .is_ok_and(|out| out.stdout == b"ok")
         });
@@ -226,7 +237,14 @@ impl RealApi {
             let Ok(event) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
-            if event["stage"] != "ResponseComplete" {
+            // A watch is counted as it starts (it completes only when it
+            // ends), any other request as it completes.
+            let counted = if event["verb"] == "watch" {
+                "ResponseStarted"
+            } else {
+                "ResponseComplete"
+            };
+            if event["stage"] != counted {
                 continue;
             }
             let verb = event["verb"].as_str().unwrap_or("?").to_string();

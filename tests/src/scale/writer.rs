@@ -54,6 +54,11 @@ async fn write(client: &Client, write: Write) -> Result<(), String> {
             let (resource, _) = resource(kind);
             object["apiVersion"] = Value::from(resource.api_version.clone());
             object["kind"] = Value::from(resource.kind.clone());
+            // The server gives these (the stub's objects carry their own).
+            if let Some(meta) = object["metadata"].as_object_mut() {
+                meta.remove("uid");
+                meta.remove("resourceVersion");
+            }
             let name = object["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
