@@ -180,13 +180,10 @@ pub fn table(rows: &[Value]) -> String {
             format!("{} / {} ms", q("p50_ms"), q("p99_ms"))
         };
         let latency = &row["latency"];
+        let size = row["size"].as_str().unwrap_or("?");
+        let api = row["api"].as_str().unwrap_or("stub");
         text.push_str(&format!(
-            "| {} | {} | {} | {} ({}) | {} | {:.1} s | {} / {} | {} / {} | {} | {} | {} | {} | {} / {} | {} of {} |\n",
-            format!(
-                "{}, {}",
-                row["size"].as_str().unwrap_or("?"),
-                row["api"].as_str().unwrap_or("stub")
-            ),
+            "| {size}, {api} | {} | {} | {} ({}) | {} | {:.1} s | {} / {} | {} / {} | {} | {} | {} | {} | {} / {} | {} of {} |\n",
             row["nodes"], row["pods"], row["services"], row["endpoints"], row["policies"],
             row["ready_secs"].as_f64().unwrap_or(f64::NAN),
             mib(&row["idle"]["rss_bytes"]), mib(&row["churn"]["rss_bytes"]),
