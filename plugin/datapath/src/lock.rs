@@ -46,11 +46,6 @@ fn still_linked(file: &File, path: &Path) -> Result<bool> {
     })
 }
 
-/// Whether lock `name`'s file exists (it goes with its network).
-pub fn exists(name: &str) -> bool {
-    path_of(name).exists()
-}
-
 /// How long since an ADD or DEL last marked network lock `name` as in use
 /// ([`Lock::note_activity`]); None when there is no lock file.
 pub fn idle_for(name: &str) -> Option<std::time::Duration> {
@@ -71,6 +66,25 @@ impl Lock {
 
     pub fn exclusive(name: &str) -> Result<Self> {
         Self::take(name, true)
+    }
+
+    /// The lock shared, only if its file is there: deferred work on a
+    /// network that a last DEL has torn down (lock file removed) must not
+    /// create the lock file again. None when the file is gone, before or
+    /// while waiting for it.
+    pub fn shared_if_present(name: &str) -> Result<Option<Self>> {
+        Self::shared_if_present_at(path_of(name))
+    }
+
+    fn shared_if_present_at(path: PathBuf) -> Result<Option<Self>> {
+        let file = match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(format!("opening lock {}", path.display()), e)),
+        };
+        file.lock_shared()
+            .map_err(|e| Error::io(format!("locking {}", path.display()), e))?;
+        Ok(still_linked(&file, &path)?.then_some(Lock { _file: file, path }))
     }
 
     /// Locks the file at the lock's path, again if it was removed and
@@ -145,6 +159,33 @@ mod tests {
         assert!(still_linked(&lock._file, &path).unwrap());
         lock.remove().unwrap();
         assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn deferred_work_never_creates_a_removed_lock_file_again() {
+        let dir = std::env::temp_dir().join(format!("flatnet-lock-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("network-n.lock");
+        // No file: no lock, and still no file.
+        assert!(Lock::shared_if_present_at(path.clone()).unwrap().is_none());
+        assert!(!path.exists());
+        // Removed while waiting on it (a last DEL tearing the network down).
+        let holder = Lock::take_at(path.clone(), true).unwrap();
+        let waiter = {
+            let path = path.clone();
+            std::thread::spawn(move || Lock::shared_if_present_at(path).unwrap().is_none())
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        holder.remove().unwrap();
+        assert!(
+            waiter.join().unwrap(),
+            "a lock on a removed file was handed out"
+        );
+        assert!(!path.exists(), "the removed lock file was created again");
+        // Present: shared like any other holder.
+        let _held = Lock::take_at(path.clone(), false).unwrap();
+        assert!(Lock::shared_if_present_at(path.clone()).unwrap().is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -162,12 +162,12 @@ async fn quiet(network: &str) {
 /// still the one ADD made.
 async fn move_one(host: &Netlink, job: &TcxMove) -> crate::error::Result<()> {
     quiet(&job.network).await;
-    // A network removed meanwhile (its last DEL took the lock file away):
-    // nothing to move, and no lock file to create again.
-    if !lock::exists(&lock::network(&job.network)) {
+    // A network removed meanwhile (its last DEL took the lock file away,
+    // before or while this waited): nothing to move, and no lock file or
+    // link pin to create again.
+    let Some(_lock) = Lock::shared_if_present(&lock::network(&job.network))? else {
         return Ok(());
-    }
-    let _lock = Lock::shared(&lock::network(&job.network))?;
+    };
     match host.link_by_index(job.index).await? {
         Some(link) if link.name == job.name && job.xdp_mode => {
             Ok(move_xdp_mode_to_tcx(&job.datapath, host, job.index, &job.name).await?)

@@ -98,9 +98,45 @@ fn nothing_left() -> anyhow::Result<()> {
     }
     anyhow::ensure!(
         left.is_empty(),
-        "the bench's networks left these behind: {left:?}"
+        "the bench's networks left these behind: {left:?}\n{}",
+        why_left(&left)
     );
     Ok(())
+}
+
+/// What a leftover network still holds, for the error: the pods its
+/// `HOST_VETHS` map names (each host veth's ifindex, and whether that
+/// device still exists) and the markers beside it. A network is kept when
+/// its last DEL finds a pod still recorded or an agent's marker.
+fn why_left(left: &[String]) -> String {
+    let mut lines = Vec::new();
+    for dir in left.iter().filter(|d| d.starts_with("/sys/fs/bpf/")) {
+        let dump = Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned", &format!("{dir}/HOST_VETHS")])
+            .output();
+        let text = match dump {
+            Ok(out) => {
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr)
+            }
+            Err(e) => format!("bpftool: {e}"),
+        };
+        lines.push(format!("{dir}/HOST_VETHS: {}", text.trim()));
+    }
+    let links = Command::new("ip").args(["-o", "link", "show"]).output();
+    if let Ok(out) = links {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let host_veths: Vec<&str> = text.lines().filter(|l| l.contains(": fl")).collect();
+        lines.push(format!("host links: {host_veths:#?}"));
+    }
+    if let Ok(entries) = std::fs::read_dir("/run/flatnet") {
+        let names: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        lines.push(format!("/run/flatnet: {names:?}"));
+    }
+    lines.join("\n")
 }
 
 /// What the bench builds: the plugins, and the agent the overlay
