@@ -94,6 +94,14 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // The suite starts each part from forwarding off itself; the node is
     // left as it was found.
     let _forwarding = util::SavedForwarding::now();
+    let e2e = !args.no_e2e && args.filter.is_none();
+    let release = crate::e2e::build::DEFAULT_RELEASE.parse()?;
+    // Kubernetes builds while the Rust tests run (see `BackgroundBuild`).
+    let e2e_build = if e2e && util::is_root() {
+        crate::e2e::build::BackgroundBuild::start(&release)?
+    } else {
+        None
+    };
     if !args.no_lint {
         heading("lint: rustfmt and clippy");
         run_cmd(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -168,7 +176,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             out: None,
         })?;
     }
-    if !args.no_e2e && args.filter.is_none() {
+    if e2e {
+        if let Some(build) = e2e_build {
+            heading("e2e: waiting for the background build of Kubernetes");
+            build.wait();
+        }
         heading(
             "e2e: a real two-node cluster in each Services mode, the upstream suites' CI subset (`cargo xtask e2e --full` runs the rest)",
         );
@@ -178,7 +190,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             full: false,
             services: None,
             focus: None,
-            kubernetes: crate::e2e::build::DEFAULT_RELEASE.parse()?,
+            kubernetes: release,
             dual_stack: false,
             nodes: 2,
             keep: false,

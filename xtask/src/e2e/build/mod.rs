@@ -10,6 +10,7 @@
 //! machine reuses it; `bin/.complete` is written last and makes a second run
 //! a check of stamps only.
 
+mod background;
 pub(crate) mod go_module;
 mod kubernetes;
 mod pause;
@@ -23,6 +24,7 @@ use std::str::FromStr;
 use anyhow::{Context, bail};
 use nix::fcntl::{Flock, FlockArg};
 
+pub use background::BackgroundBuild;
 use kubernetes::kubernetes;
 use pause::pause;
 pub use runtime::{CNI_PLUGINS_DIR, CNI_PLUGINS_VERSION, CONTAINERD_VERSION, CRI_TOOLS_VERSION};
@@ -293,6 +295,11 @@ fn lock(path: &Path) -> anyhow::Result<Flock<File>> {
                 .with_context(|| format!("cannot lock {}", path.display()))
         }
     }
+}
+
+/// Whether `release`'s binaries are all built (its stamp vouches for them).
+pub fn is_complete(release: &Release) -> bool {
+    complete(&cache_root(release).join("bin")).is_some()
 }
 
 /// The source folder, when the stamp lists every binary with the size it
