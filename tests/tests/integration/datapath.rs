@@ -258,6 +258,33 @@ fn the_last_del_removes_the_networks_datapath_and_gateway() {
     assert!(wait_gone(&veth), "{veth} was never removed");
 }
 
+/// A pod whose veth went without its DEL (a crash, its netns deleted
+/// first) must not keep the network for ever: the last live pod's DEL
+/// sweeps it and takes the network away.
+#[flatnet_test(root)]
+fn a_pod_gone_without_its_del_does_not_keep_the_network() {
+    let net = Network::host_local();
+    let crashed = net.pod();
+    let last = net.pod();
+    let gone = crashed.host_veth();
+    let out = std::process::Command::new("ip")
+        .args(["link", "del", &gone])
+        .output()
+        .expect("ip link del");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(net.datapath().host_veths().unwrap().len(), 2);
+    drop(last);
+    assert!(
+        !net.datapath().exists(),
+        "pins left at {} by a pod whose veth is gone",
+        net.datapath().pin_dir().display()
+    );
+    assert!(!link_exists(&net.gateway_device), "gateway device left");
+    // The runtime's DEL for it, when it comes, is a no-op that succeeds.
+    let out = crashed.call("DEL");
+    assert!(out.success(), "{out:?}");
+}
+
 #[flatnet_test(root)]
 fn a_del_whose_ipam_is_missing_tears_down_the_rest_and_is_retried() {
     let net = Network::host_local();

@@ -103,6 +103,24 @@ impl Datapath {
         Ok(self.hash_map::<maps::HOST_VETHS>()?.keys().next().is_none())
     }
 
+    /// True when no pod of the network has its host veth any more: pods
+    /// whose veth is gone (a crash, a netns deleted without DEL) do not
+    /// keep the network. Stops at the first live one, so with pods left
+    /// it costs one lookup, as `has_no_pod` does.
+    pub fn has_no_live_pod(&self) -> Result<bool> {
+        if !self.map_path(MAP_HOST_VETHS).exists() {
+            return Ok(true);
+        }
+        let veths = self.hash_map::<maps::HOST_VETHS>()?;
+        for index in veths.keys() {
+            let index = index.map_err(|e| Error::bpf("reading HOST_VETHS", e))?;
+            if !crate::netlink::ifindex_is_gone(index) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Forgets the pod behind host veth `index`. With its `addresses` known
     /// (DEL's prevResult: the result ADD returned) this costs a few lookups,
     /// however many pods the node has; without, the address maps are

@@ -87,7 +87,7 @@ pub async fn release_if_empty(conf: &NodeNetwork, host: &Netlink) -> Result<Opti
     let datapath = Datapath::for_network(conf)?;
     // The common case, other pods remain, is answered under the shared lock:
     // concurrent DELs do not queue for the exclusive one.
-    if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_pod())? {
+    if !Lock::shared(&lock::network(&conf.name)).and_then(|_lock| datapath.has_no_live_pod())? {
         return Ok(None);
     }
     remove_unused(
@@ -113,6 +113,9 @@ pub async fn remove_unused(
     host: &Netlink,
 ) -> Result<Option<(u32, String)>> {
     let lock = Lock::exclusive(&lock::network(network))?;
+    // Pods whose veth is gone never had their DEL: swept here, or they
+    // would keep the network (pins, gateway, lock) forever.
+    datapath.remove_pods(crate::netlink::ifindex_is_gone)?;
     if !datapath.has_no_pod()? {
         return Ok(None);
     }
