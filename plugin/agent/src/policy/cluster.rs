@@ -26,6 +26,7 @@ pub struct LocalIps {
 }
 
 /// What the computation needs to know about a pod.
+#[derive(Clone)]
 pub struct PodView<'a> {
     pub pod: &'a Pod,
     pub namespace: &'a str,
@@ -73,34 +74,6 @@ impl<'a> PodView<'a> {
         self
     }
 
-    /// What the pod shows to the policies whose concerns are `relevant`.
-    pub fn member(&self, relevant: &Relevant) -> Member {
-        let labels = self
-            .labels
-            .iter()
-            .filter(|(k, _)| relevant.label_keys.contains(*k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut named_ports: Vec<(String, String, i32)> = Vec::new();
-        if relevant.named_ports {
-            let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
-            named_ports = containers
-                .flat_map(|c| c.ports.iter().flatten())
-                .filter_map(|p| {
-                    let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
-                    Some((p.name.clone()?, protocol, p.container_port))
-                })
-                .collect();
-            named_ports.sort_unstable();
-            named_ports.dedup();
-        }
-        Member {
-            namespace: self.namespace.to_string(),
-            labels,
-            named_ports,
-        }
-    }
-
     /// Succeeded or Failed: its containers are gone, its IPs may be reused.
     pub fn finished(&self) -> bool {
         let phase = self.pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -144,15 +117,14 @@ pub struct Cluster<'a> {
 impl<'a> Cluster<'a> {
     /// The cluster with its peers numbered as `numbers` says (what
     /// `relevant` keeps of them tells identities apart).
+    /// `pods`: every pod's view (with the addresses ADD recorded).
     pub fn new(
-        pods: &[&'a Pod],
+        pods: Vec<PodView<'a>>,
         namespaces: &[&'a Namespace],
-        local: &LocalIps,
         (relevant, numbers): (&Relevant, &mut IdentityNumbers),
     ) -> Self {
         let peers: Vec<PodView<'a>> = pods
-            .iter()
-            .map(|p| PodView::new(p).or_recorded(local))
+            .into_iter()
             .filter(|p| !p.ips.is_empty() && !p.finished())
             .collect();
         let identities = identities(&peers, relevant, numbers);
@@ -189,39 +161,130 @@ impl<'a> Cluster<'a> {
     }
 }
 
+/// What a pod shows to selectors, borrowed from it: the pods of a large
+/// cluster are grouped by this without copying their labels, and only each
+/// distinct one becomes a [`Member`].
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct MemberView<'a> {
+    namespace: &'a str,
+    labels: Vec<(&'a str, &'a str)>,
+    named_ports: Vec<(&'a str, &'a str, i32)>,
+}
+
+impl<'a> PodView<'a> {
+    fn member_view(&self, relevant: &Relevant) -> MemberView<'a> {
+        let labels = self
+            .labels
+            .iter()
+            .filter(|(k, _)| relevant.label_keys.contains(*k))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut named_ports = Vec::new();
+        if relevant.named_ports {
+            let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+            named_ports = containers
+                .flat_map(|c| c.ports.iter().flatten())
+                .filter_map(|p| {
+                    let protocol = p.protocol.as_deref().unwrap_or("TCP");
+                    Some((p.name.as_deref()?, protocol, p.container_port))
+                })
+                .collect();
+            named_ports.sort_unstable();
+            named_ports.dedup();
+        }
+        MemberView {
+            namespace: self.namespace,
+            labels,
+            named_ports,
+        }
+    }
+}
+
+impl MemberView<'_> {
+    fn to_member(&self) -> Member {
+        Member {
+            namespace: self.namespace.to_string(),
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            named_ports: self
+                .named_ports
+                .iter()
+                .map(|(name, protocol, port)| (name.to_string(), protocol.to_string(), *port))
+                .collect(),
+        }
+    }
+}
+
 /// The identities of `peers`' addresses, sorted by number.
+///
+/// Each distinct member is found once (by a borrowed view, hashed), and
+/// addresses are grouped by the set of member numbers they show; only
+/// the identities themselves are compared as [`IdentityKey`]s. Numbers
+/// are handed out in key order, as before.
 pub fn identities(
     peers: &[PodView<'_>],
     relevant: &Relevant,
     numbers: &mut IdentityNumbers,
 ) -> Vec<PeerIdentity> {
-    let mut by_address: BTreeMap<IpAddr, BTreeMap<Member, usize>> = BTreeMap::new();
+    // Distinct members, each with the first peer that shows it.
+    let mut interned: HashMap<MemberView<'_>, u32> = HashMap::new();
+    let mut members: Vec<(MemberView<'_>, usize)> = Vec::new();
+    let mut by_address: HashMap<IpAddr, Vec<u32>> = HashMap::new();
     for (i, peer) in peers.iter().enumerate() {
-        let member = peer.member(relevant);
+        let view = peer.member_view(relevant);
+        let id = match interned.get(&view) {
+            Some(&id) => id,
+            None => {
+                let id = members.len() as u32;
+                interned.insert(view.clone(), id);
+                members.push((view, i));
+                id
+            }
+        };
         for ip in &peer.ips {
-            by_address
-                .entry(*ip)
-                .or_default()
-                .entry(member.clone())
-                .or_insert(i);
+            let ids = by_address.entry(*ip).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
         }
     }
-    let mut by_key: BTreeMap<IdentityKey, PeerIdentity> = BTreeMap::new();
-    for (ip, members) in by_address {
-        let key: IdentityKey = members.keys().cloned().collect();
-        let identity = by_key.entry(key).or_insert_with(|| PeerIdentity {
-            number: 0,
-            members: members.values().copied().collect(),
-            addresses: Vec::new(),
-        });
-        identity.addresses.push(ip);
+    // Addresses grouped by what their pods show.
+    let mut groups: HashMap<Vec<u32>, Vec<IpAddr>> = HashMap::new();
+    for (ip, mut ids) in by_address {
+        ids.sort_unstable();
+        groups.entry(ids).or_default().push(ip);
     }
+    let owned: Vec<Member> = members.iter().map(|(view, _)| view.to_member()).collect();
+    let mut keyed: Vec<(IdentityKey, Vec<u32>, Vec<IpAddr>)> = groups
+        .into_iter()
+        .map(|(ids, mut addresses)| {
+            addresses.sort_unstable();
+            let key: IdentityKey = ids.iter().map(|&id| owned[id as usize].clone()).collect();
+            (key, ids, addresses)
+        })
+        .collect();
     // Hinted numbers first, so a fresh one never takes a hint another
-    // identity would have had.
-    for (key, identity) in &mut by_key {
-        identity.number = numbers.number(key, &identity.addresses);
-    }
-    let mut identities: Vec<PeerIdentity> = by_key.into_values().collect();
+    // identity would have had; in key order, as numbers were always given.
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut identities: Vec<PeerIdentity> = keyed
+        .into_iter()
+        .map(|(key, ids, addresses)| {
+            // One peer per member, in the members' (the key's) order.
+            let mut representatives: Vec<(&Member, usize)> = ids
+                .iter()
+                .map(|&id| (&owned[id as usize], members[id as usize].1))
+                .collect();
+            representatives.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            PeerIdentity {
+                number: numbers.number(&key, &addresses),
+                members: representatives.into_iter().map(|(_, peer)| peer).collect(),
+                addresses,
+            }
+        })
+        .collect();
     identities.sort_by_key(|i| i.number);
     identities
 }

@@ -247,10 +247,15 @@ pub fn plan_of(
     local: &LocalIps,
     numbers: &mut IdentityNumbers,
 ) -> Plan {
-    let subjects: Vec<PodView<'_>> = pods
+    // Each pod seen once: as a subject (on this node) and as a peer.
+    let views: Vec<PodView<'_>> = pods
         .iter()
         .map(|p| PodView::new(p).or_recorded(local))
+        .collect();
+    let subjects: Vec<PodView<'_>> = views
+        .iter()
         .filter(|p| p.node() == Some(node) && !p.host_network() && !p.finished())
+        .cloned()
         .collect();
     // Peers are resolved only for policies that select a pod here.
     let mut relevant: Vec<&NetworkPolicy> = policies
@@ -259,7 +264,7 @@ pub fn plan_of(
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
     relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
-    let cluster = Cluster::new(pods, namespaces, local, (&Relevant::of(&relevant), numbers));
+    let cluster = Cluster::new(views, namespaces, (&Relevant::of(&relevant), numbers));
     let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
         .into_iter()
         .map(|p| (p, Policy::compile(p, &cluster)))

@@ -8,6 +8,7 @@
 //! for the latency metrics (`metrics::latency`).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
@@ -50,6 +51,9 @@ pub struct PolicyObjects {
     slices: Store<EndpointSlice>,
     health: Arc<Mutex<Health>>,
     stamps: ChangeStamps,
+    /// Events seen per kind (lists included), counted after the store
+    /// holds them: a pass can tell which kinds changed since an earlier one.
+    event_counts: Arc<[AtomicU64; KINDS.len()]>,
 }
 
 /// Whether each kind has been listed, and its watch's last error since.
@@ -121,6 +125,12 @@ impl PolicyObjects {
         self.stamps.take()
     }
 
+    /// A number that grows whenever a Service or EndpointSlice event
+    /// came: read before a snapshot, it says the snapshot holds them.
+    pub fn services_generation(&self) -> u64 {
+        self.event_counts[3].load(Ordering::Acquire) + self.event_counts[4].load(Ordering::Acquire)
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             policies: self.policies.state(),
@@ -167,11 +177,14 @@ pub fn spawn(
     ]);
     let (changes, receiver) = watch::channel(0u64);
     let watched_health = health.clone();
+    let counts: Arc<[AtomicU64; KINDS.len()]> = Arc::default();
+    let counted = counts.clone();
     tokio::spawn(async move {
         let mut listed = [false; KINDS.len()];
         while let Some(item) = events.next().await {
             match item {
                 Ok((kind, init_done)) => {
+                    counted[kind].fetch_add(1, Ordering::Release);
                     if init_done && !listed[kind] {
                         listed[kind] = true;
                         tracing::info!(kind = KINDS[kind].0, "listed for network policy");
@@ -208,6 +221,7 @@ pub fn spawn(
             slices,
             health,
             stamps,
+            event_counts: counts,
         },
         receiver,
     )

@@ -24,26 +24,53 @@ fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
 }
 
 impl Agent {
-    /// Recomputes this node's NetworkPolicy plan from the watched objects
-    /// and writes what changed.
-    pub(super) fn enforce_policy(&mut self) {
+    /// One pass over the watched objects (one snapshot, the Services read
+    /// once for both): NetworkPolicy recomputed, and the Service maps
+    /// brought up to date when a Service or EndpointSlice changed since
+    /// they last were (or the last update left a step to retry). Pod and
+    /// policy churn, most of a busy cluster's events, do not touch them.
+    pub(super) fn pass(&mut self) {
+        let Some(objects) = self.objects.as_ref() else {
+            return;
+        };
+        // Read before the snapshot: the snapshot holds at least these.
+        let generation = objects.services_generation();
+        let snapshot = objects.snapshot();
+        let start = Instant::now();
+        let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
+        self.enforce_policy(&snapshot, &frontends, start);
+        let due = self
+            .services
+            .as_ref()
+            .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
+        if due {
+            self.sync_services_with(&frontends);
+            self.services_synced = Some(generation);
+        }
+    }
+
+    /// Recomputes this node's NetworkPolicy plan from `snapshot` and
+    /// writes what changed (`start`: when the pass began reading it).
+    fn enforce_policy(
+        &mut self,
+        snapshot: &crate::policy::watch::Snapshot,
+        frontends: &[crate::services::Frontend<'_>],
+        start: Instant,
+    ) {
         if self.policy.is_none() {
             return;
         }
         let local = self.recorded_local_ips();
-        let (Some(enforcer), Some(objects)) = (self.policy.as_mut(), self.objects.as_ref()) else {
+        let Some(enforcer) = self.policy.as_mut() else {
             return;
         };
-        let snapshot = objects.snapshot();
         let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
         let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
         let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
-        let start = Instant::now();
-        let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         let plan = policy::plan_of(
             &self.node_name,
             (&policies, &pods, &namespaces),
-            &frontends,
+            frontends,
             &local,
             &mut enforcer.numbers,
         );
@@ -124,17 +151,26 @@ impl Agent {
     }
 
     /// Brings the Service maps up to date with the watched Services and
-    /// EndpointSlices.
+    /// EndpointSlices now (the node's addresses or zone changed).
     pub(super) fn sync_services(&mut self) {
-        let (Some(sync), Some(objects)) = (self.services.as_mut(), self.objects.as_ref()) else {
+        let Some(objects) = self.objects.as_ref() else {
             return;
         };
+        let generation = objects.services_generation();
         let snapshot = objects.snapshot();
         let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
+        self.sync_services_with(&frontends);
+        self.services_synced = Some(generation);
+    }
+
+    fn sync_services_with(&mut self, frontends: &[crate::services::Frontend<'_>]) {
+        let Some(sync) = self.services.as_mut() else {
+            return;
+        };
         sync.health
-            .update(crate::services::health::checks(&frontends));
+            .update(crate::services::health::checks(frontends));
         sync.update(
-            &service_plan::desired(&frontends, &self.nodeport_addresses),
+            &service_plan::desired(frontends, &self.nodeport_addresses),
             &self.nodeport_addresses,
             &self.node_sources,
         );

@@ -178,8 +178,7 @@ pub async fn run(args: Args) -> Result<()> {
             _ = until(policy_due) => {
                 policy_due = None;
                 let changes = agent.objects.as_ref().map(|o| o.take_changes());
-                agent.enforce_policy();
-                agent.sync_services();
+                agent.pass();
                 if let Some(changes) = changes {
                     let services = agent.services.is_some();
                     agent.metrics.change_latency.observe(changes, services);
@@ -271,6 +270,9 @@ pub struct Agent {
     policy: Option<Enforcer>,
     /// With `--services ebpf` and the Kubernetes peer source.
     services: Option<ServiceSync>,
+    /// The Service and EndpointSlice events the Service maps last
+    /// followed (`PolicyObjects::services_generation`).
+    services_synced: Option<u64>,
     /// Every node's addresses NodePorts are served on (`--nodeport-addresses`).
     nodeport_addresses: Vec<IpAddr>,
     /// This node's addresses as last written to `NODE_SOURCES`.

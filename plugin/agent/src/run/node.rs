@@ -105,6 +105,7 @@ impl Agent {
             objects: None,
             policy: None,
             services: None,
+            services_synced: None,
             nodeport_addresses: Vec::new(),
             node_sources: Vec::new(),
             zone: None,

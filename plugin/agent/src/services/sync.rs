@@ -47,6 +47,9 @@ pub struct ServiceSync {
     held_ports: BTreeSet<u16>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
+    /// A step of the last update failed: the next pass must update even
+    /// if no Service changed (the failed step is tried again there).
+    unsettled: bool,
 }
 
 impl ServiceSync {
@@ -98,6 +101,7 @@ impl ServiceSync {
             external_ports,
             held_ports: BTreeSet::new(),
             next_id,
+            unsettled: false,
         })
     }
 
@@ -111,6 +115,7 @@ impl ServiceSync {
         own: &[IpAddr],
     ) {
         let start = Instant::now();
+        let errors_before = self.metrics.service_errors.get();
         self.update_node_addresses(node_addresses, own);
         // A port's bits gained before the frontends on it are put, lost
         // after they are deleted: a bit without its frontend only costs a
@@ -167,6 +172,12 @@ impl ServiceSync {
         self.release_ports();
         self.close_departed(&departed);
         crate::services::nat::forget_departed(&self.datapath, &self.metrics, &departed);
+        self.unsettled = self.metrics.service_errors.get() != errors_before;
+    }
+
+    /// Whether the last update wrote everything it meant to.
+    pub fn settled(&self) -> bool {
+        !self.unsettled
     }
 
     /// Takes away the bits no frontend wants, but those live TCP flows
