@@ -267,11 +267,7 @@ fn a_pod_gone_without_its_del_does_not_keep_the_network() {
     let crashed = net.pod();
     let last = net.pod();
     let gone = crashed.host_veth();
-    let out = std::process::Command::new("ip")
-        .args(["link", "del", &gone])
-        .output()
-        .expect("ip link del");
-    assert!(out.status.success(), "{out:?}");
+    run_ok(std::process::Command::new("ip").args(["link", "del", &gone]));
     assert_eq!(net.datapath().host_veths().unwrap().len(), 2);
     drop(last);
     assert!(

@@ -41,6 +41,10 @@ const KINDS: [(&str, &str); 5] = [
     kind::<EndpointSlice>(),
 ];
 
+/// The Service and EndpointSlice kinds' places in [`KINDS`].
+const SERVICE: usize = 3;
+const ENDPOINT_SLICE: usize = 4;
+
 /// What the watches have seen so far.
 #[derive(Clone)]
 pub struct PolicyObjects {
@@ -128,7 +132,8 @@ impl PolicyObjects {
     /// A number that grows whenever a Service or EndpointSlice event
     /// came: read before a snapshot, it says the snapshot holds them.
     pub fn services_generation(&self) -> u64 {
-        self.event_counts[3].load(Ordering::Acquire) + self.event_counts[4].load(Ordering::Acquire)
+        self.event_counts[SERVICE].load(Ordering::Acquire)
+            + self.event_counts[ENDPOINT_SLICE].load(Ordering::Acquire)
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -165,8 +170,8 @@ pub fn spawn(
     let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0, &stamps);
     let (pods, pod_events) = reflected::<Pod>(&client, 1, &stamps);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2, &stamps);
-    let (services, service_events) = reflected::<Service>(&client, 3, &stamps);
-    let (slices, slice_events) = reflected::<EndpointSlice>(&client, 4, &stamps);
+    let (services, service_events) = reflected::<Service>(&client, SERVICE, &stamps);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, ENDPOINT_SLICE, &stamps);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
