@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use super::Pod;
 use super::identity::{IdentityKey, IdentityNumbers, Member, PeerIdentity, Relevant};
 use super::ports::PortRange;
 use super::selector::matches;

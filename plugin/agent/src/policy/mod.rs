@@ -24,6 +24,7 @@ pub mod watch;
 
 mod cluster;
 pub mod identity;
+pub mod pod;
 mod ports;
 mod rules;
 mod selector;
@@ -37,13 +38,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 pub use ports::{MAX_PORT_RANGES, PortRange, PortSet};
 pub use table::{Entry, Table};
 
 use identity::{IdentityNumbers, Relevant};
+pub use pod::Pod;
 
 pub use cluster::LocalIps;
 use cluster::{Cluster, PodView};

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
@@ -22,6 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use super::Pod;
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 
