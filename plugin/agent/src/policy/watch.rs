@@ -234,8 +234,8 @@ pub fn spawn(
 }
 
 /// All objects of kind `K` in a store, and the stream of its events, each
-/// change stamped in `stamps`. managedFields go before the store: they are
-/// most of a Pod's size and none of policy's business.
+/// change stamped in `stamps`. managedFields go before the store: none of
+/// policy's business (Pods come without them already, `super::pod`).
 fn reflected<K>(
     client: &Client,
     kind: usize,

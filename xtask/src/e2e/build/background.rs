@@ -138,40 +138,50 @@ mod tests {
         found
     }
 
+    /// The test's process group, killed however the test ends.
+    struct Group(Child);
+
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let group = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
+            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn waiting_raises_the_whole_group_to_normal_priority() {
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "raising a priority needs root"
-            );
+        let test = "waiting_raises_the_whole_group_to_normal_priority";
+        if !flatnet_harness::require(
+            test,
+            flatnet_harness::is_root(),
+            "raising a priority needs root",
+        ) {
             return;
         }
-        let mut child = Command::new("nice")
+        let child = Command::new("nice")
             .args(["-n", "19", "sh", "-c", "sleep 30 & sleep 30"])
             .process_group(0)
             .spawn()
             .unwrap();
-        let group = child.id();
-        let members = || {
-            groups_and_nice()
-                .into_iter()
-                .filter(move |(g, _)| *g == group)
-        };
+        let group = Group(child);
+        let id = group.0.id();
+        let members = move || groups_and_nice().into_iter().filter(move |(g, _)| *g == id);
+        let started = std::time::Instant::now();
         while members().count() < 2 {
+            assert!(
+                started.elapsed().as_secs() < 10,
+                "the group never had its two processes"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert!(members().all(|(_, nice)| nice == 19));
-        raise_priority(group);
+        raise_priority(id);
         let after: Vec<i32> = members().map(|(_, nice)| nice).collect();
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(-(group as i32)),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = child.wait();
         assert!(
             after.len() >= 2 && after.iter().all(|n| *n == 0),
             "{after:?}"
         );
+        drop(group);
     }
 }
