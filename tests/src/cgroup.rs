@@ -4,8 +4,7 @@
 //! signal end the process, with its processes killed first
 //! (`crate::remove_on_signal`).
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
 pub struct TestCgroup(pub PathBuf, Option<crate::Listed>);
 
@@ -18,20 +17,10 @@ impl TestCgroup {
         std::fs::create_dir(&dir)?;
         let listed = {
             let dir = dir.clone();
-            crate::made_here(move || kill_and_remove(&dir))
+            crate::made_here(move || crate::kill_and_remove_cgroup(&dir))
         };
         Ok(TestCgroup(dir, Some(listed)))
     }
-}
-
-/// The cgroup at `dir` emptied (`cgroup.kill`: SIGKILL to every process
-/// in it; a cgroup with processes cannot be removed) and removed.
-fn kill_and_remove(dir: &Path) {
-    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-    crate::poll_until(Duration::from_secs(2), crate::POLL_INTERVAL, || {
-        std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|procs| procs.trim().is_empty())
-    });
-    let _ = std::fs::remove_dir(dir);
 }
 
 impl Drop for TestCgroup {

@@ -33,6 +33,7 @@ pub mod scale;
 pub mod test_run;
 
 // The harness's own types and helpers, re-exported below at the crate root.
+mod early_panics;
 mod ipam_net;
 mod links;
 mod list_attachment;

@@ -57,6 +57,7 @@ pub fn reference_plugins(names: &[&str]) -> Vec<(String, &'static str)> {
 /// panic naming what is missing and the package to install.
 #[track_caller]
 pub fn requirements<T: Needed>(test: &str, root: bool, tools: &[T]) -> bool {
+    crate::early_panics::print_panics_at_once();
     if root && !root_or_skip(test) {
         return false;
     }

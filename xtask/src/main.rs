@@ -13,6 +13,7 @@ mod markers;
 mod prose;
 mod scale;
 mod setup;
+mod suite_record;
 mod test;
 mod util;
 

@@ -57,6 +57,12 @@ pub fn run_bpftool(args: &[&str], path: Option<&std::path::Path>) -> anyhow::Res
     Ok(shown)
 }
 
+/// The host's forwarding switches, which pods' ADDs turn on.
+pub const FORWARDING_SWITCHES: &[&str] = &[
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/net/ipv6/conf/all/forwarding",
+];
+
 /// The host's forwarding switches as they were, put back on drop: the
 /// bench's reference bridge and flatnet's ADDs turn them on, and a run of
 /// the suite or the bench leaves the node as it found it.
@@ -64,13 +70,10 @@ pub struct SavedForwarding(Vec<(&'static str, String)>);
 
 impl SavedForwarding {
     pub fn now() -> Self {
-        let switches = [
-            "/proc/sys/net/ipv4/ip_forward",
-            "/proc/sys/net/ipv6/conf/all/forwarding",
-        ];
         SavedForwarding(
-            switches
-                .into_iter()
+            FORWARDING_SWITCHES
+                .iter()
+                .copied()
                 .filter_map(|path| Some((path, std::fs::read_to_string(path).ok()?)))
                 .collect(),
         )

@@ -14,6 +14,7 @@ mod cni;
 mod command;
 mod conflist;
 pub mod containerd;
+mod leftovers;
 mod made_here;
 mod netns;
 mod node_objects;
@@ -29,6 +30,7 @@ pub use cni::{
 };
 pub use command::{CommandError, bpftool, describe, output, run_ok};
 pub use conflist::{ChainError, Conflist};
+pub use leftovers::{in_removal_order, kill_and_remove_cgroup, remove_object};
 pub use made_here::{Listed, made_here, mount_made, remove_on_signal};
 pub use netns::{Netns, enter, enter_thread};
 pub use node_objects::NodeObjects;

@@ -68,6 +68,15 @@ impl NodeObjects {
         NodeObjects(objects)
     }
 
+    /// One object per line, as [`NodeObjects::from_lines`] reads them.
+    pub fn to_lines(&self) -> String {
+        self.0.iter().map(|object| format!("{object}\n")).collect()
+    }
+
+    pub fn from_lines(text: &str) -> Self {
+        NodeObjects(text.lines().map(str::to_string).collect())
+    }
+
     /// What exists in `self` and did not in `before`, minus what is kept
     /// on purpose.
     pub fn new_since(&self, before: &NodeObjects) -> Vec<String> {
@@ -123,6 +132,12 @@ mod tests {
             now.new_since(&before),
             vec!["/run/netns/ftest-1", "process /bin/flatnet-agent --new"]
         );
+    }
+
+    #[test]
+    fn a_listing_reads_back_from_its_lines() {
+        let listed = objects(&["/run/netns/a", "mount bpf /tmp/flatnet-x/bpf bpf rw 0 0"]);
+        assert_eq!(NodeObjects::from_lines(&listed.to_lines()), listed);
     }
 
     #[test]

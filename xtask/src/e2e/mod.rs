@@ -234,6 +234,17 @@ fn tear_down_on_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a killed run left (its machines, guard and sysctls), taken back
+/// unless a run is going on now (it holds the lock).
+pub fn undo_killed_run() {
+    let Ok(lock_file) = std::fs::File::create(PathBuf::from(STATE_DIR).join(".lock")) else {
+        return;
+    };
+    if let Ok(_lock) = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock) {
+        undo_interrupted_run();
+    }
+}
+
 /// Everything a run changes on the machine, taken back: its machines, the
 /// uplink guard, and the global sysctls (saved before the first cluster;
 /// loading the saved file puts them back).

@@ -163,9 +163,27 @@ fn run_e2e(
         .arg(format!("--ginkgo.focus={focus}"))
         .arg(format!("--ginkgo.skip={skip}"))
         .current_dir(report_dir);
+    // Every e2e.test process writes the kuberc spec's file into a folder
+    // of /tmp it never removes (upstream's `os.Remove` of a folder not
+    // empty; 38 folders a suite run): into one of the run's own instead.
+    let scratch = report_dir.join("tmp");
+    std::fs::create_dir_all(&scratch)?;
+    cmd.env("TMPDIR", &scratch);
+    let in_tmp = kubeconfig_folders_in_tmp();
     let log = report_dir.join("e2e.log");
     let mut child = host.spawn(cmd, &log)?;
-    let status = child.wait()?;
+    let status = child.wait();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let status = status?;
+    let left: Vec<String> = kubeconfig_folders_in_tmp()
+        .difference(&in_tmp)
+        .cloned()
+        .collect();
+    anyhow::ensure!(
+        left.is_empty(),
+        "e2e.test left {} kubeconfig folder(s) in /tmp, outside its TMPDIR: {left:?}",
+        left.len()
+    );
     // A failed spec makes ginkgo exit non-zero: the report says which.
     if !status.success()
         && std::fs::read_dir(report_dir)?
@@ -179,6 +197,17 @@ fn run_e2e(
         );
     }
     Ok(())
+}
+
+/// The folders the kubectl specs make with Go's `os.MkdirTemp`.
+fn kubeconfig_folders_in_tmp() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir("/tmp")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("test-kuberc"))
+        .collect()
 }
 
 #[cfg(test)]
