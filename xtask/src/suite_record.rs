@@ -161,20 +161,25 @@ mod tests {
         std::fs::create_dir_all(scratch.join("inner")).unwrap();
         let sleeper = bin_dir.join("flatnet-sleeper");
         std::fs::copy("/bin/sleep", &sleeper).unwrap();
-        let mut process = std::process::Command::new(&sleeper)
-            .arg("300")
-            .spawn()
+        // Not this test's child (the sweep spares its own children): a
+        // shell's, left when the shell exits, as a killed run's are.
+        let started = std::process::Command::new("sh")
+            .args(["-c", "\"$0\" 300 >/dev/null 2>&1 & echo $!"])
+            .arg(&sleeper)
+            .output()
             .unwrap();
-        // Listed once it runs the copy (until its exec, a child's command
-        // line is its parent's).
-        let cmdline = format!("/proc/{}/cmdline", process.id());
+        let pid: i32 = String::from_utf8_lossy(&started.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        let running = move || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.contains("(flatnet-sleeper) ") && !stat.contains(") Z "))
+        };
         flatnet_harness::wait_until(
             "the process to run",
             std::time::Duration::from_secs(5),
-            || {
-                std::fs::read(&cmdline)
-                    .is_ok_and(|line| String::from_utf8_lossy(&line).contains("flatnet-sleeper"))
-            },
+            running,
         );
         let other = if forwarding.trim() == "1" { "0" } else { "1" };
         std::fs::write(switch, other).unwrap();
@@ -188,16 +193,19 @@ mod tests {
             .filter(|object| object.contains(&mark))
             .collect();
         let undone = remove_and_put_back(&left, &saved);
-        let exited = process.try_wait().unwrap().is_some() || {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            process.try_wait().unwrap().is_some()
-        };
+        let exited = flatnet_harness::poll_until(
+            std::time::Duration::from_secs(2),
+            flatnet_harness::POLL_INTERVAL,
+            || !running(),
+        );
         let after = std::fs::read_to_string(switch).unwrap();
         let (netns_gone, scratch_gone) = (!left_netns.path().exists(), !scratch.exists());
         // Whatever the checks find, the node as it was.
         let _ = (
-            process.kill(),
-            process.wait(),
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ),
             std::fs::remove_dir_all(&bin_dir),
             std::fs::remove_dir_all(&scratch),
             std::fs::write(switch, forwarding.trim()),
