@@ -91,8 +91,6 @@ pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
-    // The suite starts each part from forwarding off itself; the node is
-    // left as it was found.
     // What a killed run left goes first (its forwarding switches put back
     // before they are saved); this run's record is kept until it ends, for
     // the next run should this one be killed.
@@ -103,6 +101,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // The suite starts each part from forwarding off itself; the node is
+    // left as it was found.
     let _forwarding = util::SavedForwarding::now();
     let e2e = !args.no_e2e && args.filter.is_none();
     let release = crate::e2e::build::DEFAULT_RELEASE.parse()?;
