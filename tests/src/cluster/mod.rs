@@ -27,3 +27,9 @@ pub const ROUTE_PROTO: &str = "102";
 pub const METRICS_PORT: u16 = 9603;
 /// Generous: agents and plugins share two cores with the other suites.
 pub const SETTLE: Duration = Duration::from_secs(20);
+/// How long an agent may take to get ready: loading the datapath runs the
+/// verifier over every program of its mode. Two XDP-mode agents loading
+/// at once on a loaded 2-core machine took over 20 s (6 tests of one run
+/// under stress-ng, 2026-11-30); alone and unloaded a whole XDP test takes
+/// 11 s. Ready earlier, nothing waits longer.
+pub const AGENT_READY: Duration = Duration::from_secs(60);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use flatnet_datapath::bpf::Datapath;
 use serde_json::Value;
 
-use super::{METRICS_PORT, NodeSpec, Peers, ROUTE_PROTO, SETTLE};
+use super::{AGENT_READY, METRICS_PORT, NodeSpec, Peers, ROUTE_PROTO};
 use crate::{Netns, POLL_INTERVAL, bin, bin_dir, enter, forwarded_datagrams, poll_until, run_ok};
 
 /// One simulated node.
@@ -142,7 +142,7 @@ impl SimNode {
 
     pub fn wait_ready(&self) {
         let mut exited = None;
-        let ready = poll_until(SETTLE, POLL_INTERVAL, || {
+        let ready = poll_until(AGENT_READY, POLL_INTERVAL, || {
             // The status is taken out first: a panic under the lock would
             // poison it for the cleanup that follows.
             exited = self
