@@ -201,6 +201,13 @@ impl<'a> PodView<'a> {
     }
 }
 
+impl PodView<'_> {
+    /// What this pod shows to selectors that look at `relevant`.
+    pub fn member(&self, relevant: &Relevant) -> Member {
+        self.member_view(relevant).to_member()
+    }
+}
+
 impl MemberView<'_> {
     fn to_member(&self) -> Member {
         Member {

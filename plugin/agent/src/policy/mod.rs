@@ -24,6 +24,8 @@ pub mod watch;
 
 mod cluster;
 pub mod identity;
+pub mod incremental;
+mod isolation;
 pub mod pod;
 mod ports;
 mod rules;
@@ -45,6 +47,8 @@ pub use ports::{MAX_PORT_RANGES, PortRange, PortSet};
 pub use table::{Entry, Table};
 
 use identity::{IdentityNumbers, Relevant};
+use incremental::PeerIndex;
+pub use isolation::IsolationByPolicy;
 pub use pod::Pod;
 
 pub use cluster::LocalIps;
@@ -214,24 +218,7 @@ pub fn plan(
 /// Which directions each namespace's policies isolate: what a new pod of
 /// that namespace starts with until its own policy is written.
 pub fn isolation(policies: &[&NetworkPolicy]) -> Isolation {
-    let mut isolation = Isolation {
-        listed: true,
-        namespaces: BTreeMap::new(),
-    };
-    for policy in policies {
-        let Some(namespace) = policy.metadata.namespace.as_deref() else {
-            continue;
-        };
-        let (ingress, egress) = rules::policy_types(policy);
-        let directions = isolation
-            .namespaces
-            .entry(namespace.to_string())
-            .or_default();
-        directions.ingress |= ingress;
-        directions.egress |= egress;
-    }
-    isolation.namespaces.retain(|_, d| d.ingress || d.egress);
-    isolation
+    IsolationByPolicy::of(policies).isolation()
 }
 
 /// The cluster's objects a plan reads: NetworkPolicies, Pods, Namespaces.
@@ -244,11 +231,23 @@ pub type Objects<'o, 'a> = (&'o [&'a NetworkPolicy], &'o [&'a Pod], &'o [&'a Nam
 /// those this plan does not use are forgotten.
 pub fn plan_of(
     node: &str,
-    (policies, pods, namespaces): Objects<'_, '_>,
+    objects: Objects<'_, '_>,
     frontends: &[crate::services::Frontend<'_>],
     local: &LocalIps,
     numbers: &mut IdentityNumbers,
 ) -> Plan {
+    plan_indexed(node, objects, frontends, local, numbers).0
+}
+
+/// [`plan_of`], and what it saw, for the changes that need no whole pass
+/// (see [`incremental`]).
+pub fn plan_indexed(
+    node: &str,
+    (policies, pods, namespaces): Objects<'_, '_>,
+    frontends: &[crate::services::Frontend<'_>],
+    local: &LocalIps,
+    numbers: &mut IdentityNumbers,
+) -> (Plan, PeerIndex) {
     // Each pod seen once: as a subject (on this node) and as a peer.
     let views: Vec<PodView<'_>> = pods
         .iter()
@@ -266,7 +265,8 @@ pub fn plan_of(
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
     relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
-    let cluster = Cluster::new(views, namespaces, (&Relevant::of(&relevant), numbers));
+    let relevant_of = Relevant::of(&relevant);
+    let cluster = Cluster::new(views, namespaces, (&relevant_of, numbers));
     let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
         .into_iter()
         .map(|p| (p, Policy::compile(p, &cluster)))
@@ -284,10 +284,7 @@ pub fn plan_of(
             .filter(|(_, (p, _))| rules::selects(p, subject))
             .map(|(i, _)| i)
             .collect();
-        let key = PodKey {
-            namespace: subject.namespace.to_string(),
-            name: subject.name.to_string(),
-        };
+        let key = pod_key(subject);
         let result = pod_policy(
             &key,
             subject,
@@ -311,7 +308,33 @@ pub fn plan_of(
         .map(|(a, n)| (*a, *n))
         .collect();
     numbers.retain(&named);
-    plan
+    let mut index = PeerIndex {
+        node: node.to_string(),
+        relevant: relevant_of,
+        egress: tables.pre_egress,
+        ..PeerIndex::default()
+    };
+    index.index_peers(&cluster, &named);
+    index.subjects = subjects
+        .iter()
+        .map(|s| (pod_key(s), s.labels.clone()))
+        .collect();
+    index.selecting = compiled
+        .iter()
+        .map(|(p, _)| {
+            let namespace = p.metadata.namespace.clone().unwrap_or_default();
+            (namespace, p.metadata.name.clone().unwrap_or_default())
+        })
+        .collect();
+    index.set_services(frontends);
+    (plan, index)
+}
+
+pub(crate) fn pod_key(view: &PodView<'_>) -> PodKey {
+    PodKey {
+        namespace: view.namespace.to_string(),
+        name: view.name.to_string(),
+    }
 }
 
 /// The named container ports of a pod, (name, protocol, port), sorted: all
@@ -323,6 +346,8 @@ type TableKey<'a> = (Direction, Vec<usize>, NamedPorts<'a>);
 #[derive(Default)]
 struct TableCache<'a> {
     tables: HashMap<TableKey<'a>, Result<Allowed, table::Overflow>>,
+    /// Each egress table before its ClusterIPs were added.
+    pre_egress: Vec<Table>,
 }
 
 fn named_ports<'a>(subject: &PodView<'a>) -> NamedPorts<'a> {
@@ -364,6 +389,7 @@ fn pod_policy<'a>(
             Direction::Ingress => named_ports(subject),
             Direction::Egress => Vec::new(),
         };
+        let pre_egress = &mut cache.pre_egress;
         let result = cache
             .tables
             .entry((direction, isolating, ports))
@@ -378,6 +404,9 @@ fn pod_policy<'a>(
                 }
                 let mut table = table::flatten(&allows.cidrs)?;
                 table.peers = table::peer_ports(&allows.peers)?;
+                if direction == Direction::Egress {
+                    pre_egress.push(table.clone());
+                }
                 if direction == Direction::Egress && !frontends.is_empty() {
                     // A ClusterIP is judged by its backends: withheld from
                     // the ipBlocks that contain it, allowed on the ports

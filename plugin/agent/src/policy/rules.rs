@@ -233,12 +233,21 @@ impl<'a> Policy<'a> {
 /// Whether `policy` selects `pod`: same namespace, and its pod selector
 /// matches (a missing one, like the empty one, selects every pod).
 pub fn selects(policy: &NetworkPolicy, pod: &PodView<'_>) -> bool {
-    policy.metadata.namespace.as_deref().unwrap_or_default() == pod.namespace
+    selects_labels(policy, pod.namespace, pod.labels)
+}
+
+/// [`selects`] for a pod in `namespace` labelled `labels`.
+pub fn selects_labels(
+    policy: &NetworkPolicy,
+    namespace: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    policy.metadata.namespace.as_deref().unwrap_or_default() == namespace
         && policy
             .spec
             .as_ref()
             .and_then(|s| s.pod_selector.as_ref())
-            .is_none_or(|s| matches(s, pod.labels))
+            .is_none_or(|s| matches(s, labels))
 }
 
 /// A rule's `from`/`to`. Missing or empty: everything. A peer the API

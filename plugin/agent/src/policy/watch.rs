@@ -7,6 +7,7 @@
 //! five lists are in, and each change (not what a list brings) is stamped
 //! for the latency metrics (`metrics::latency`).
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -42,9 +43,48 @@ const KINDS: [(&str, &str); 5] = [
     kind::<EndpointSlice>(),
 ];
 
-/// The Service and EndpointSlice kinds' places in [`KINDS`].
+/// The kinds' places in [`KINDS`].
+const POLICY: usize = 0;
+const POD: usize = 1;
 const SERVICE: usize = 3;
 const ENDPOINT_SLICE: usize = 4;
+
+/// Pods changed between two passes beyond which the next pass is a whole
+/// one anyway (it costs less than so many changes, and bounds the log).
+const MAX_CHANGED_PODS: usize = 4096;
+
+/// What changed since a pass last took it: what lets the next one skip
+/// the work a change cannot affect (`policy::incremental`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// A change a pass cannot follow object by object: a (re-)list, in
+    /// which a deletion comes without its own event, or a Namespace.
+    pub whole: bool,
+    /// Pods and NetworkPolicies by namespace and name.
+    pub pods: BTreeSet<(String, String)>,
+    pub policies: BTreeSet<(String, String)>,
+    /// A Service or EndpointSlice changed.
+    pub services: bool,
+}
+
+impl Changed {
+    fn record(&mut self, kind: usize, object: Option<(String, String)>) {
+        match (kind, object) {
+            (POD, Some(key)) => {
+                self.pods.insert(key);
+                if self.pods.len() > MAX_CHANGED_PODS {
+                    self.pods.clear();
+                    self.whole = true;
+                }
+            }
+            (POLICY, Some(key)) => {
+                self.policies.insert(key);
+            }
+            (SERVICE | ENDPOINT_SLICE, Some(_)) => self.services = true,
+            _ => self.whole = true,
+        }
+    }
+}
 
 /// What the watches have seen so far.
 #[derive(Clone)]
@@ -56,6 +96,7 @@ pub struct PolicyObjects {
     slices: Store<EndpointSlice>,
     health: Arc<Mutex<Health>>,
     stamps: ChangeStamps,
+    changed: Arc<Mutex<Changed>>,
     /// Events seen per kind (lists included), counted after the store
     /// holds them: a pass can tell which kinds changed since an earlier one.
     event_counts: Arc<[AtomicU64; KINDS.len()]>,
@@ -137,6 +178,38 @@ impl PolicyObjects {
             + self.event_counts[ENDPOINT_SLICE].load(Ordering::Acquire)
     }
 
+    /// What changed since the last call (everything, before the first).
+    pub fn take_changed(&self) -> Changed {
+        self.changed
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or(Changed {
+                whole: true,
+                ..Changed::default()
+            })
+    }
+
+    /// Pod `namespace/name` as the store holds it now.
+    pub fn pod(&self, (namespace, name): &(String, String)) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// NetworkPolicy `namespace/name` as the store holds it now.
+    pub fn policy(&self, (namespace, name): &(String, String)) -> Option<Arc<NetworkPolicy>> {
+        self.policies.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The Services and EndpointSlices as of now (the other kinds empty).
+    pub fn service_snapshot(&self) -> Snapshot {
+        Snapshot {
+            policies: Vec::new(),
+            pods: Vec::new(),
+            namespaces: Vec::new(),
+            services: self.services.state(),
+            slices: self.slices.state(),
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             policies: self.policies.state(),
@@ -168,11 +241,16 @@ pub fn spawn(
     metrics: AgentMetrics,
     stamps: ChangeStamps,
 ) -> (PolicyObjects, watch::Receiver<u64>) {
-    let (policies, policy_events) = reflected::<NetworkPolicy>(&client, 0, &stamps);
-    let (pods, pod_events) = reflected::<Pod>(&client, 1, &stamps);
-    let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2, &stamps);
-    let (services, service_events) = reflected::<Service>(&client, SERVICE, &stamps);
-    let (slices, slice_events) = reflected::<EndpointSlice>(&client, ENDPOINT_SLICE, &stamps);
+    let changed = Arc::new(Mutex::new(Changed {
+        whole: true,
+        ..Changed::default()
+    }));
+    let log = (&stamps, &changed);
+    let (policies, policy_events) = reflected::<NetworkPolicy>(&client, POLICY, log);
+    let (pods, pod_events) = reflected::<Pod>(&client, POD, log);
+    let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2, log);
+    let (services, service_events) = reflected::<Service>(&client, SERVICE, log);
+    let (slices, slice_events) = reflected::<EndpointSlice>(&client, ENDPOINT_SLICE, log);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
@@ -227,6 +305,7 @@ pub fn spawn(
             slices,
             health,
             stamps,
+            changed,
             event_counts: counts,
         },
         receiver,
@@ -234,12 +313,13 @@ pub fn spawn(
 }
 
 /// All objects of kind `K` in a store, and the stream of its events, each
-/// change stamped in `stamps`. managedFields go before the store: none of
-/// policy's business (Pods come without them already, `super::pod`).
+/// change stamped in `stamps` and logged in `changed` (once the store holds
+/// it). managedFields go before the store: none of policy's business (Pods
+/// come without them already, `super::pod`).
 fn reflected<K>(
     client: &Client,
     kind: usize,
-    stamps: &ChangeStamps,
+    (stamps, changed): (&ChangeStamps, &Arc<Mutex<Changed>>),
 ) -> (Store<K>, Pin<Box<dyn Stream<Item = Item> + Send>>)
 where
     K: Resource<DynamicType = ()>
@@ -252,15 +332,29 @@ where
 {
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
-    let stamps = stamps.clone();
+    let (stamps, changed) = (stamps.clone(), changed.clone());
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
         .map(move |event| {
-            if let Ok(Event::Apply(object) | Event::Delete(object)) = &event {
-                let trigger = object.annotations().get(TRIGGER_TIME);
-                stamps.record(KINDS[kind].0, trigger.map(String::as_str));
+            let object = match &event {
+                Ok(Event::Apply(object) | Event::Delete(object)) => {
+                    let trigger = object.annotations().get(TRIGGER_TIME);
+                    stamps.record(KINDS[kind].0, trigger.map(String::as_str));
+                    Some(Some((
+                        object.namespace().unwrap_or_default(),
+                        object.name_any(),
+                    )))
+                }
+                // A (re-)list: what it leaves out was deleted unseen.
+                Ok(Event::Init | Event::InitDone) => Some(None),
+                Ok(Event::InitApply(_)) | Err(_) => None,
+            };
+            if let Some(object) = object
+                && let Ok(mut changed) = changed.lock()
+            {
+                changed.record(kind, object);
             }
             item(kind, event)
         });
@@ -328,5 +422,36 @@ mod tests {
                 ("EndpointSlice", "discovery.k8s.io/v1"),
             ]
         );
+    }
+
+    #[test]
+    fn the_change_log_names_pods_and_policies_and_asks_for_a_whole_pass_otherwise() {
+        let key = |name: &str| Some(("x".to_string(), name.to_string()));
+        let mut changed = Changed::default();
+        changed.record(POD, key("a"));
+        changed.record(POLICY, key("p"));
+        changed.record(ENDPOINT_SLICE, key("s"));
+        assert_eq!(
+            changed,
+            Changed {
+                whole: false,
+                pods: BTreeSet::from([("x".into(), "a".into())]),
+                policies: BTreeSet::from([("x".into(), "p".into())]),
+                services: true,
+            }
+        );
+        // A namespace, or a list of any kind.
+        let mut namespace = Changed::default();
+        namespace.record(2, key("x"));
+        assert!(namespace.whole);
+        let mut listed = Changed::default();
+        listed.record(POD, None);
+        assert!(listed.whole);
+        // So many pods that a whole pass costs less: the log stays small.
+        let mut many = Changed::default();
+        for i in 0..=MAX_CHANGED_PODS {
+            many.record(POD, key(&i.to_string()));
+        }
+        assert!(many.whole && many.pods.is_empty());
     }
 }

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use crate::error::{AgentError, Result};
 use crate::install::{self};
 use crate::policy;
+use crate::policy::incremental::WholePass;
 use crate::policy::records_watch;
 use crate::services::plan as service_plan;
 use crate::services::sync::ServiceSync;
@@ -16,7 +17,7 @@ use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file,
 use super::{Agent, cgroup2_root};
 
 /// `isolation-<network>.json` for ADD, written atomically when it changed.
-fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
+pub(super) fn write_isolation(network: &str, isolation: &Isolation) -> Result<()> {
     let path = isolation_file(network);
     let bytes = serde_json::to_vec_pretty(isolation)
         .map_err(|e| AgentError::io(format!("encoding {}", path.display()), e.into()))?;
@@ -33,10 +34,26 @@ impl Agent {
         let Some(objects) = self.objects.as_ref() else {
             return;
         };
-        // Read before the snapshot: the snapshot holds at least these.
+        // Read before the objects: they hold at least these.
         let generation = objects.services_generation();
-        let snapshot = objects.snapshot();
+        let changed = objects.take_changed();
         let start = Instant::now();
+        // ADD's pod records carry this node's pods' addresses: not
+        // followed one by one.
+        let records = std::mem::take(&mut self.records_changed);
+        let incremental = if records {
+            Err(WholePass("a pod record of this node changed"))
+        } else {
+            self.incremental_pass(&changed, generation, start)
+        };
+        let Err(WholePass(why)) = incremental else {
+            return;
+        };
+        tracing::debug!(why, "a whole pass");
+        let Some(objects) = self.objects.as_ref() else {
+            return;
+        };
+        let snapshot = objects.snapshot();
         let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         self.enforce_policy(&snapshot, &frontends, start);
         let due = self
@@ -67,23 +84,26 @@ impl Agent {
         let policies: Vec<_> = snapshot.policies.iter().map(AsRef::as_ref).collect();
         let pods: Vec<_> = snapshot.pods.iter().map(AsRef::as_ref).collect();
         let namespaces: Vec<_> = snapshot.namespaces.iter().map(AsRef::as_ref).collect();
-        let plan = policy::plan_of(
+        let (plan, index) = policy::plan_indexed(
             &self.node_name,
             (&policies, &pods, &namespaces),
             frontends,
             &local,
             &mut enforcer.numbers,
         );
+        enforcer.index = Some(index);
+        enforcer.isolation = policy::IsolationByPolicy::of(&policies);
         self.metrics
             .policy_compute
             .0
             .observe(start.elapsed().as_secs_f64());
         enforcer.sync.update(plan);
+        // What ADD starts a new pod with (written after the plan: a pod
+        // already here is written before its namespace's new policy
+        // reaches ADDs).
+        let isolation = enforcer.isolation.isolation();
         // Listed (or listed again): readiness may follow at once.
         self.refresh_ready();
-        // What ADD starts a new pod with (after the plan: a pod already
-        // here is written before its namespace's new policy reaches ADDs).
-        let isolation = policy::isolation(&policies);
         if let Err(e) = write_isolation(&self.args.network, &isolation) {
             self.metrics.policy_errors.inc();
             tracing::warn!(error = %e, "cannot write the namespaces' isolation for ADD");
@@ -163,7 +183,7 @@ impl Agent {
         self.services_synced = Some(generation);
     }
 
-    fn sync_services_with(&mut self, frontends: &[crate::services::Frontend<'_>]) {
+    pub(super) fn sync_services_with(&mut self, frontends: &[crate::services::Frontend<'_>]) {
         let Some(sync) = self.services.as_mut() else {
             return;
         };
@@ -179,7 +199,7 @@ impl Agent {
 
 /// The Services of `snapshot` as this node sees them (its name for
 /// `internalTrafficPolicy: Local`, its zone for topology hints).
-fn frontends_of<'a>(
+pub(super) fn frontends_of<'a>(
     snapshot: &'a crate::policy::watch::Snapshot,
     node: &str,
     zone: Option<&str>,

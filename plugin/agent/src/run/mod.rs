@@ -13,6 +13,7 @@
 //! and reports readiness.
 
 mod enforce;
+mod incremental;
 mod node;
 mod readiness;
 mod tunnel;
@@ -35,7 +36,9 @@ use crate::peers::file_source::FileSource;
 use crate::peers::kube_source::{self, KubeSource};
 use crate::peers::routes::Routes;
 use crate::peers::{Node, PeerSource};
+use crate::policy::IsolationByPolicy;
 use crate::policy::identity::IdentityNumbers;
+use crate::policy::incremental::PeerIndex;
 use crate::policy::sync::{DatapathSink, PolicySync};
 use crate::policy::watch::{self as policy_watch, PolicyObjects};
 use crate::reclaim::Reclaimer;
@@ -123,6 +126,8 @@ pub async fn run(args: Args) -> Result<()> {
                 agent.policy = Some(Enforcer {
                     numbers: IdentityNumbers::with_hints(hints.into_iter().collect()),
                     sync,
+                    index: None,
+                    isolation: IsolationByPolicy::default(),
                 });
                 records_rx = Some(agent.start_first_packet_policy()?);
             }
@@ -170,6 +175,7 @@ pub async fn run(args: Args) -> Result<()> {
                 if changed.is_err() {
                     break Err(AgentError::SourceEnded("the pod records watch stopped".into()));
                 }
+                agent.records_changed = true;
                 // Only once the watches have listed (the first value after).
                 if policy_rx.as_ref().is_some_and(|rx| *rx.borrow() > 0) {
                     policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
@@ -279,6 +285,8 @@ pub struct Agent {
     node_sources: Vec<IpAddr>,
     /// This node's `topology.kubernetes.io/zone` (topology hints).
     zone: Option<String>,
+    /// ADD recorded a pod since the last pass: the next is a whole one.
+    records_changed: bool,
 }
 
 /// NetworkPolicy on this node: what was written.
@@ -286,6 +294,10 @@ struct Enforcer {
     sync: PolicySync<DatapathSink>,
     /// The peer identities' numbers, kept from one plan to the next.
     numbers: IdentityNumbers,
+    /// What the last whole pass saw, for the changes that need none.
+    index: Option<PeerIndex>,
+    /// Which directions each namespace's policies isolate (for ADD).
+    isolation: IsolationByPolicy,
 }
 
 /// The node's own addresses as policy sees them: its InternalIPs, and the

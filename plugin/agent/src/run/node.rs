@@ -109,6 +109,7 @@ impl Agent {
             nodeport_addresses: Vec::new(),
             node_sources: Vec::new(),
             zone: None,
+            records_changed: false,
         })
     }
 

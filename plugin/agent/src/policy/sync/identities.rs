@@ -71,6 +71,12 @@ impl<S: PolicySink> PolicySync<S> {
         }
         self.peer_ids = Some(plan.addresses.clone());
         self.peer_ids_failure = None;
+        self.rejudge_naming(plan, &left);
+    }
+
+    /// Has the flows of each pod whose tables name an identity in `left`
+    /// judged again: a peer address left it.
+    fn rejudge_naming(&mut self, plan: &Plan, left: &HashSet<u32>) {
         if left.is_empty() {
             return;
         }
@@ -88,6 +94,63 @@ impl<S: PolicySink> PolicySync<S> {
                 tracing::warn!(error = %e, ips = ?policy.ips, "cannot have a pod's recorded flows judged again");
             }
         }
+    }
+
+    /// Peer addresses whose identity changed while no table did (see
+    /// `policy::incremental`): `changes` gives each its named identity now,
+    /// None for none. Written at once (gone ones first, as they make room),
+    /// then the pods whose tables named an identity one of them left have
+    /// their flows judged again, as after a whole plan.
+    pub fn update_addresses(&mut self, changes: &BTreeMap<IpAddr, Option<u32>>) {
+        let Some(mut plan) = self.plan.take() else {
+            return;
+        };
+        for (address, number) in changes {
+            match number {
+                Some(n) => plan.addresses.insert(*address, *n),
+                None => plan.addresses.remove(address),
+            };
+        }
+        match self.peer_ids.take() {
+            // What the sink holds is unknown: everything settled again.
+            None => {
+                self.add_peer_ids(&plan);
+                self.settle_peer_ids(&plan, &plan);
+            }
+            Some(mut held) => {
+                let (mut gone, mut write, mut left) = (Vec::new(), Vec::new(), HashSet::new());
+                for (address, number) in changes {
+                    let old = held.get(address).copied();
+                    if old == *number {
+                        continue;
+                    }
+                    left.extend(old);
+                    match number {
+                        Some(n) => write.push((*address, *n)),
+                        None => gone.push(*address),
+                    }
+                }
+                let written = self
+                    .sink
+                    .remove_peer_ids(&gone)
+                    .and_then(|()| self.sink.write_peer_ids(&write));
+                match written {
+                    Err(e) => self.peer_ids_failed(&e),
+                    Ok(()) => {
+                        for address in &gone {
+                            held.remove(address);
+                        }
+                        held.extend(write);
+                        self.peer_ids = Some(held);
+                        self.rejudge_naming(&plan, &left);
+                    }
+                }
+            }
+        }
+        self.metrics
+            .policy_peer_addresses
+            .set(plan.addresses.len() as i64);
+        self.plan = Some(plan);
     }
 
     fn peer_ids_failed(&mut self, error: &crate::error::AgentError) {
@@ -172,5 +235,34 @@ mod tests {
             Some(&BTreeMap::from([(ip("10.1.0.5"), 7)]))
         );
         let _ = key("a/web");
+    }
+
+    #[test]
+    fn followed_address_changes_are_written_as_a_whole_plan_would_write_them() {
+        let mut sync = synced(&["10.0.0.2"]);
+        sync.update(by_identity(&[("10.1.0.5", 7), ("10.1.0.6", 8)]));
+        calls(&mut sync);
+        let change = |pairs: &[(&str, Option<u32>)]| -> BTreeMap<_, _> {
+            pairs.iter().map(|(a, n)| (ip(a), *n)).collect()
+        };
+        // A peer of identity 7 coming, one of no named identity, one
+        // unchanged: one address entry, no table.
+        sync.update_addresses(&change(&[
+            ("10.1.0.9", Some(7)),
+            ("10.1.0.10", None),
+            ("10.1.0.6", Some(8)),
+        ]));
+        assert_eq!(calls(&mut sync), ["id 10.1.0.9=7"]);
+        // 10.1.0.5 leaves 7 for 8, 10.1.0.9 goes: a/web named 7.
+        sync.update_addresses(&change(&[("10.1.0.5", Some(8)), ("10.1.0.9", None)]));
+        assert_eq!(
+            calls(&mut sync),
+            ["id 10.1.0.9 gone", "id 10.1.0.5=8", "rejudge [10.0.0.2]"]
+        );
+        let held = BTreeMap::from([(ip("10.1.0.5"), 8), (ip("10.1.0.6"), 8)]);
+        assert_eq!(sync.peer_ids(), Some(&held));
+        // The plan kept follows: a whole plan equal to it writes nothing.
+        sync.update(by_identity(&[("10.1.0.5", 8), ("10.1.0.6", 8)]));
+        assert_eq!(calls(&mut sync), Vec::<String>::new());
     }
 }

@@ -4,6 +4,7 @@
 mod features;
 mod first_packet;
 mod growth;
+mod incremental;
 mod model;
 mod named_ports;
 mod scale;

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::services::frontends;
 
-fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Value) -> Service {
+pub(super) fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Value) -> Service {
     serde_json::from_value(json!({
         "metadata": {"namespace": namespace, "name": name},
         "spec": {"clusterIP": cluster_ips.first(), "clusterIPs": cluster_ips, "ports": ports}
@@ -17,7 +17,7 @@ fn service(namespace: &str, name: &str, cluster_ips: &[&str], ports: Value) -> S
 }
 
 /// A slice of `service` with `endpoints` ((address, ready)) on `ports`.
-fn slice(
+pub(super) fn slice(
     namespace: &str,
     service: &str,
     n: u32,

@@ -1,0 +1,335 @@
+//! What a whole pass leaves behind so that most later changes need none:
+//! a remote pod coming, going or changing, and a NetworkPolicy that selects
+//! no pod here, change no table of this node's pods, only the identity of
+//! a few peer addresses (or nothing at all). Each change is checked against
+//! what the last pass saw; anything the check cannot prove harmless (a pod
+//! of this node, a policy selecting one, an identity no table has been
+//! computed for, an address two pods share, a Service backend whose verdict
+//! would change, a namespace) asks for a whole pass instead.
+//!
+//! Pure: the agent feeds it the changed objects and applies the address
+//! changes it returns (`PolicySync::update_addresses`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use super::cluster::{Cluster, PodView};
+use super::identity::{Member, Relevant};
+use super::table::Table;
+use super::{Pod, PodKey, rules};
+use crate::services::Frontend;
+
+/// Why a change needs a whole pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WholePass(pub &'static str);
+
+/// A policy's namespace and name.
+pub type PolicyKey = (String, String);
+
+/// One Service port as egress policy sees it: protocol, port, and the
+/// (address, target port) of each backend.
+type ServicePort = (u8, u16, Vec<(IpAddr, u16)>);
+
+/// What one Service shows egress policy: its ClusterIPs and ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceView {
+    cluster_ips: Vec<IpAddr>,
+    ports: Vec<ServicePort>,
+}
+
+impl ServiceView {
+    fn of(frontend: &Frontend<'_>) -> Self {
+        ServiceView {
+            cluster_ips: frontend.cluster_ips.clone(),
+            ports: frontend
+                .ports
+                .iter()
+                .map(|p| (p.protocol.number(), p.port, p.backends.clone()))
+                .collect(),
+        }
+    }
+
+    /// What it adds to `table`: the (ClusterIP, protocol, port) entries
+    /// whose every backend of the ClusterIP's family the table allows
+    /// (`services::cluster_ip_allows`), and the ClusterIPs withheld from
+    /// an entry that holds them (`services::withhold_cluster_ips`).
+    fn contribution(
+        &self,
+        table: &Table,
+        addresses: &HashMap<IpAddr, u32>,
+    ) -> (Vec<(IpAddr, u8, u16)>, Vec<IpAddr>) {
+        let (mut allowed, mut withheld) = (Vec::new(), Vec::new());
+        for ip in &self.cluster_ips {
+            let mut every_port = !self.ports.is_empty();
+            for (protocol, port, backends) in &self.ports {
+                let mut family = backends
+                    .iter()
+                    .filter(|(b, _)| b.is_ipv4() == ip.is_ipv4())
+                    .peekable();
+                let earned = family.peek().is_some()
+                    && family.all(|(b, target)| {
+                        table.allows(*b, addresses.get(b).copied(), *protocol, *target)
+                    });
+                if earned {
+                    allowed.push((*ip, *protocol, *port));
+                } else {
+                    every_port = false;
+                }
+            }
+            if !every_port && table.lookup(*ip).is_some() {
+                withheld.push(*ip);
+            }
+        }
+        (allowed, withheld)
+    }
+}
+
+/// The last whole pass's view of the cluster, kept up to date by the
+/// changes it let through.
+#[derive(Debug, Default)]
+pub struct PeerIndex {
+    pub(super) node: String,
+    pub(super) relevant: Relevant,
+    /// This node's pods, with their namespace and labels (what decides
+    /// whether a policy selects them).
+    pub(super) subjects: HashMap<PodKey, BTreeMap<String, String>>,
+    /// The policies selecting a pod here.
+    pub(super) selecting: HashSet<PolicyKey>,
+    /// Each identity of one member the last pass numbered, with its number
+    /// when a table names it.
+    pub(super) members: HashMap<Member, Option<u32>>,
+    /// Peer addresses by identity: named ones (those a table names), the
+    /// others, and those several pods share (host network).
+    pub(super) named: HashMap<IpAddr, u32>,
+    pub(super) unnamed: HashSet<IpAddr>,
+    pub(super) shared: HashSet<IpAddr>,
+    /// Every peer pod's addresses.
+    pub(super) pods: HashMap<PodKey, Vec<IpAddr>>,
+    /// The distinct egress tables of this node's pods before ClusterIPs
+    /// were added: what decides which ClusterIPs they earn.
+    pub(super) egress: Vec<Table>,
+    /// Each Service as egress policy sees it, and each backend address's
+    /// (protocol, target port) uses.
+    pub(super) services: HashMap<PolicyKey, ServiceView>,
+    pub(super) backends: HashMap<IpAddr, Vec<(u8, u16)>>,
+}
+
+impl PeerIndex {
+    /// Takes every peer's addresses and identity from `cluster`.
+    pub(super) fn index_peers(&mut self, cluster: &Cluster<'_>, named: &HashSet<u32>) {
+        let mut holders: HashMap<IpAddr, usize> = HashMap::new();
+        for peer in &cluster.peers {
+            for ip in &peer.ips {
+                *holders.entry(*ip).or_default() += 1;
+            }
+            self.pods.insert(super::pod_key(peer), peer.ips.clone());
+        }
+        self.shared = holders
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(ip, _)| ip)
+            .collect();
+        for identity in &cluster.identities {
+            let number = named.contains(&identity.number).then_some(identity.number);
+            if let [member] = identity.members[..] {
+                let member = cluster.peers[member].member(&self.relevant);
+                self.members.insert(member, number);
+            }
+            for address in &identity.addresses {
+                match number {
+                    Some(n) => {
+                        self.named.insert(*address, n);
+                    }
+                    None => {
+                        self.unnamed.insert(*address);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Remembers `frontends` as the Services the tables were computed with.
+    pub(super) fn set_services(&mut self, frontends: &[Frontend<'_>]) {
+        self.services = frontends
+            .iter()
+            .map(|f| {
+                let key = (f.namespace.to_string(), f.name.to_string());
+                (key, ServiceView::of(f))
+            })
+            .collect();
+        self.backends.clear();
+        for view in self.services.values() {
+            add_backends(&mut self.backends, view);
+        }
+    }
+
+    /// Pod `key` changed (`pod`: as it is now; None: deleted). The address
+    /// changes for the plan (None: the address has no named identity any
+    /// more), or why a whole pass is needed.
+    pub fn pod_changed(
+        &mut self,
+        key: &PodKey,
+        pod: Option<&Pod>,
+        changes: &mut BTreeMap<IpAddr, Option<u32>>,
+    ) -> Result<(), WholePass> {
+        if self.subjects.contains_key(key) {
+            return Err(WholePass("a pod of this node changed"));
+        }
+        let view = pod.map(PodView::new);
+        let new_ips: Vec<IpAddr> = match &view {
+            Some(v)
+                if v.node() == Some(self.node.as_str()) && !v.host_network() && !v.finished() =>
+            {
+                return Err(WholePass("a pod came to this node"));
+            }
+            Some(v) if v.host_network() => return Err(WholePass("a host-network pod changed")),
+            Some(v) if !v.finished() => v.ips.clone(),
+            _ => Vec::new(),
+        };
+        let old_ips = self.pods.get(key).cloned().unwrap_or_default();
+        let number = match &view {
+            Some(v) if !new_ips.is_empty() => {
+                let member = v.member(&self.relevant);
+                match self.members.get(&member) {
+                    Some(number) => *number,
+                    None => return Err(WholePass("a peer of an identity not seen before")),
+                }
+            }
+            _ => None,
+        };
+        for ip in &old_ips {
+            if self.shared.contains(ip) {
+                return Err(WholePass("an address several pods share changed"));
+            }
+        }
+        for ip in new_ips.iter().filter(|ip| !old_ips.contains(ip)) {
+            if self.named.contains_key(ip) || self.unnamed.contains(ip) {
+                return Err(WholePass("an address another pod holds"));
+            }
+        }
+        // A Service backend's new identity must earn its ClusterIPs what
+        // the old one did, in every egress table.
+        for ip in old_ips.iter().chain(&new_ips) {
+            let before = self.named.get(ip).copied();
+            let after = if new_ips.contains(ip) { number } else { None };
+            if before != after && !self.backend_verdicts_kept(*ip, before, after) {
+                return Err(WholePass("a Service backend's verdict changed"));
+            }
+        }
+        for ip in &old_ips {
+            self.named.remove(ip);
+            self.unnamed.remove(ip);
+            changes.insert(*ip, None);
+        }
+        for ip in &new_ips {
+            match number {
+                Some(n) => {
+                    self.named.insert(*ip, n);
+                }
+                None => {
+                    self.unnamed.insert(*ip);
+                }
+            }
+            changes.insert(*ip, number);
+        }
+        if new_ips.is_empty() {
+            self.pods.remove(key);
+        } else {
+            self.pods.insert(key.clone(), new_ips);
+        }
+        Ok(())
+    }
+
+    fn backend_verdicts_kept(&self, ip: IpAddr, before: Option<u32>, after: Option<u32>) -> bool {
+        let Some(uses) = self.backends.get(&ip) else {
+            return true;
+        };
+        self.egress.iter().all(|table| {
+            uses.iter().all(|(protocol, port)| {
+                table.allows(ip, before, *protocol, *port)
+                    == table.allows(ip, after, *protocol, *port)
+            })
+        })
+    }
+
+    /// Policy `key` changed (`policy`: as it is now; None: deleted).
+    pub fn policy_changed(
+        &self,
+        key: &PolicyKey,
+        policy: Option<&NetworkPolicy>,
+    ) -> Result<(), WholePass> {
+        if self.selecting.contains(key) {
+            return Err(WholePass("a policy selecting a pod here changed"));
+        }
+        if let Some(policy) = policy
+            && self
+                .subjects
+                .iter()
+                .any(|(pod, labels)| rules::selects_labels(policy, &pod.namespace, labels))
+        {
+            return Err(WholePass("a policy now selects a pod here"));
+        }
+        Ok(())
+    }
+
+    /// The Services are now `frontends`: fine when every changed one earns
+    /// what it did in every egress table.
+    pub fn services_changed(&mut self, frontends: &[Frontend<'_>]) -> Result<(), WholePass> {
+        let mut now: HashMap<PolicyKey, ServiceView> = HashMap::with_capacity(frontends.len());
+        for frontend in frontends {
+            let key = (frontend.namespace.to_string(), frontend.name.to_string());
+            now.insert(key, ServiceView::of(frontend));
+        }
+        let empty = ServiceView {
+            cluster_ips: Vec::new(),
+            ports: Vec::new(),
+        };
+        let keys: HashSet<&PolicyKey> = self.services.keys().chain(now.keys()).collect();
+        let mut changed = Vec::new();
+        for key in keys {
+            let (before, after) = (self.services.get(key), now.get(key));
+            if before != after {
+                changed.push((before.unwrap_or(&empty), after.unwrap_or(&empty)));
+            }
+        }
+        for (before, after) in &changed {
+            let same = self.egress.iter().all(|table| {
+                before.contribution(table, &self.named) == after.contribution(table, &self.named)
+            });
+            if !same {
+                return Err(WholePass("a Service's ClusterIP verdict changed"));
+            }
+        }
+        for (before, after) in changed {
+            remove_backends(&mut self.backends, before);
+            add_backends(&mut self.backends, after);
+        }
+        self.services = now;
+        Ok(())
+    }
+}
+
+fn add_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
+    for (protocol, _, list) in &view.ports {
+        for (ip, target) in list {
+            backends.entry(*ip).or_default().push((*protocol, *target));
+        }
+    }
+}
+
+fn remove_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
+    for (protocol, _, list) in &view.ports {
+        for (ip, target) in list {
+            if let Some(uses) = backends.get_mut(ip) {
+                if let Some(at) = uses.iter().position(|u| *u == (*protocol, *target)) {
+                    uses.swap_remove(at);
+                }
+                if uses.is_empty() {
+                    backends.remove(ip);
+                }
+            }
+        }
+    }
+}
