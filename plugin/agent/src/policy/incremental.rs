@@ -10,7 +10,7 @@
 //! Pure: the agent feeds it the changed objects and applies the address
 //! changes it returns (`PolicySync::update_addresses`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -33,7 +33,7 @@ pub type PolicyKey = (String, String);
 type ServicePort = (u8, u16, Vec<(IpAddr, u16)>);
 
 /// What one Service shows egress policy: its ClusterIPs and ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceView {
     cluster_ips: Vec<IpAddr>,
     ports: Vec<ServicePort>,
@@ -274,39 +274,43 @@ impl PeerIndex {
         Ok(())
     }
 
-    /// The Services are now `frontends`: fine when every changed one earns
-    /// what it did in every egress table.
-    pub fn services_changed(&mut self, frontends: &[Frontend<'_>]) -> Result<(), WholePass> {
-        let mut now: HashMap<PolicyKey, ServiceView> = HashMap::with_capacity(frontends.len());
-        for frontend in frontends {
-            let key = (frontend.namespace.to_string(), frontend.name.to_string());
-            now.insert(key, ServiceView::of(frontend));
-        }
-        let empty = ServiceView {
-            cluster_ips: Vec::new(),
-            ports: Vec::new(),
-        };
-        let keys: HashSet<&PolicyKey> = self.services.keys().chain(now.keys()).collect();
+    /// The Services `keys` are now `frontends` (those of them that have
+    /// one): fine when each earns what it did in every egress table.
+    pub fn services_changed(
+        &mut self,
+        keys: &BTreeSet<PolicyKey>,
+        frontends: &[Frontend<'_>],
+    ) -> Result<(), WholePass> {
+        let empty = ServiceView::default();
         let mut changed = Vec::new();
         for key in keys {
-            let (before, after) = (self.services.get(key), now.get(key));
-            if before != after {
-                changed.push((before.unwrap_or(&empty), after.unwrap_or(&empty)));
+            let now = frontends
+                .iter()
+                .find(|f| f.namespace == key.0 && f.name == key.1)
+                .map(ServiceView::of);
+            let before = self.services.get(key);
+            if before == now.as_ref() {
+                continue;
             }
-        }
-        for (before, after) in &changed {
             let same = self.egress.iter().all(|table| {
+                let after = now.as_ref().unwrap_or(&empty);
+                let before = before.unwrap_or(&empty);
                 before.contribution(table, &self.named) == after.contribution(table, &self.named)
             });
             if !same {
                 return Err(WholePass("a Service's ClusterIP verdict changed"));
             }
+            changed.push((key.clone(), now));
         }
-        for (before, after) in changed {
-            remove_backends(&mut self.backends, before);
-            add_backends(&mut self.backends, after);
+        for (key, now) in changed {
+            if let Some(before) = self.services.remove(&key) {
+                remove_backends(&mut self.backends, &before);
+            }
+            if let Some(now) = now {
+                add_backends(&mut self.backends, &now);
+                self.services.insert(key, now);
+            }
         }
-        self.services = now;
         Ok(())
     }
 }

@@ -7,7 +7,7 @@
 //! five lists are in, and each change (not what a list brings) is stamped
 //! for the latency metrics (`metrics::latency`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use super::Pod;
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
+use crate::services::SERVICE_NAME_LABEL;
 
 /// A kind's name and the API version it is watched at.
 const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
@@ -63,26 +64,61 @@ pub struct Changed {
     /// Pods and NetworkPolicies by namespace and name.
     pub pods: BTreeSet<(String, String)>,
     pub policies: BTreeSet<(String, String)>,
-    /// A Service or EndpointSlice changed.
-    pub services: bool,
+    /// The Services changed, by namespace and name: a Service's own
+    /// events, and those of the EndpointSlices serving it (or that did).
+    pub services: BTreeSet<(String, String)>,
 }
 
 impl Changed {
-    fn record(&mut self, kind: usize, object: Option<(String, String)>) {
-        match (kind, object) {
-            (POD, Some(key)) => {
-                self.pods.insert(key);
+    /// `keys` changed (a Service's for its kind and EndpointSlices); None:
+    /// something a pass cannot follow.
+    fn record(&mut self, kind: usize, keys: Option<Vec<(String, String)>>) {
+        let Some(keys) = keys else {
+            self.whole = true;
+            return;
+        };
+        match kind {
+            POD => {
+                self.pods.extend(keys);
                 if self.pods.len() > MAX_CHANGED_PODS {
                     self.pods.clear();
                     self.whole = true;
                 }
             }
-            (POLICY, Some(key)) => {
-                self.policies.insert(key);
-            }
-            (SERVICE | ENDPOINT_SLICE, Some(_)) => self.services = true,
+            POLICY => self.policies.extend(keys),
+            SERVICE | ENDPOINT_SLICE => self.services.extend(keys),
             _ => self.whole = true,
         }
+    }
+}
+
+/// The Service each EndpointSlice serves (its `kubernetes.io/service-name`
+/// label), as last seen: a slice's event changes the Service it serves
+/// now and the one it served before.
+#[derive(Default)]
+struct SliceServices(HashMap<(String, String), String>);
+
+impl SliceServices {
+    /// The Services slice `key` (labelled `service` now, gone when
+    /// `deleted`) changes.
+    fn changed(
+        &mut self,
+        key: (String, String),
+        service: Option<&String>,
+        deleted: bool,
+    ) -> Vec<(String, String)> {
+        let before = match service {
+            Some(service) if !deleted => self.0.insert(key.clone(), service.clone()),
+            _ => self.0.remove(&key),
+        };
+        let now = service.filter(|_| !deleted).cloned();
+        let mut services: Vec<(String, String)> = before
+            .into_iter()
+            .chain(now)
+            .map(|name| (key.0.clone(), name))
+            .collect();
+        services.dedup();
+        services
     }
 }
 
@@ -192,6 +228,25 @@ impl PolicyObjects {
     /// Pod `namespace/name` as the store holds it now.
     pub fn pod(&self, (namespace, name): &(String, String)) -> Option<Arc<Pod>> {
         self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Service `namespace/name` as the store holds it now.
+    pub fn service(&self, (namespace, name): &(String, String)) -> Option<Arc<Service>> {
+        self.services.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The EndpointSlices serving `services` (namespace, name) now.
+    pub fn slices_of(&self, services: &BTreeSet<(String, String)>) -> Vec<Arc<EndpointSlice>> {
+        let serves = |slice: &EndpointSlice| {
+            let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+            let labels = slice.metadata.labels.as_ref();
+            labels
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .is_some_and(|service| services.contains(&(namespace, service.clone())))
+        };
+        let mut slices = self.slices.state();
+        slices.retain(|slice| serves(slice));
+        slices
     }
 
     /// NetworkPolicy `namespace/name` as the store holds it now.
@@ -333,28 +388,40 @@ where
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
     let (stamps, changed) = (stamps.clone(), changed.clone());
+    let mut slice_services = SliceServices::default();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
         .map(move |event| {
-            let object = match &event {
+            let mut keys_of = |object: &K, deleted: bool| {
+                let key = (object.namespace().unwrap_or_default(), object.name_any());
+                if kind == ENDPOINT_SLICE {
+                    let service = object.labels().get(SERVICE_NAME_LABEL);
+                    slice_services.changed(key, service, deleted)
+                } else {
+                    vec![key]
+                }
+            };
+            let keys = match &event {
                 Ok(Event::Apply(object) | Event::Delete(object)) => {
                     let trigger = object.annotations().get(TRIGGER_TIME);
                     stamps.record(KINDS[kind].0, trigger.map(String::as_str));
-                    Some(Some((
-                        object.namespace().unwrap_or_default(),
-                        object.name_any(),
-                    )))
+                    let deleted = matches!(event, Ok(Event::Delete(_)));
+                    Some(Some(keys_of(object, deleted)))
                 }
                 // A (re-)list: what it leaves out was deleted unseen.
                 Ok(Event::Init | Event::InitDone) => Some(None),
-                Ok(Event::InitApply(_)) | Err(_) => None,
+                Ok(Event::InitApply(object)) => {
+                    keys_of(object, false);
+                    None
+                }
+                Err(_) => None,
             };
-            if let Some(object) = object
+            if let Some(keys) = keys
                 && let Ok(mut changed) = changed.lock()
             {
-                changed.record(kind, object);
+                changed.record(kind, keys);
             }
             item(kind, event)
         });
@@ -426,7 +493,7 @@ mod tests {
 
     #[test]
     fn the_change_log_names_pods_and_policies_and_asks_for_a_whole_pass_otherwise() {
-        let key = |name: &str| Some(("x".to_string(), name.to_string()));
+        let key = |name: &str| Some(vec![("x".to_string(), name.to_string())]);
         let mut changed = Changed::default();
         changed.record(POD, key("a"));
         changed.record(POLICY, key("p"));
@@ -437,7 +504,7 @@ mod tests {
                 whole: false,
                 pods: BTreeSet::from([("x".into(), "a".into())]),
                 policies: BTreeSet::from([("x".into(), "p".into())]),
-                services: true,
+                services: BTreeSet::from([("x".into(), "s".into())]),
             }
         );
         // A namespace, or a list of any kind.
@@ -453,5 +520,23 @@ mod tests {
             many.record(POD, key(&i.to_string()));
         }
         assert!(many.whole && many.pods.is_empty());
+    }
+
+    #[test]
+    fn a_slices_event_changes_the_service_it_serves_and_the_one_it_served() {
+        let mut services = SliceServices::default();
+        let slice = || ("x".to_string(), "web-abc".to_string());
+        let (web, api) = ("web".to_string(), "api".to_string());
+        let key = |s: &str| ("x".to_string(), s.to_string());
+        assert_eq!(services.changed(slice(), Some(&web), false), [key("web")]);
+        assert_eq!(services.changed(slice(), Some(&web), false), [key("web")]);
+        assert_eq!(
+            services.changed(slice(), Some(&api), false),
+            [key("web"), key("api")]
+        );
+        assert_eq!(services.changed(slice(), None, false), [key("api")]);
+        assert_eq!(services.changed(slice(), None, false), []);
+        services.changed(slice(), Some(&web), false);
+        assert_eq!(services.changed(slice(), Some(&web), true), [key("web")]);
     }
 }

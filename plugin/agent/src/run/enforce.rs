@@ -10,7 +10,7 @@ use crate::install::{self};
 use crate::policy;
 use crate::policy::incremental::WholePass;
 use crate::policy::records_watch;
-use crate::services::plan as service_plan;
+use crate::services::by_service::DesiredByService;
 use crate::services::sync::ServiceSync;
 use flatnet_datapath::node::first_packet::{Isolation, PodRecord, isolation_file, records_dir};
 
@@ -187,19 +187,20 @@ impl Agent {
         let Some(sync) = self.services.as_mut() else {
             return;
         };
-        sync.health
-            .update(crate::services::health::checks(frontends));
+        let desired = DesiredByService::of(frontends, &self.nodeport_addresses);
+        sync.health.update(desired.checks());
         sync.update(
-            &service_plan::desired(frontends, &self.nodeport_addresses),
+            desired.desired(),
             &self.nodeport_addresses,
             &self.node_sources,
         );
+        self.desired = Some(desired);
     }
 }
 
 /// The Services of `snapshot` as this node sees them (its name for
 /// `internalTrafficPolicy: Local`, its zone for topology hints).
-pub(super) fn frontends_of<'a>(
+fn frontends_of<'a>(
     snapshot: &'a crate::policy::watch::Snapshot,
     node: &str,
     zone: Option<&str>,

@@ -4,7 +4,7 @@
 //! most of a busy cluster's events are. Whatever it cannot follow makes
 //! the caller run a whole pass.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::policy::PodKey;
@@ -12,7 +12,8 @@ use crate::policy::incremental::WholePass;
 use crate::policy::watch::Changed;
 
 use super::Agent;
-use super::enforce::{frontends_of, write_isolation};
+use super::enforce::write_isolation;
+use crate::services::Here;
 
 impl Agent {
     /// Follows `changed`; Err: a whole pass is needed (nothing the datapath
@@ -31,16 +32,30 @@ impl Agent {
         if changed.whole {
             return Err(WholePass("a list or a namespace changed"));
         }
-        let snapshot = changed.services.then(|| objects.service_snapshot());
-        let frontends = snapshot
-            .as_ref()
-            .map(|s| frontends_of(s, &self.node_name, self.zone.as_deref()));
+        // The changed Services' frontends alone, from their slices.
+        let services: Vec<_> = changed
+            .services
+            .iter()
+            .filter_map(|key| objects.service(key))
+            .collect();
+        let slices = if changed.services.is_empty() {
+            Vec::new()
+        } else {
+            objects.slices_of(&changed.services)
+        };
+        let service_refs: Vec<_> = services.iter().map(AsRef::as_ref).collect();
+        let slice_refs: Vec<_> = slices.iter().map(AsRef::as_ref).collect();
+        let here = Here {
+            node: &self.node_name,
+            zone: self.zone.as_deref(),
+        };
+        let frontends = crate::services::frontends(&service_refs, &slice_refs, here);
         if let Some(enforcer) = self.policy.as_mut() {
             let Some(index) = enforcer.index.as_mut() else {
                 return Err(WholePass("no whole pass yet"));
             };
-            if let Some(frontends) = &frontends {
-                index.services_changed(frontends)?;
+            if !changed.services.is_empty() {
+                index.services_changed(&changed.services, &frontends)?;
             }
             for key in &changed.policies {
                 index.policy_changed(key, objects.policy(key).as_deref())?;
@@ -75,22 +90,44 @@ impl Agent {
                 .observe(start.elapsed().as_secs_f64());
             self.refresh_ready();
         }
+        self.follow_services(&changed.services, &frontends, generation);
+        Ok(())
+    }
+
+    /// The Service maps after the Services `keys` became `frontends`
+    /// (those that have one): their part of the desired state replaced,
+    /// the maps brought to it. All Services computed again when the state
+    /// cannot be replaced one Service at a time.
+    fn follow_services(
+        &mut self,
+        keys: &BTreeSet<(String, String)>,
+        frontends: &[crate::services::Frontend<'_>],
+        generation: u64,
+    ) {
         let due = self
             .services
             .as_ref()
             .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
-        if due {
-            match &frontends {
-                Some(frontends) => self.sync_services_with(frontends),
-                None => {
-                    let snapshot = objects.service_snapshot();
-                    let zone = self.zone.clone();
-                    let frontends = frontends_of(&snapshot, &self.node_name, zone.as_deref());
-                    self.sync_services_with(&frontends);
-                }
-            }
-            self.services_synced = Some(generation);
+        if !due {
+            return;
         }
-        Ok(())
+        let addresses = self.nodeport_addresses.clone();
+        let replaced = self.desired.as_mut().is_some_and(|desired| {
+            keys.iter().all(|key| {
+                let frontend = frontends
+                    .iter()
+                    .find(|f| f.namespace == key.0 && f.name == key.1);
+                desired.replace(key.clone(), frontend, &addresses).is_ok()
+            })
+        });
+        if !replaced {
+            self.sync_services();
+            return;
+        }
+        if let (Some(sync), Some(desired)) = (self.services.as_mut(), self.desired.as_ref()) {
+            sync.health.update(desired.checks());
+            sync.update(desired.desired(), &addresses, &self.node_sources);
+        }
+        self.services_synced = Some(generation);
     }
 }

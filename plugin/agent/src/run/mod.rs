@@ -42,6 +42,7 @@ use crate::policy::incremental::PeerIndex;
 use crate::policy::sync::{DatapathSink, PolicySync};
 use crate::policy::watch::{self as policy_watch, PolicyObjects};
 use crate::reclaim::Reclaimer;
+use crate::services::by_service::DesiredByService;
 use crate::services::sync::ServiceSync;
 use flatnet::config::NetConf;
 use flatnet_datapath::bpf::Datapath;
@@ -287,6 +288,8 @@ pub struct Agent {
     zone: Option<String>,
     /// ADD recorded a pod since the last pass: the next is a whole one.
     records_changed: bool,
+    /// The Service maps' desired state by Service, as last written.
+    desired: Option<DesiredByService>,
 }
 
 /// NetworkPolicy on this node: what was written.

@@ -110,6 +110,7 @@ impl Agent {
             node_sources: Vec::new(),
             zone: None,
             records_changed: false,
+            desired: None,
         })
     }
 

@@ -12,6 +12,7 @@
 //! `targetPort` is resolved per endpoint, as the slice controller did), each
 //! endpoint address on that slice port.
 
+pub mod by_service;
 pub mod health;
 pub mod nat;
 pub mod plan;
@@ -30,7 +31,7 @@ use crate::protocol::Protocol;
 pub use topology::Here;
 
 /// The label an EndpointSlice names its Service with.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Services with either label are not kube-proxy's to serve (another
 /// proxy's, or headless by label): kube-proxy's informers select them
 /// away, and so does flatnet.

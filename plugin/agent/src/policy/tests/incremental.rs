@@ -303,7 +303,9 @@ fn change(
                     zone: None,
                 },
             );
-            index.services_changed(&frontends)
+            let keys = [("c", "cache"), ("b", "api")]
+                .map(|(namespace, name)| (namespace.to_string(), name.to_string()));
+            index.services_changed(&keys.into(), &frontends)
         }
     };
     outcome.map(|()| addresses).map_err(|w| w.0.to_string())
