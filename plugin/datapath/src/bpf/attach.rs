@@ -399,15 +399,85 @@ pub async fn hook_programs(
         TcHook::Ingress => TcAttachType::Ingress,
         TcHook::Egress => TcAttachType::Egress,
     };
-    let mut found = Vec::new();
-    if attach_mode() == AttachMode::Tcx
-        && let Ok((_, programs)) = SchedClassifier::query_tcx(ifname, attach_type)
-    {
-        for info in programs {
-            let name = info.name_as_str().unwrap_or_default().to_string();
-            found.push((info.id(), name));
+    let tcx = || {
+        let mut found = Vec::new();
+        if attach_mode() == AttachMode::Tcx
+            && let Ok((_, programs)) = SchedClassifier::query_tcx(ifname, attach_type)
+        {
+            for info in programs {
+                let name = info.name_as_str().unwrap_or_default().to_string();
+                found.push((info.id(), name));
+            }
+        }
+        found
+    };
+    in_move_order(host.tc_programs(index, hook), tcx).await
+}
+
+/// Programs as `filters` and `tcx` read them, filters first. A move to tcx
+/// (`host_veth::move_to_tcx`, after ADD's answer) makes the link before it
+/// takes the filter off: read the other way round, the two reads can fall
+/// on either side of the move and find neither (CHECK, run while the move
+/// was late on a loaded node, once said `attached: []`). In this order a
+/// filter gone before the first read means the link was there before the
+/// second. Listed tcx first, as they run first.
+async fn in_move_order(
+    filters: impl std::future::Future<Output = Result<Vec<(u32, String)>>>,
+    tcx: impl FnOnce() -> Vec<(u32, String)>,
+) -> Result<Vec<(u32, String)>> {
+    let filters = filters.await?;
+    let mut found = tcx();
+    found.extend(filters);
+    Ok(found)
+}
+
+#[cfg(test)]
+mod move_order_tests {
+    use std::cell::Cell;
+    use std::future::Future;
+
+    use super::*;
+
+    /// A veth whose program moves from its filter to its tcx link right
+    /// after the first of the two reads, whichever it is.
+    struct Moving {
+        moved: Cell<bool>,
+    }
+
+    impl Moving {
+        fn filters(&self) -> Vec<(u32, String)> {
+            let found = if self.moved.get() {
+                vec![]
+            } else {
+                vec![(7, "from_pod".into())]
+            };
+            self.moved.set(true);
+            found
+        }
+
+        fn tcx(&self) -> Vec<(u32, String)> {
+            let found = if self.moved.get() {
+                vec![(7, "from_pod".into())]
+            } else {
+                vec![]
+            };
+            self.moved.set(true);
+            found
         }
     }
-    found.extend(host.tc_programs(index, hook).await?);
-    Ok(found)
+
+    #[test]
+    fn a_move_between_the_two_reads_never_hides_the_program() {
+        use std::task::{Context, Poll, Waker};
+        let veth = Moving {
+            moved: Cell::new(false),
+        };
+        let read = std::pin::pin!(in_move_order(async { Ok(veth.filters()) }, || veth.tcx()));
+        // Nothing in it waits: one poll finishes it.
+        let Poll::Ready(found) = read.poll(&mut Context::from_waker(Waker::noop())) else {
+            panic!("the reads waited");
+        };
+        let found = found.unwrap();
+        assert!(found.iter().any(|(id, _)| *id == 7), "{found:?}");
+    }
 }
