@@ -150,6 +150,7 @@ impl<S: PolicySink> PolicySync<S> {
         self.metrics
             .policy_peer_addresses
             .set(plan.addresses.len() as i64);
+        self.report_pressure(&plan);
         self.plan = Some(plan);
     }
 
