@@ -103,6 +103,11 @@ fn remove_and_put_back(left: &[String], forwarding: &[(String, String)]) -> anyh
         }
     }
     for (path, value) in forwarding {
+        // Said only when it changes: a killed run may have left it as found.
+        let now = std::fs::read_to_string(path).unwrap_or_default();
+        if now.trim() == value.trim() {
+            continue;
+        }
         println!("  {path} back to {value}");
         if let Err(e) = std::fs::write(path, value) {
             failed.push(format!("setting {path} back to {value}: {e}"));
