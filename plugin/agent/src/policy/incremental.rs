@@ -17,9 +17,13 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::cluster::{Cluster, PodView};
 use super::identity::{Member, Relevant};
-use super::table::Table;
+use ipnetwork::IpNetwork;
+
+use super::ports::PortSet;
+use super::services::{cluster_ip_allows, withhold_cluster_ips};
+use super::table::{Allow, Table};
 use super::{Pod, PodKey, rules};
-use crate::services::Frontend;
+use crate::services::{Frontend, FrontendPort};
 
 /// Why a change needs a whole pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,61 +32,60 @@ pub struct WholePass(pub &'static str);
 /// A policy's namespace and name.
 pub type PolicyKey = (String, String);
 
-/// One Service port as egress policy sees it: protocol, port, and the
-/// (address, target port) of each backend.
-type ServicePort = (u8, u16, Vec<(IpAddr, u16)>);
-
 /// What one Service shows egress policy: its ClusterIPs and ports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceView {
     cluster_ips: Vec<IpAddr>,
-    ports: Vec<ServicePort>,
+    ports: Vec<FrontendPort>,
 }
+
+/// What a Service adds to an egress table: its ClusterIP entries, and the
+/// excepts it puts into the entries that hold a ClusterIP it withholds.
+type Contribution = (Vec<(IpNetwork, PortSet)>, Vec<IpNetwork>);
 
 impl ServiceView {
     fn of(frontend: &Frontend<'_>) -> Self {
         ServiceView {
             cluster_ips: frontend.cluster_ips.clone(),
-            ports: frontend
-                .ports
-                .iter()
-                .map(|p| (p.protocol.number(), p.port, p.backends.clone()))
-                .collect(),
+            ports: frontend.ports.clone(),
         }
     }
 
-    /// What it adds to `table`: the (ClusterIP, protocol, port) entries
-    /// whose every backend of the ClusterIP's family the table allows
-    /// (`services::cluster_ip_allows`), and the ClusterIPs withheld from
-    /// an entry that holds them (`services::withhold_cluster_ips`).
-    fn contribution(
-        &self,
-        table: &Table,
-        addresses: &HashMap<IpAddr, u32>,
-    ) -> (Vec<(IpAddr, u8, u16)>, Vec<IpAddr>) {
-        let (mut allowed, mut withheld) = (Vec::new(), Vec::new());
-        for ip in &self.cluster_ips {
-            let mut every_port = !self.ports.is_empty();
-            for (protocol, port, backends) in &self.ports {
-                let mut family = backends
-                    .iter()
-                    .filter(|(b, _)| b.is_ipv4() == ip.is_ipv4())
-                    .peekable();
-                let earned = family.peek().is_some()
-                    && family.all(|(b, target)| {
-                        table.allows(*b, addresses.get(b).copied(), *protocol, *target)
-                    });
-                if earned {
-                    allowed.push((*ip, *protocol, *port));
-                } else {
-                    every_port = false;
-                }
-            }
-            if !every_port && table.lookup(*ip).is_some() {
-                withheld.push(*ip);
-            }
-        }
-        (allowed, withheld)
+    /// What it adds to `table`, as the whole pass's own functions
+    /// (`services::cluster_ip_allows`, `services::withhold_cluster_ips`)
+    /// compute it.
+    fn contribution(&self, table: &Table, addresses: &HashMap<IpAddr, u32>) -> Contribution {
+        let frontend = [Frontend {
+            namespace: "",
+            name: "",
+            cluster_ips: self.cluster_ips.clone(),
+            external_ips: Vec::new(),
+            affinity: None,
+            external_local: false,
+            health_check_node_port: None,
+            local_ready_endpoints: 0,
+            ports: self.ports.clone(),
+        }];
+        let backends = (table, addresses);
+        let allowed = cluster_ip_allows(backends, &frontend)
+            .into_iter()
+            .map(|a| (a.cidr, a.ports))
+            .collect();
+        let mut entries: Vec<Allow<'_>> = table
+            .entries
+            .iter()
+            .map(|e| Allow {
+                cidr: e.cidr,
+                except: Vec::new(),
+                ports: e.ports.clone(),
+                policy: "",
+            })
+            .collect();
+        withhold_cluster_ips(backends, &frontend, &mut entries);
+        (
+            allowed,
+            entries.into_iter().flat_map(|a| a.except).collect(),
+        )
     }
 }
 
@@ -316,18 +319,22 @@ impl PeerIndex {
 }
 
 fn add_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
-    for (protocol, _, list) in &view.ports {
-        for (ip, target) in list {
-            backends.entry(*ip).or_default().push((*protocol, *target));
+    for port in &view.ports {
+        for (ip, target) in &port.backends {
+            backends
+                .entry(*ip)
+                .or_default()
+                .push((port.protocol.number(), *target));
         }
     }
 }
 
 fn remove_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
-    for (protocol, _, list) in &view.ports {
-        for (ip, target) in list {
+    for port in &view.ports {
+        let protocol = port.protocol.number();
+        for (ip, target) in &port.backends {
             if let Some(uses) = backends.get_mut(ip) {
-                if let Some(at) = uses.iter().position(|u| *u == (*protocol, *target)) {
+                if let Some(at) = uses.iter().position(|u| *u == (protocol, *target)) {
                     uses.swap_remove(at);
                 }
                 if uses.is_empty() {

@@ -61,12 +61,10 @@ impl Agent {
                 index.policy_changed(key, objects.policy(key).as_deref())?;
             }
             let mut addresses = BTreeMap::new();
-            for (namespace, name) in &changed.pods {
-                let key = PodKey {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                };
-                let pod = objects.pod(&(key.namespace.clone(), key.name.clone()));
+            for changed_pod in &changed.pods {
+                let pod = objects.pod(changed_pod);
+                let (namespace, name) = changed_pod.clone();
+                let key = PodKey { namespace, name };
                 index.pod_changed(&key, pod.as_deref(), &mut addresses)?;
             }
             enforcer.sync.update_addresses(&addresses);
