@@ -33,8 +33,9 @@ impl IsolationByPolicy {
         by_policy
     }
 
-    /// Policy `key` is now `policy` (None: deleted).
-    pub fn set(&mut self, key: (String, String), policy: Option<&NetworkPolicy>) {
+    /// Policy `key` is now `policy` (None: deleted). Whether its
+    /// namespace's isolation changed.
+    pub fn set(&mut self, key: (String, String), policy: Option<&NetworkPolicy>) -> bool {
         let now = policy
             .filter(|p| p.metadata.namespace.is_some())
             .map(rules::policy_types)
@@ -44,6 +45,8 @@ impl IsolationByPolicy {
             None => self.types.remove(&key),
         };
         let counts = self.counts.entry(key.0.clone()).or_default();
+        let isolates = |(ingress, egress): (usize, usize)| (ingress > 0, egress > 0);
+        let was = isolates(*counts);
         for (types, add) in [(before, false), (now, true)] {
             let Some((ingress, egress)) = types else {
                 continue;
@@ -56,9 +59,11 @@ impl IsolationByPolicy {
             step(&mut counts.0, ingress);
             step(&mut counts.1, egress);
         }
+        let changed = isolates(*counts) != was;
         if *counts == (0, 0) {
             self.counts.remove(&key.0);
         }
+        changed
     }
 
     pub fn isolation(&self) -> Isolation {
@@ -73,5 +78,31 @@ impl IsolationByPolicy {
             listed: true,
             namespaces: namespaces.collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, types: &[&str]) -> NetworkPolicy {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "x", "name": name},
+            "spec": {"podSelector": {}, "policyTypes": types}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_policy_says_whether_its_namespaces_isolation_changed() {
+        let mut by_policy = IsolationByPolicy::default();
+        let key = |name: &str| ("x".to_string(), name.to_string());
+        assert!(by_policy.set(key("a"), Some(&policy("a", &["Ingress"]))));
+        // A second policy of the same direction changes nothing for ADD.
+        assert!(!by_policy.set(key("b"), Some(&policy("b", &["Ingress"]))));
+        assert!(by_policy.set(key("b"), Some(&policy("b", &["Ingress", "Egress"]))));
+        assert!(!by_policy.set(key("a"), None));
+        assert!(by_policy.set(key("b"), None));
+        assert_eq!(by_policy.isolation().namespaces.len(), 0);
     }
 }

@@ -68,16 +68,14 @@ impl Agent {
                 index.pod_changed(&key, pod.as_deref(), &mut addresses)?;
             }
             enforcer.sync.update_addresses(&addresses);
-            if !changed.policies.is_empty() {
-                let before = enforcer.isolation.isolation();
-                for key in &changed.policies {
-                    let policy = objects.policy(key);
-                    enforcer.isolation.set(key.clone(), policy.as_deref());
-                }
-                let after = enforcer.isolation.isolation();
-                if after != before
-                    && let Err(e) = write_isolation(&self.args.network, &after)
-                {
+            let mut isolation_changed = false;
+            for key in &changed.policies {
+                let policy = objects.policy(key);
+                isolation_changed |= enforcer.isolation.set(key.clone(), policy.as_deref());
+            }
+            if isolation_changed {
+                let isolation = enforcer.isolation.isolation();
+                if let Err(e) = write_isolation(&self.args.network, &isolation) {
                     self.metrics.policy_errors.inc();
                     tracing::warn!(error = %e, "cannot write the namespaces' isolation for ADD");
                 }
