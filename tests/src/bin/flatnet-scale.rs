@@ -162,6 +162,7 @@ fn latencies(before: &str, after: &str) -> Value {
         "policy_implementation": read(change, "kind=\"NetworkPolicy\""),
         "pod_to_tables": read(change, "kind=\"Pod\""),
         "plan_compute": read("flatnet_policy_compute_seconds", ""),
+        "service_update": read("flatnet_service_update_seconds", ""),
     })
 }
 

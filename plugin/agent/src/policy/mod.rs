@@ -22,6 +22,7 @@ pub mod scale_fixture;
 pub mod sync;
 pub mod watch;
 
+pub mod changes;
 mod cluster;
 pub mod identity;
 pub mod incremental;

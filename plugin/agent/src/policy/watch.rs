@@ -7,7 +7,7 @@
 //! five lists are in, and each change (not what a list brings) is stamped
 //! for the latency metrics (`metrics::latency`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::Pod;
+use super::changes::{Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex};
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 use crate::services::SERVICE_NAME_LABEL;
@@ -44,84 +45,6 @@ const KINDS: [(&str, &str); 5] = [
     kind::<EndpointSlice>(),
 ];
 
-/// The kinds' places in [`KINDS`].
-const POLICY: usize = 0;
-const POD: usize = 1;
-const SERVICE: usize = 3;
-const ENDPOINT_SLICE: usize = 4;
-
-/// Pods changed between two passes beyond which the next pass is a whole
-/// one anyway (it costs less than so many changes, and bounds the log).
-const MAX_CHANGED_PODS: usize = 4096;
-
-/// What changed since a pass last took it: what lets the next one skip
-/// the work a change cannot affect (`policy::incremental`).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Changed {
-    /// A change a pass cannot follow object by object: a (re-)list, in
-    /// which a deletion comes without its own event, or a Namespace.
-    pub whole: bool,
-    /// Pods and NetworkPolicies by namespace and name.
-    pub pods: BTreeSet<(String, String)>,
-    pub policies: BTreeSet<(String, String)>,
-    /// The Services changed, by namespace and name: a Service's own
-    /// events, and those of the EndpointSlices serving it (or that did).
-    pub services: BTreeSet<(String, String)>,
-}
-
-impl Changed {
-    /// `keys` changed (a Service's for its kind and EndpointSlices); None:
-    /// something a pass cannot follow.
-    fn record(&mut self, kind: usize, keys: Option<Vec<(String, String)>>) {
-        let Some(keys) = keys else {
-            self.whole = true;
-            return;
-        };
-        match kind {
-            POD => {
-                self.pods.extend(keys);
-                if self.pods.len() > MAX_CHANGED_PODS {
-                    self.pods.clear();
-                    self.whole = true;
-                }
-            }
-            POLICY => self.policies.extend(keys),
-            SERVICE | ENDPOINT_SLICE => self.services.extend(keys),
-            _ => self.whole = true,
-        }
-    }
-}
-
-/// The Service each EndpointSlice serves (its `kubernetes.io/service-name`
-/// label), as last seen: a slice's event changes the Service it serves
-/// now and the one it served before.
-#[derive(Default)]
-struct SliceServices(HashMap<(String, String), String>);
-
-impl SliceServices {
-    /// The Services slice `key` (labelled `service` now, gone when
-    /// `deleted`) changes.
-    fn changed(
-        &mut self,
-        key: (String, String),
-        service: Option<&String>,
-        deleted: bool,
-    ) -> Vec<(String, String)> {
-        let before = match service {
-            Some(service) if !deleted => self.0.insert(key.clone(), service.clone()),
-            _ => self.0.remove(&key),
-        };
-        let now = service.filter(|_| !deleted).cloned();
-        let mut services: Vec<(String, String)> = before
-            .into_iter()
-            .chain(now)
-            .map(|name| (key.0.clone(), name))
-            .collect();
-        services.dedup();
-        services
-    }
-}
-
 /// What the watches have seen so far.
 #[derive(Clone)]
 pub struct PolicyObjects {
@@ -133,6 +56,7 @@ pub struct PolicyObjects {
     health: Arc<Mutex<Health>>,
     stamps: ChangeStamps,
     changed: Arc<Mutex<Changed>>,
+    slice_index: Arc<Mutex<SliceIndex>>,
     /// Events seen per kind (lists included), counted after the store
     /// holds them: a pass can tell which kinds changed since an earlier one.
     event_counts: Arc<[AtomicU64; KINDS.len()]>,
@@ -236,17 +160,20 @@ impl PolicyObjects {
     }
 
     /// The EndpointSlices serving `services` (namespace, name) now.
-    pub fn slices_of(&self, services: &BTreeSet<(String, String)>) -> Vec<Arc<EndpointSlice>> {
-        let serves = |slice: &EndpointSlice| {
-            let namespace = slice.metadata.namespace.clone().unwrap_or_default();
-            let labels = slice.metadata.labels.as_ref();
-            labels
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-                .is_some_and(|service| services.contains(&(namespace, service.clone())))
+    pub fn slices_of(&self, services: &BTreeSet<Key>) -> Vec<Arc<EndpointSlice>> {
+        let Ok(index) = self.slice_index.lock() else {
+            return Vec::new();
         };
-        let mut slices = self.slices.state();
-        slices.retain(|slice| serves(slice));
-        slices
+        services
+            .iter()
+            .flat_map(|(namespace, service)| {
+                let key = (namespace.clone(), service.clone());
+                let names: Vec<String> = index.slices_of(&key).cloned().collect();
+                names
+                    .into_iter()
+                    .filter_map(|name| self.slices.get(&ObjectRef::new(&name).within(namespace)))
+            })
+            .collect()
     }
 
     /// NetworkPolicy `namespace/name` as the store holds it now.
@@ -300,11 +227,13 @@ pub fn spawn(
         whole: true,
         ..Changed::default()
     }));
-    let log = (&stamps, &changed);
+    let slice_index = Arc::new(Mutex::new(SliceIndex::default()));
+    let log = (&stamps, &changed, None);
     let (policies, policy_events) = reflected::<NetworkPolicy>(&client, POLICY, log);
     let (pods, pod_events) = reflected::<Pod>(&client, POD, log);
-    let (namespaces, namespace_events) = reflected::<Namespace>(&client, 2, log);
+    let (namespaces, namespace_events) = reflected::<Namespace>(&client, NAMESPACE, log);
     let (services, service_events) = reflected::<Service>(&client, SERVICE, log);
+    let log = (&stamps, &changed, Some(&slice_index));
     let (slices, slice_events) = reflected::<EndpointSlice>(&client, ENDPOINT_SLICE, log);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
@@ -361,20 +290,29 @@ pub fn spawn(
             health,
             stamps,
             changed,
+            slice_index,
             event_counts: counts,
         },
         receiver,
     )
 }
 
+/// Where a watch logs its changes: the stamps, the change log, and for
+/// EndpointSlices the index of the Services they serve.
+type Log<'a> = (
+    &'a ChangeStamps,
+    &'a Arc<Mutex<Changed>>,
+    Option<&'a Arc<Mutex<SliceIndex>>>,
+);
+
 /// All objects of kind `K` in a store, and the stream of its events, each
-/// change stamped in `stamps` and logged in `changed` (once the store holds
-/// it). managedFields go before the store: none of policy's business (Pods
-/// come without them already, `super::pod`).
+/// change stamped and logged (once the store holds it). managedFields go
+/// before the store: none of policy's business (Pods come without them
+/// already, `super::pod`).
 fn reflected<K>(
     client: &Client,
     kind: usize,
-    (stamps, changed): (&ChangeStamps, &Arc<Mutex<Changed>>),
+    (stamps, changed, slice_index): Log<'_>,
 ) -> (Store<K>, Pin<Box<dyn Stream<Item = Item> + Send>>)
 where
     K: Resource<DynamicType = ()>
@@ -388,32 +326,33 @@ where
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
     let (stamps, changed) = (stamps.clone(), changed.clone());
-    let mut slice_services = SliceServices::default();
+    let slice_index = slice_index.cloned();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
         .map(move |event| {
-            let mut keys_of = |object: &K, deleted: bool| {
-                let key = (object.namespace().unwrap_or_default(), object.name_any());
-                if kind == ENDPOINT_SLICE {
-                    let service = object.labels().get(SERVICE_NAME_LABEL);
-                    slice_services.changed(key, service, deleted)
-                } else {
-                    vec![key]
-                }
-            };
             let keys = match &event {
                 Ok(Event::Apply(object) | Event::Delete(object)) => {
                     let trigger = object.annotations().get(TRIGGER_TIME);
                     stamps.record(KINDS[kind].0, trigger.map(String::as_str));
                     let deleted = matches!(event, Ok(Event::Delete(_)));
-                    Some(Some(keys_of(object, deleted)))
+                    Some(changed_keys(object, deleted, slice_index.as_ref()))
                 }
                 // A (re-)list: what it leaves out was deleted unseen.
-                Ok(Event::Init | Event::InitDone) => Some(None),
+                Ok(event @ (Event::Init | Event::InitDone)) => {
+                    if let Some(Ok(mut index)) = slice_index.as_ref().map(|i| i.lock()) {
+                        match event {
+                            Event::Init => index.relist_started(),
+                            _ => index.relist_done(),
+                        }
+                    }
+                    Some(None)
+                }
                 Ok(Event::InitApply(object)) => {
-                    keys_of(object, false);
+                    if let Some(Ok(mut index)) = slice_index.as_ref().map(|i| i.lock()) {
+                        index.listed(key_of(object), object.labels().get(SERVICE_NAME_LABEL));
+                    }
                     None
                 }
                 Err(_) => None,
@@ -426,6 +365,26 @@ where
             item(kind, event)
         });
     (store, Box::pin(events))
+}
+
+fn key_of<K: Resource>(object: &K) -> Key {
+    (object.namespace().unwrap_or_default(), object.name_any())
+}
+
+/// The keys `object`'s change changes: its own, or for an EndpointSlice
+/// the Services it serves and served (None: the index cannot say).
+fn changed_keys<K: Resource>(
+    object: &K,
+    deleted: bool,
+    slice_index: Option<&Arc<Mutex<SliceIndex>>>,
+) -> Option<Vec<Key>> {
+    let key = key_of(object);
+    let Some(index) = slice_index else {
+        return Some(vec![key]);
+    };
+    let service = object.labels().get(SERVICE_NAME_LABEL);
+    let mut index = index.lock().ok()?;
+    Some(index.changed(key, service, deleted))
 }
 
 #[cfg(test)]
@@ -489,54 +448,5 @@ mod tests {
                 ("EndpointSlice", "discovery.k8s.io/v1"),
             ]
         );
-    }
-
-    #[test]
-    fn the_change_log_names_pods_and_policies_and_asks_for_a_whole_pass_otherwise() {
-        let key = |name: &str| Some(vec![("x".to_string(), name.to_string())]);
-        let mut changed = Changed::default();
-        changed.record(POD, key("a"));
-        changed.record(POLICY, key("p"));
-        changed.record(ENDPOINT_SLICE, key("s"));
-        assert_eq!(
-            changed,
-            Changed {
-                whole: false,
-                pods: BTreeSet::from([("x".into(), "a".into())]),
-                policies: BTreeSet::from([("x".into(), "p".into())]),
-                services: BTreeSet::from([("x".into(), "s".into())]),
-            }
-        );
-        // A namespace, or a list of any kind.
-        let mut namespace = Changed::default();
-        namespace.record(2, key("x"));
-        assert!(namespace.whole);
-        let mut listed = Changed::default();
-        listed.record(POD, None);
-        assert!(listed.whole);
-        // So many pods that a whole pass costs less: the log stays small.
-        let mut many = Changed::default();
-        for i in 0..=MAX_CHANGED_PODS {
-            many.record(POD, key(&i.to_string()));
-        }
-        assert!(many.whole && many.pods.is_empty());
-    }
-
-    #[test]
-    fn a_slices_event_changes_the_service_it_serves_and_the_one_it_served() {
-        let mut services = SliceServices::default();
-        let slice = || ("x".to_string(), "web-abc".to_string());
-        let (web, api) = ("web".to_string(), "api".to_string());
-        let key = |s: &str| ("x".to_string(), s.to_string());
-        assert_eq!(services.changed(slice(), Some(&web), false), [key("web")]);
-        assert_eq!(services.changed(slice(), Some(&web), false), [key("web")]);
-        assert_eq!(
-            services.changed(slice(), Some(&api), false),
-            [key("web"), key("api")]
-        );
-        assert_eq!(services.changed(slice(), None, false), [key("api")]);
-        assert_eq!(services.changed(slice(), None, false), []);
-        services.changed(slice(), Some(&web), false);
-        assert_eq!(services.changed(slice(), Some(&web), true), [key("web")]);
     }
 }

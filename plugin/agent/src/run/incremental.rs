@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::policy::PodKey;
+use crate::policy::changes::Changed;
 use crate::policy::incremental::WholePass;
-use crate::policy::watch::Changed;
 
 use super::Agent;
 use super::enforce::write_isolation;
@@ -108,12 +108,15 @@ impl Agent {
             return;
         }
         let addresses = self.nodeport_addresses.clone();
+        let mut touched = BTreeSet::new();
         let replaced = self.desired.as_mut().is_some_and(|desired| {
             keys.iter().all(|key| {
                 let frontend = frontends
                     .iter()
                     .find(|f| f.namespace == key.0 && f.name == key.1);
-                desired.replace(key.clone(), frontend, &addresses).is_ok()
+                desired
+                    .replace(key.clone(), frontend, &addresses, &mut touched)
+                    .is_ok()
             })
         });
         if !replaced {
@@ -122,7 +125,8 @@ impl Agent {
         }
         if let (Some(sync), Some(desired)) = (self.services.as_mut(), self.desired.as_ref()) {
             sync.health.update(desired.checks());
-            sync.update(desired.desired(), &addresses, &self.node_sources);
+            let own = &self.node_sources;
+            sync.update_touched(desired.desired(), &touched, &addresses, own);
         }
         self.services_synced = Some(generation);
     }

@@ -15,6 +15,7 @@
 mod enforce;
 mod incremental;
 mod node;
+mod pacing;
 mod readiness;
 mod tunnel;
 mod uplink;
@@ -49,11 +50,6 @@ use flatnet_datapath::bpf::Datapath;
 use flatnet_datapath::netlink::Netlink;
 use flatnet_datapath::node::first_packet::isolation_file;
 use flatnet_datapath::node::markers as ready;
-
-/// How long policy changes are gathered before the plan is recomputed: a
-/// burst of events (a Deployment scaled, a namespace relabelled) costs one
-/// computation, and a single change waits at most this long.
-const POLICY_COALESCE: Duration = Duration::from_millis(10);
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<()> {
@@ -138,8 +134,9 @@ pub async fn run(args: Args) -> Result<()> {
             spawn_source(KubeSource::new(client), updates, agent.metrics.clone());
         }
     }
-    // When gathered policy changes are due for a computation.
+    // When gathered changes are due for a pass (`pacing`).
     let mut policy_due: Option<Instant> = None;
+    let mut pacing = pacing::Pacing::default();
 
     let mut terminate = signal(SignalKind::terminate())
         .map_err(|e| AgentError::io("installing the SIGTERM handler", e))?;
@@ -170,7 +167,7 @@ pub async fn run(args: Args) -> Result<()> {
                 if changed.is_err() {
                     break Err(AgentError::SourceEnded("the network policy watches stopped".into()));
                 }
-                policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
+                policy_due.get_or_insert_with(|| pacing.due(Instant::now()));
             }
             changed = policy_change(&mut records_rx) => {
                 if changed.is_err() {
@@ -179,13 +176,15 @@ pub async fn run(args: Args) -> Result<()> {
                 agent.records_changed = true;
                 // Only once the watches have listed (the first value after).
                 if policy_rx.as_ref().is_some_and(|rx| *rx.borrow() > 0) {
-                    policy_due.get_or_insert_with(|| Instant::now() + POLICY_COALESCE);
+                    policy_due.get_or_insert_with(|| pacing.due(Instant::now()));
                 }
             }
             _ = until(policy_due) => {
                 policy_due = None;
                 let changes = agent.objects.as_ref().map(|o| o.take_changes());
+                let started = Instant::now();
                 agent.pass();
+                pacing.ran(started, Instant::now());
                 if let Some(changes) = changes {
                     let services = agent.services.is_some();
                     agent.metrics.change_latency.observe(changes, services);

@@ -3,7 +3,7 @@
 //! cluster's Service events) recomputes its frontend alone and replaces
 //! its part, instead of every Service's frontend being computed again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use super::Frontend;
@@ -43,17 +43,23 @@ impl DesiredByService {
         by_service
     }
 
-    /// Service `key`'s frontend is now `frontend` (None: it has none).
+    /// Service `key`'s frontend is now `frontend` (None: it has none); the
+    /// frontend keys it had or has (the others are as they were) are added
+    /// to `touched`.
     pub fn replace(
         &mut self,
         key: ServiceKey,
         frontend: Option<&Frontend<'_>>,
         node_addresses: &[IpAddr],
+        touched: &mut BTreeSet<FrontendKey>,
     ) -> Result<(), Collision> {
         if self.collided {
             return Err(Collision);
         }
-        self.put(key, frontend, node_addresses)
+        touched.extend(self.keys.get(&key).into_iter().flatten().copied());
+        let replaced = self.put(key.clone(), frontend, node_addresses);
+        touched.extend(self.keys.get(&key).into_iter().flatten().copied());
+        replaced
     }
 
     fn put(
@@ -109,6 +115,7 @@ mod tests {
 
     use super::*;
     use crate::services::health::checks;
+    use crate::services::plan::{Scope, departed, steps};
     use crate::services::{Here, frontends};
 
     fn service(name: &str, spec: Value) -> Service {
@@ -194,16 +201,32 @@ mod tests {
                 zone: None,
             },
         );
+        let before = by_service.desired().clone();
+        let mut touched = BTreeSet::new();
         for (name, frontend) in [
             ("a", None),
             ("b", Some(&changed[0])),
             ("c", Some(&changed[1])),
         ] {
             let key = ("ns".to_string(), name.to_string());
-            by_service.replace(key, frontend, &nodes).unwrap();
+            by_service
+                .replace(key, frontend, &nodes, &mut touched)
+                .unwrap();
         }
         assert_eq!(by_service.desired(), now.desired());
         assert_eq!(by_service.checks(), now.checks());
+        // The touched frontends hold every difference: comparing them
+        // alone finds what comparing all finds.
+        let after = by_service.desired();
+        assert!(!steps(&before, after, Scope::All).is_empty());
+        assert_eq!(
+            steps(&before, after, Scope::Keys(&touched)),
+            steps(&before, after, Scope::All)
+        );
+        assert_eq!(
+            departed(&before, after, Scope::Keys(&touched)),
+            departed(&before, after, Scope::All)
+        );
     }
 
     #[test]
@@ -214,6 +237,10 @@ mod tests {
         let slices = [slice("b", &["10.1.0.3"]), slice("c", &["10.1.0.4"])];
         let mut by_service = both(&services, &slices, &nodes);
         let key = ("ns".to_string(), "a".to_string());
-        assert_eq!(by_service.replace(key, None, &nodes), Err(Collision));
+        let mut touched = BTreeSet::new();
+        assert_eq!(
+            by_service.replace(key, None, &nodes, &mut touched),
+            Err(Collision)
+        );
     }
 }

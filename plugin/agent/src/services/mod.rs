@@ -13,6 +13,7 @@
 //! endpoint address on that slice port.
 
 pub mod by_service;
+pub mod departures;
 pub mod health;
 pub mod nat;
 pub mod plan;

@@ -100,33 +100,59 @@ pub enum Step<'a> {
     Delete(FrontendKey),
 }
 
-/// What turns `written` into `desired`: gone frontends deleted, new and
-/// changed ones put; unchanged ones untouched.
+/// Which frontends an update compares: all, or those a change touched
+/// (the others are known to be as written).
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'k> {
+    All,
+    Keys(&'k BTreeSet<FrontendKey>),
+}
+
+impl<'k> Scope<'k> {
+    /// The entries of `map` in scope.
+    fn of<'m: 's, 's>(
+        self,
+        map: &'m BTreeMap<FrontendKey, Target>,
+    ) -> Box<dyn Iterator<Item = (&'m FrontendKey, &'m Target)> + 's>
+    where
+        'k: 's,
+    {
+        match self {
+            Scope::All => Box::new(map.iter()),
+            Scope::Keys(keys) => Box::new(keys.iter().filter_map(|key| map.get_key_value(key))),
+        }
+    }
+}
+
+/// What turns `written` into `desired` within `scope`: gone frontends
+/// deleted, new and changed ones put; unchanged ones untouched.
 pub fn steps<'a>(
     written: &BTreeMap<FrontendKey, Target>,
     desired: &'a BTreeMap<FrontendKey, Target>,
+    scope: Scope<'_>,
 ) -> Vec<Step<'a>> {
-    let gone = written
-        .keys()
-        .filter(|key| !desired.contains_key(key))
-        .map(|key| Step::Delete(*key));
-    let changed = desired
-        .iter()
+    let gone = scope
+        .of(written)
+        .filter(|(key, _)| !desired.contains_key(key))
+        .map(|(key, _)| Step::Delete(*key));
+    let changed = scope
+        .of(desired)
         .filter(|(key, target)| written.get(key) != Some(target))
         .map(|(key, target)| Step::Put(*key, target));
     gone.chain(changed).collect()
 }
 
-/// (frontend, backend) pairs of `written` that `desired` no longer has:
-/// the backend left the frontend, or the frontend is gone.
+/// (frontend, backend) pairs of `written` within `scope` that `desired`
+/// no longer has: the backend left the frontend, or the frontend is gone.
 pub fn departed(
     written: &BTreeMap<FrontendKey, Target>,
     desired: &BTreeMap<FrontendKey, Target>,
+    scope: Scope<'_>,
 ) -> BTreeSet<(FrontendKey, SocketAddr)> {
     // Unchanged frontends (most, at every update) are skipped whole; a
     // changed one is compared as a set, not backend by backend.
-    written
-        .iter()
+    scope
+        .of(written)
         .filter(|(key, target)| desired.get(key) != Some(*target))
         .flat_map(|(key, target)| {
             let staying: BTreeSet<&SocketAddr> = desired
@@ -297,29 +323,29 @@ mod tests {
         let one = cluster_ips_only(&[frontend(&[("10.0.0.2", 53)], None)]);
         let backend = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(
-            departed(&both, &one),
+            departed(&both, &one, Scope::All),
             BTreeSet::from([((ip("10.96.0.10"), 80, 6), backend("10.0.0.1:53"))])
         );
         // Joining is no departure; nothing changed, nothing departed.
-        assert!(departed(&one, &both).is_empty());
-        assert!(departed(&both, &both).is_empty());
+        assert!(departed(&one, &both, Scope::All).is_empty());
+        assert!(departed(&both, &both, Scope::All).is_empty());
         // The Service deleted: every backend departed from it.
-        assert_eq!(departed(&both, &BTreeMap::new()).len(), 2);
+        assert_eq!(departed(&both, &BTreeMap::new(), Scope::All).len(), 2);
     }
 
     #[test]
     fn only_changed_frontends_are_written() {
         let before = cluster_ips_only(&[frontend(&[("10.0.0.1", 8080)], None)]);
         // Nothing changed: nothing to do (an agent restart).
-        assert!(steps(&before, &before).is_empty());
+        assert!(steps(&before, &before, Scope::All).is_empty());
         // One backend more: only the IPv4 frontend is put again.
         let after = cluster_ips_only(&[frontend(&[("10.0.0.1", 8080), ("10.0.0.2", 8080)], None)]);
-        let planned = steps(&before, &after);
+        let planned = steps(&before, &after, Scope::All);
         assert_eq!(planned.len(), 1);
         assert!(matches!(planned[0], Step::Put((a, 80, 6), _) if a == ip("10.96.0.10")));
         // The Service gone: both frontends deleted.
         let nothing = BTreeMap::new();
-        let planned = steps(&after, &nothing);
+        let planned = steps(&after, &nothing, Scope::All);
         assert_eq!(
             planned,
             vec![
@@ -327,5 +353,27 @@ mod tests {
                 Step::Delete((ip("fd96::a"), 80, 6))
             ]
         );
+    }
+
+    #[test]
+    fn keys_in_scope_alone_are_compared() {
+        let before = cluster_ips_only(&[frontend(&[("10.0.0.1", 53)], None)]);
+        let after = cluster_ips_only(&[frontend(&[("10.0.0.2", 53)], None)]);
+        let v4 = (ip("10.96.0.10"), 80, 6);
+        let only_v4 = BTreeSet::from([v4]);
+        let nothing = BTreeSet::new();
+        let planned = steps(&before, &after, Scope::Keys(&only_v4));
+        assert!(matches!(planned[..], [Step::Put(key, _)] if key == v4));
+        assert!(steps(&before, &after, Scope::Keys(&nothing)).is_empty());
+        let backend: SocketAddr = "10.0.0.1:53".parse().unwrap();
+        assert_eq!(
+            departed(&before, &after, Scope::Keys(&only_v4)),
+            BTreeSet::from([(v4, backend)])
+        );
+        assert!(departed(&before, &after, Scope::Keys(&nothing)).is_empty());
+        // A frontend in scope that is no longer desired: deleted.
+        let none = BTreeMap::new();
+        let planned = steps(&before, &none, Scope::Keys(&only_v4));
+        assert_eq!(planned, vec![Step::Delete(v4)]);
     }
 }

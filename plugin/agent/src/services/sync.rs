@@ -15,18 +15,19 @@
 //! to it for that frontend (`SERVICE_REVNAT` knows which) are destroyed in
 //! every network namespace, so their next call fails and the client
 //! connects again, to a live backend. A socket that named the backend pod's
-//! address itself is left alone.
+//! address itself is left alone. That search runs beside the agent's loop
+//! (`departures`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Instant;
 
 use flatnet_common::{FRONTEND_F_HOST_PORT, HOST_PORT_ID_BASE, external_port};
 use flatnet_datapath::bpf::{Datapath, Outside, service_backend, service_key};
-use flatnet_datapath::sockets::{self, Connected};
 
 use crate::metrics::AgentMetrics;
-use crate::services::plan::{FrontendKey, Step, Target, departed, steps};
+use crate::services::departures::Departures;
+use crate::services::plan::{FrontendKey, Scope, Step, Target, departed, steps};
 use crate::services::ports::{self, Change, external_ports};
 
 /// The Service maps of this node and what this agent knows is in them.
@@ -47,6 +48,9 @@ pub struct ServiceSync {
     held_ports: BTreeSet<u16>,
     /// The next backend-set id: above every id in the maps at start.
     next_id: u32,
+    /// Where backends that left go: their sockets and flows are dealt
+    /// with beside the loop.
+    departures: Departures,
     /// A step of the last update failed: the next pass must update even
     /// if no Service changed (the failed step is tried again there).
     unsettled: bool,
@@ -91,6 +95,7 @@ impl ServiceSync {
             .filter(|(_, bits)| *bits != 0)
             .collect();
         tracing::info!(frontends = written.len(), "Service maps adopted");
+        let departures = Departures::start(datapath.clone(), metrics.clone());
         Ok(ServiceSync {
             datapath,
             metrics,
@@ -101,6 +106,7 @@ impl ServiceSync {
             external_ports,
             held_ports: BTreeSet::new(),
             next_id,
+            departures,
             unsettled: false,
         })
     }
@@ -114,6 +120,49 @@ impl ServiceSync {
         node_addresses: &[IpAddr],
         own: &[IpAddr],
     ) {
+        let ports = external_ports(desired);
+        self.apply(desired, Scope::All, ports, node_addresses, own);
+    }
+
+    /// `update` when only the frontends `touched` can differ from what was
+    /// written (one Service changed): the others are not compared, and the
+    /// external ports are computed again only if a touched frontend is
+    /// reached from outside (before or now).
+    pub fn update_touched(
+        &mut self,
+        desired: &BTreeMap<FrontendKey, Target>,
+        touched: &BTreeSet<FrontendKey>,
+        node_addresses: &[IpAddr],
+        own: &[IpAddr],
+    ) {
+        let outside = |map: &BTreeMap<FrontendKey, Target>| {
+            touched
+                .iter()
+                .filter_map(|key| map.get(key))
+                .any(|target| target.outside != Outside::No)
+        };
+        let ports = if self.unsettled || outside(&self.written) || outside(desired) {
+            external_ports(desired)
+        } else {
+            self.wanted_ports.clone()
+        };
+        let scope = if self.unsettled {
+            // A failed step may be anywhere: all compared again.
+            Scope::All
+        } else {
+            Scope::Keys(touched)
+        };
+        self.apply(desired, scope, ports, node_addresses, own);
+    }
+
+    fn apply(
+        &mut self,
+        desired: &BTreeMap<FrontendKey, Target>,
+        scope: Scope<'_>,
+        ports: BTreeMap<u16, u32>,
+        node_addresses: &[IpAddr],
+        own: &[IpAddr],
+    ) {
         let start = Instant::now();
         let errors_before = self.metrics.service_errors.get();
         self.update_node_addresses(node_addresses, own);
@@ -121,10 +170,9 @@ impl ServiceSync {
         // after they are deleted: a bit without its frontend only costs a
         // call or packet a lookup, a frontend without its bit would not
         // answer.
-        let ports = external_ports(desired);
         self.write_ports(&ports, Change::Gained);
-        let departed = departed(&self.written, desired);
-        for step in steps(&self.written, desired) {
+        let departed = departed(&self.written, desired, scope);
+        for step in steps(&self.written, desired, scope) {
             let outcome = match step {
                 Step::Delete(key) => self
                     .datapath
@@ -170,8 +218,7 @@ impl ServiceSync {
             .set(self.written.values().map(|t| t.backends.len() as i64).sum());
         self.wanted_ports = ports;
         self.release_ports();
-        self.close_departed(&departed);
-        crate::services::nat::forget_departed(&self.datapath, &self.metrics, &departed);
+        self.departures.send(departed);
         self.unsettled = self.metrics.service_errors.get() != errors_before;
     }
 
@@ -239,52 +286,6 @@ impl ServiceSync {
                     tracing::warn!(error = %e, %address, "cannot write a NodePort address");
                 }
             }
-        }
-    }
-
-    /// Destroys the local clients' sockets that the socket programs sent
-    /// to a backend in `departed` for its frontend there.
-    fn close_departed(&self, departed: &BTreeSet<(FrontendKey, SocketAddr)>) {
-        if departed.is_empty() {
-            return;
-        }
-        let peers: BTreeSet<(u8, SocketAddr)> = departed
-            .iter()
-            .map(|((_, _, protocol), backend)| (*protocol, *backend))
-            .collect();
-        let datapath = &self.datapath;
-        let condemn =
-            |socket: &Connected| match datapath.socket_frontend(socket.cookie, socket.peer) {
-                Ok(Some(frontend)) => departed.contains(&(
-                    (frontend.ip(), frontend.port(), socket.protocol),
-                    socket.peer,
-                )),
-                _ => false,
-            };
-        let searching = Instant::now();
-        let outcome = sockets::destroy_connected(&peers, &condemn);
-        tracing::info!(
-            departed = departed.len(),
-            namespaces = outcome.namespaces_searched,
-            destroyed = outcome.sockets.len(),
-            elapsed_ms = searching.elapsed().as_secs_f64() * 1e3,
-            "searched for sockets to backends that left"
-        );
-        for socket in &outcome.sockets {
-            // The LRU would age it out; a destroyed socket needs no record.
-            let _ = datapath.forget_socket(socket.cookie, socket.peer);
-            tracing::info!(
-                protocol = socket.protocol,
-                local = %socket.local,
-                backend = %socket.peer,
-                "destroyed a socket whose Service backend left"
-            );
-        }
-        self.metrics
-            .service_sockets_destroyed
-            .inc_by(outcome.sockets.len() as u64);
-        for failure in &outcome.failures {
-            tracing::warn!(error = %failure, "cannot search a network namespace for sockets to destroy");
         }
     }
 }

@@ -330,9 +330,14 @@ fn sockets_to_a_departed_backend_are_destroyed() {
             .all(|(_, line)| line["answer"] == "old" || line.get("timeout").is_some()),
         "a socket connected to the pod's own address was touched: {direct:?}"
     );
+    // Counted on the departures thread, right after the search.
+    let counted = "flatnet_service_sockets_destroyed_total 2";
+    wait_until("both destroyed sockets counted", SETTLE, || {
+        cp.metrics().contains(counted)
+    });
     let page = cp.metrics();
     assert!(
-        page.contains("flatnet_service_sockets_destroyed_total 2"),
+        page.contains(counted),
         "the resolver's socket and the TCP connection, nothing else: {page}"
     );
     // How long the search took, for the record.
