@@ -20,12 +20,18 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// CPU time `pid` has used (user and system), from /proc/<pid>/stat.
+/// CPU time `pid` has used (user and system), with that of the children
+/// it ran and waited for (`nft`, say: the node pays for them too), from
+/// /proc/<pid>/stat.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command (field 2) may hold spaces: fields count from after it.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // utime, stime, cutime, cstime.
+    let mut ticks = 0u64;
+    for field in 11..=14 {
+        ticks += fields.get(field)?.parse::<u64>().ok()?;
+    }
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Some(Duration::from_secs_f64(ticks as f64 / per_second as f64))
@@ -227,5 +233,19 @@ g_bucket{le=\"+Inf\"} 4
         .unwrap();
         // Some of the 300 ms on a core, however busy the machine is.
         assert!(share > 0.0, "{share}");
+    }
+
+    #[test]
+    fn a_waited_for_childs_cpu_time_is_counted() {
+        let pid = std::process::id();
+        let before = cpu_time(pid).unwrap();
+        // The child burns CPU; this process only waits for it.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let used = cpu_time(pid).unwrap().saturating_sub(before);
+        assert!(used >= Duration::from_millis(50), "{used:?}");
     }
 }
