@@ -15,6 +15,8 @@ pub mod chart;
 pub mod report;
 
 const BIN: &str = "flatnet-scale";
+/// What the watch stores hold per kind (`flatnet-scale-memory`).
+const MEMORY_BIN: &str = "flatnet-scale-memory";
 
 #[derive(clap::Args)]
 pub struct ScaleArgs {
@@ -157,14 +159,40 @@ fn run_size(
         output.status
     );
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("flatnet-scale printed {line:?}"))
+    let mut row: Value =
+        serde_json::from_str(line).with_context(|| format!("flatnet-scale printed {line:?}"))?;
+    row["stores"] = stores(size)?;
+    Ok(row)
+}
+
+/// The bytes the agent's watch stores hold at `size`, per kind.
+fn stores(size: &str) -> anyhow::Result<Value> {
+    let output = Command::new(util::target_dir(false).join(MEMORY_BIN))
+        .arg(size)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running flatnet-scale-memory")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    anyhow::ensure!(
+        output.status.success(),
+        "flatnet-scale-memory {size} failed ({})",
+        output.status
+    );
+    serde_json::from_str(stdout.trim())
+        .with_context(|| format!("flatnet-scale-memory printed {stdout:?}"))
+}
+
+/// The bytes all kinds' stores hold, from a row's `stores`.
+fn store_bytes(stores: &Value) -> Option<f64> {
+    let kinds = stores.as_object()?;
+    Some(kinds.values().filter_map(|k| k["bytes"].as_f64()).sum())
 }
 
 /// One Markdown row per size.
 pub fn table(rows: &[Value]) -> String {
     let mut text = String::from(
-        "| size, API server | nodes | pods | Services (endpoints) | policies | ready | RSS idle / churn | CPU idle / churn | BPF maps | network programming p50 / p99 | EndpointSlice to maps p50 / p99 | policy implementation p50 / p99 | lists / watches | probes wrong |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| size, API server | nodes | pods | Services (endpoints) | policies | ready | RSS idle / churn | objects in the stores | CPU idle / churn | BPF maps | network programming p50 / p99 | EndpointSlice to maps p50 / p99 | policy implementation p50 / p99 | lists / watches | probes wrong |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let mib = |v: &Value| {
@@ -183,10 +211,11 @@ pub fn table(rows: &[Value]) -> String {
         let size = row["size"].as_str().unwrap_or("?");
         let api = row["api"].as_str().unwrap_or("stub");
         text.push_str(&format!(
-            "| {size}, {api} | {} | {} | {} ({}) | {} | {:.1} s | {} / {} | {} / {} | {} | {} | {} | {} | {} / {} | {} of {} |\n",
+            "| {size}, {api} | {} | {} | {} ({}) | {} | {:.1} s | {} / {} | {} | {} / {} | {} | {} | {} | {} | {} / {} | {} of {} |\n",
             row["nodes"], row["pods"], row["services"], row["endpoints"], row["policies"],
             row["ready_secs"].as_f64().unwrap_or(f64::NAN),
             mib(&row["idle"]["rss_bytes"]), mib(&row["churn"]["rss_bytes"]),
+            mib(&store_bytes(&row["stores"]).map_or(Value::Null, Value::from)),
             share(&row["idle"]["cpu_share"]), share(&row["churn"]["cpu_share"]),
             mib(&row["map_bytes"]),
             ms(&latency["network_programming"]),

@@ -1,0 +1,126 @@
+//! `flatnet-scale-memory <size>`: how much memory the agent's watch stores
+//! hold for a synthetic cluster of `size` (`scale::objects`), per kind.
+//! Each object is decoded from its JSON into the type the agent watches it
+//! as (its slim `Pod`, k8s-openapi's others) and put in a kube reflector
+//! store, as the agent's watches do; an allocator that counts live bytes
+//! tells each kind's share. Prints one JSON object: per kind, the objects
+//! and the bytes. `cargo xtask scale` adds it to each size's row, beside
+//! the agent's resident memory.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, bail};
+use flatnet_agent::policy::Pod;
+use flatnet_tests::kube_stub::Kind;
+use flatnet_tests::scale::objects;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Resource;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher::Event;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// The system allocator, counting the bytes allocated and not yet freed.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; only a
+// counter is kept beside.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// One kind's store, and what it holds.
+struct Held<K: Resource<DynamicType = ()> + Clone + 'static> {
+    writer: Writer<K>,
+    objects: usize,
+    bytes: usize,
+}
+
+impl<K> Held<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+{
+    fn new() -> Self {
+        let (_store, writer) = reflector::store();
+        Held {
+            writer,
+            objects: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Decodes `text` into the store, counting what that keeps.
+    fn keep(&mut self, text: &[u8]) -> anyhow::Result<()> {
+        let before = LIVE.load(Ordering::Relaxed);
+        let object: K = serde_json::from_slice(text)?;
+        self.writer.apply_watcher_event(&Event::Apply(object));
+        self.objects += 1;
+        self.bytes += LIVE.load(Ordering::Relaxed).saturating_sub(before);
+        Ok(())
+    }
+
+    fn report(&self) -> serde_json::Value {
+        json!({"objects": self.objects, "bytes": self.bytes})
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [size] = args.as_slice() else {
+        bail!("usage: flatnet-scale-memory <size: xs|s|m|l|xl>");
+    };
+    let size = objects::size_named(size).with_context(|| format!("no size {size}"))?;
+    let mut pods = Held::<Pod>::new();
+    let mut policies = Held::<NetworkPolicy>::new();
+    let mut namespaces = Held::<Namespace>::new();
+    let mut services = Held::<Service>::new();
+    let mut slices = Held::<EndpointSlice>::new();
+    for (kind, value) in objects::all(&size, "2026-01-01T00:00:00Z") {
+        let text = serde_json::to_vec(&value)?;
+        drop(value);
+        match kind {
+            Kind::Pod => pods.keep(&text)?,
+            Kind::NetworkPolicy => policies.keep(&text)?,
+            Kind::Namespace => namespaces.keep(&text)?,
+            Kind::Service => services.keep(&text)?,
+            Kind::EndpointSlice => slices.keep(&text)?,
+            // Nodes are the peer source's, not in these stores.
+            _ => {}
+        }
+    }
+    let report: BTreeMap<&str, serde_json::Value> = BTreeMap::from([
+        ("Pod", pods.report()),
+        ("NetworkPolicy", policies.report()),
+        ("Namespace", namespaces.report()),
+        ("Service", services.report()),
+        ("EndpointSlice", slices.report()),
+    ]);
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
