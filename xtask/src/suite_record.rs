@@ -38,7 +38,11 @@ impl SuiteRecord {
         if let Ok(record) = std::fs::read_to_string(RECORD) {
             undo_killed_run(&record, bin_dir)?;
         }
-        let record = render(&forwarding_now(), &NodeObjects::now(bin_dir));
+        let forwarding: Vec<(String, String)> = util::forwarding_now()
+            .into_iter()
+            .map(|(path, value)| (path.to_string(), value))
+            .collect();
+        let record = render(&forwarding, &NodeObjects::now(bin_dir));
         std::fs::write(RECORD, record).with_context(|| format!("writing {RECORD}"))?;
         Ok(SuiteRecord { _lock: lock })
     }
@@ -48,14 +52,6 @@ impl Drop for SuiteRecord {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(RECORD);
     }
-}
-
-/// The forwarding switches the suite turns on, and their values now.
-fn forwarding_now() -> Vec<(String, String)> {
-    util::FORWARDING_SWITCHES
-        .iter()
-        .filter_map(|path| Some((path.to_string(), std::fs::read_to_string(path).ok()?)))
-        .collect()
 }
 
 /// `forwarding <path> <value>` and `object <listing>` lines.

@@ -70,14 +70,17 @@ pub struct SavedForwarding(Vec<(&'static str, String)>);
 
 impl SavedForwarding {
     pub fn now() -> Self {
-        SavedForwarding(
-            FORWARDING_SWITCHES
-                .iter()
-                .copied()
-                .filter_map(|path| Some((path, std::fs::read_to_string(path).ok()?)))
-                .collect(),
-        )
+        SavedForwarding(forwarding_now())
     }
+}
+
+/// Each forwarding switch and its value now (those that can be read).
+pub fn forwarding_now() -> Vec<(&'static str, String)> {
+    FORWARDING_SWITCHES
+        .iter()
+        .copied()
+        .filter_map(|path| Some((path, std::fs::read_to_string(path).ok()?)))
+        .collect()
 }
 
 impl Drop for SavedForwarding {
