@@ -147,13 +147,16 @@ fn probing(probes: &Probes, during: impl FnOnce()) -> (u64, u64) {
     (count.into_inner(), wrong.into_inner())
 }
 
+/// A histogram's count, p50 and p99 (in ms).
+fn quantiles(buckets: &Buckets) -> Value {
+    let ms = |q| buckets.quantile(q).map(|s| (s * 1e5).round() / 100.0);
+    json!({"count": buckets.count, "p50_ms": ms(0.5), "p99_ms": ms(0.99)})
+}
+
 /// The latency histograms' p50 and p99 between two readings, in ms.
 fn latencies(before: &str, after: &str) -> Value {
     let read = |name: &str, labels: &str| {
-        let between =
-            Buckets::read(after, name, labels).since(&Buckets::read(before, name, labels));
-        let ms = |q| between.quantile(q).map(|s| (s * 1e5).round() / 100.0);
-        json!({"count": between.count, "p50_ms": ms(0.5), "p99_ms": ms(0.99)})
+        quantiles(&Buckets::read(after, name, labels).since(&Buckets::read(before, name, labels)))
     };
     let change = "flatnet_change_to_datapath_seconds";
     json!({
@@ -179,7 +182,8 @@ fn run(
         .iter()
         .map(|s| s.to_string())
         .chain([cgroup.0.display().to_string()])
-        .chain(["--resync-secs", "60"].iter().map(|s| s.to_string()))
+        // The agent's default (the tests' clusters re-check every 2 s).
+        .chain(["--resync-secs", "30"].iter().map(|s| s.to_string()))
         .collect();
     let node = &cluster.nodes[0];
     let api = ScaleApi::start(kubernetes, node)?;
@@ -249,6 +253,8 @@ fn run(
                   "cpu_share": churn_cpu, "rss_bytes": churn_rss},
         "map_bytes": measure::map_memory(&node.pin_root),
         "latency": latencies(&before, &after),
+        // Every periodic re-check since the start (the default interval).
+        "resync": quantiles(&Buckets::read(&after, "flatnet_resync_seconds", "")),
         "requests": api.requests(),
         "probes": {"count": idle_probes + churn_probes, "wrong": idle_wrong + churn_wrong},
     }))

@@ -110,6 +110,41 @@ fn targets(rows: &[Value]) -> String {
         .collect()
 }
 
+/// Where the largest size's memory and idle CPU go: what the watch stores
+/// hold per kind, and what one periodic re-check takes.
+fn where_it_goes(rows: &[Value]) -> String {
+    let Some(largest) = rows.last() else {
+        return String::new();
+    };
+    let mut text = String::new();
+    if let Some(kinds) = largest["stores"].as_object() {
+        let held: Vec<String> = kinds
+            .iter()
+            .filter_map(|(kind, held)| {
+                let (bytes, objects) = (held["bytes"].as_f64()?, held["objects"].as_f64()?);
+                let each = if objects > 0.0 { bytes / objects } else { 0.0 };
+                Some(format!(
+                    "{kind} {:.0} MiB ({each:.0} B each)",
+                    bytes / 1048576.0
+                ))
+            })
+            .collect();
+        text.push_str(&format!(
+            "- The watch stores' share of the RSS at {} pods: {}.\n",
+            largest["pods"],
+            held.join(", ")
+        ));
+    }
+    if let Some(p50) = at(largest, &["resync", "p50_ms"]) {
+        text.push_str(&format!(
+            "- One periodic re-check of the node at {} nodes (every 30 s by default; what an idle agent spends its CPU on): p50 {p50:.1} ms, {:.0} runs.\n",
+            largest["nodes"],
+            at(largest, &["resync", "count"]).unwrap_or(0.0)
+        ));
+    }
+    text
+}
+
 /// The page's section; a note when no run is in results/.
 pub fn section(report: Option<&Value>) -> String {
     let Some(report) = report else {
@@ -117,12 +152,13 @@ pub fn section(report: Option<&Value>) -> String {
     };
     let rows = report["rows"].as_array().cloned().unwrap_or_default();
     format!(
-        "Run at commit {} on {}, {} changes a second.\n\n{}\n![The agent against the cluster's size](../results/scale.png)\n\nThe issue's targets:\n\n{}",
+        "Run at commit {} on {}, {} changes a second.\n\n{}\n![The agent against the cluster's size](../results/scale.png)\n\nThe issue's targets:\n\n{}\n{}",
         report["commit"].as_str().unwrap_or("?"),
         report["date"].as_str().unwrap_or("?"),
         report["rate"],
         table(&rows),
-        targets(&rows)
+        targets(&rows),
+        where_it_goes(&rows)
     )
 }
 
@@ -159,6 +195,12 @@ mod tests {
             text.contains("wrong probe verdicts of 200 (0): 0.00, met"),
             "{text}"
         );
+        let mut largest = row(150_000, 80.0, 7.5, 0);
+        largest["stores"] = json!({"Pod": {"objects": 100, "bytes": 2097152}});
+        largest["resync"] = json!({"count": 3.0, "p50_ms": 41.25});
+        let said = where_it_goes(&[largest]);
+        assert!(said.contains("Pod 2 MiB (20972 B each)"), "{said}");
+        assert!(said.contains("p50 41.2 ms, 3 runs"), "{said}");
         let wrong = targets(&[row(1_500, 30.0, 2.0, 1)]);
         assert!(wrong.contains("(0): 1.00, **missed**"), "{wrong}");
         assert!(section(None).contains("cargo xtask scale"));

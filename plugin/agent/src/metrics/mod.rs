@@ -12,7 +12,9 @@
 //!   `flatnet_peer_nodes`, `flatnet_peer_routes`,
 //!   `flatnet_peer_routes_missing` (not in place now),
 //!   `flatnet_route_failures_total` (failed kernel requests),
-//!   `flatnet_peer_updates_total`, `flatnet_peer_source_errors_total`.
+//!   `flatnet_peer_updates_total`, `flatnet_peer_source_errors_total`,
+//!   `flatnet_resync_seconds` (histogram: one periodic re-check of the
+//!   node, what an idle agent spends its CPU on).
 //! - With `--cri-socket`: `flatnet_ipam_reclaimed_total` (attachments whose
 //!   DEL never came, released), `flatnet_ipam_allocations{range}` (addresses
 //!   in use per pod CIDR), `flatnet_ipam_reclaim_waiting` (without a sandbox,
@@ -75,6 +77,7 @@ pub struct AgentMetrics {
     pub peer_routes_missing: Gauge,
     pub route_failures: Counter,
     pub peer_updates: Counter,
+    pub resync: ComputeSeconds,
     pub source_errors: Counter,
     pub ipam_reclaimed: Counter,
     pub ipam_allocations: Family<RangeLabel, Gauge>,
@@ -171,6 +174,11 @@ pub fn registry(datapath: &Datapath, agent: &AgentMetrics) -> Registry {
         "flatnet_route_failures",
         "Route writes or removals the kernel refused",
         agent.route_failures.clone(),
+    );
+    registry.register(
+        "flatnet_resync_seconds",
+        "Time of one periodic re-check of the node (--resync-secs): routes, maps, attachments, nftables sets, conflist, address reclaim, translated flows",
+        agent.resync.0.clone(),
     );
     registry.register(
         "flatnet_peer_updates",

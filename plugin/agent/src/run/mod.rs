@@ -157,11 +157,13 @@ pub async fn run(args: Args) -> Result<()> {
                 }
             }
             _ = resync.tick() => {
+                let started = Instant::now();
                 let nodes = nodes_rx.borrow().clone();
                 if let Some(nodes) = nodes {
                     agent.reconcile(&nodes, false).await;
                 }
                 agent.collect_nat();
+                agent.metrics.resync.0.observe(started.elapsed().as_secs_f64());
             }
             changed = policy_change(&mut policy_rx) => {
                 if changed.is_err() {
