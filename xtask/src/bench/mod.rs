@@ -18,7 +18,7 @@ mod pingpong;
 mod policy;
 mod program_cost;
 mod program_stats;
-mod report;
+pub mod report;
 mod results;
 mod rounds;
 mod rows;

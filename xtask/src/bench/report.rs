@@ -32,7 +32,18 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {memory} RAM, Linux {kernel}")
 }
 
-fn commit() -> String {
+/// The time now, as the reports give it (`2026-11-30 17:21 UTC`).
+pub fn now_utc() -> String {
+    Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// HEAD's short hash, and whether the tree has uncommitted changes.
+pub fn commit() -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .current_dir(util::root())
@@ -56,12 +67,7 @@ fn commit() -> String {
 pub fn write(results: &[Round], config: &Config, dir: &Path) -> anyhow::Result<()> {
     let rows = rows(results, config);
     let table = table(&rows);
-    let when = Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let when = now_utc();
     let commit = commit();
     let machine = machine();
     let mut md = format!(

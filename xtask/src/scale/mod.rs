@@ -49,6 +49,11 @@ pub struct ScaleArgs {
 }
 
 pub fn run(args: &ScaleArgs) -> anyhow::Result<()> {
+    // When the run began, and the code it ran.
+    let started = (
+        crate::bench::report::now_utc(),
+        crate::bench::report::commit(),
+    );
     let release = !args.smoke;
     util::build(release, &crate::bench::BENCH_BINARIES)?;
     util::build_debug()?;
@@ -100,7 +105,10 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<()> {
         }
     });
     std::fs::create_dir_all(&out)?;
-    let report = serde_json::json!({"smoke": args.smoke, "rate": args.rate, "rows": rows});
+    let report = serde_json::json!({
+        "smoke": args.smoke, "rate": args.rate, "rows": rows,
+        "commit": started.1, "date": started.0,
+    });
     std::fs::write(
         out.join("scale.json"),
         serde_json::to_string_pretty(&report)?,
