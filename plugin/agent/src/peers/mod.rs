@@ -3,6 +3,7 @@
 //! this node ([`plan`]): its own pod CIDRs and one route per peer CIDR.
 
 pub mod carrier;
+mod claimed;
 pub mod file_source;
 pub mod kube_source;
 pub mod routes;
@@ -15,6 +16,7 @@ use ipnetwork::IpNetwork;
 
 use crate::error::Result;
 pub use carrier::{Carrier, Routing, RoutingMode};
+use claimed::Claimed;
 
 /// One node of the cluster, as far as pod networking cares.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -109,11 +111,10 @@ pub fn plan(nodes: &[Node], me: &str, routing: &Routing) -> Plan {
     };
     let mut peers: Vec<&Node> = nodes.iter().filter(|n| n.name != me).collect();
     peers.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut claimed: Vec<(String, IpNetwork)> = plan
-        .own_cidrs()
-        .iter()
-        .map(|c| (me.to_string(), *c))
-        .collect();
+    let mut claimed = Claimed::default();
+    for cidr in plan.own_cidrs() {
+        claimed.claim(me, *cidr);
+    }
     for peer in peers {
         if peer.pod_cidrs.is_empty() {
             plan.skipped
@@ -121,7 +122,7 @@ pub fn plan(nodes: &[Node], me: &str, routing: &Routing) -> Plan {
             continue;
         }
         for cidr in &peer.pod_cidrs {
-            if let Some((owner, other)) = claimed.iter().find(|(_, c)| overlaps(c, cidr)) {
+            if let Some((owner, other)) = claimed.overlapping(cidr) {
                 plan.skipped.push(format!(
                     "node {}: pod CIDR {cidr} overlaps {other} of node {owner}",
                     peer.name
@@ -136,7 +137,7 @@ pub fn plan(nodes: &[Node], me: &str, routing: &Routing) -> Plan {
                 ));
                 continue;
             };
-            claimed.push((peer.name.clone(), *cidr));
+            claimed.claim(&peer.name, *cidr);
             let carrier = routing.carrier(via);
             let via = match carrier {
                 Carrier::Direct => via,
@@ -152,10 +153,6 @@ pub fn plan(nodes: &[Node], me: &str, routing: &Routing) -> Plan {
     }
     plan.routes.sort();
     plan
-}
-
-fn overlaps(a: &IpNetwork, b: &IpNetwork) -> bool {
-    a.is_ipv4() == b.is_ipv4() && (a.contains(b.network()) || b.contains(a.network()))
 }
 
 #[cfg(test)]

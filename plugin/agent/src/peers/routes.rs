@@ -6,6 +6,7 @@
 //! permanent neighbour entry with the peer device's MAC), encapsulated to
 //! the peer's address by the route itself (`encap ip id VNI dst PEER`).
 
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use futures::TryStreamExt;
@@ -184,10 +185,15 @@ impl Routes {
     /// [`crate::peers::plan`], CIDRs normalized, as the kernel lists them.
     pub async fn sync(&self, wanted: &[PeerRoute], tunnel: Option<Tunnel>) -> Result<SyncOutcome> {
         let table = self.main_table().await?;
+        // By destination: a lookup per wanted route, not a scan of the table.
+        let mut by_cidr: HashMap<IpNetwork, Vec<&InstalledRoute>> = HashMap::new();
+        for installed in &table {
+            by_cidr.entry(installed.cidr).or_default().push(installed);
+        }
         let mut outcome = SyncOutcome::default();
         for route in wanted {
             let cidr = route.cidr;
-            let existing: Vec<&InstalledRoute> = table.iter().filter(|r| r.cidr == cidr).collect();
+            let existing = by_cidr.get(&cidr).map_or(&[][..], Vec::as_slice);
             if let Some(foreign) = existing.iter().find(|r| r.protocol != RTPROT_FLATNET) {
                 outcome.missing.push(format!(
                     "{cidr} (node {}): a route not made by flatnet (protocol {}) is in the way",
@@ -210,8 +216,9 @@ impl Routes {
                 }
             }
         }
+        let wanted_cidrs: HashSet<IpNetwork> = wanted.iter().map(|w| w.cidr).collect();
         for stale in table.iter().filter(|r| r.protocol == RTPROT_FLATNET) {
-            if wanted.iter().any(|w| w.cidr == stale.cidr) {
+            if wanted_cidrs.contains(&stale.cidr) {
                 continue;
             }
             match self.remove(stale).await {
