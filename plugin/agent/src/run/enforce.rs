@@ -56,10 +56,11 @@ impl Agent {
         let snapshot = objects.snapshot();
         let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());
         self.enforce_policy(&snapshot, &frontends, start);
-        let due = self
-            .services
-            .as_ref()
-            .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
+        let due = self.nodes_known
+            && self
+                .services
+                .as_ref()
+                .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
         if due {
             self.sync_services_with(&frontends);
             self.services_synced = Some(generation);
@@ -172,11 +173,18 @@ impl Agent {
     }
 
     /// Brings the Service maps up to date with the watched Services and
-    /// EndpointSlices now (the node's addresses or zone changed).
+    /// EndpointSlices now (the node's addresses or zone changed). Not before
+    /// every watch has listed: stores still filling would make a restarted
+    /// agent delete the frontends it adopted, and destroy their clients'
+    /// sockets and UDP flows, until the lists are in. The first pass after
+    /// them syncs with the addresses of then.
     pub(super) fn sync_services(&mut self) {
         let Some(objects) = self.objects.as_ref() else {
             return;
         };
+        if objects.problem().is_some() || !self.nodes_known {
+            return;
+        }
         let generation = objects.services_generation();
         let snapshot = objects.snapshot();
         let frontends = frontends_of(&snapshot, &self.node_name, self.zone.as_deref());

@@ -100,10 +100,11 @@ impl Agent {
         frontends: &[crate::services::Frontend<'_>],
         generation: u64,
     ) {
-        let due = self
-            .services
-            .as_ref()
-            .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
+        let due = self.nodes_known
+            && self
+                .services
+                .as_ref()
+                .is_some_and(|sync| self.services_synced != Some(generation) || !sync.settled());
         if !due {
             return;
         }

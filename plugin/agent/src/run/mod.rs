@@ -283,6 +283,10 @@ pub struct Agent {
     services_synced: Option<u64>,
     /// Every node's addresses NodePorts are served on (`--nodeport-addresses`).
     nodeport_addresses: Vec<IpAddr>,
+    /// A node list has been received: until then the NodePorts' addresses
+    /// are unknown, and a Service sync would take every NodePort a
+    /// restarted agent adopted away (its UDP flows and sockets with it).
+    nodes_known: bool,
     /// This node's addresses as last written to `NODE_SOURCES`.
     node_sources: Vec<IpAddr>,
     /// This node's `topology.kubernetes.io/zone` (topology hints).

@@ -107,6 +107,7 @@ impl Agent {
             services: None,
             services_synced: None,
             nodeport_addresses: Vec::new(),
+            nodes_known: false,
             node_sources: Vec::new(),
             zone: None,
             records_changed: false,
@@ -181,7 +182,12 @@ impl Agent {
             crate::services::nodeport_addresses(nodes, &self.args.nodeport_addresses);
         let zone = plan.me.as_ref().and_then(|me| me.zone.clone());
         // (After the node's own addresses: NodePorts tell them apart.)
-        if nodeport_addresses != self.nodeport_addresses || zone != self.zone || sources_changed {
+        let first = !std::mem::replace(&mut self.nodes_known, true);
+        if first
+            || nodeport_addresses != self.nodeport_addresses
+            || zone != self.zone
+            || sources_changed
+        {
             self.nodeport_addresses = nodeport_addresses;
             self.zone = zone;
             self.sync_services();

@@ -153,13 +153,53 @@ fn clients_outside_reach_node_ports_through_the_uplink() {
     live.read_to_string(&mut answer)
         .expect("the live connection's answer");
     assert!(answer.ends_with(&cp.spec.address().to_string()), "{answer}");
-    wait_until("cp-1's agent to count the translated flows", SETTLE, || {
+    // The flows still within their idle timeout stay, and are counted. A
+    // closed TCP flow's timeout is 60 s, which a loaded machine can take to
+    // get here (the restarted agent has 60 s to be ready): such a flow may
+    // be forgotten by then, as the kernel's conntrack would.
+    let within_timeout = || {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|t| Duration::from(t).as_nanos() as u64)
+            .unwrap();
+        flows
+            .iter()
+            .filter(|f| {
+                let idle = Duration::from_nanos(now.saturating_sub(f.last_ns));
+                !flatnet_agent::services::nat::expired(f.protocol, f.closing, idle)
+            })
+            .map(|f| (f.protocol, f.client, f.frontend))
+            .collect::<BTreeSet<_>>()
+    };
+    // What was seen last, for the failure's message.
+    let mut seen = String::new();
+    let counted = poll_until(SETTLE, Duration::from_millis(200), || {
         let page = cp.metrics();
-        kube_stub::metric(&page, "flatnet_nat_flows").is_some_and(|n| n >= flows.len() as f64)
-            && kube_stub::metric(&page, "flatnet_nat_flows_max")
-                == Some(f64::from(flatnet_common::MAX_NAT_FLOWS))
-            && kube_stub::metric(&page, "flatnet_nat_expired_total") == Some(0.0)
+        let must_stay = within_timeout();
+        let table = cp.datapath().nat_flows().unwrap();
+        let in_table: BTreeSet<_> = table
+            .iter()
+            .map(|f| (f.protocol, f.client, f.frontend))
+            .collect();
+        let metric = |name| kube_stub::metric(&page, name);
+        let (count, max, expired) = (
+            metric("flatnet_nat_flows"),
+            metric("flatnet_nat_flows_max"),
+            metric("flatnet_nat_expired_total"),
+        );
+        seen = format!(
+            "flows before the restart {}, {} of them within their timeout; table now {table:?}; flatnet_nat_flows {count:?}, _max {max:?}, flatnet_nat_expired_total {expired:?}",
+            flows.len(),
+            must_stay.len()
+        );
+        must_stay.is_subset(&in_table)
+            && count.is_some_and(|n| n >= must_stay.len() as f64)
+            && max == Some(f64::from(flatnet_common::MAX_NAT_FLOWS))
+            && expired.is_some_and(|n| n <= (flows.len() - must_stay.len()) as f64)
     });
+    assert!(
+        counted,
+        "cp-1's restarted agent did not count the translated flows within {SETTLE:?}: {seen}"
+    );
 
     // Local: each node's own backend, the client's address kept.
     stub.modify(Kind::Service, "default/np", |service| {
