@@ -148,7 +148,8 @@ fn run_size(
     rate: f64,
     kubernetes: Option<&Path>,
 ) -> anyhow::Result<Value> {
-    let output = Command::new(util::target_dir(false).join(BIN))
+    let mut command = Command::new(util::target_dir(false).join(BIN));
+    command
         .args([
             size,
             &idle.to_string(),
@@ -156,38 +157,30 @@ fn run_size(
             &rate.to_string(),
         ])
         .args(kubernetes)
-        .env("FLATNET_BIN_DIR", bin_dir)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running flatnet-scale")?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    anyhow::ensure!(
-        output.status.success(),
-        "flatnet-scale {size} failed ({}): {stdout}",
-        output.status
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    let mut row: Value =
-        serde_json::from_str(line).with_context(|| format!("flatnet-scale printed {line:?}"))?;
-    row["stores"] = stores(size)?;
+        .env("FLATNET_BIN_DIR", bin_dir);
+    let mut row = last_json_line(command, BIN, size)?;
+    // The bytes the agent's watch stores hold at this size, per kind.
+    let mut memory = Command::new(util::target_dir(false).join(MEMORY_BIN));
+    memory.arg(size);
+    row["stores"] = last_json_line(memory, MEMORY_BIN, size)?;
     Ok(row)
 }
 
-/// The bytes the agent's watch stores hold at `size`, per kind.
-fn stores(size: &str) -> anyhow::Result<Value> {
-    let output = Command::new(util::target_dir(false).join(MEMORY_BIN))
-        .arg(size)
+/// Runs one of the harness's binaries (`name`) for `size` and reads the
+/// JSON it prints last.
+fn last_json_line(mut command: Command, name: &str, size: &str) -> anyhow::Result<Value> {
+    let output = command
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("running flatnet-scale-memory")?;
+        .with_context(|| format!("running {name}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     anyhow::ensure!(
         output.status.success(),
-        "flatnet-scale-memory {size} failed ({})",
+        "{name} {size} failed ({}): {stdout}",
         output.status
     );
-    serde_json::from_str(stdout.trim())
-        .with_context(|| format!("flatnet-scale-memory printed {stdout:?}"))
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("{name} printed {line:?}"))
 }
 
 /// The bytes all kinds' stores hold, from a row's `stores`.
