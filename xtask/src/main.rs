@@ -5,6 +5,7 @@ mod bench;
 mod cni;
 mod code_map;
 mod demo;
+mod disk;
 mod e2e;
 #[cfg(test)]
 mod flag_tables;

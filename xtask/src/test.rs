@@ -106,6 +106,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let _forwarding = util::SavedForwarding::now();
     let e2e = !args.no_e2e && args.filter.is_none();
     let release = crate::e2e::build::DEFAULT_RELEASE.parse()?;
+    crate::disk::check(&disk_needs(e2e, &release))?;
     // Kubernetes builds while the Rust tests run (see `BackgroundBuild`).
     let e2e_build = if e2e && util::is_root() {
         crate::e2e::build::BackgroundBuild::start(&release)?
@@ -218,4 +219,61 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// What the suite writes, at the size each reaches in a run from nothing
+/// (CI's clean checkout with warm caches, and a machine's first run).
+fn disk_needs(e2e: bool, release: &crate::e2e::build::Release) -> Vec<crate::disk::Need> {
+    use crate::disk::{GIB, Need};
+    let mut needs = vec![Need {
+        path: util::root().join("target"),
+        what: "the build (target/)",
+        full_size: TARGET_FULL_SIZE,
+    }];
+    if !e2e {
+        return needs;
+    }
+    needs.push(Need {
+        path: crate::e2e::build::cache_root(release),
+        what: "the Kubernetes release and images",
+        full_size: 2 * GIB,
+    });
+    if !crate::e2e::build::is_built(release) {
+        // Go's caches after one release's build (binaries, e2e.test and
+        // the images' tools), from this machine's.
+        for (variable, what, size) in [
+            ("GOMODCACHE", "Go's module cache", 2 * GIB),
+            ("GOCACHE", "Go's build cache", 4 * GIB),
+        ] {
+            if let Some(path) = go_env(variable) {
+                needs.push(Need {
+                    path,
+                    what,
+                    full_size: size,
+                });
+            }
+        }
+    }
+    // The e2e machines' folders: logs, kubelets' and CNI state (their
+    // container stores are in memory, `e2e::host`).
+    needs.push(Need {
+        path: crate::e2e::STATE_DIR.into(),
+        what: "the e2e machines",
+        full_size: GIB,
+    });
+    needs
+}
+
+/// target/ at the end of a CI run from a clean checkout.
+const TARGET_FULL_SIZE: u64 = 16 * crate::disk::GIB;
+
+/// A `go env` variable, when Go is there to say it.
+fn go_env(variable: &str) -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("go")
+        .args(["env", variable])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let text = text.trim();
+    (out.status.success() && !text.is_empty()).then(|| text.into())
 }

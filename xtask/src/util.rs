@@ -118,7 +118,17 @@ pub fn cargo() -> Command {
     if let Ok(joined) = std::env::join_paths(dirs) {
         cmd.env("PATH", joined);
     }
+    // A CI run builds each crate once, from a clean checkout: incremental
+    // caches would only take disk (as much again as the build).
+    if in_ci() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     cmd
+}
+
+/// Whether this runs under CI (`CI` set, and not to `false` or `0`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
 /// The plugins a runtime executes for every pod; release builds link them

@@ -86,6 +86,22 @@ impl Cluster {
         built: &Built,
         images: &[PathBuf],
     ) -> anyhow::Result<Self> {
+        let dir = plan.dir.clone();
+        let cluster = Self::start(plan, mode, built, images);
+        if cluster.is_err() {
+            // What had started is down by now; its state folder goes too,
+            // as after a run (a CI run that failed here left 764 MB).
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        cluster
+    }
+
+    fn start(
+        plan: Plan,
+        mode: ServicesMode,
+        built: &Built,
+        images: &[PathBuf],
+    ) -> anyhow::Result<Self> {
         let started = Instant::now();
         let pki = Pki::create(&plan.dir.join("pki"))?;
         let control_plane = ControlPlane::start(&plan, &pki, &built.bin_dir, &built.etcd())?;

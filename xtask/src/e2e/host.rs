@@ -40,6 +40,10 @@ pub const PRIVATE_PATHS: &[&str] = &[
     "/var/log/containers",
 ];
 
+/// containerd's store: a tmpfs of its own on each machine, at most this big.
+const CONTAINER_STORE: &str = "/var/lib/containerd";
+const CONTAINER_STORE_SIZE: &str = "6g";
+
 pub struct Host {
     pub name: String,
     /// This machine's folder: `root/<path>` is bound at each private path.
@@ -194,7 +198,17 @@ impl Host {
                 list.push('\n');
                 std::fs::write(&made, list)?;
             }
-            sh(&format!("mount --bind '{}' '{path}'", source.display()))?;
+            if *path == CONTAINER_STORE {
+                // Images and their unpacked layers (1-2 GB a machine) in
+                // memory, not on a disk the build has nearly filled: a CI
+                // run once ran out of space importing an image. Gone with
+                // the machine's mount namespace.
+                sh(&format!(
+                    "mount -t tmpfs -o size={CONTAINER_STORE_SIZE},mode=0711 tmpfs {path}"
+                ))?;
+            } else {
+                sh(&format!("mount --bind '{}' '{path}'", source.display()))?;
+            }
         }
         // /run is the machine's own: make what the tools expect there.
         sh("mkdir -p /run/netns /run/lock")?;

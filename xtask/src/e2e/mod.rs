@@ -39,7 +39,7 @@ fn logs_root() -> PathBuf {
 }
 
 /// Where the clusters' state goes (removed after each).
-const STATE_DIR: &str = "/var/tmp/flatnet-e2e";
+pub const STATE_DIR: &str = "/var/tmp/flatnet-e2e";
 
 /// `results/e2e.md` written again from the `results/e2e-<mode>.json` it
 /// is made of (after a change to how it is written; no cluster needed).

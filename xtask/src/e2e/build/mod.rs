@@ -203,6 +203,11 @@ fn recorded_source(stamp: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// Whether the release's binaries are built (its stamp vouches for them).
+pub fn is_built(release: &Release) -> bool {
+    complete(&cache_root(release).join("bin")).is_some()
+}
+
 /// Installs the missing packages, then builds what the stamp does not
 /// already vouch for.
 pub fn prepare(release: &Release) -> anyhow::Result<Built> {
