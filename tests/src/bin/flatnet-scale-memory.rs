@@ -1,8 +1,8 @@
 //! `flatnet-scale-memory <size>`: how much memory the agent's watch stores
 //! hold for a synthetic cluster of `size` (`scale::objects`), per kind.
 //! Each object is decoded from its JSON into the type the agent watches it
-//! as (its slim `Pod`, k8s-openapi's others) and put in a kube reflector
-//! store, as the agent's watches do; an allocator that counts live bytes
+//! as (its slim `Pod`, k8s-openapi's others), slimmed and put in a kube
+//! reflector store, as the agent's watches do; an allocator that counts live bytes
 //! tells each kind's share. Prints one JSON object: per kind, the objects
 //! and the bytes. `cargo xtask scale` adds it to each size's row, beside
 //! the agent's resident memory.
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, bail};
 use flatnet_agent::policy::Pod;
+use flatnet_agent::policy::watch::slim_for_store;
 use flatnet_tests::kube_stub::Kind;
 use flatnet_tests::scale::objects;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -78,7 +79,8 @@ where
     /// Decodes `text` into the store, counting what that keeps.
     fn keep(&mut self, text: &[u8]) -> anyhow::Result<()> {
         let before = LIVE.load(Ordering::Relaxed);
-        let object: K = serde_json::from_slice(text)?;
+        let mut object: K = serde_json::from_slice(text)?;
+        slim_for_store(&mut object);
         self.writer.apply_watcher_event(&Event::Apply(object));
         self.objects += 1;
         self.bytes += LIVE.load(Ordering::Relaxed).saturating_sub(before);

@@ -39,24 +39,16 @@ pub struct PodView<'a> {
 
 impl<'a> PodView<'a> {
     pub fn new(pod: &'a Pod) -> Self {
-        let status = pod.status.as_ref();
-        let listed = status.and_then(|s| s.pod_ips.as_ref());
-        let mut ips: Vec<IpAddr> = match listed {
-            Some(ips) if !ips.is_empty() => ips.iter().filter_map(|i| i.ip.parse().ok()).collect(),
-            _ => status
-                .and_then(|s| s.pod_ip.as_ref())
-                .and_then(|i| i.parse().ok())
-                .into_iter()
-                .collect(),
-        };
-        ips.sort();
-        ips.dedup();
         PodView {
             pod,
             namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
             name: pod.metadata.name.as_deref().unwrap_or_default(),
-            labels: pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-            ips,
+            labels: &pod.labels,
+            ips: pod
+                .status
+                .iter()
+                .flat_map(|s| s.ips.iter().copied())
+                .collect(),
         }
     }
 
@@ -91,7 +83,7 @@ impl<'a> PodView<'a> {
 
     /// The pod's container ports named `name` for `protocol`.
     pub fn named_ports(&self, protocol: Protocol, name: &str) -> impl Iterator<Item = PortRange> {
-        let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+        let containers = self.pod.spec.iter().flat_map(|s| s.containers.iter());
         containers
             .flat_map(|c| c.ports.iter().flatten())
             .filter(move |p| {
@@ -182,7 +174,7 @@ impl<'a> PodView<'a> {
             .collect();
         let mut named_ports = Vec::new();
         if relevant.named_ports {
-            let containers = self.pod.spec.iter().flat_map(|s| &s.containers);
+            let containers = self.pod.spec.iter().flat_map(|s| s.containers.iter());
             named_ports = containers
                 .flat_map(|c| c.ports.iter().flatten())
                 .filter_map(|p| {

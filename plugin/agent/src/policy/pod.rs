@@ -4,42 +4,61 @@
 //! k8s-openapi's `Pod` is 2.4 KiB before any field is set, and each
 //! container another 2.3 KiB: most of the agent's memory in a big cluster,
 //! where every pod is watched (peers can be anywhere). This one keeps
-//! name, namespace, labels and resourceVersion (the watch resumes from it),
-//! the node, host networking, container ports (named ports), the phase and
-//! the addresses. Its field names are k8s-openapi's, so code reads it alike.
+//! name, namespace and resourceVersion (which the watch resumes from, and
+//! which goes before the store: `watch::reflected`), the labels, the node,
+//! host networking, container ports (named ports), the phase and the
+//! addresses (parsed). What pods repeat (labels, ports, node, phase) is
+//! one shared copy (`interned`). Field names are k8s-openapi's where the
+//! field is, so code reads it alike.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, LazyLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
+
+use super::interned::Interner;
+
+/// A pod's labels, shared with every pod that has the same.
+pub type Labels = Arc<BTreeMap<String, String>>;
+
+static LABELS: LazyLock<Interner<BTreeMap<String, String>>> = LazyLock::new(Interner::new);
+static CONTAINERS: LazyLock<Interner<[Container]>> = LazyLock::new(Interner::new);
+static TEXT: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
+
+/// The shared copy of a label set.
+pub fn labels(labels: BTreeMap<String, String>) -> Labels {
+    LABELS.get(&labels, || Arc::new(labels.clone()))
+}
 
 /// A Pod (core/v1), slim. Every field may be missing, as in k8s-openapi,
 /// but a container port's number and an address's `ip`.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(from = "Served")]
 pub struct Pod {
-    #[serde(deserialize_with = "slim_metadata")]
+    /// Name, namespace and (until the store) resourceVersion only.
     pub metadata: ObjectMeta,
+    pub labels: Labels,
     pub spec: Option<PodSpec>,
     pub status: Option<PodStatus>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct PodSpec {
-    pub node_name: Option<String>,
+    pub node_name: Option<Arc<str>>,
     pub host_network: Option<bool>,
-    pub containers: Vec<Container>,
+    pub containers: Arc<[Container]>,
 }
 
 /// A container: only its ports.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, Hash)]
 #[serde(default)]
 pub struct Container {
     pub ports: Option<Vec<ContainerPort>>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerPort {
     pub name: Option<String>,
@@ -47,41 +66,104 @@ pub struct ContainerPort {
     pub protocol: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct PodStatus {
-    pub phase: Option<String>,
-    #[serde(rename = "podIP")]
-    pub pod_ip: Option<String>,
-    #[serde(rename = "podIPs")]
-    pub pod_ips: Option<Vec<PodIp>>,
+    pub phase: Option<Arc<str>>,
+    /// `podIPs` (or `podIP` without them), parsed, sorted, each once;
+    /// unparsable ones left out.
+    pub ips: Box<[IpAddr]>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct PodIp {
-    pub ip: String,
+/// A Pod as served, with only the fields kept; annotations,
+/// managedFields, owners and the rest are skipped while decoding.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Served {
+    metadata: ServedMetadata,
+    spec: Option<ServedSpec>,
+    status: Option<ServedStatus>,
 }
 
-/// The metadata fields kept; annotations, managedFields, owners and the
-/// rest are skipped while decoding.
 #[derive(Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-struct KeptMetadata {
+struct ServedMetadata {
     name: Option<String>,
     namespace: Option<String>,
     labels: Option<BTreeMap<String, String>>,
     resource_version: Option<String>,
 }
 
-fn slim_metadata<'de, D: Deserializer<'de>>(decoder: D) -> Result<ObjectMeta, D::Error> {
-    let kept = KeptMetadata::deserialize(decoder)?;
-    Ok(ObjectMeta {
-        name: kept.name,
-        namespace: kept.namespace,
-        labels: kept.labels,
-        resource_version: kept.resource_version,
-        ..ObjectMeta::default()
-    })
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ServedSpec {
+    node_name: Option<String>,
+    host_network: Option<bool>,
+    containers: Vec<Container>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ServedStatus {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Option<Vec<PodIp>>,
+}
+
+#[derive(Deserialize)]
+struct PodIp {
+    ip: String,
+}
+
+impl From<Served> for Pod {
+    fn from(served: Served) -> Self {
+        let meta = served.metadata;
+        Pod {
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                resource_version: meta.resource_version,
+                ..ObjectMeta::default()
+            },
+            labels: labels(meta.labels.unwrap_or_default()),
+            spec: served.spec.map(|spec| PodSpec {
+                node_name: spec.node_name.as_deref().map(|n| TEXT.text(n)),
+                host_network: spec.host_network,
+                containers: CONTAINERS.get(spec.containers.as_slice(), || {
+                    spec.containers.clone().into()
+                }),
+            }),
+            status: served.status.map(|status| PodStatus {
+                phase: status.phase.as_deref().map(|p| TEXT.text(p)),
+                ips: addresses(status.pod_ips, status.pod_ip),
+            }),
+        }
+    }
+}
+
+/// `podIPs`, or `podIP` when they are missing or empty.
+fn addresses(listed: Option<Vec<PodIp>>, single: Option<String>) -> Box<[IpAddr]> {
+    let mut ips: Vec<IpAddr> = match listed {
+        Some(ips) if !ips.is_empty() => ips.iter().filter_map(|i| i.ip.parse().ok()).collect(),
+        _ => single.and_then(|i| i.parse().ok()).into_iter().collect(),
+    };
+    ips.sort();
+    ips.dedup();
+    ips.into()
+}
+
+impl PodStatus {
+    /// A status in `phase` with `ips` (tests and fixtures).
+    pub fn new(phase: &str, ips: &[IpAddr]) -> Self {
+        let mut ips = ips.to_vec();
+        ips.sort();
+        ips.dedup();
+        PodStatus {
+            phase: Some(TEXT.text(phase)),
+            ips: ips.into(),
+        }
+    }
 }
 
 impl k8s_openapi::Resource for Pod {
@@ -143,8 +225,9 @@ mod tests {
         assert_eq!(meta.name.as_deref(), Some("web-1"));
         assert_eq!(meta.namespace.as_deref(), Some("shop"));
         assert_eq!(meta.resource_version.as_deref(), Some("4711"));
-        assert_eq!(meta.labels.as_ref().unwrap()["app"], "web");
-        assert!(meta.annotations.is_none() && meta.managed_fields.is_none());
+        assert_eq!(pod.labels["app"], "web");
+        assert!(meta.labels.is_none() && meta.annotations.is_none());
+        assert!(meta.managed_fields.is_none());
         assert!(meta.owner_references.is_none() && meta.uid.is_none());
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-1"));
@@ -157,20 +240,59 @@ mod tests {
         assert_eq!(port.protocol.as_deref(), Some("TCP"));
         let status = pod.status.as_ref().unwrap();
         assert_eq!(status.phase.as_deref(), Some("Running"));
-        assert_eq!(status.pod_ip.as_deref(), Some("10.0.1.5"));
-        let ips: Vec<&str> = status
-            .pod_ips
-            .iter()
-            .flatten()
-            .map(|i| i.ip.as_str())
-            .collect();
+        let ips: Vec<String> = status.ips.iter().map(|i| i.to_string()).collect();
         assert_eq!(ips, ["10.0.1.5", "fd00::5"]);
+    }
+
+    #[test]
+    fn pods_alike_share_their_labels_ports_node_and_phase() {
+        let one: Pod = serde_json::from_value(served()).unwrap();
+        let mut json = served();
+        json["metadata"]["name"] = json!("web-2");
+        json["status"]["podIPs"] = json!([{"ip": "10.0.1.6"}]);
+        let two: Pod = serde_json::from_value(json).unwrap();
+        assert!(Arc::ptr_eq(&one.labels, &two.labels));
+        let (a, b) = (one.spec.unwrap(), two.spec.unwrap());
+        assert!(Arc::ptr_eq(&a.containers, &b.containers));
+        assert!(Arc::ptr_eq(
+            a.node_name.as_ref().unwrap(),
+            b.node_name.as_ref().unwrap()
+        ));
+        let (a, b) = (one.status.unwrap(), two.status.unwrap());
+        assert!(Arc::ptr_eq(
+            a.phase.as_ref().unwrap(),
+            b.phase.as_ref().unwrap()
+        ));
+        assert_ne!(a.ips, b.ips);
+    }
+
+    #[test]
+    fn addresses_are_pod_ips_else_pod_ip_parsed_sorted_once() {
+        let decode = |status: serde_json::Value| -> Vec<String> {
+            let pod: Pod = serde_json::from_value(json!({"status": status})).unwrap();
+            pod.status
+                .unwrap()
+                .ips
+                .iter()
+                .map(|i| i.to_string())
+                .collect()
+        };
+        let both = json!({"podIP": "10.0.0.1", "podIPs": [{"ip": "fd00::1"}, {"ip": "10.0.0.1"}]});
+        assert_eq!(decode(both), ["10.0.0.1", "fd00::1"]);
+        assert_eq!(
+            decode(json!({"podIP": "10.0.0.2", "podIPs": []})),
+            ["10.0.0.2"]
+        );
+        assert_eq!(decode(json!({"podIP": "10.0.0.3"})), ["10.0.0.3"]);
+        let bad = json!({"podIPs": [{"ip": "not-an-ip"}, {"ip": "10.0.0.4"}, {"ip": "10.0.0.4"}]});
+        assert_eq!(decode(bad), ["10.0.0.4"]);
+        assert!(decode(json!({"phase": "Pending"})).is_empty());
     }
 
     #[test]
     fn a_pod_with_only_a_name_decodes() {
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap();
-        assert!(pod.spec.is_none() && pod.status.is_none());
+        assert!(pod.spec.is_none() && pod.status.is_none() && pod.labels.is_empty());
         let pod: Pod =
             serde_json::from_value(json!({"metadata": {"name": "a"}, "spec": {}})).unwrap();
         assert!(pod.spec.unwrap().containers.is_empty());
@@ -186,8 +308,7 @@ mod tests {
     }
 
     /// A pod's inline size with one container: a small fraction of
-    /// k8s-openapi's (the heap besides: 1,567 against 5,934 B for the scale
-    /// harness's pods, docs/benchmarks.md).
+    /// k8s-openapi's (the heap besides, docs/benchmarks.md).
     #[test]
     fn holds_a_fraction_of_the_full_pods_memory() {
         let slim = std::mem::size_of::<Pod>() + std::mem::size_of::<Container>();

@@ -306,9 +306,8 @@ type Log<'a> = (
 );
 
 /// All objects of kind `K` in a store, and the stream of its events, each
-/// change stamped and logged (once the store holds it). managedFields go
-/// before the store: none of policy's business (Pods come without them
-/// already, `super::pod`).
+/// change stamped and logged (once the store holds it), slimmed first
+/// ([`slim_for_store`]).
 fn reflected<K>(
     client: &Client,
     kind: usize,
@@ -329,7 +328,7 @@ where
     let slice_index = slice_index.cloned();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        .modify(slim_for_store)
         .reflect(writer)
         .map(move |event| {
             let keys = match &event {
@@ -365,6 +364,15 @@ where
             item(kind, event)
         });
     (store, Box::pin(events))
+}
+
+/// What goes of an object before the store: managedFields (none of
+/// policy's business), and resourceVersion, which the watcher has read
+/// already (it resumes from the last one) and which the store and its key
+/// would keep two copies of.
+pub fn slim_for_store<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    object.meta_mut().resource_version = None;
 }
 
 fn key_of<K: Resource>(object: &K) -> Key {

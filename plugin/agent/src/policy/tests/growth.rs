@@ -104,7 +104,7 @@ fn a_peer_pod_coming_or_going_rewrites_no_table() {
     );
 
     // A label no selector mentions does not split the identity.
-    pods.last_mut().unwrap().metadata.labels = Some(BTreeMap::from([
+    pods.last_mut().unwrap().labels = pod::labels(BTreeMap::from([
         ("app".into(), "client".into()),
         ("version".into(), "2".into()),
     ]));

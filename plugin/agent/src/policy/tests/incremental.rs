@@ -172,23 +172,9 @@ impl World {
             let backends: Vec<String> = self
                 .pods
                 .values()
-                .filter(|p| {
-                    p.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get("app"))
-                        .map(String::as_str)
-                        == Some(app)
-                })
+                .filter(|p| p.labels.get("app").map(String::as_str) == Some(app))
                 .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .filter_map(|p| {
-                    p.status
-                        .as_ref()?
-                        .pod_ips
-                        .as_ref()?
-                        .first()
-                        .map(|i| i.ip.clone())
-                })
+                .filter_map(|p| p.status.as_ref()?.ips.first().map(|i| i.to_string()))
                 .take(3)
                 .collect();
             let endpoints: Vec<(&str, Option<bool>)> =
@@ -255,7 +241,7 @@ fn change(
             let key = pick(rng);
             let app = APPS[rng.below(4)];
             if let Some(p) = world.pods.get_mut(&key) {
-                p.metadata.labels = Some(BTreeMap::from([("app".into(), app.into())]));
+                p.labels = pod::labels(BTreeMap::from([("app".into(), app.into())]));
             }
             index.pod_changed(&pod_key(&key), world.pods.get(&key), &mut addresses)
         }
