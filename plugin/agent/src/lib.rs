@@ -23,6 +23,7 @@
 pub mod config;
 pub mod error;
 pub mod install;
+mod interned;
 pub mod metrics;
 pub mod node_state;
 pub mod peers;

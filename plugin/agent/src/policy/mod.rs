@@ -26,7 +26,6 @@ pub mod changes;
 mod cluster;
 pub mod identity;
 pub mod incremental;
-mod interned;
 mod isolation;
 pub mod pod;
 mod ports;

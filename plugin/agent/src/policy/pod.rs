@@ -18,7 +18,7 @@ use std::sync::{Arc, LazyLock};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::interned::Interner;
+use crate::interned::Interner;
 
 /// A pod's labels, shared with every pod that has the same.
 pub type Labels = Arc<BTreeMap<String, String>>;

@@ -12,9 +12,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::services::EndpointSlice;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -366,13 +366,25 @@ where
     (store, Box::pin(events))
 }
 
-/// What goes of an object before the store: managedFields (none of
-/// policy's business), and resourceVersion, which the watcher has read
-/// already (it resumes from the last one) and which the store and its key
-/// would keep two copies of.
+/// What an object keeps in the store: its name, namespace, labels and, of
+/// its annotations, the change's trigger time (the latency metrics read
+/// it). The rest of its metadata is none of the agent's business: a
+/// kubectl-applied object's last-applied annotation alone is as big as
+/// the object again. resourceVersion the watcher has read already (it
+/// resumes from the last one); the store and its key kept two copies.
 pub fn slim_for_store<K: Resource>(object: &mut K) {
-    object.managed_fields_mut().clear();
-    object.meta_mut().resource_version = None;
+    let meta = std::mem::take(object.meta_mut());
+    let trigger = meta
+        .annotations
+        .and_then(|mut a| a.remove_entry(TRIGGER_TIME))
+        .map(|entry| std::collections::BTreeMap::from([entry]));
+    *object.meta_mut() = kube::api::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        labels: meta.labels,
+        annotations: trigger,
+        ..Default::default()
+    };
 }
 
 fn key_of<K: Resource>(object: &K) -> Key {
@@ -427,6 +439,31 @@ mod tests {
         );
         health.listed = [true; KINDS.len()];
         assert_eq!(health.problem(), None);
+    }
+
+    #[test]
+    fn a_stored_object_keeps_its_name_labels_and_trigger_time_only() {
+        let mut service: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u", "resourceVersion": "9",
+                "labels": {"app": "web"}, "finalizers": ["x"],
+                "annotations": {TRIGGER_TIME: "2026-11-30T10:00:00Z",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [{"manager": "kubectl"}]
+            }
+        }))
+        .unwrap();
+        slim_for_store(&mut service);
+        let meta = &service.metadata;
+        assert_eq!(
+            (meta.name.as_deref(), meta.namespace.as_deref()),
+            (Some("web"), Some("shop"))
+        );
+        assert_eq!(meta.labels.as_ref().unwrap()["app"], "web");
+        let annotations: Vec<&String> = meta.annotations.iter().flatten().map(|(k, _)| k).collect();
+        assert_eq!(annotations, [TRIGGER_TIME]);
+        assert!(meta.uid.is_none() && meta.resource_version.is_none());
+        assert!(meta.finalizers.is_none() && meta.managed_fields.is_none());
     }
 
     #[test]

@@ -109,8 +109,8 @@ impl DesiredByService {
 
 #[cfg(test)]
 mod tests {
+    use crate::services::EndpointSlice;
     use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use serde_json::{Value, json};
 
     use super::*;

@@ -18,6 +18,7 @@ pub mod health;
 pub mod nat;
 pub mod plan;
 pub mod ports;
+mod slice;
 pub mod sync;
 pub mod topology;
 
@@ -26,7 +27,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+pub use slice::{Endpoint, EndpointSlice};
 
 use crate::protocol::Protocol;
 pub use topology::Here;
@@ -319,13 +320,7 @@ fn backends(
     };
     let addresses = |chosen: &mut dyn Iterator<Item = &(&Endpoint, u16, Use)>| {
         chosen
-            .flat_map(|(endpoint, port, _)| {
-                endpoint
-                    .addresses
-                    .iter()
-                    .filter_map(|a| a.parse::<IpAddr>().ok())
-                    .map(move |ip| (ip, *port))
-            })
+            .flat_map(|(endpoint, port, _)| endpoint.addresses.iter().map(move |ip| (*ip, *port)))
             .collect::<BTreeSet<_>>()
     };
     let chosen = addresses(

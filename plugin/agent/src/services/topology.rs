@@ -7,7 +7,7 @@
 //! (a hint missing, nothing for here, no zone label on the node) every
 //! ready endpoint is used: hints narrow the choice, never empty it.
 
-use k8s_openapi::api::discovery::v1::Endpoint;
+use super::slice::Endpoint;
 
 /// Where this agent runs: its node's name and `topology.kubernetes.io/zone`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::services::EndpointSlice;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
 
 use super::services::{service, slice};

@@ -1,8 +1,8 @@
 //! Egress to a ClusterIP, judged by the Service's backends: the frontends
 //! read from Services and EndpointSlices, and what they add to a plan.
 
+use crate::services::EndpointSlice;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
 use super::*;

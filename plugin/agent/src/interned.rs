@@ -1,5 +1,6 @@
 //! One shared copy of values that many watched objects repeat: the label
-//! sets of a Deployment's pods, their container ports, node names, phases.
+//! sets of a Deployment's pods, their container ports, node names, phases,
+//! and the endpoints' node names of EndpointSlices.
 //! At 150,000 pods each pod's own copy of its labels was about 600 bytes
 //! (a B-tree node and a string per key and value); shared, it is a pointer.
 //!
