@@ -16,6 +16,7 @@ pub mod masquerade;
 mod mode;
 pub mod netlink;
 pub mod netns;
+pub mod nft_generation;
 pub mod node;
 pub mod records;
 pub mod sockets;

@@ -92,3 +92,46 @@ fn without_ip_masq_nothing_is_installed() {
     assert_eq!(rules_of(&net.name), 0);
     assert!(!flatnet_datapath::masquerade::installed(&net.name));
 }
+
+/// The nftables generation the agent's periodic re-check reads (it lists
+/// its no-masquerade sets only when the generation moved): it moves with
+/// any change to the namespace's tables, whoever makes it, and not with a
+/// read.
+#[flatnet_test(root)]
+fn the_nftables_generation_moves_with_each_change_and_not_with_a_read() {
+    use flatnet_datapath::nft_generation::nftables_generation;
+    let netns = Netns::new();
+    netns.run(|| {
+        let before = nftables_generation().unwrap();
+        run_ok(Command::new("nft").args(["-j", "list", "ruleset"]));
+        assert_eq!(nftables_generation().unwrap(), before, "a read moved it");
+        run_ok(Command::new("nft").args(["add", "table", "inet", "flatnet-generation"]));
+        let added = nftables_generation().unwrap();
+        assert_ne!(added, before, "adding a table did not move it");
+        run_ok(Command::new("nft").args([
+            "add",
+            "set",
+            "inet",
+            "flatnet-generation",
+            "s",
+            "{ type ipv4_addr; flags interval; }",
+        ]));
+        run_ok(Command::new("nft").args([
+            "add",
+            "element",
+            "inet",
+            "flatnet-generation",
+            "s",
+            "{ 10.1.0.0/16 }",
+        ]));
+        let filled = nftables_generation().unwrap();
+        assert_ne!(filled, added, "adding an element did not move it");
+        run_ok(Command::new("nft").args(["flush", "set", "inet", "flatnet-generation", "s"]));
+        assert_ne!(
+            nftables_generation().unwrap(),
+            filled,
+            "flushing the set did not move it"
+        );
+    });
+    // The table goes with the namespace.
+}

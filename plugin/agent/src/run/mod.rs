@@ -295,6 +295,9 @@ pub struct Agent {
     records_changed: bool,
     /// The Service maps' desired state by Service, as last written.
     desired: Option<DesiredByService>,
+    /// The nftables generation at which the no-masquerade sets were last
+    /// found to hold these CIDRs (`node::sync_no_masquerade`).
+    no_masquerade_checked: Option<(u32, Vec<ipnetwork::IpNetwork>)>,
 }
 
 /// NetworkPolicy on this node: what was written.

@@ -14,6 +14,29 @@ use serde_json::json;
 
 use super::fixture::{no_masq_elements, uplink_program_attached};
 
+/// The periodic re-check lists the no-masquerade sets only when nftables
+/// changed since it found them right (its generation moved): a set
+/// flushed by hand is a change, and is filled again.
+#[flatnet_test(root)]
+fn a_no_masquerade_set_emptied_by_hand_is_filled_again() {
+    let cluster = Cluster::with_file_agents_flagged(2, &["--ip-masq", "true"]);
+    let n1 = cluster.node("n1");
+    let _a = n1.pod();
+    wait_until("n1's no-masquerade set to fill", SETTLE, || {
+        no_masq_elements(n1).is_some_and(|e| !e.is_empty())
+    });
+    let filled = no_masq_elements(n1);
+    // Several re-checks (every 2 s here) with nothing changed.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(no_masq_elements(n1), filled);
+    let set = flatnet_datapath::masquerade::no_masq_set(&n1.network, true);
+    n1.netns
+        .exec(&["nft", "flush", "set", "inet", "flatnet", &set]);
+    wait_until("the flushed set to be filled again", SETTLE, || {
+        no_masq_elements(n1) == filled
+    });
+}
+
 #[flatnet_test(root)]
 fn uninstall_takes_the_agents_setup_away_and_pods_keep_talking() {
     let cluster = Cluster::with_file_agents_flagged(2, &["--ip-masq", "true"]);
