@@ -63,6 +63,9 @@ fn seen(
         .collect()
 }
 
+/// The stream receiver's socket buffer (the kernel doubles it).
+const RECEIVE_BUFFER: usize = 64 * 1024;
+
 /// A paced TCP stream from `client` to a server on port 82 of `server`,
 /// counting what arrives.
 struct Stream {
@@ -81,6 +84,16 @@ impl Stream {
             .sim
             .netns
             .run(|| TcpListener::bind((server.ip, 0)).unwrap());
+        // A small receive buffer (inherited by the accepted connection):
+        // what was in flight when a deny landed drains in milliseconds. With
+        // autotuning's megabytes, a receiver starved by a loaded machine
+        // read 2.6 MB that had arrived before the deny for seconds after it.
+        nix::sys::socket::setsockopt(
+            &listener,
+            nix::sys::socket::sockopt::RcvBuf,
+            &RECEIVE_BUFFER,
+        )
+        .unwrap();
         let addr = listener.local_addr().unwrap();
         let receiver = {
             let (received, stop) = (received.clone(), stop.clone());
@@ -317,8 +330,13 @@ fn policy_changes_under_traffic_follow_the_model() {
     wait_until("x/a's new policy in its maps", SETTLE, || {
         node.datapath().pod_policy(slot).unwrap().generation != generation
     });
-    std::thread::sleep(Duration::from_millis(300));
     for (stream, from) in streams.iter().zip(["y/b", "y/a"]) {
+        // What had arrived before the deny may still be read (a receiver
+        // starved by a loaded machine reads it late); a stream the deny
+        // did not cut never pauses, and fails below.
+        let _ = poll_until(SETTLE, POLL_INTERVAL, || {
+            stream.flow(Duration::from_millis(300)) == 0
+        });
         let flowed = stream.flow(Duration::from_millis(1500));
         assert_eq!(
             flowed,
