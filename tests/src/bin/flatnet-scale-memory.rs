@@ -1,8 +1,8 @@
 //! `flatnet-scale-memory <size>`: how much memory the agent's watch stores
 //! hold for a synthetic cluster of `size` (`scale::objects`), per kind.
 //! Each object is decoded from its JSON into the type the agent watches it
-//! as (its slim `Pod`, k8s-openapi's others), slimmed and put in a kube
-//! reflector store, as the agent's watches do; an allocator that counts live bytes
+//! as and kept as the agent keeps it (pods in its own store, the others
+//! slimmed in kube reflector stores); an allocator that counts live bytes
 //! tells each kind's share. Prints one JSON object: per kind, the objects
 //! and the bytes. `cargo xtask scale` adds it to each size's row, beside
 //! the agent's resident memory.
@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, bail};
-use flatnet_agent::policy::Pod;
+use flatnet_agent::policy::pod::WatchedPod;
+use flatnet_agent::policy::pod_store::PodStore;
 use flatnet_agent::policy::watch::slim_for_store;
 use flatnet_agent::services::EndpointSlice;
 use flatnet_tests::kube_stub::Kind;
@@ -20,7 +21,7 @@ use flatnet_tests::scale::objects;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -56,32 +57,53 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// Decodes an object's JSON into a store.
+type Put = Box<dyn FnMut(&[u8]) -> anyhow::Result<()>>;
+
 /// One kind's store, and what it holds.
-struct Held<K: Resource<DynamicType = ()> + Clone + 'static> {
-    writer: Writer<K>,
+struct Held {
+    put: Put,
     objects: usize,
     bytes: usize,
 }
 
-impl<K> Held<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
-{
-    fn new() -> Self {
-        let (_store, writer) = reflector::store();
+impl Held {
+    fn new(put: Put) -> Self {
         Held {
-            writer,
+            put,
             objects: 0,
             bytes: 0,
         }
     }
 
+    /// A kube reflector store of `K`, as the agent keeps every kind but pods.
+    fn reflected<K>() -> Self
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+    {
+        let (_store, mut writer) = reflector::store::<K>();
+        Held::new(Box::new(move |text| {
+            let mut object: K = serde_json::from_slice(text)?;
+            slim_for_store(&mut object);
+            writer.apply_watcher_event(&Event::Apply(object));
+            Ok(())
+        }))
+    }
+
+    /// The agent's own pod store.
+    fn pods() -> Self {
+        let store = PodStore::default();
+        Held::new(Box::new(move |text| {
+            let pod: WatchedPod = serde_json::from_slice(text)?;
+            store.apply(Event::Apply(pod));
+            Ok(())
+        }))
+    }
+
     /// Decodes `text` into the store, counting what that keeps.
     fn keep(&mut self, text: &[u8]) -> anyhow::Result<()> {
         let before = LIVE.load(Ordering::Relaxed);
-        let mut object: K = serde_json::from_slice(text)?;
-        slim_for_store(&mut object);
-        self.writer.apply_watcher_event(&Event::Apply(object));
+        (self.put)(text)?;
         self.objects += 1;
         self.bytes += LIVE.load(Ordering::Relaxed).saturating_sub(before);
         Ok(())
@@ -98,11 +120,11 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: flatnet-scale-memory <size: xs|s|m|l|xl>");
     };
     let size = objects::size_named(size).with_context(|| format!("no size {size}"))?;
-    let mut pods = Held::<Pod>::new();
-    let mut policies = Held::<NetworkPolicy>::new();
-    let mut namespaces = Held::<Namespace>::new();
-    let mut services = Held::<Service>::new();
-    let mut slices = Held::<EndpointSlice>::new();
+    let mut pods = Held::pods();
+    let mut policies = Held::reflected::<NetworkPolicy>();
+    let mut namespaces = Held::reflected::<Namespace>();
+    let mut services = Held::reflected::<Service>();
+    let mut slices = Held::reflected::<EndpointSlice>();
     for (kind, value) in objects::all(&size, "2026-01-01T00:00:00Z") {
         let text = serde_json::to_vec(&value)?;
         drop(value);

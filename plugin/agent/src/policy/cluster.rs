@@ -41,14 +41,10 @@ impl<'a> PodView<'a> {
     pub fn new(pod: &'a Pod) -> Self {
         PodView {
             pod,
-            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
-            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            namespace: &pod.namespace,
+            name: &pod.name,
             labels: &pod.labels,
-            ips: pod
-                .status
-                .iter()
-                .flat_map(|s| s.ips.iter().copied())
-                .collect(),
+            ips: pod.ips.to_vec(),
         }
     }
 
@@ -69,21 +65,20 @@ impl<'a> PodView<'a> {
 
     /// Succeeded or Failed: its containers are gone, its IPs may be reused.
     pub fn finished(&self) -> bool {
-        let phase = self.pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        matches!(phase, Some("Succeeded" | "Failed"))
+        matches!(self.pod.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
     pub fn host_network(&self) -> bool {
-        self.pod.spec.as_ref().and_then(|s| s.host_network) == Some(true)
+        self.pod.host_network
     }
 
     pub fn node(&self) -> Option<&'a str> {
-        self.pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+        self.pod.node_name.as_deref()
     }
 
     /// The pod's container ports named `name` for `protocol`.
     pub fn named_ports(&self, protocol: Protocol, name: &str) -> impl Iterator<Item = PortRange> {
-        let containers = self.pod.spec.iter().flat_map(|s| s.containers.iter());
+        let containers = self.pod.containers.iter();
         containers
             .flat_map(|c| c.ports.iter().flatten())
             .filter(move |p| {
@@ -174,7 +169,7 @@ impl<'a> PodView<'a> {
             .collect();
         let mut named_ports = Vec::new();
         if relevant.named_ports {
-            let containers = self.pod.spec.iter().flat_map(|s| s.containers.iter());
+            let containers = self.pod.containers.iter();
             named_ports = containers
                 .flat_map(|c| c.ports.iter().flatten())
                 .filter_map(|p| {

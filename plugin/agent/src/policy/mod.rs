@@ -28,6 +28,7 @@ pub mod identity;
 pub mod incremental;
 mod isolation;
 pub mod pod;
+pub mod pod_store;
 mod ports;
 mod rules;
 mod selector;
@@ -352,7 +353,7 @@ struct TableCache<'a> {
 }
 
 fn named_ports<'a>(subject: &PodView<'a>) -> NamedPorts<'a> {
-    let containers = subject.pod.spec.iter().flat_map(|s| s.containers.iter());
+    let containers = subject.pod.containers.iter();
     let mut ports: NamedPorts<'a> = containers
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| Some((p.name.as_deref()?, p.protocol.as_deref(), p.container_port)))

@@ -3,13 +3,14 @@
 //!
 //! k8s-openapi's `Pod` is 2.4 KiB before any field is set, and each
 //! container another 2.3 KiB: most of the agent's memory in a big cluster,
-//! where every pod is watched (peers can be anywhere). This one keeps
-//! name, namespace and resourceVersion (which the watch resumes from, and
-//! which goes before the store: `watch::reflected`), the labels, the node,
-//! host networking, container ports (named ports), the phase and the
-//! addresses (parsed). What pods repeat (labels, ports, node, phase) is
-//! one shared copy (`interned`). Field names are k8s-openapi's where the
-//! field is, so code reads it alike.
+//! where every pod is watched (peers can be anywhere). This one keeps the
+//! namespace and name, the labels, the node, host networking, container
+//! ports (named ports), the phase and the addresses (parsed); what pods
+//! repeat (namespace, labels, ports, node, phase) is one shared copy
+//! (`interned`). No `ObjectMeta` (15 fields, ~330 B before any is set):
+//! kube's watcher decodes a [`WatchedPod`], which carries the
+//! resourceVersion it resumes from, and the agent's own store
+//! (`pod_store`) keeps the [`Pod`] inside.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,23 +33,30 @@ pub fn labels(labels: BTreeMap<String, String>) -> Labels {
     LABELS.get(&labels, || Arc::new(labels.clone()))
 }
 
-/// A Pod (core/v1), slim. Every field may be missing, as in k8s-openapi,
-/// but a container port's number and an address's `ip`.
+/// A Pod (core/v1), slim. A missing field is its default (no labels, no
+/// node, no addresses, not on the host network).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(from = "Served")]
 pub struct Pod {
-    /// Name, namespace and (until the store) resourceVersion only.
-    pub metadata: ObjectMeta,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
     pub labels: Labels,
-    pub spec: Option<PodSpec>,
-    pub status: Option<PodStatus>,
+    pub node_name: Option<Arc<str>>,
+    pub host_network: bool,
+    pub containers: Arc<[Container]>,
+    pub phase: Option<Arc<str>>,
+    /// `podIPs` (or `podIP` without them), parsed, sorted, each once;
+    /// unparsable ones left out.
+    pub ips: Box<[IpAddr]>,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct PodSpec {
-    pub node_name: Option<Arc<str>>,
-    pub host_network: Option<bool>,
-    pub containers: Arc<[Container]>,
+/// A Pod as kube's watcher decodes it: the slim [`Pod`], and the metadata
+/// the watcher reads (the resourceVersion it resumes from).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "Served")]
+pub struct WatchedPod {
+    pub metadata: ObjectMeta,
+    pub pod: Pod,
 }
 
 /// A container: only its ports.
@@ -66,22 +74,14 @@ pub struct ContainerPort {
     pub protocol: Option<String>,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct PodStatus {
-    pub phase: Option<Arc<str>>,
-    /// `podIPs` (or `podIP` without them), parsed, sorted, each once;
-    /// unparsable ones left out.
-    pub ips: Box<[IpAddr]>,
-}
-
 /// A Pod as served, with only the fields kept; annotations,
 /// managedFields, owners and the rest are skipped while decoding.
 #[derive(Default, Deserialize)]
 #[serde(default)]
 struct Served {
     metadata: ServedMetadata,
-    spec: Option<ServedSpec>,
-    status: Option<ServedStatus>,
+    spec: ServedSpec,
+    status: ServedStatus,
 }
 
 #[derive(Default, Deserialize)]
@@ -116,28 +116,35 @@ struct PodIp {
     ip: String,
 }
 
+impl From<Served> for WatchedPod {
+    fn from(served: Served) -> Self {
+        let metadata = ObjectMeta {
+            name: served.metadata.name.clone(),
+            namespace: served.metadata.namespace.clone(),
+            resource_version: served.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        WatchedPod {
+            metadata,
+            pod: Pod::from(served),
+        }
+    }
+}
+
 impl From<Served> for Pod {
     fn from(served: Served) -> Self {
-        let meta = served.metadata;
+        let (meta, spec, status) = (served.metadata, served.spec, served.status);
         Pod {
-            metadata: ObjectMeta {
-                name: meta.name,
-                namespace: meta.namespace,
-                resource_version: meta.resource_version,
-                ..ObjectMeta::default()
-            },
+            namespace: TEXT.text(meta.namespace.as_deref().unwrap_or_default()),
+            name: Arc::from(meta.name.unwrap_or_default()),
             labels: labels(meta.labels.unwrap_or_default()),
-            spec: served.spec.map(|spec| PodSpec {
-                node_name: spec.node_name.as_deref().map(|n| TEXT.text(n)),
-                host_network: spec.host_network,
-                containers: CONTAINERS.get(spec.containers.as_slice(), || {
-                    spec.containers.clone().into()
-                }),
+            node_name: spec.node_name.as_deref().map(|n| TEXT.text(n)),
+            host_network: spec.host_network == Some(true),
+            containers: CONTAINERS.get(spec.containers.as_slice(), || {
+                spec.containers.clone().into()
             }),
-            status: served.status.map(|status| PodStatus {
-                phase: status.phase.as_deref().map(|p| TEXT.text(p)),
-                ips: addresses(status.pod_ips, status.pod_ip),
-            }),
+            phase: status.phase.as_deref().map(|p| TEXT.text(p)),
+            ips: addresses(status.pod_ips, status.pod_ip),
         }
     }
 }
@@ -153,20 +160,12 @@ fn addresses(listed: Option<Vec<PodIp>>, single: Option<String>) -> Box<[IpAddr]
     ips.into()
 }
 
-impl PodStatus {
-    /// A status in `phase` with `ips` (tests and fixtures).
-    pub fn new(phase: &str, ips: &[IpAddr]) -> Self {
-        let mut ips = ips.to_vec();
-        ips.sort();
-        ips.dedup();
-        PodStatus {
-            phase: Some(TEXT.text(phase)),
-            ips: ips.into(),
-        }
-    }
+/// A namespace name, shared with every pod of that namespace.
+pub fn namespace_name(namespace: &str) -> Arc<str> {
+    TEXT.text(namespace)
 }
 
-impl k8s_openapi::Resource for Pod {
+impl k8s_openapi::Resource for WatchedPod {
     const API_VERSION: &'static str = "v1";
     const GROUP: &'static str = "";
     const KIND: &'static str = "Pod";
@@ -175,7 +174,7 @@ impl k8s_openapi::Resource for Pod {
     type Scope = k8s_openapi::NamespaceResourceScope;
 }
 
-impl k8s_openapi::Metadata for Pod {
+impl k8s_openapi::Metadata for WatchedPod {
     type Ty = ObjectMeta;
 
     fn metadata(&self) -> &ObjectMeta {
@@ -221,61 +220,54 @@ mod tests {
     #[test]
     fn keeps_what_policy_reads_and_nothing_else() {
         let pod: Pod = serde_json::from_value(served()).unwrap();
-        let meta = &pod.metadata;
-        assert_eq!(meta.name.as_deref(), Some("web-1"));
-        assert_eq!(meta.namespace.as_deref(), Some("shop"));
-        assert_eq!(meta.resource_version.as_deref(), Some("4711"));
+        assert_eq!((&*pod.namespace, &*pod.name), ("shop", "web-1"));
         assert_eq!(pod.labels["app"], "web");
-        assert!(meta.labels.is_none() && meta.annotations.is_none());
-        assert!(meta.managed_fields.is_none());
-        assert!(meta.owner_references.is_none() && meta.uid.is_none());
-        let spec = pod.spec.as_ref().unwrap();
-        assert_eq!(spec.node_name.as_deref(), Some("node-1"));
-        assert_eq!(spec.host_network, Some(false));
-        let port = &spec.containers[0].ports.as_ref().unwrap()[0];
+        assert_eq!(pod.node_name.as_deref(), Some("node-1"));
+        assert!(!pod.host_network);
+        let port = &pod.containers[0].ports.as_ref().unwrap()[0];
         assert_eq!(
             (port.name.as_deref(), port.container_port),
             (Some("http"), 8080)
         );
         assert_eq!(port.protocol.as_deref(), Some("TCP"));
-        let status = pod.status.as_ref().unwrap();
-        assert_eq!(status.phase.as_deref(), Some("Running"));
-        let ips: Vec<String> = status.ips.iter().map(|i| i.to_string()).collect();
+        assert_eq!(pod.phase.as_deref(), Some("Running"));
+        let ips: Vec<String> = pod.ips.iter().map(|i| i.to_string()).collect();
         assert_eq!(ips, ["10.0.1.5", "fd00::5"]);
     }
 
     #[test]
-    fn pods_alike_share_their_labels_ports_node_and_phase() {
+    fn the_watcher_gets_the_resource_version_and_nothing_else_of_the_metadata() {
+        let watched: WatchedPod = serde_json::from_value(served()).unwrap();
+        let meta = &watched.metadata;
+        assert_eq!(meta.resource_version.as_deref(), Some("4711"));
+        assert_eq!(meta.name.as_deref(), Some("web-1"));
+        assert!(meta.labels.is_none() && meta.annotations.is_none());
+        assert!(meta.managed_fields.is_none() && meta.uid.is_none());
+        assert_eq!(&*watched.pod.name, "web-1");
+    }
+
+    #[test]
+    fn pods_alike_share_their_namespace_labels_ports_node_and_phase() {
         let one: Pod = serde_json::from_value(served()).unwrap();
         let mut json = served();
         json["metadata"]["name"] = json!("web-2");
         json["status"]["podIPs"] = json!([{"ip": "10.0.1.6"}]);
         let two: Pod = serde_json::from_value(json).unwrap();
+        assert!(Arc::ptr_eq(&one.namespace, &two.namespace));
         assert!(Arc::ptr_eq(&one.labels, &two.labels));
-        let (a, b) = (one.spec.unwrap(), two.spec.unwrap());
-        assert!(Arc::ptr_eq(&a.containers, &b.containers));
-        assert!(Arc::ptr_eq(
-            a.node_name.as_ref().unwrap(),
-            b.node_name.as_ref().unwrap()
-        ));
-        let (a, b) = (one.status.unwrap(), two.status.unwrap());
-        assert!(Arc::ptr_eq(
-            a.phase.as_ref().unwrap(),
-            b.phase.as_ref().unwrap()
-        ));
-        assert_ne!(a.ips, b.ips);
+        assert!(Arc::ptr_eq(&one.containers, &two.containers));
+        let node = |p: &Pod| p.node_name.clone().unwrap();
+        assert!(Arc::ptr_eq(&node(&one), &node(&two)));
+        let phase = |p: &Pod| p.phase.clone().unwrap();
+        assert!(Arc::ptr_eq(&phase(&one), &phase(&two)));
+        assert_ne!(one.ips, two.ips);
     }
 
     #[test]
     fn addresses_are_pod_ips_else_pod_ip_parsed_sorted_once() {
         let decode = |status: serde_json::Value| -> Vec<String> {
             let pod: Pod = serde_json::from_value(json!({"status": status})).unwrap();
-            pod.status
-                .unwrap()
-                .ips
-                .iter()
-                .map(|i| i.to_string())
-                .collect()
+            pod.ips.iter().map(|i| i.to_string()).collect()
         };
         let both = json!({"podIP": "10.0.0.1", "podIPs": [{"ip": "fd00::1"}, {"ip": "10.0.0.1"}]});
         assert_eq!(decode(both), ["10.0.0.1", "fd00::1"]);
@@ -292,19 +284,20 @@ mod tests {
     #[test]
     fn a_pod_with_only_a_name_decodes() {
         let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap();
-        assert!(pod.spec.is_none() && pod.status.is_none() && pod.labels.is_empty());
-        let pod: Pod =
-            serde_json::from_value(json!({"metadata": {"name": "a"}, "spec": {}})).unwrap();
-        assert!(pod.spec.unwrap().containers.is_empty());
+        assert!(pod.labels.is_empty() && pod.containers.is_empty() && pod.ips.is_empty());
+        assert!(pod.node_name.is_none() && pod.phase.is_none() && !pod.host_network);
     }
 
     #[test]
     fn is_watched_as_core_v1_pods() {
         use kube::Resource;
-        assert_eq!(Pod::kind(&()), "Pod");
-        assert_eq!(Pod::api_version(&()), "v1");
-        assert_eq!(Pod::plural(&()), "pods");
-        assert_eq!(Pod::url_path(&(), Some("ns")), "/api/v1/namespaces/ns/pods");
+        assert_eq!(WatchedPod::kind(&()), "Pod");
+        assert_eq!(WatchedPod::api_version(&()), "v1");
+        assert_eq!(WatchedPod::plural(&()), "pods");
+        assert_eq!(
+            WatchedPod::url_path(&(), Some("ns")),
+            "/api/v1/namespaces/ns/pods"
+        );
     }
 
     /// A pod's inline size with one container: a small fraction of
@@ -314,6 +307,6 @@ mod tests {
         let slim = std::mem::size_of::<Pod>() + std::mem::size_of::<Container>();
         let full = std::mem::size_of::<k8s_openapi::api::core::v1::Pod>()
             + std::mem::size_of::<k8s_openapi::api::core::v1::Container>();
-        assert!(slim * 5 < full, "slim {slim} B, full {full} B");
+        assert!(slim * 20 < full, "slim {slim} B, full {full} B");
     }
 }

@@ -25,6 +25,8 @@ use tokio::sync::watch;
 
 use super::Pod;
 use super::changes::{Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex};
+use super::pod::WatchedPod;
+use super::pod_store::PodStore;
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 use crate::services::SERVICE_NAME_LABEL;
@@ -39,7 +41,7 @@ const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
 /// NetworkPolicy v1 since 1.7), none deprecated.
 const KINDS: [(&str, &str); 5] = [
     kind::<NetworkPolicy>(),
-    kind::<Pod>(),
+    kind::<WatchedPod>(),
     kind::<Namespace>(),
     kind::<Service>(),
     kind::<EndpointSlice>(),
@@ -49,7 +51,7 @@ const KINDS: [(&str, &str); 5] = [
 #[derive(Clone)]
 pub struct PolicyObjects {
     policies: Store<NetworkPolicy>,
-    pods: Store<Pod>,
+    pods: PodStore,
     namespaces: Store<Namespace>,
     services: Store<Service>,
     slices: Store<EndpointSlice>,
@@ -151,7 +153,7 @@ impl PolicyObjects {
 
     /// Pod `namespace/name` as the store holds it now.
     pub fn pod(&self, (namespace, name): &(String, String)) -> Option<Arc<Pod>> {
-        self.pods.get(&ObjectRef::new(name).within(namespace))
+        self.pods.get(namespace, name)
     }
 
     /// Service `namespace/name` as the store holds it now.
@@ -230,7 +232,7 @@ pub fn spawn(
     let slice_index = Arc::new(Mutex::new(SliceIndex::default()));
     let log = (&stamps, &changed, None);
     let (policies, policy_events) = reflected::<NetworkPolicy>(&client, POLICY, log);
-    let (pods, pod_events) = reflected::<Pod>(&client, POD, log);
+    let (pods, pod_events) = watched_pods(&client, log);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, NAMESPACE, log);
     let (services, service_events) = reflected::<Service>(&client, SERVICE, log);
     let log = (&stamps, &changed, Some(&slice_index));
@@ -362,6 +364,51 @@ where
                 changed.record(kind, keys);
             }
             item(kind, event)
+        });
+    (store, Box::pin(events))
+}
+
+/// The pods' watch, into the agent's own store (`pod_store`), each change
+/// logged as [`reflected`] logs the other kinds' (pods carry no trigger
+/// time).
+fn watched_pods(
+    client: &Client,
+    (stamps, changed, _): Log<'_>,
+) -> (PodStore, Pin<Box<dyn Stream<Item = Item> + Send>>) {
+    let store = PodStore::default();
+    let api: Api<WatchedPod> = Api::all(client.clone());
+    let (stamps, changed, kept) = (stamps.clone(), changed.clone(), store.clone());
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |event| {
+            let keys = match &event {
+                Ok(Event::Apply(watched) | Event::Delete(watched)) => {
+                    stamps.record(KINDS[POD].0, None);
+                    let pod = &watched.pod;
+                    Some(Some(vec![(
+                        pod.namespace.to_string(),
+                        pod.name.to_string(),
+                    )]))
+                }
+                // A (re-)list: what it leaves out was deleted unseen.
+                Ok(Event::Init | Event::InitDone) => Some(None),
+                Ok(Event::InitApply(_)) | Err(_) => None,
+            };
+            let item = match event {
+                Ok(event) => {
+                    let done = matches!(event, Event::InitDone);
+                    kept.apply(event);
+                    Ok((POD, done))
+                }
+                Err(error) => Err((POD, error)),
+            };
+            // Logged once the store holds it.
+            if let Some(keys) = keys
+                && let Ok(mut changed) = changed.lock()
+            {
+                changed.record(POD, keys);
+            }
+            item
         });
     (store, Box::pin(events))
 }

@@ -173,8 +173,8 @@ impl World {
                 .pods
                 .values()
                 .filter(|p| p.labels.get("app").map(String::as_str) == Some(app))
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .filter_map(|p| p.status.as_ref()?.ips.first().map(|i| i.to_string()))
+                .filter(|p| p.phase.as_deref() == Some("Running"))
+                .filter_map(|p| p.ips.first().map(|i| i.to_string()))
                 .take(3)
                 .collect();
             let endpoints: Vec<(&str, Option<bool>)> =
@@ -218,7 +218,7 @@ fn change(
     let remotes: Vec<(String, String)> = world
         .pods
         .iter()
-        .filter(|(_, p)| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(NODE))
+        .filter(|(_, p)| p.node_name.as_deref() != Some(NODE))
         .map(|(k, _)| k.clone())
         .collect();
     let pick = |rng: &mut Rng| remotes[rng.below(remotes.len())].clone();
@@ -247,10 +247,8 @@ fn change(
         }
         4 => {
             let key = pick(rng);
-            if let Some(p) = world.pods.get_mut(&key)
-                && let Some(status) = p.status.as_mut()
-            {
-                status.phase = Some("Succeeded".into());
+            if let Some(p) = world.pods.get_mut(&key) {
+                p.phase = Some("Succeeded".into());
             }
             index.pod_changed(&pod_key(&key), world.pods.get(&key), &mut addresses)
         }
