@@ -63,13 +63,13 @@ fn seen(
         .collect()
 }
 
-/// The stream receiver's socket buffer (the kernel doubles it).
-const RECEIVE_BUFFER: usize = 64 * 1024;
-
 /// A paced TCP stream from `client` to a server on port 82 of `server`,
 /// counting what arrives.
 struct Stream {
     received: Arc<AtomicU64>,
+    /// The server's end of the connection, once accepted: its kernel
+    /// counters say what passed the datapath, whenever the reader reads.
+    accepted: Arc<std::sync::OnceLock<TcpStream>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -84,21 +84,13 @@ impl Stream {
             .sim
             .netns
             .run(|| TcpListener::bind((server.ip, 0)).unwrap());
-        // A small receive buffer (inherited by the accepted connection):
-        // what was in flight when a deny landed drains in milliseconds. With
-        // autotuning's megabytes, a receiver starved by a loaded machine
-        // read 2.6 MB that had arrived before the deny for seconds after it.
-        nix::sys::socket::setsockopt(
-            &listener,
-            nix::sys::socket::sockopt::RcvBuf,
-            &RECEIVE_BUFFER,
-        )
-        .unwrap();
         let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::OnceLock::new());
         let receiver = {
-            let (received, stop) = (received.clone(), stop.clone());
+            let (received, stop, accepted) = (received.clone(), stop.clone(), accepted.clone());
             std::thread::spawn(move || {
                 let (mut conn, _) = listener.accept().unwrap();
+                let _ = accepted.set(conn.try_clone().unwrap());
                 conn.set_read_timeout(Some(Duration::from_millis(100)))
                     .unwrap();
                 let mut buf = vec![0u8; 64 * 1024];
@@ -138,6 +130,7 @@ impl Stream {
         };
         Stream {
             received,
+            accepted,
             stop,
             threads: vec![receiver, sender],
         }
@@ -153,6 +146,40 @@ impl Stream {
         std::thread::sleep(window);
         self.received() - before
     }
+
+    /// Bytes that reached the server's socket in `window`, read or not:
+    /// what got past the datapath then. What the reader counts lags it on
+    /// a loaded machine (a starved reader once read 2.6 MB of its buffer
+    /// after a deny).
+    fn delivered(&self, window: Duration) -> u64 {
+        let conn = self.accepted.get().expect("the stream's connection");
+        let before = bytes_received(conn);
+        std::thread::sleep(window);
+        bytes_received(conn) - before
+    }
+}
+
+/// The kernel's count of bytes received on `conn` (`tcpi_bytes_received`
+/// of TCP_INFO, Linux 4.1 and later).
+fn bytes_received(conn: &TcpStream) -> u64 {
+    use std::os::fd::AsRawFd;
+    // struct tcp_info up to tcpi_bytes_received (offset 128).
+    const OFFSET: usize = 128;
+    let mut info = [0u8; OFFSET + 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: the buffer and its length are valid for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    assert!(len as usize >= info.len(), "TCP_INFO is {len} bytes");
+    u64::from_ne_bytes(info[OFFSET..].try_into().unwrap())
 }
 
 impl Drop for Stream {
@@ -330,21 +357,21 @@ fn policy_changes_under_traffic_follow_the_model() {
     wait_until("x/a's new policy in its maps", SETTLE, || {
         node.datapath().pod_policy(slot).unwrap().generation != generation
     });
+    std::thread::sleep(Duration::from_millis(300));
     for (stream, from) in streams.iter().zip(["y/b", "y/a"]) {
-        // What had arrived before the deny may still be read (a receiver
-        // starved by a loaded machine reads it late); a stream the deny
-        // did not cut never pauses, and fails below.
-        let _ = poll_until(SETTLE, POLL_INTERVAL, || {
-            stream.flow(Duration::from_millis(300)) == 0
-        });
-        let flowed = stream.flow(Duration::from_millis(1500));
+        let flowed = stream.delivered(Duration::from_millis(1500));
+        let datapath = node.datapath();
         assert_eq!(
             flowed,
             0,
             "the established stream from {from} still flows after x/a's ingress was denied \
-             ({flowed} bytes in 1.5 s; x/a's ingress drops {} -> {})\n{}",
+             ({flowed} bytes reached x/a's socket in 1.5 s; x/a's ingress drops {} -> {}; \
+             its policy {:?}, rules {:?}, peer rules {:?})\n{}",
             drops_before,
-            node.datapath().policy_drops(slot).unwrap().0,
+            datapath.policy_drops(slot).unwrap().0,
+            datapath.pod_policy(slot).unwrap(),
+            datapath.pod_policy_rules(slot).unwrap(),
+            datapath.pod_policy_peers(slot).unwrap(),
             world.logs()
         );
     }
