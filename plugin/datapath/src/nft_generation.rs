@@ -5,6 +5,10 @@
 //! 33 ms. The agent's periodic re-check lists its sets only when the
 //! generation moved since it last found them right.
 
+use netlink_packet_core::{
+    Emitable, ErrorBuffer, NLM_F_REQUEST, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, NlasIterator,
+    parse_u32_be,
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::error::{Error, Result};
@@ -15,13 +19,8 @@ const NFT_MSG_NEWGEN: u16 = 15;
 const NFT_MSG_GETGEN: u16 = 16;
 /// The attribute holding the generation (big-endian u32).
 const NFTA_GEN_ID: u16 = 1;
-const NLM_F_REQUEST: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
-/// `struct nlmsghdr`, then `struct nfgenmsg`.
-const HEADER: usize = 16;
+/// `struct nfgenmsg`, before the attributes.
 const NFGENMSG: usize = 4;
-/// An attribute's type without its nested and byte-order flags.
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// The current network namespace's nftables generation.
 pub fn nftables_generation() -> Result<u32> {
@@ -44,55 +43,35 @@ pub fn nftables_generation() -> Result<u32> {
 }
 
 /// NFT_MSG_GETGEN: a header and an nfgenmsg (any family, version 0).
-fn request() -> [u8; HEADER + NFGENMSG] {
-    let mut message = [0u8; HEADER + NFGENMSG];
-    message[0..4].copy_from_slice(&((HEADER + NFGENMSG) as u32).to_ne_bytes());
-    let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN;
-    message[4..6].copy_from_slice(&kind.to_ne_bytes());
-    message[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    message[8..12].copy_from_slice(&1u32.to_ne_bytes());
+fn request() -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.length = (header.buffer_len() + NFGENMSG) as u32;
+    header.message_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN;
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = 1;
+    let mut message = vec![0u8; header.length as usize];
+    header.emit(&mut message);
     message
-}
-
-fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
 }
 
 /// The generation in the kernel's reply, or why there is none.
 fn generation_of(reply: &[u8]) -> std::result::Result<u32, String> {
-    let length = reply
-        .get(0..4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_ne_bytes)
-        .ok_or("a reply shorter than a netlink header")? as usize;
-    let kind = u16_at(reply, 4).ok_or("a reply shorter than a netlink header")?;
-    let message = reply.get(..length).ok_or("a reply shorter than it says")?;
+    let message = NetlinkBuffer::new_checked(reply).map_err(|e| e.to_string())?;
+    let kind = message.message_type();
     if kind == NLMSG_ERROR {
-        let errno = message
-            .get(HEADER..HEADER + 4)
-            .and_then(|b| b.try_into().ok())
-            .map(i32::from_ne_bytes)
-            .unwrap_or_default();
-        return Err(std::io::Error::from_raw_os_error(-errno).to_string());
+        let error = ErrorBuffer::new_checked(message.payload()).map_err(|e| e.to_string())?;
+        let errno = error.code().map_or(0, |code| -code.get());
+        return Err(std::io::Error::from_raw_os_error(errno).to_string());
     }
     if kind != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
         return Err(format!("an unexpected reply (message type {kind:#x})"));
     }
-    let mut at = HEADER + NFGENMSG;
-    while let (Some(size), Some(attribute)) = (u16_at(message, at), u16_at(message, at + 2)) {
-        let size = usize::from(size);
-        if size < 4 {
-            break;
-        }
-        if attribute & NLA_TYPE_MASK == NFTA_GEN_ID
-            && let Some(value) = message.get(at + 4..at + 8)
-            && let Ok(value) = value.try_into()
-        {
-            return Ok(u32::from_be_bytes(value));
-        }
-        at += size.next_multiple_of(4);
-    }
-    Err("no generation in the reply".into())
+    let attributes = message.payload().get(NFGENMSG..).unwrap_or_default();
+    NlasIterator::new(attributes)
+        .map_while(|attribute| attribute.ok())
+        .find(|attribute| attribute.kind() == NFTA_GEN_ID)
+        .and_then(|attribute| parse_u32_be(attribute.value()).ok())
+        .ok_or_else(|| "no generation in the reply".into())
 }
 
 #[cfg(test)]
@@ -113,7 +92,7 @@ mod tests {
             attributes.extend(&value);
             attributes.resize(attributes.len().next_multiple_of(4), 0);
         }
-        let length = HEADER + NFGENMSG + attributes.len();
+        let length = 16 + NFGENMSG + attributes.len();
         let mut message = Vec::new();
         message.extend((length as u32).to_ne_bytes());
         message.extend(((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN).to_ne_bytes());
@@ -130,16 +109,18 @@ mod tests {
 
     #[test]
     fn a_refusal_or_a_short_reply_says_so() {
-        let mut refused = vec![0u8; HEADER + 4];
-        refused[0..4].copy_from_slice(&((HEADER + 4) as u32).to_ne_bytes());
+        // An error message: the errno, then the request it refuses.
+        let length = 16 + 4 + 16;
+        let mut refused = vec![0u8; length];
+        refused[0..4].copy_from_slice(&(length as u32).to_ne_bytes());
         refused[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        refused[HEADER..].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
+        refused[16..20].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
         let said = generation_of(&refused).unwrap_err();
         assert!(said.contains("not permitted"), "{said}");
         assert!(generation_of(&reply(1)[..10]).is_err());
         let mut truncated = reply(1);
-        truncated.truncate(HEADER + NFGENMSG);
-        truncated[0..4].copy_from_slice(&((HEADER + NFGENMSG) as u32).to_ne_bytes());
+        truncated.truncate(16 + NFGENMSG);
+        truncated[0..4].copy_from_slice(&((16 + NFGENMSG) as u32).to_ne_bytes());
         assert_eq!(
             generation_of(&truncated).unwrap_err(),
             "no generation in the reply"
@@ -149,7 +130,7 @@ mod tests {
     #[test]
     fn the_request_is_a_getgen_of_the_nftables_subsystem() {
         let request = request();
-        assert_eq!(u16_at(&request, 4), Some((10 << 8) | 16));
+        assert_eq!(request[4..6], ((10u16 << 8) | 16).to_ne_bytes());
         assert_eq!(request.len(), 20);
     }
 }

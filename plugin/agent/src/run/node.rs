@@ -327,8 +327,10 @@ impl Agent {
         // Nothing in nftables changed since the sets were found right for
         // these CIDRs: no listing (33 ms at 5,000 nodes).
         let generation = nftables_generation().ok();
-        if let Some(generation) = generation
-            && self.no_masquerade_checked.as_ref() == Some(&(generation, cidrs.clone()))
+        if let (Some(generation), Some((checked, found))) =
+            (generation, &self.no_masquerade_checked)
+            && generation == *checked
+            && cidrs == *found
         {
             return Ok(());
         }
