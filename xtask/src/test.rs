@@ -140,7 +140,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let before = flatnet_harness::NodeObjects::now(&bin_dir);
     // Listed also when a test failed: a leak may be what made it fail.
     let tests = run_cmd(&mut cmd);
-    let leaked = flatnet_harness::NodeObjects::now(&bin_dir).new_since(&before);
+    let leaked = flatnet_harness::left_since(&before, &bin_dir, flatnet_harness::SETTLE_AFTER_RUN);
     if let Err(failed) = tests {
         anyhow::ensure!(
             leaked.is_empty(),

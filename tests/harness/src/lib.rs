@@ -33,7 +33,7 @@ pub use conflist::{ChainError, Conflist};
 pub use leftovers::{in_removal_order, kill_and_remove_cgroup, remove_object};
 pub use made_here::{Listed, made_here, mount_made, remove_on_signal};
 pub use netns::{Netns, enter, enter_thread};
-pub use node_objects::NodeObjects;
+pub use node_objects::{NodeObjects, SETTLE_AFTER_RUN, left_since};
 pub use require::{REQUIRE_ROOT_ENV, Verdict, is_root, require, verdict};
 pub use signals::{ReadThroughSignals, RecvThroughSignals};
 pub use wait::{POLL_INTERVAL, poll_until, wait_until};

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
 /// Where what a test or bench makes on the node lives, each place to be
 /// listed one level deep.
@@ -86,6 +87,23 @@ impl NodeObjects {
             .cloned()
             .collect()
     }
+}
+
+/// How long what a run leaves may take to go on its own: DEL and ADD hand
+/// link deletes and tcx moves to a detached child that outlives the verb
+/// (up to 5 s waiting for the network to be quiet, then the work), and a
+/// killed agent's zombie or a namespace's last process takes a moment.
+pub const SETTLE_AFTER_RUN: Duration = Duration::from_secs(20);
+
+/// What is new on the node since `before` and stays so: listed again until
+/// nothing is new or `grace` has passed (what is still there then leaked).
+pub fn left_since(before: &NodeObjects, bin_dir: &Path, grace: Duration) -> Vec<String> {
+    let mut left = Vec::new();
+    crate::poll_until(grace, Duration::from_millis(250), || {
+        left = NodeObjects::now(bin_dir).new_since(before);
+        left.is_empty()
+    });
+    left
 }
 
 fn entries(place: &str) -> Vec<String> {

@@ -89,15 +89,9 @@ fn bench_ended_when(what: &str, up: impl Fn(&[String]) -> bool) {
         stderr.contains("removing what this process made"),
         "{stderr}"
     );
-    // A killed agent's zombie or a namespace's last process may take a
-    // moment to go.
-    let mut left = Vec::new();
-    let gone = poll_until(Duration::from_secs(10), POLL_INTERVAL, || {
-        left = node_objects().new_since(&before);
-        left.is_empty()
-    });
+    let left = left_since(&before, &bin_dir(), SETTLE_AFTER_RUN);
     assert!(
-        gone,
+        left.is_empty(),
         "left behind by the bench ended among {what}: {left:#?}"
     );
     assert_eq!(forwarding::host(), forwarding_before);

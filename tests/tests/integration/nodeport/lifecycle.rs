@@ -130,7 +130,15 @@ fn an_established_connection_outlives_its_services_deletion() {
             .iter()
             .any(|(k, _)| *k == key)
     };
-    wait_until("cp-1's agent to serve the NodePort", SETTLE, frontend_there);
+    // Both backends written: the Service may land before its EndpointSlice,
+    // and a frontend without backends refuses connections.
+    wait_until("cp-1's agent to serve the NodePort", SETTLE, || {
+        cp.datapath()
+            .service_backends(&key)
+            .ok()
+            .flatten()
+            .is_some_and(|set| set.len() == 2)
+    });
     let to = SocketAddr::from((cp.spec.address(), NODE_PORT));
     // Connections to both backends (each a new flow, chosen at random).
     let mut conns = Vec::new();
