@@ -20,12 +20,12 @@ use std::net::IpAddr;
 
 use anyhow::{Context, bail, ensure};
 use flatnet_agent::metrics::AgentMetrics;
+use flatnet_agent::policy::NetworkPolicy;
 use flatnet_agent::policy::Pod;
 use flatnet_agent::policy::sync::{DatapathSink, PolicySync};
 use flatnet_agent::policy::{self, Allowed};
 use flatnet_datapath::bpf::Datapath;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 
 const NODE: &str = "bench-node";

@@ -1,25 +1,25 @@
 //! `flatnet-scale-memory <size>`: how much memory the agent's watch stores
 //! hold for a synthetic cluster of `size` (`scale::objects`), per kind.
 //! Each object is decoded from its JSON into the type the agent watches it
-//! as and kept as the agent keeps it (pods in its own store, the others
-//! slimmed in kube reflector stores); an allocator that counts live bytes
-//! tells each kind's share. Prints one JSON object: per kind, the objects
-//! and the bytes. `cargo xtask scale` adds it to each size's row, beside
-//! the agent's resident memory.
+//! as and kept as the agent keeps it (pods and NetworkPolicies in stores
+//! of its own, the others slimmed in kube reflector stores); an allocator
+//! that counts live bytes tells each kind's share. Prints one JSON object:
+//! per kind, the objects and the bytes. `cargo xtask scale` adds it to each
+//! size's row, beside the agent's resident memory.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, bail};
+use flatnet_agent::policy::network_policy::WatchedNetworkPolicy;
+use flatnet_agent::policy::object_store::{Named, ObjectStore, Watched};
 use flatnet_agent::policy::pod::WatchedPod;
-use flatnet_agent::policy::pod_store::PodStore;
 use flatnet_agent::policy::watch::slim_for_store;
 use flatnet_agent::services::EndpointSlice;
 use flatnet_tests::kube_stub::Kind;
 use flatnet_tests::scale::objects;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
@@ -90,12 +90,16 @@ impl Held {
         }))
     }
 
-    /// The agent's own pod store.
-    fn pods() -> Self {
-        let store = PodStore::default();
+    /// A store of the agent's own (pods, NetworkPolicies).
+    fn own<W>() -> Self
+    where
+        W: Watched + DeserializeOwned + 'static,
+        W::Object: Named + 'static,
+    {
+        let store = ObjectStore::<W::Object>::default();
         Held::new(Box::new(move |text| {
-            let pod: WatchedPod = serde_json::from_slice(text)?;
-            store.apply(Event::Apply(pod));
+            let object: W = serde_json::from_slice(text)?;
+            store.apply(Event::Apply(object));
             Ok(())
         }))
     }
@@ -120,8 +124,8 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: flatnet-scale-memory <size: xs|s|m|l|xl>");
     };
     let size = objects::size_named(size).with_context(|| format!("no size {size}"))?;
-    let mut pods = Held::pods();
-    let mut policies = Held::reflected::<NetworkPolicy>();
+    let mut pods = Held::own::<WatchedPod>();
+    let mut policies = Held::own::<WatchedNetworkPolicy>();
     let mut namespaces = Held::reflected::<Namespace>();
     let mut services = Held::reflected::<Service>();
     let mut slices = Held::reflected::<EndpointSlice>();

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
+use super::network_policy::Selector;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::Pod;
 use super::identity::{IdentityKey, IdentityNumbers, Member, PeerIdentity, Relevant};
@@ -137,7 +137,7 @@ impl<'a> Cluster<'a> {
 
     /// A namespace not seen yet (the watch lags) is taken to have only the
     /// label the API server gives every namespace.
-    pub fn namespace_matches(&self, selector: &LabelSelector, namespace: &str) -> bool {
+    pub fn namespace_matches(&self, selector: &Selector, namespace: &str) -> bool {
         match self.namespaces.get(namespace) {
             Some(labels) => matches(selector, labels),
             None => {

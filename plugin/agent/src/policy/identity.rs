@@ -19,8 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use super::network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort, Selector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// What one pod shows to selectors.
@@ -74,7 +73,7 @@ impl Relevant {
         }
     }
 
-    fn selector(&mut self, selector: &LabelSelector) {
+    fn selector(&mut self, selector: &Selector) {
         self.label_keys.extend(
             selector
                 .match_labels

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use super::network_policy::NetworkPolicy;
 
 use super::cluster::{Cluster, PodView};
 use super::identity::{Member, Relevant};

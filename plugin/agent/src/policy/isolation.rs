@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use super::network_policy::NetworkPolicy;
 
 use flatnet_datapath::node::first_packet::{Directions, Isolation};
 
@@ -24,10 +24,7 @@ impl IsolationByPolicy {
     pub fn of(policies: &[&NetworkPolicy]) -> Self {
         let mut by_policy = IsolationByPolicy::default();
         for policy in policies {
-            let key = (
-                policy.metadata.namespace.clone().unwrap_or_default(),
-                policy.metadata.name.clone().unwrap_or_default(),
-            );
+            let key = (policy.namespace.to_string(), policy.name.to_string());
             by_policy.set(key, Some(policy));
         }
         by_policy
@@ -37,7 +34,7 @@ impl IsolationByPolicy {
     /// namespace's isolation changed.
     pub fn set(&mut self, key: (String, String), policy: Option<&NetworkPolicy>) -> bool {
         let now = policy
-            .filter(|p| p.metadata.namespace.is_some())
+            .filter(|p| !p.namespace.is_empty())
             .map(rules::policy_types)
             .filter(|(ingress, egress)| *ingress || *egress);
         let before = match now {

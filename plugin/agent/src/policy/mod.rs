@@ -27,8 +27,9 @@ mod cluster;
 pub mod identity;
 pub mod incremental;
 mod isolation;
+pub mod network_policy;
+pub mod object_store;
 pub mod pod;
-pub mod pod_store;
 mod ports;
 mod rules;
 mod selector;
@@ -43,7 +44,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+pub use network_policy::NetworkPolicy;
 
 pub use ports::{MAX_PORT_RANGES, PortRange, PortSet};
 pub use table::{Entry, Table};
@@ -266,7 +267,7 @@ pub fn plan_indexed(
         .copied()
         .filter(|p| subjects.iter().any(|s| rules::selects(p, s)))
         .collect();
-    relevant.sort_by_key(|p| (&p.metadata.namespace, &p.metadata.name));
+    relevant.sort_by_key(|p| (&p.namespace, &p.name));
     let relevant_of = Relevant::of(&relevant);
     let cluster = Cluster::new(views, namespaces, (&relevant_of, numbers));
     let compiled: Vec<(&NetworkPolicy, Policy<'_>)> = relevant
@@ -323,10 +324,7 @@ pub fn plan_indexed(
         .collect();
     index.selecting = compiled
         .iter()
-        .map(|(p, _)| {
-            let namespace = p.metadata.namespace.clone().unwrap_or_default();
-            (namespace, p.metadata.name.clone().unwrap_or_default())
-        })
+        .map(|(p, _)| (p.namespace.to_string(), p.name.to_string()))
         .collect();
     index.set_services(frontends);
     (plan, index)

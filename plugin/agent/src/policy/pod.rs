@@ -10,7 +10,7 @@
 //! (`interned`). No `ObjectMeta` (15 fields, ~330 B before any is set):
 //! kube's watcher decodes a [`WatchedPod`], which carries the
 //! resourceVersion it resumes from, and the agent's own store
-//! (`pod_store`) keeps the [`Pod`] inside.
+//! (`object_store`) keeps the [`Pod`] inside.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -163,6 +163,30 @@ fn addresses(listed: Option<Vec<PodIp>>, single: Option<String>) -> Box<[IpAddr]
 /// A namespace name, shared with every pod of that namespace.
 pub fn namespace_name(namespace: &str) -> Arc<str> {
     TEXT.text(namespace)
+}
+
+impl From<WatchedPod> for Pod {
+    fn from(watched: WatchedPod) -> Self {
+        watched.pod
+    }
+}
+
+impl super::object_store::Watched for WatchedPod {
+    type Object = Pod;
+
+    fn object(&self) -> &Pod {
+        &self.pod
+    }
+}
+
+impl super::object_store::Named for Pod {
+    fn namespace(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
 }
 
 impl k8s_openapi::Resource for WatchedPod {

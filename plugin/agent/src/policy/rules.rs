@@ -1,8 +1,8 @@
 //! From Kubernetes objects to what one pod's policies allow: peers resolved
 //! to addresses, ports resolved to numbers, as [`Allow`]s per direction.
 
+use super::network_policy::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort, PolicyType};
 use ipnetwork::IpNetwork;
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::cluster::{Cluster, PodView};
@@ -82,8 +82,8 @@ pub fn policy_types(policy: &NetworkPolicy) -> (bool, bool) {
         (true, !egress_rules.is_empty())
     } else {
         (
-            types.iter().any(|t| t == "Ingress"),
-            types.iter().any(|t| t == "Egress"),
+            types.contains(&PolicyType::Ingress),
+            types.contains(&PolicyType::Egress),
         )
     }
 }
@@ -99,7 +99,7 @@ pub struct Policy<'a> {
 impl<'a> Policy<'a> {
     /// A missing spec reads as Go's zero value: all pods, Ingress, no rules.
     pub fn compile(policy: &'a NetworkPolicy, cluster: &Cluster<'a>) -> Self {
-        let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+        let namespace = &*policy.namespace;
         let spec = policy.spec.as_ref();
         let ingress_rules = spec.and_then(|s| s.ingress.as_deref()).unwrap_or_default();
         let egress_rules = spec.and_then(|s| s.egress.as_deref()).unwrap_or_default();
@@ -110,7 +110,7 @@ impl<'a> Policy<'a> {
             ports: compile_ports(ports),
         };
         Policy {
-            name: policy.metadata.name.as_deref().unwrap_or_default(),
+            name: &policy.name,
             ingress: has_ingress.then(|| {
                 let rules = ingress_rules.iter();
                 rules
@@ -242,7 +242,7 @@ pub fn selects_labels(
     namespace: &str,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> bool {
-    policy.metadata.namespace.as_deref().unwrap_or_default() == namespace
+    *policy.namespace == *namespace
         && policy
             .spec
             .as_ref()

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use super::network_policy::{Requirement, Selector};
 
 /// Whether `selector` selects an object with `labels`: every matchLabels
 /// pair and every matchExpressions requirement holds. The empty selector
@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 /// unknown operator, In/NotIn without values) selects nothing, as upstream
 /// refuses to turn it into a selector at all: failing closed here means a
 /// policy peer allows nothing rather than everything.
-pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub fn matches(selector: &Selector, labels: &BTreeMap<String, String>) -> bool {
     let pairs = selector.match_labels.iter().flatten();
     let expressions = selector.match_expressions.iter().flatten();
     pairs
@@ -21,10 +21,7 @@ pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
             .all(|r| requirement_holds(r, labels))
 }
 
-fn requirement_holds(
-    requirement: &LabelSelectorRequirement,
-    labels: &BTreeMap<String, String>,
-) -> bool {
+fn requirement_holds(requirement: &Requirement, labels: &BTreeMap<String, String>) -> bool {
     let value = labels.get(&requirement.key);
     let values = requirement.values.as_deref().unwrap_or_default();
     match requirement.operator.as_str() {
@@ -40,8 +37,14 @@ fn requirement_holds(
 mod tests {
     use super::*;
 
-    fn selector(json: serde_json::Value) -> LabelSelector {
-        serde_json::from_value(json).unwrap()
+    /// The selector of a policy whose podSelector is `json`.
+    fn selector(json: serde_json::Value) -> Selector {
+        let policy: crate::policy::NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "x", "name": "p"},
+            "spec": {"podSelector": json}
+        }))
+        .unwrap();
+        Selector::clone(&policy.spec.unwrap().pod_selector.unwrap())
     }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -1,11 +1,13 @@
 //! What NetworkPolicy needs from the API server: every NetworkPolicy, Pod
 //! and Namespace of the cluster (peers can be anywhere), and every Service
 //! and EndpointSlice (egress to a ClusterIP is judged by its backends),
-//! each kept in a kube reflector store by its own watcher (a re-list after
-//! a broken watch, backoff on errors, as for Nodes). Nothing is computed
-//! here: each event bumps a counter the agent's loop waits on, once all
-//! five lists are in, and each change (not what a list brings) is stamped
-//! for the latency metrics (`metrics::latency`).
+//! each kept by its own watcher (a re-list after a broken watch, backoff on
+//! errors, as for Nodes): pods and NetworkPolicies, the many, in slim
+//! stores of the agent's own (`object_store`), the others in kube
+//! reflector stores. Nothing is computed here: each event bumps a counter
+//! the agent's loop waits on, once all five lists are in, and each change
+//! (not what a list brings) is stamped for the latency metrics
+//! (`metrics::latency`).
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
@@ -15,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use crate::services::EndpointSlice;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -25,8 +26,9 @@ use tokio::sync::watch;
 
 use super::Pod;
 use super::changes::{Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex};
+use super::network_policy::{NetworkPolicy, WatchedNetworkPolicy};
+use super::object_store::{Named, ObjectStore, PodStore, Watched};
 use super::pod::WatchedPod;
-use super::pod_store::PodStore;
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 use crate::services::SERVICE_NAME_LABEL;
@@ -40,7 +42,7 @@ const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
 /// Kubernetes release flatnet supports (EndpointSlice v1 since 1.21,
 /// NetworkPolicy v1 since 1.7), none deprecated.
 const KINDS: [(&str, &str); 5] = [
-    kind::<NetworkPolicy>(),
+    kind::<WatchedNetworkPolicy>(),
     kind::<WatchedPod>(),
     kind::<Namespace>(),
     kind::<Service>(),
@@ -50,7 +52,7 @@ const KINDS: [(&str, &str); 5] = [
 /// What the watches have seen so far.
 #[derive(Clone)]
 pub struct PolicyObjects {
-    policies: Store<NetworkPolicy>,
+    policies: ObjectStore<NetworkPolicy>,
     pods: PodStore,
     namespaces: Store<Namespace>,
     services: Store<Service>,
@@ -180,7 +182,7 @@ impl PolicyObjects {
 
     /// NetworkPolicy `namespace/name` as the store holds it now.
     pub fn policy(&self, (namespace, name): &(String, String)) -> Option<Arc<NetworkPolicy>> {
-        self.policies.get(&ObjectRef::new(name).within(namespace))
+        self.policies.get(namespace, name)
     }
 
     /// The Services and EndpointSlices as of now (the other kinds empty).
@@ -209,6 +211,9 @@ impl PolicyObjects {
 /// (re-)list; or which kind's watch failed, and how.
 type Item = Result<(usize, bool), (usize, watcher::Error)>;
 
+/// A kind's watch events, as the merged stream carries them.
+type Events = Pin<Box<dyn Stream<Item = Item> + Send>>;
+
 /// A watch event of `kind` as the merged stream carries it.
 fn item<K>(kind: usize, event: Result<Event<K>, watcher::Error>) -> Item {
     event
@@ -231,8 +236,8 @@ pub fn spawn(
     }));
     let slice_index = Arc::new(Mutex::new(SliceIndex::default()));
     let log = (&stamps, &changed, None);
-    let (policies, policy_events) = reflected::<NetworkPolicy>(&client, POLICY, log);
-    let (pods, pod_events) = watched_pods(&client, log);
+    let (policies, policy_events) = own::<WatchedNetworkPolicy>(&client, POLICY, log);
+    let (pods, pod_events) = own::<WatchedPod>(&client, POD, log);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, NAMESPACE, log);
     let (services, service_events) = reflected::<Service>(&client, SERVICE, log);
     let log = (&stamps, &changed, Some(&slice_index));
@@ -314,7 +319,7 @@ fn reflected<K>(
     client: &Client,
     kind: usize,
     (stamps, changed, slice_index): Log<'_>,
-) -> (Store<K>, Pin<Box<dyn Stream<Item = Item> + Send>>)
+) -> (Store<K>, Events)
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -368,26 +373,38 @@ where
     (store, Box::pin(events))
 }
 
-/// The pods' watch, into the agent's own store (`pod_store`), each change
-/// logged as [`reflected`] logs the other kinds' (pods carry no trigger
-/// time).
-fn watched_pods(
+/// A watch of kind `kind` into a store of the agent's own
+/// (`object_store`), each change stamped and logged as [`reflected`] does
+/// for the other kinds.
+fn own<W>(
     client: &Client,
+    kind: usize,
     (stamps, changed, _): Log<'_>,
-) -> (PodStore, Pin<Box<dyn Stream<Item = Item> + Send>>) {
-    let store = PodStore::default();
-    let api: Api<WatchedPod> = Api::all(client.clone());
+) -> (ObjectStore<W::Object>, Events)
+where
+    W: Watched
+        + Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    W::Object: Send + Sync + 'static,
+{
+    let store = ObjectStore::default();
+    let api: Api<W> = Api::all(client.clone());
     let (stamps, changed, kept) = (stamps.clone(), changed.clone(), store.clone());
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |event| {
             let keys = match &event {
                 Ok(Event::Apply(watched) | Event::Delete(watched)) => {
-                    stamps.record(KINDS[POD].0, None);
-                    let pod = &watched.pod;
+                    let object = watched.object();
+                    stamps.record(KINDS[kind].0, object.trigger_time());
                     Some(Some(vec![(
-                        pod.namespace.to_string(),
-                        pod.name.to_string(),
+                        object.namespace().to_string(),
+                        object.name().to_string(),
                     )]))
                 }
                 // A (re-)list: what it leaves out was deleted unseen.
@@ -398,15 +415,15 @@ fn watched_pods(
                 Ok(event) => {
                     let done = matches!(event, Event::InitDone);
                     kept.apply(event);
-                    Ok((POD, done))
+                    Ok((kind, done))
                 }
-                Err(error) => Err((POD, error)),
+                Err(error) => Err((kind, error)),
             };
             // Logged once the store holds it.
             if let Some(keys) = keys
                 && let Ok(mut changed) = changed.lock()
             {
-                changed.record(POD, keys);
+                changed.record(kind, keys);
             }
             item
         });
