@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::TcpListener;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::extract::{RawQuery, State};
@@ -247,16 +248,28 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response 
     }
     if !matches!(query.get("watch"), Some(&("true" | "1"))) {
         let mut state = stub.lock();
-        *state.lists.entry(kind).or_default() += 1;
-        let items: Vec<Value> = state
-            .objects
-            .get(&kind)
-            .map(|o| o.values().cloned().collect())
-            .unwrap_or_default();
+        let page = Page::of(&query, state.version);
+        if page.after.is_none() {
+            // A list, however many pages it takes.
+            *state.lists.entry(kind).or_default() += 1;
+        }
+        let objects = state.objects.get(&kind);
+        let rest = objects.into_iter().flat_map(|o| match &page.after {
+            Some(last) => o.range::<String, _>((Excluded(last), Unbounded)),
+            None => o.range::<String, _>(..),
+        });
+        let mut items: Vec<(&String, &Value)> = rest.take(page.limit.saturating_add(1)).collect();
+        let more = items.len() > page.limit;
+        items.truncate(page.limit);
+        let mut metadata = json!({"resourceVersion": page.version.to_string()});
+        if more && let Some((last, _)) = items.last() {
+            metadata["continue"] = json!(Page::token(page.version, last));
+        }
+        let items: Vec<&Value> = items.into_iter().map(|(_, object)| object).collect();
         let list = json!({
             "kind": format!("{}List", kind.name()),
             "apiVersion": kind.api_version(),
-            "metadata": {"resourceVersion": state.version.to_string()},
+            "metadata": metadata,
             "items": items,
         });
         return (json_type, list.to_string()).into_response();
@@ -293,6 +306,54 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response 
         }
     });
     (json_type, axum::body::Body::from_stream(events)).into_response()
+}
+
+/// One page of a list, as kube-apiserver serves them: `limit` objects at
+/// most (kube's watcher asks for 500), the next page's `continue` token
+/// naming the list's resourceVersion and the last key served, every page
+/// reporting the first one's resourceVersion. Unpaged, the stub answered
+/// the scale harness's 150,000 pods in one 80 MB response, which the agent
+/// buffered twice: no API server does that.
+struct Page {
+    limit: usize,
+    version: u64,
+    after: Option<String>,
+}
+
+impl Page {
+    fn of(query: &HashMap<&str, &str>, current: u64) -> Self {
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .filter(|&l: &usize| l > 0)
+            .unwrap_or(usize::MAX);
+        let resumed = query.get("continue").and_then(|token| Page::parse(token));
+        let (version, after) = match resumed {
+            Some((version, after)) => (version, Some(after)),
+            None => (current, None),
+        };
+        Page {
+            limit,
+            version,
+            after,
+        }
+    }
+
+    /// `<version>x<key in hex>`: letters and digits only, so the token
+    /// needs no escaping in the query.
+    fn token(version: u64, last: &str) -> String {
+        let hex: String = last.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{version}x{hex}")
+    }
+
+    fn parse(token: &str) -> Option<(u64, String)> {
+        let (version, hex) = token.split_once('x')?;
+        let bytes: Option<Vec<u8>> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        Some((version.parse().ok()?, String::from_utf8(bytes?).ok()?))
+    }
 }
 
 /// The stub served on `listener` (already bound, in whichever network
@@ -406,4 +467,29 @@ pub fn metric(page: &str, series: &str) -> Option<f64> {
     page.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_continue_token_reads_back_as_the_version_and_key_it_names() {
+        let token = Page::token(42, "kube-system/coredns-5d78c9869d-x7k2p");
+        assert!(token.chars().all(|c| c.is_ascii_alphanumeric()), "{token}");
+        assert_eq!(
+            Page::parse(&token),
+            Some((42, "kube-system/coredns-5d78c9869d-x7k2p".to_string()))
+        );
+        assert_eq!(Page::parse("42xzz"), None);
+        let query = HashMap::from([("limit", "500"), ("continue", token.as_str())]);
+        let page = Page::of(&query, 99);
+        assert_eq!((page.limit, page.version), (500, 42));
+        assert_eq!(
+            page.after.as_deref(),
+            Some("kube-system/coredns-5d78c9869d-x7k2p")
+        );
+        let first = Page::of(&HashMap::from([("limit", "500")]), 99);
+        assert_eq!((first.version, first.after), (99, None));
+    }
 }
