@@ -11,8 +11,6 @@ use std::sync::{Arc, RwLock};
 
 use kube::runtime::watcher::Event;
 
-use super::pod::Pod;
-
 /// What a store keeps objects by.
 pub trait Named {
     fn namespace(&self) -> &Arc<str>;
@@ -30,9 +28,6 @@ pub trait Watched: Into<Self::Object> {
     type Object: Named;
     fn object(&self) -> &Self::Object;
 }
-
-/// The agent's pods.
-pub type PodStore = ObjectStore<Pod>;
 
 /// Objects by namespace, then name.
 type ByNamespace<T> = HashMap<Arc<str>, HashMap<Arc<str>, Arc<T>>>;
@@ -130,7 +125,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::policy::pod::WatchedPod;
+    use crate::policy::pod::{PodStore, WatchedPod};
 
     fn watched(namespace: &str, name: &str, ip: &str) -> WatchedPod {
         serde_json::from_value(json!({

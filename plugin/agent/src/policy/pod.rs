@@ -165,6 +165,9 @@ pub fn namespace_name(namespace: &str) -> Arc<str> {
     TEXT.text(namespace)
 }
 
+/// The agent's pods.
+pub type PodStore = super::object_store::ObjectStore<Pod>;
+
 impl From<WatchedPod> for Pod {
     fn from(watched: WatchedPod) -> Self {
         watched.pod
