@@ -298,6 +298,9 @@ pub struct Agent {
     /// The nftables generation at which the no-masquerade sets were last
     /// found to hold these CIDRs (`node::sync_no_masquerade`).
     no_masquerade_checked: Option<(u32, Vec<ipnetwork::IpNetwork>)>,
+    /// The CIDRs the remote-CIDR tries were last made to hold (None until
+    /// the first pass reads what a predecessor left there).
+    remote_written: Option<Vec<ipnetwork::IpNetwork>>,
 }
 
 /// NetworkPolicy on this node: what was written.

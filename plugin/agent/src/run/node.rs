@@ -1,6 +1,8 @@
 //! Setting the node up once, and making it match each node list: routes,
 //! the remote-CIDR map, no-masquerade sets, the uplink program, the conflist.
 
+use std::collections::HashSet;
+
 use ipnetwork::IpNetwork;
 
 use crate::config::Args;
@@ -114,6 +116,7 @@ impl Agent {
             records_changed: false,
             desired: None,
             no_masquerade_checked: None,
+            remote_written: None,
         })
     }
 
@@ -213,6 +216,7 @@ impl Agent {
         drop(ensure_datapath(&self.conf.node_network(), &self.datapath, &self.host).await?);
         // Without the device, tunnelled routes are missing (logged below);
         // direct ones still go in.
+        self.forget_departed_cidrs(plan)?;
         let tunnel = match self.ensure_tunnel(plan).await {
             Ok(tunnel) => tunnel,
             Err(e) => {
@@ -253,6 +257,7 @@ impl Agent {
             })
             .collect();
         self.datapath.set_remote_cidrs(&remote)?;
+        self.remote_written = Some(remote.iter().map(|r| r.cidr).collect());
         self.sync_no_masquerade(plan).await?;
 
         let Some(me) = &plan.me else {
@@ -292,6 +297,31 @@ impl Agent {
         if install::write_atomically(&path, format!("{text}\n").as_bytes(), 0o644)? {
             tracing::info!(path = %path.display(), cidrs = ?me.pod_cidrs, "conflist written");
         }
+        Ok(())
+    }
+
+    /// A departed peer's CIDR leaves the fast path before its route goes:
+    /// an entry without its route would send that CIDR's packets by
+    /// whatever route is left (the default one, out of the uplink).
+    fn forget_departed_cidrs(&mut self, plan: &Plan) -> Result<()> {
+        let written = match self.remote_written.take() {
+            Some(written) => written,
+            None => self
+                .datapath
+                .remote_cidrs()?
+                .iter()
+                .map(|r| r.cidr)
+                .collect(),
+        };
+        let planned: HashSet<IpNetwork> = plan
+            .routes
+            .iter()
+            .map(|r| flatnet_datapath::util::normalized(r.cidr))
+            .collect();
+        let (kept, departed): (Vec<IpNetwork>, Vec<IpNetwork>) =
+            written.into_iter().partition(|cidr| planned.contains(cidr));
+        self.datapath.remove_remote_cidrs(&departed)?;
+        self.remote_written = Some(kept);
         Ok(())
     }
 

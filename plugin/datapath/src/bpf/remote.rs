@@ -86,18 +86,34 @@ impl Datapath {
             }
             .map_err(|e| Error::bpf(format!("inserting remote CIDR {cidr}"), e))?;
         }
-        for entry in current.iter().filter(|e| !wanted.contains_key(&e.cidr)) {
-            ignore_missing(match entry.cidr {
-                IpNetwork::V4(net) => v4.remove(&remote_key_v4(&net)),
-                IpNetwork::V6(net) => v6.remove(&remote_key_v6(&net)),
-            })?;
-        }
+        let gone: Vec<IpNetwork> = current
+            .iter()
+            .map(|e| e.cidr)
+            .filter(|cidr| !wanted.contains_key(cidr))
+            .collect();
+        self.remove_remote_cidrs(&gone)?;
         let directly_routed: BTreeSet<IpAddr> = wanted
             .values()
             .filter(|entry| !entry.tunnelled)
             .map(|entry| entry.node)
             .collect();
         self.set_peer_nodes(&directly_routed)
+    }
+
+    /// Takes `cidrs` out of the remote-CIDR tries (the ones not there are
+    /// no error).
+    pub fn remove_remote_cidrs(&self, cidrs: &[IpNetwork]) -> Result<()> {
+        if cidrs.is_empty() {
+            return Ok(());
+        }
+        let (mut v4, mut v6) = (self.remote_v4()?, self.remote_v6()?);
+        for cidr in cidrs {
+            ignore_missing(match crate::util::normalized(*cidr) {
+                IpNetwork::V4(net) => v4.remove(&remote_key_v4(&net)),
+                IpNetwork::V6(net) => v6.remove(&remote_key_v6(&net)),
+            })?;
+        }
+        Ok(())
     }
 
     fn peer_nodes_v4(&self) -> Result<HashOf<maps::PEER_NODES_V4>> {
