@@ -312,6 +312,23 @@ type Log<'a> = (
     Option<&'a Arc<Mutex<SliceIndex>>>,
 );
 
+/// What kube's watcher can watch and the merged stream can carry.
+trait Watchable:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// All objects of kind `K` in a store, and the stream of its events, each
 /// change stamped and logged (once the store holds it), slimmed first
 /// ([`slim_for_store`]).
@@ -321,13 +338,7 @@ fn reflected<K>(
     (stamps, changed, slice_index): Log<'_>,
 ) -> (Store<K>, Events)
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watchable,
 {
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
@@ -382,14 +393,7 @@ fn own<W>(
     (stamps, changed, _): Log<'_>,
 ) -> (ObjectStore<W::Object>, Events)
 where
-    W: Watched
-        + Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    W: Watched + Watchable,
     W::Object: Send + Sync + 'static,
 {
     let store = ObjectStore::default();
