@@ -298,9 +298,12 @@ pub struct Agent {
     /// The nftables generation at which the no-masquerade sets were last
     /// found to hold these CIDRs (`node::sync_no_masquerade`).
     no_masquerade_checked: Option<(u32, Vec<ipnetwork::IpNetwork>)>,
-    /// The CIDRs the remote-CIDR tries were last made to hold (None until
-    /// the first pass reads what a predecessor left there).
-    remote_written: Option<Vec<ipnetwork::IpNetwork>>,
+    /// What the remote-CIDR tries were last made to hold (None: the next
+    /// pass reads them back; the first, what a predecessor left there).
+    remote_written: Option<flatnet_datapath::bpf::RemoteWritten>,
+    /// Re-checks since the start (every `FULL_READ_EVERY`th reads the
+    /// maps back whole).
+    rechecks: u64,
 }
 
 /// NetworkPolicy on this node: what was written.

@@ -23,6 +23,12 @@ use flatnet_datapath::node::markers as ready;
 use super::readiness::plugin_build_problem;
 use super::{Agent, local_addresses, own_directory};
 
+/// Every how many re-checks the remote-CIDR maps are read back whole (5
+/// minutes at the default 30 s), as kube-proxy's occasional full sync: in
+/// between, a pass compares with what it wrote, and a reloaded datapath's
+/// maps (new ids) are read back at once.
+const FULL_READ_EVERY: u64 = 10;
+
 impl Agent {
     /// Everything that does not depend on the node list: forwarding on,
     /// bpffs, the datapath loaded and pinned (so no CNI ADD loads it on a
@@ -117,6 +123,7 @@ impl Agent {
             desired: None,
             no_masquerade_checked: None,
             remote_written: None,
+            rechecks: 0,
         })
     }
 
@@ -124,6 +131,13 @@ impl Agent {
     /// own setup turned out. Failures are logged and retried at the next
     /// resync; `fresh` marks a new list (logged in more detail).
     pub(super) async fn reconcile(&mut self, nodes: &[Node], fresh: bool) {
+        if !fresh {
+            self.rechecks += 1;
+            if self.rechecks.is_multiple_of(FULL_READ_EVERY) {
+                // What was written by hand (bpftool) is put right too.
+                self.remote_written = None;
+            }
+        }
         let routing = match self.routing().await {
             Ok(routing) => routing,
             Err(e) => {
@@ -256,8 +270,8 @@ impl Agent {
                 tunnelled: r.carrier == Carrier::Vxlan,
             })
             .collect();
-        self.datapath.set_remote_cidrs(&remote)?;
-        self.remote_written = Some(remote.iter().map(|r| r.cidr).collect());
+        let known = self.remote_written.take();
+        self.remote_written = Some(self.datapath.sync_remote_cidrs(&remote, known)?);
         self.sync_no_masquerade(plan).await?;
 
         let Some(me) = &plan.me else {
@@ -304,8 +318,13 @@ impl Agent {
     /// an entry without its route would send that CIDR's packets by
     /// whatever route is left (the default one, out of the uplink).
     fn forget_departed_cidrs(&mut self, plan: &Plan) -> Result<()> {
-        let written = match self.remote_written.take() {
-            Some(written) => written,
+        let planned: HashSet<IpNetwork> = plan
+            .routes
+            .iter()
+            .map(|r| flatnet_datapath::util::normalized(r.cidr))
+            .collect();
+        let written: Vec<IpNetwork> = match &self.remote_written {
+            Some(written) => written.cidrs().collect(),
             None => self
                 .datapath
                 .remote_cidrs()?
@@ -313,15 +332,17 @@ impl Agent {
                 .map(|r| r.cidr)
                 .collect(),
         };
-        let planned: HashSet<IpNetwork> = plan
-            .routes
-            .iter()
-            .map(|r| flatnet_datapath::util::normalized(r.cidr))
+        let departed: Vec<IpNetwork> = written
+            .into_iter()
+            .filter(|cidr| !planned.contains(cidr))
             .collect();
-        let (kept, departed): (Vec<IpNetwork>, Vec<IpNetwork>) =
-            written.into_iter().partition(|cidr| planned.contains(cidr));
+        // Forgotten first: a failure below leaves the next pass reading back.
+        let mut known = self.remote_written.take();
         self.datapath.remove_remote_cidrs(&departed)?;
-        self.remote_written = Some(kept);
+        if let Some(known) = known.as_mut() {
+            known.forget(&departed);
+        }
+        self.remote_written = known;
         Ok(())
     }
 

@@ -57,7 +57,7 @@ pub use policy::{
     PeerRule, PolicyDropCounts, PolicyPortRange, PolicyPorts, PolicyRule, PolicyTable,
     local_addr_key, ports_value,
 };
-pub use remote::RemoteCidr;
+pub use remote::{RemoteCidr, RemoteWritten};
 pub use service_programs::SERVICE_PROGRAMS;
 pub use services::{
     Outside, backend_address, frontend_of, protocol_name, service_backend, service_key,

@@ -1,13 +1,13 @@
 //! Other nodes' pod CIDRs (the LPM tries the agent keeps) and the node's
 //! VXLAN device (`TUNNEL`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use aya::maps::lpm_trie::Key as LpmKey;
 use flatnet_common::{
-    MAP_PEER_NODES_V4, MAP_PEER_NODES_V6, MAP_TUNNEL, REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6,
-    RemoteNode, TunnelConfig, maps,
+    MAP_PEER_NODES_V4, MAP_PEER_NODES_V6, MAP_REMOTE_CIDRS_V4, MAP_REMOTE_CIDRS_V6, MAP_TUNNEL,
+    REMOTE_F_TUNNEL, RemoteCidrV4, RemoteCidrV6, RemoteNode, TunnelConfig, maps,
 };
 use ipnetwork::IpNetwork;
 
@@ -19,6 +19,26 @@ use crate::error::{Error, Result};
 pub(super) const FAMILY_INET: u32 = libc::AF_INET as u32;
 
 pub(super) const FAMILY_INET6: u32 = libc::AF_INET6 as u32;
+
+/// What the remote-CIDR tries held when the agent last wrote them, and
+/// which maps those were (kernel ids).
+#[derive(Clone, Debug, Default)]
+pub struct RemoteWritten {
+    maps: [u32; 4],
+    entries: HashSet<RemoteCidr>,
+}
+
+impl RemoteWritten {
+    pub fn cidrs(&self) -> impl Iterator<Item = IpNetwork> + '_ {
+        self.entries.iter().map(|e| e.cidr)
+    }
+
+    /// Forgets `cidrs` (taken out of the tries).
+    pub fn forget(&mut self, cidrs: &[IpNetwork]) {
+        let cidrs: HashSet<&IpNetwork> = cidrs.iter().collect();
+        self.entries.retain(|e| !cidrs.contains(&e.cidr));
+    }
+}
 
 /// One entry of the remote-CIDR tries: a pod CIDR, the node it is on, and
 /// whether that node is reached through the VXLAN tunnel (`node` is then
@@ -59,14 +79,30 @@ impl Datapath {
         Ok(found)
     }
 
+    /// Makes the remote-CIDR tries hold exactly `wanted`, reading them
+    /// back first (see [`Datapath::sync_remote_cidrs`]).
+    pub fn set_remote_cidrs(&self, wanted: &[RemoteCidr]) -> Result<()> {
+        self.sync_remote_cidrs(wanted, None).map(drop)
+    }
+
     /// Makes the remote-CIDR tries hold exactly `wanted`: new and changed
     /// entries first, then the ones no longer wanted, so a CIDR that stays
-    /// never misses a packet. Entries already right are not written again
-    /// (the agent calls this at every pass).
-    pub fn set_remote_cidrs(&self, wanted: &[RemoteCidr]) -> Result<()> {
-        let current: std::collections::HashSet<RemoteCidr> =
-            self.remote_cidrs()?.into_iter().collect();
-        let wanted: std::collections::HashMap<IpNetwork, RemoteCidr> = wanted
+    /// never misses a packet; entries already right are not written again.
+    /// What they hold now is `known` when that is still about the same maps
+    /// (a reloaded datapath's have other ids), else read back: at 5,000
+    /// peers the read is 10,000 system calls, and the agent calls this at
+    /// every pass. Returns what they hold after.
+    pub fn sync_remote_cidrs(
+        &self,
+        wanted: &[RemoteCidr],
+        known: Option<RemoteWritten>,
+    ) -> Result<RemoteWritten> {
+        let maps = self.remote_map_ids()?;
+        let (current, read_back) = match known {
+            Some(known) if known.maps == maps => (known.entries, false),
+            _ => (self.remote_cidrs()?.into_iter().collect(), true),
+        };
+        let wanted: HashMap<IpNetwork, RemoteCidr> = wanted
             .iter()
             .map(|entry| {
                 let cidr = crate::util::normalized(entry.cidr);
@@ -92,12 +128,36 @@ impl Datapath {
             .filter(|cidr| !wanted.contains_key(cidr))
             .collect();
         self.remove_remote_cidrs(&gone)?;
-        let directly_routed: BTreeSet<IpAddr> = wanted
-            .values()
-            .filter(|entry| !entry.tunnelled)
-            .map(|entry| entry.node)
-            .collect();
-        self.set_peer_nodes(&directly_routed)
+        let directly_routed = |entries: &mut dyn Iterator<Item = &RemoteCidr>| -> BTreeSet<IpAddr> {
+            entries.filter(|e| !e.tunnelled).map(|e| e.node).collect()
+        };
+        // The peer nodes were written with the entries: known alike, or
+        // read back alike.
+        let known_nodes = (!read_back).then(|| directly_routed(&mut current.iter()));
+        let wanted_nodes = directly_routed(&mut wanted.values());
+        self.set_peer_nodes(&wanted_nodes, known_nodes)?;
+        Ok(RemoteWritten {
+            maps,
+            entries: wanted.into_values().collect(),
+        })
+    }
+
+    /// The kernel's ids of the remote-CIDR tries and peer-node maps (0 for
+    /// one not pinned): they change when the datapath is loaded anew.
+    fn remote_map_ids(&self) -> Result<[u32; 4]> {
+        let mut ids = [0; 4];
+        let names = [
+            MAP_REMOTE_CIDRS_V4,
+            MAP_REMOTE_CIDRS_V6,
+            MAP_PEER_NODES_V4,
+            MAP_PEER_NODES_V6,
+        ];
+        for (id, name) in ids.iter_mut().zip(names) {
+            if let Some(info) = self.pinned_map_info(name)? {
+                *id = info.id();
+            }
+        }
+        Ok(ids)
     }
 
     /// Takes `cidrs` out of the remote-CIDR tries (the ones not there are
@@ -151,12 +211,20 @@ impl Datapath {
             .all(|name| self.map_path(name).exists())
     }
 
-    /// Makes `PEER_NODES_*` hold exactly `wanted`, new addresses first.
-    fn set_peer_nodes(&self, wanted: &BTreeSet<IpAddr>) -> Result<()> {
+    /// Makes `PEER_NODES_*` hold exactly `wanted`, new addresses first;
+    /// what they hold now is `known`, or read back.
+    fn set_peer_nodes(
+        &self,
+        wanted: &BTreeSet<IpAddr>,
+        known: Option<BTreeSet<IpAddr>>,
+    ) -> Result<()> {
         if !self.peer_nodes_pinned() {
             return Ok(());
         }
-        let current = self.peer_nodes()?;
+        let current = match known {
+            Some(known) => known,
+            None => self.peer_nodes()?,
+        };
         let mut v4 = self.peer_nodes_v4()?;
         let mut v6 = self.peer_nodes_v6()?;
         for address in wanted.difference(&current) {

@@ -166,3 +166,70 @@ fn a_peer_route_someone_else_holds_is_reported_and_kept_out_of_the_fast_path() {
     });
     assert!(n1.cni("STATUS", None).success());
 }
+
+/// Between full read-backs (every tenth re-check) the agent compares the
+/// remote-CIDR tries with what it wrote: an entry deleted by hand is put
+/// back at the next full read.
+#[flatnet_test(root)]
+fn a_remote_cidr_deleted_by_hand_is_written_again() {
+    let cluster = Cluster::with_file_agents(2);
+    let n1 = cluster.node("n1");
+    let to_n2 = vec!["10.244.2.0/24 via 172.30.0.2".to_string()];
+    assert_eq!(n1.remote_cidrs(), to_n2);
+    n1.datapath()
+        .remove_remote_cidrs(&["10.244.2.0/24".parse().unwrap()])
+        .expect("deleting n2's entry");
+    assert_eq!(n1.remote_cidrs(), Vec::<String>::new());
+    // Ten re-checks at 2 s, and room for a loaded machine.
+    wait_until("n2's entry to be written again", SETTLE * 2, || {
+        n1.remote_cidrs() == to_n2
+    });
+}
+
+/// What the tries were last made to hold stands for a read-back while
+/// they are the same maps; a reloaded datapath's (new ids) are read.
+#[flatnet_test(root)]
+fn remote_cidrs_are_compared_with_what_was_written_until_the_maps_change() {
+    use flatnet::config::DatapathMode;
+    use flatnet_datapath::bpf::RemoteCidr;
+    let entry = |cidr: &str, node: &str| RemoteCidr {
+        cidr: cidr.parse().unwrap(),
+        node: node.parse().unwrap(),
+        tunnelled: false,
+    };
+    let wanted = [
+        entry("10.244.2.0/24", "172.30.0.2"),
+        entry("fd00:10:244:2::/64", "fd30::2"),
+    ];
+    let scratch = flatnet_tests::test_run::ScratchDatapath::load(DatapathMode::Tc)
+        .expect("loading the datapath");
+    let datapath = &scratch.datapath;
+    let written = datapath.sync_remote_cidrs(&wanted, None).expect("writing");
+    let held = |d: &flatnet_datapath::bpf::Datapath| {
+        let mut held = d.remote_cidrs().expect("reading");
+        held.sort_by_key(|e| e.cidr);
+        held
+    };
+    assert_eq!(held(datapath), wanted);
+    assert_eq!(datapath.peer_nodes().unwrap().len(), 2);
+    datapath
+        .remove_remote_cidrs(&[wanted[0].cidr])
+        .expect("deleting");
+    // Trusted: nothing is written for what it says is there.
+    let written = datapath
+        .sync_remote_cidrs(&wanted, Some(written))
+        .expect("writing");
+    assert_eq!(held(datapath), wanted[1..]);
+    // Read back: put right.
+    datapath.sync_remote_cidrs(&wanted, None).expect("writing");
+    assert_eq!(held(datapath), wanted);
+    // The datapath loaded anew: what was written is about other maps.
+    datapath.remove_pins().expect("wiping the pins");
+    datapath.load(DatapathMode::Tc).expect("reloading");
+    assert_eq!(held(datapath), []);
+    datapath
+        .sync_remote_cidrs(&wanted, Some(written))
+        .expect("writing");
+    assert_eq!(held(datapath), wanted);
+    assert_eq!(datapath.peer_nodes().unwrap().len(), 2);
+}
