@@ -32,6 +32,7 @@ pub mod protocol;
 pub mod reclaim;
 pub mod run;
 pub mod services;
+mod slim;
 
 pub use install::uninstall::uninstall;
 pub use run::run;

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::object_store::{Named, Watched};
 use crate::interned::Interner;
 use crate::metrics::latency::TRIGGER_TIME;
+use crate::slim::watched_as;
 
 static SELECTORS: LazyLock<Interner<Selector>> = LazyLock::new(Interner::new);
 
@@ -220,26 +221,10 @@ impl Watched for WatchedNetworkPolicy {
     }
 }
 
-impl k8s_openapi::Resource for WatchedNetworkPolicy {
-    const API_VERSION: &'static str = "networking.k8s.io/v1";
-    const GROUP: &'static str = "networking.k8s.io";
-    const KIND: &'static str = "NetworkPolicy";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "networkpolicies";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for WatchedNetworkPolicy {
-    type Ty = meta::ObjectMeta;
-
-    fn metadata(&self) -> &meta::ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut meta::ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_as!(
+    WatchedNetworkPolicy,
+    k8s_openapi::api::networking::v1::NetworkPolicy
+);
 
 #[cfg(test)]
 mod tests {

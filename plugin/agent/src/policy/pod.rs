@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use crate::interned::Interner;
+use crate::slim::watched_as;
 
 /// A pod's labels, shared with every pod that has the same.
 pub type Labels = Arc<BTreeMap<String, String>>;
@@ -192,26 +193,7 @@ impl super::object_store::Named for Pod {
     }
 }
 
-impl k8s_openapi::Resource for WatchedPod {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Pod";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "pods";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for WatchedPod {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_as!(WatchedPod, k8s_openapi::api::core::v1::Pod);
 
 #[cfg(test)]
 mod tests {

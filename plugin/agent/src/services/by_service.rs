@@ -110,7 +110,7 @@ impl DesiredByService {
 #[cfg(test)]
 mod tests {
     use crate::services::EndpointSlice;
-    use k8s_openapi::api::core::v1::Service;
+    use crate::services::Service;
     use serde_json::{Value, json};
 
     use super::*;

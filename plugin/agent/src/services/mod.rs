@@ -18,6 +18,7 @@ pub mod health;
 pub mod nat;
 pub mod plan;
 pub mod ports;
+mod service;
 mod slice;
 pub mod sync;
 pub mod topology;
@@ -26,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+pub use service::{Service, ServicePort, ServiceSpec, ServiceStatus};
 pub use slice::{Endpoint, EndpointSlice};
 
 use crate::protocol::Protocol;

@@ -6,7 +6,6 @@
 //! the small types (conditions, hints, ports) are k8s-openapi's, so code
 //! reads it alike; addresses are parsed, node names shared (`interned`).
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
 
@@ -15,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 use crate::interned::Interner;
-use crate::metrics::latency::TRIGGER_TIME;
+use crate::slim::{kept_metadata, watched_as};
 
 static NODE_NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 
@@ -25,7 +24,7 @@ static NODE_NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 pub struct EndpointSlice {
     /// Name, namespace, labels, resourceVersion (until the store), and of
     /// the annotations only the change's trigger time.
-    #[serde(deserialize_with = "slim_metadata")]
+    #[serde(deserialize_with = "kept_metadata")]
     pub metadata: ObjectMeta,
     pub address_type: String,
     pub endpoints: Option<Vec<Endpoint>>,
@@ -44,32 +43,6 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
 }
 
-#[derive(Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct KeptMetadata {
-    name: Option<String>,
-    namespace: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
-    resource_version: Option<String>,
-}
-
-fn slim_metadata<'de, D: Deserializer<'de>>(decoder: D) -> Result<ObjectMeta, D::Error> {
-    let kept = KeptMetadata::deserialize(decoder)?;
-    let trigger = kept
-        .annotations
-        .and_then(|mut a| a.remove_entry(TRIGGER_TIME))
-        .map(|entry| BTreeMap::from([entry]));
-    Ok(ObjectMeta {
-        name: kept.name,
-        namespace: kept.namespace,
-        labels: kept.labels,
-        annotations: trigger,
-        resource_version: kept.resource_version,
-        ..ObjectMeta::default()
-    })
-}
-
 fn parsed_addresses<'de, D: Deserializer<'de>>(decoder: D) -> Result<Vec<IpAddr>, D::Error> {
     let served = Vec::<String>::deserialize(decoder)?;
     Ok(served.iter().filter_map(|a| a.parse().ok()).collect())
@@ -80,30 +53,16 @@ fn shared_node_name<'de, D: Deserializer<'de>>(decoder: D) -> Result<Option<Arc<
     Ok(served.map(|name| NODE_NAMES.text(&name)))
 }
 
-impl k8s_openapi::Resource for EndpointSlice {
-    const API_VERSION: &'static str = "discovery.k8s.io/v1";
-    const GROUP: &'static str = "discovery.k8s.io";
-    const KIND: &'static str = "EndpointSlice";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "endpointslices";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for EndpointSlice {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_as!(
+    EndpointSlice,
+    k8s_openapi::api::discovery::v1::EndpointSlice
+);
 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    use crate::metrics::latency::TRIGGER_TIME;
 
     use super::*;
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::services::EndpointSlice;
-use k8s_openapi::api::core::v1::Service;
+use crate::services::Service;
 use serde_json::json;
 
 use super::services::{service, slice};

@@ -2,7 +2,7 @@
 //! read from Services and EndpointSlices, and what they add to a plan.
 
 use crate::services::EndpointSlice;
-use k8s_openapi::api::core::v1::Service;
+use crate::services::Service;
 use serde_json::{Value, json};
 
 use super::*;
