@@ -323,26 +323,19 @@ impl Agent {
             .iter()
             .map(|r| flatnet_datapath::util::normalized(r.cidr))
             .collect();
-        let written: Vec<IpNetwork> = match &self.remote_written {
-            Some(written) => written.cidrs().collect(),
-            None => self
-                .datapath
-                .remote_cidrs()?
-                .iter()
-                .map(|r| r.cidr)
-                .collect(),
+        // Read back once here when nothing is known; the sync after uses it.
+        let mut known = match self.remote_written.take() {
+            Some(known) => known,
+            None => self.datapath.read_remote()?,
         };
-        let departed: Vec<IpNetwork> = written
-            .into_iter()
+        let departed: Vec<IpNetwork> = known
+            .cidrs()
             .filter(|cidr| !planned.contains(cidr))
             .collect();
-        // Forgotten first: a failure below leaves the next pass reading back.
-        let mut known = self.remote_written.take();
+        // A failure here leaves nothing known: the next pass reads back.
         self.datapath.remove_remote_cidrs(&departed)?;
-        if let Some(known) = known.as_mut() {
-            known.forget(&departed);
-        }
-        self.remote_written = known;
+        known.forget(&departed);
+        self.remote_written = Some(known);
         Ok(())
     }
 

@@ -26,6 +26,7 @@ pub(super) const FAMILY_INET6: u32 = libc::AF_INET6 as u32;
 pub struct RemoteWritten {
     maps: [u32; 4],
     entries: HashSet<RemoteCidr>,
+    peer_nodes: BTreeSet<IpAddr>,
 }
 
 impl RemoteWritten {
@@ -98,9 +99,9 @@ impl Datapath {
         known: Option<RemoteWritten>,
     ) -> Result<RemoteWritten> {
         let maps = self.remote_map_ids()?;
-        let (current, read_back) = match known {
-            Some(known) if known.maps == maps => (known.entries, false),
-            _ => (self.remote_cidrs()?.into_iter().collect(), true),
+        let current = match known {
+            Some(known) if known.maps == maps => known,
+            _ => self.read_remote()?,
         };
         let wanted: HashMap<IpNetwork, RemoteCidr> = wanted
             .iter()
@@ -112,7 +113,7 @@ impl Datapath {
         let mut v4 = self.remote_v4()?;
         let mut v6 = self.remote_v6()?;
         for (cidr, entry) in &wanted {
-            if current.contains(entry) {
+            if current.entries.contains(entry) {
                 continue;
             }
             let value = remote_node(entry.node, entry.tunnelled);
@@ -123,22 +124,31 @@ impl Datapath {
             .map_err(|e| Error::bpf(format!("inserting remote CIDR {cidr}"), e))?;
         }
         let gone: Vec<IpNetwork> = current
+            .entries
             .iter()
             .map(|e| e.cidr)
             .filter(|cidr| !wanted.contains_key(cidr))
             .collect();
         self.remove_remote_cidrs(&gone)?;
-        let directly_routed = |entries: &mut dyn Iterator<Item = &RemoteCidr>| -> BTreeSet<IpAddr> {
-            entries.filter(|e| !e.tunnelled).map(|e| e.node).collect()
-        };
-        // The peer nodes were written with the entries: known alike, or
-        // read back alike.
-        let known_nodes = (!read_back).then(|| directly_routed(&mut current.iter()));
-        let wanted_nodes = directly_routed(&mut wanted.values());
-        self.set_peer_nodes(&wanted_nodes, known_nodes)?;
+        let peer_nodes: BTreeSet<IpAddr> = wanted
+            .values()
+            .filter(|entry| !entry.tunnelled)
+            .map(|entry| entry.node)
+            .collect();
+        self.set_peer_nodes(&peer_nodes, &current.peer_nodes)?;
         Ok(RemoteWritten {
             maps,
             entries: wanted.into_values().collect(),
+            peer_nodes,
+        })
+    }
+
+    /// What the remote-CIDR tries and peer-node maps hold now, read back.
+    pub fn read_remote(&self) -> Result<RemoteWritten> {
+        Ok(RemoteWritten {
+            maps: self.remote_map_ids()?,
+            entries: self.remote_cidrs()?.into_iter().collect(),
+            peer_nodes: self.peer_nodes()?,
         })
     }
 
@@ -212,19 +222,11 @@ impl Datapath {
     }
 
     /// Makes `PEER_NODES_*` hold exactly `wanted`, new addresses first;
-    /// what they hold now is `known`, or read back.
-    fn set_peer_nodes(
-        &self,
-        wanted: &BTreeSet<IpAddr>,
-        known: Option<BTreeSet<IpAddr>>,
-    ) -> Result<()> {
+    /// they hold `current` now.
+    fn set_peer_nodes(&self, wanted: &BTreeSet<IpAddr>, current: &BTreeSet<IpAddr>) -> Result<()> {
         if !self.peer_nodes_pinned() {
             return Ok(());
         }
-        let current = match known {
-            Some(known) => known,
-            None => self.peer_nodes()?,
-        };
         let mut v4 = self.peer_nodes_v4()?;
         let mut v6 = self.peer_nodes_v6()?;
         for address in wanted.difference(&current) {
