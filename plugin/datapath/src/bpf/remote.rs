@@ -229,7 +229,7 @@ impl Datapath {
         }
         let mut v4 = self.peer_nodes_v4()?;
         let mut v6 = self.peer_nodes_v6()?;
-        for address in wanted.difference(&current) {
+        for address in wanted.difference(current) {
             match address {
                 IpAddr::V4(ip) => v4.insert(ip.octets(), 1, 0),
                 IpAddr::V6(ip) => v6.insert(ip.octets(), 1, 0),
