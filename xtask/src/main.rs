@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Fuzz { seconds } => {
             setup::all()?;
-            test::fuzz_smoke(seconds)
+            test::fuzz_smoke(seconds, false)
         }
         Task::Bench(args) => {
             // As for the demo: the bench's own namespaces and its children

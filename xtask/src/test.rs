@@ -54,7 +54,12 @@ fn nightly_cargo() -> std::process::Command {
 /// a bounded time: a crash fails the stage, and the input that caused it is
 /// left in tests/fuzz/artifacts/<target>/ (turn it into a unit test).
 /// Longer by hand: `cargo xtask fuzz --seconds 3600`.
-pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
+/// `dev`: the dev profile (debug assertions, overflow checks, the
+/// sanitizer), for the suite's smoke: for 10 s a target, the release
+/// build's optimisation costs more time than its faster runs give back
+/// (4.4 min cold on 2 cores). Longer runs want the release build.
+pub fn fuzz_smoke(seconds: u32, dev: bool) -> anyhow::Result<()> {
+    let profile: &[&str] = if dev { &["--dev"] } else { &[] };
     let fuzz_dir = util::root().join("tests/fuzz");
     let mut list = nightly_cargo();
     list.args(["fuzz", "list", "--fuzz-dir"]).arg(&fuzz_dir);
@@ -67,7 +72,11 @@ pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
         targets.join(", ")
     ));
     let mut build = nightly_cargo();
-    build.args(["fuzz", "build", "--fuzz-dir"]).arg(&fuzz_dir);
+    build
+        .args(["fuzz", "build"])
+        .args(profile)
+        .arg("--fuzz-dir")
+        .arg(&fuzz_dir);
     run_cmd(&mut build)?;
     for target in targets {
         // New inputs go to tests/fuzz/corpus (ignored by git), which grows
@@ -75,7 +84,9 @@ pub fn fuzz_smoke(seconds: u32) -> anyhow::Result<()> {
         let corpus = fuzz_dir.join("corpus").join(target);
         std::fs::create_dir_all(&corpus)?;
         let mut run = nightly_cargo();
-        run.args(["fuzz", "run", "--fuzz-dir"])
+        run.args(["fuzz", "run"])
+            .args(profile)
+            .arg("--fuzz-dir")
             .arg(&fuzz_dir)
             .arg(target)
             .arg(&corpus)
@@ -156,7 +167,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         leaked.join("\n  ")
     );
     if !args.no_fuzz && args.filter.is_none() {
-        fuzz_smoke(args.fuzz_seconds)?;
+        fuzz_smoke(args.fuzz_seconds, true)?;
     }
     if !args.no_bench && args.filter.is_none() && util::is_root() {
         heading(
@@ -193,13 +204,14 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             build.wait();
         }
         heading(
-            "e2e: a real two-node cluster in each Services mode, the upstream suites' CI subset (`cargo xtask e2e --full` runs the rest)",
+            "e2e: a real two-node cluster with kube-proxy's Services (iptables, nftables), the upstream suites' CI subset (`cargo xtask e2e --full` runs the rest)",
         );
         // The debug build the suite has just tested; `cargo xtask e2e`
         // alone deploys the release build, as users do.
+        use crate::e2e::ServicesMode;
         let ipv4 = crate::e2e::E2eArgs {
             full: false,
-            services: None,
+            services: vec![ServicesMode::KubeProxy, ServicesMode::KubeProxyNftables],
             focus: None,
             kubernetes: release,
             dual_stack: false,
@@ -209,11 +221,13 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             clean_up: false,
         };
         crate::e2e::run(&ipv4)?;
-        // And dual-stack, where flatnet does the most itself: Services in
-        // eBPF for both families, kube-proxy absent.
+        // eBPF Services on a dual-stack cluster, where flatnet does the most
+        // itself (both families, kube-proxy absent): its IPv4 specs are
+        // those the IPv4 clusters run, so an IPv4-only eBPF cluster would
+        // repeat them (3.5 min); `cargo xtask e2e` runs one.
         heading("e2e: a dual-stack cluster with eBPF Services");
         crate::e2e::run(&crate::e2e::E2eArgs {
-            services: Some(crate::e2e::ServicesMode::Ebpf),
+            services: vec![ServicesMode::Ebpf],
             dual_stack: true,
             ..ipv4
         })?;

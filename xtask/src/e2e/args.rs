@@ -10,9 +10,10 @@ pub struct E2eArgs {
     /// default is the subset CI runs).
     #[arg(long)]
     pub full: bool,
-    /// Which Services mode to run (default: each of them).
-    #[arg(long, value_enum)]
-    pub services: Option<ServicesMode>,
+    /// Which Services modes to run, comma-separated or repeated (default:
+    /// each of them).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub services: Vec<ServicesMode>,
     /// Run only the specs matching this regular expression (ginkgo focus),
     /// instead of the suites.
     #[arg(long)]

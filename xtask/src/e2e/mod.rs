@@ -102,9 +102,10 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<()> {
     let sysctls = sysctls::SavedSysctls::save(&PathBuf::from(STATE_DIR).join("sysctls.json"))?;
     let _forwarding = util::SavedForwarding::now();
 
-    let modes = match args.services {
-        Some(mode) => vec![mode],
-        None => ServicesMode::ALL.to_vec(),
+    let modes = if args.services.is_empty() {
+        ServicesMode::ALL.to_vec()
+    } else {
+        args.services.clone()
     };
     let mut outcome = Ok(());
     let mut reports = Vec::new();

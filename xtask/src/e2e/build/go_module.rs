@@ -4,6 +4,7 @@
 //! tidy`, built with `go build` / `go test -c`. Go's own caches (modules
 //! and builds) make a second build a matter of seconds.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -197,18 +198,20 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
     })?;
     let flags = module.ldflags.join(" ");
     let tags = module.tags.join(",");
-    for (package, name) in &module.commands {
-        if let Some(parent) = bin.join(name).parent() {
-            fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
+    // One `go build` per output folder: go then compiles and links the
+    // commands side by side on every core, where one build per command
+    // leaves a core idle through each link.
+    for (output, packages) in command_batches(&module.commands, bin) {
+        let folder = output.parent().unwrap_or(bin);
+        fs::create_dir_all(folder)
+            .with_context(|| format!("cannot create {}", folder.display()))?;
         let mut cmd = go(&dir);
         cmd.args(["build", "-trimpath", "-tags", &tags, "-ldflags"])
             .arg(format!("-s -w {flags}"))
             .arg("-o")
-            .arg(bin.join(name))
-            .arg(package);
-        run_cmd(&mut cmd).with_context(|| format!("building {package}"))?;
+            .arg(&output)
+            .args(&packages);
+        run_cmd(&mut cmd).with_context(|| format!("building {}", packages.join(" ")))?;
     }
     for (package, name) in &module.test_binaries {
         let mut cmd = go(&dir);
@@ -233,9 +236,66 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The commands by what `go build -o` is given: a folder (ending in `/`)
+/// for those go names as `bin/` wants them (the package's last element,
+/// the one before a `/vN`), the file for each other one.
+fn command_batches(commands: &[(String, String)], bin: &Path) -> BTreeMap<PathBuf, Vec<String>> {
+    let mut batches: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
+    for (package, name) in commands {
+        let output = bin.join(name);
+        let folder = output.parent().unwrap_or(bin);
+        let target = if output.file_name().and_then(|n| n.to_str()) == Some(go_name(package)) {
+            // The trailing slash makes go treat it as a folder.
+            folder.join("")
+        } else {
+            output
+        };
+        batches.entry(target).or_default().push(package.clone());
+    }
+    batches
+}
+
+/// The name go gives a command's binary: its package's last element, or
+/// the one before it when that is a major version (`server/v3`: server).
+fn go_name(package: &str) -> &str {
+    let mut elements = package.rsplit('/');
+    let last = elements.next().unwrap_or(package);
+    let is_version =
+        last.len() > 1 && last.starts_with('v') && last[1..].chars().all(|c| c.is_ascii_digit());
+    match elements.next() {
+        Some(before) if is_version => before,
+        _ => last,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commands_go_names_as_wanted_are_built_together() {
+        let bin = Path::new("/c/bin");
+        let commands: Vec<(String, String)> = [
+            ("k8s.io/kubernetes/cmd/kubelet", "kubelet"),
+            ("github.com/onsi/ginkgo/v2/ginkgo", "ginkgo"),
+            ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
+            ("go.etcd.io/etcd/server/v3", "etcd"),
+            ("example.com/plugins/meta/portmap", "cni/portmap"),
+            ("example.com/plugins/main/loopback", "cni/loopback"),
+        ]
+        .iter()
+        .map(|(p, n)| (p.to_string(), n.to_string()))
+        .collect();
+        let batches = command_batches(&commands, bin);
+        let batch = |path: &str| batches[Path::new(path)].clone();
+        assert_eq!(batches.len(), 3, "{batches:?}");
+        assert_eq!(batch("/c/bin/").len(), 3);
+        assert_eq!(batch("/c/bin/etcd"), ["go.etcd.io/etcd/server/v3"]);
+        assert_eq!(batch("/c/bin/cni/").len(), 2);
+        assert_eq!(go_name("go.etcd.io/etcd/server/v3"), "server");
+        assert_eq!(go_name("github.com/onsi/ginkgo/v2/ginkgo"), "ginkgo");
+        assert_eq!(go_name("example.com/v"), "v");
+    }
 
     #[test]
     fn staging_modules_are_the_local_replacements() {

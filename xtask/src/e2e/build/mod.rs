@@ -257,12 +257,16 @@ pub fn prepare(release: &Release) -> anyhow::Result<Built> {
     Ok(built(source))
 }
 
-/// [`prepare`], or, given `binaries`, a folder of the same binaries built
-/// elsewhere (containerd, its shim, ctr, crictl, critest, pause): for
-/// work on a task that needs only those while e2e-build runs.
+/// For `cargo xtask critest`: [`prepare`] and cri-tools beside it, or,
+/// given `binaries`, a folder of the same binaries built elsewhere
+/// (containerd, its shim, ctr, crictl, critest, pause): for work on a task
+/// that needs only those while e2e-build runs.
 pub fn prepare_binaries(release: &Release, binaries: Option<&Path>) -> anyhow::Result<Built> {
     let Some(dir) = binaries else {
-        return prepare(release);
+        let built = prepare(release)?;
+        let _lock = lock(&built.root.join(".lock"))?;
+        runtime::build_cri_tools(&built.root, &built.bin_dir)?;
+        return Ok(built);
     };
     for name in [
         "containerd",
