@@ -241,6 +241,9 @@ fn run(
     std::thread::sleep(Duration::from_secs(2));
     let after = node.metrics();
     let churn_rss = measure::rss_bytes(pid);
+    let rss_parts = measure::rss_parts(pid).map(|(anon, file, shared)| {
+        json!({"anon_bytes": anon, "file_bytes": file, "shared_bytes": shared})
+    });
     Ok(json!({
         "size": size.name, "nodes": size.nodes, "pods": size.pods, "services": size.services,
         "endpoints": size.endpoints(), "policies": size.policies,
@@ -250,7 +253,7 @@ fn run(
         "idle": {"secs": idle.as_secs(), "cpu_share": idle_cpu, "rss_bytes": idle_rss},
         "churn": {"secs": churn_for.as_secs(), "changes": churn.changes(),
                   "rate": churn.changes() as f64 / churn_for.as_secs_f64(),
-                  "cpu_share": churn_cpu, "rss_bytes": churn_rss},
+                  "cpu_share": churn_cpu, "rss_bytes": churn_rss, "rss_parts": rss_parts},
         "map_bytes": measure::map_memory(&node.pin_root),
         "latency": latencies(&before, &after),
         // Every periodic re-check since the start (the default interval).

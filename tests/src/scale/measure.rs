@@ -8,16 +8,28 @@ use std::time::{Duration, Instant};
 
 /// Resident memory of `pid` in bytes (VmRSS).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS").map(|kib| kib * 1024)
+}
+
+/// Its parts: (anonymous, file-backed, shared) bytes (`RssAnon`,
+/// `RssFile`, `RssShmem`): the heap and stacks; the binary's own pages;
+/// shared memory such as a memory-mapped BPF map.
+pub fn rss_parts(pid: u32) -> Option<(u64, u64, u64)> {
+    let bytes = |field| status_kib(pid, field).map(|kib| kib * 1024);
+    Some((bytes("RssAnon")?, bytes("RssFile")?, bytes("RssShmem")?))
+}
+
+/// One `<field>: <n> kB` line of /proc/<pid>/status.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
+    status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
-        .ok()?;
-    Some(kib * 1024)
+        .ok()
 }
 
 /// CPU time `pid` has used (user and system), with that of the children
@@ -223,6 +235,8 @@ g_bucket{le=\"+Inf\"} 4
     fn this_process_has_memory_and_cpu_time() {
         let pid = std::process::id();
         assert!(rss_bytes(pid).unwrap() > 1 << 20);
+        let (anon, file, _) = rss_parts(pid).unwrap();
+        assert!(anon > 0 && file > 0 && anon + file <= rss_bytes(pid).unwrap() + (1 << 20));
         let share = cpu_share(pid, || {
             let start = Instant::now();
             let mut x = 0u64;

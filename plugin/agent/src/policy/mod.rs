@@ -35,6 +35,7 @@ mod rules;
 mod selector;
 pub mod services;
 mod table;
+pub mod tiers;
 
 #[cfg(test)]
 mod tests;

@@ -138,7 +138,7 @@ impl From<api::NetworkPolicy> for NetworkPolicy {
 
 fn spec(served: api::NetworkPolicySpec) -> NetworkPolicySpec {
     NetworkPolicySpec {
-        pod_selector: served.pod_selector.map(selector),
+        pod_selector: served.pod_selector.map(shared_selector),
         ingress: served.ingress.map(|rules| {
             rules
                 .into_iter()
@@ -174,15 +174,15 @@ fn peers(served: Vec<api::NetworkPolicyPeer>) -> Box<[NetworkPolicyPeer]> {
     served
         .into_iter()
         .map(|peer| NetworkPolicyPeer {
-            pod_selector: peer.pod_selector.map(selector),
-            namespace_selector: peer.namespace_selector.map(selector),
+            pod_selector: peer.pod_selector.map(shared_selector),
+            namespace_selector: peer.namespace_selector.map(shared_selector),
             ip_block: peer.ip_block.map(Box::new),
         })
         .collect()
 }
 
 /// The shared copy of a selector.
-fn selector(served: meta::LabelSelector) -> LabelSelector {
+pub(crate) fn shared_selector(served: meta::LabelSelector) -> LabelSelector {
     let selector = Selector {
         match_labels: served.match_labels,
         match_expressions: served.match_expressions.map(|terms| {
