@@ -202,7 +202,12 @@ pub fn build(module: &GoModule, root: &Path, bin: &Path) -> anyhow::Result<()> {
     // commands side by side on every core, where one build per command
     // leaves a core idle through each link.
     for (output, packages) in command_batches(&module.commands, bin) {
-        let folder = output.parent().unwrap_or(bin);
+        // A folder (`-o dir/`) is made as it is; a file's folder, above it.
+        let folder = if output.as_os_str().to_string_lossy().ends_with('/') {
+            output.as_path()
+        } else {
+            output.parent().unwrap_or(bin)
+        };
         fs::create_dir_all(folder)
             .with_context(|| format!("cannot create {}", folder.display()))?;
         let mut cmd = go(&dir);
@@ -303,6 +308,9 @@ mod tests {
         assert_eq!(batches.len(), 3, "{batches:?}");
         assert_eq!(batch("/c/bin/").len(), 3);
         assert_eq!(batch("/c/bin/etcd"), ["go.etcd.io/etcd/server/v3"]);
+        // go takes `-o` as a folder only with the trailing slash.
+        let given: Vec<String> = batches.keys().map(|k| k.display().to_string()).collect();
+        assert_eq!(given, ["/c/bin/", "/c/bin/cni/", "/c/bin/etcd"]);
         assert_eq!(batch("/c/bin/cni/").len(), 2);
         assert_eq!(go_name("go.etcd.io/etcd/server/v3"), "server");
         assert_eq!(go_name("github.com/onsi/ginkgo/v2/ginkgo"), "ginkgo");
