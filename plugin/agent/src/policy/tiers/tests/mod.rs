@@ -108,26 +108,27 @@ fn table(
     traffic: Traffic,
 ) -> BTreeMap<(PodId, PodId), bool> {
     let universe = Universe::new();
+    // `subject`'s side of its traffic with `other` in `direction`.
+    let accepts = |subject: PodId, direction, other: PodId| {
+        let workload = universe.workload(subject);
+        let remote = universe.remote(other);
+        let network_policy = network_policies(subject, direction, other);
+        judge(
+            policies,
+            direction,
+            &workload,
+            &remote,
+            traffic,
+            network_policy,
+        )
+        .accepted
+    };
     let mut reached = BTreeMap::new();
     for from in PodId::all() {
         for to in PodId::all() {
-            let egress = judge(
-                policies,
-                Direction::Egress,
-                &universe.workload(from),
-                &universe.remote(to),
-                traffic,
-                network_policies(from, Direction::Egress, to),
-            );
-            let ingress = judge(
-                policies,
-                Direction::Ingress,
-                &universe.workload(to),
-                &universe.remote(from),
-                traffic,
-                network_policies(to, Direction::Ingress, from),
-            );
-            reached.insert((from, to), egress.accepted && ingress.accepted);
+            let both =
+                accepts(from, Direction::Egress, to) && accepts(to, Direction::Ingress, from);
+            reached.insert((from, to), both);
         }
     }
     reached
