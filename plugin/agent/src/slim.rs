@@ -1,43 +1,55 @@
 //! What the agent's own forms of API objects share (pods, NetworkPolicies,
 //! Services, EndpointSlices are kept slim, not in k8s-openapi's types):
-//! the metadata they keep, and the two kube traits that let kube's watcher
-//! watch them as the API type they stand for.
+//! the metadata Services and EndpointSlices are decoded with, and the two
+//! kube traits that let kube's watcher watch a slim type as the API type it
+//! stands for.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use crate::metrics::latency::TRIGGER_TIME;
 
-/// What an object's metadata keeps: name, namespace, labels,
-/// resourceVersion (the watcher reads it; the store drops it) and, of the
-/// annotations, the change's trigger time (the latency metrics read it).
+/// The metadata a slim Service or EndpointSlice is decoded with: what it
+/// keeps, and the resourceVersion the watcher reads (the rest skipped,
+/// never held).
 #[derive(Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-struct KeptMetadata {
-    name: Option<String>,
-    namespace: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
-    resource_version: Option<String>,
+pub struct ServedMetadata {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub resource_version: Option<String>,
 }
 
-/// Decodes an object's metadata, skipping (never holding) what is not kept.
-pub fn kept_metadata<'de, D: Deserializer<'de>>(decoder: D) -> Result<ObjectMeta, D::Error> {
-    let kept = KeptMetadata::deserialize(decoder)?;
-    let trigger = kept
-        .annotations
-        .and_then(|mut a| a.remove_entry(TRIGGER_TIME))
-        .map(|entry| BTreeMap::from([entry]));
-    Ok(ObjectMeta {
-        name: kept.name,
-        namespace: kept.namespace,
-        labels: kept.labels,
-        annotations: trigger,
-        resource_version: kept.resource_version,
-        ..ObjectMeta::default()
-    })
+impl ServedMetadata {
+    /// What kube's watcher reads: name, namespace and resourceVersion
+    /// (taken: the object the store keeps has no use for it).
+    pub fn for_watcher(&mut self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            resource_version: self.resource_version.take(),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// Namespace (one copy shared by its objects) and name.
+    pub fn key(&mut self) -> (Arc<str>, Arc<str>) {
+        let namespace = self.namespace.as_deref().unwrap_or_default();
+        (
+            crate::policy::pod::namespace_name(namespace),
+            Arc::from(self.name.take().unwrap_or_default()),
+        )
+    }
+
+    /// The change's trigger time, taken (the latency metrics read it).
+    pub fn trigger_time(&mut self) -> Option<Box<str>> {
+        self.annotations.remove(TRIGGER_TIME).map(Box::from)
+    }
 }
 
 /// Makes `$slim` (a type with a `metadata: ObjectMeta` field) watchable as

@@ -1,8 +1,8 @@
 //! `flatnet-scale-memory <size>`: how much memory the agent's watch stores
 //! hold for a synthetic cluster of `size` (`scale::objects`), per kind.
 //! Each object is decoded from its JSON into the type the agent watches it
-//! as and kept as the agent keeps it (pods and NetworkPolicies in stores
-//! of its own, the others slimmed in kube reflector stores); an allocator
+//! as and kept as the agent keeps it (Namespaces slimmed in a kube
+//! reflector store, the other kinds in stores of its own); an allocator
 //! that counts live bytes tells each kind's share. Prints one JSON object:
 //! per kind, the objects and the bytes. `cargo xtask scale` adds it to each
 //! size's row, beside the agent's resident memory.
@@ -16,7 +16,7 @@ use flatnet_agent::policy::network_policy::WatchedNetworkPolicy;
 use flatnet_agent::policy::object_store::{Named, ObjectStore, Watched};
 use flatnet_agent::policy::pod::WatchedPod;
 use flatnet_agent::policy::watch::slim_for_store;
-use flatnet_agent::services::{EndpointSlice, Service};
+use flatnet_agent::services::{WatchedEndpointSlice, WatchedService};
 use flatnet_tests::kube_stub::Kind;
 use flatnet_tests::scale::objects;
 use k8s_openapi::api::core::v1::Namespace;
@@ -90,7 +90,7 @@ impl Held {
         }))
     }
 
-    /// A store of the agent's own (pods, NetworkPolicies).
+    /// A store of the agent's own (every kind but Namespaces).
     fn own<W>() -> Self
     where
         W: Watched + DeserializeOwned + 'static,
@@ -127,8 +127,8 @@ fn main() -> anyhow::Result<()> {
     let mut pods = Held::own::<WatchedPod>();
     let mut policies = Held::own::<WatchedNetworkPolicy>();
     let mut namespaces = Held::reflected::<Namespace>();
-    let mut services = Held::reflected::<Service>();
-    let mut slices = Held::reflected::<EndpointSlice>();
+    let mut services = Held::own::<WatchedService>();
+    let mut slices = Held::own::<WatchedEndpointSlice>();
     for (kind, value) in objects::all(&size, "2026-01-01T00:00:00Z") {
         let text = serde_json::to_vec(&value)?;
         drop(value);

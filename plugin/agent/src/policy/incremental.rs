@@ -18,6 +18,7 @@ use super::network_policy::NetworkPolicy;
 use super::cluster::{Cluster, PodView};
 use super::identity::{Member, Relevant};
 use ipnetwork::IpNetwork;
+use smallvec::SmallVec;
 
 use super::ports::PortSet;
 use super::services::{cluster_ip_allows, withhold_cluster_ips};
@@ -109,15 +110,21 @@ pub struct PeerIndex {
     pub(super) unnamed: HashSet<IpAddr>,
     pub(super) shared: HashSet<IpAddr>,
     /// Every peer pod's addresses.
-    pub(super) pods: HashMap<PodKey, Vec<IpAddr>>,
+    pub(super) pods: HashMap<PodKey, Addresses>,
     /// The distinct egress tables of this node's pods before ClusterIPs
     /// were added: what decides which ClusterIPs they earn.
     pub(super) egress: Vec<Table>,
     /// Each Service as egress policy sees it, and each backend address's
     /// (protocol, target port) uses.
     pub(super) services: HashMap<PolicyKey, ServiceView>,
-    pub(super) backends: HashMap<IpAddr, Vec<(u8, u16)>>,
+    pub(super) backends: HashMap<IpAddr, Uses>,
 }
+
+/// A pod's addresses: one inline (most pods), two or more allocated.
+pub(super) type Addresses = SmallVec<[IpAddr; 1]>;
+
+/// A backend address's (protocol, target port) uses: up to two inline.
+pub(super) type Uses = SmallVec<[(u8, u16); 2]>;
 
 impl PeerIndex {
     /// Takes every peer's addresses and identity from `cluster`.
@@ -127,7 +134,8 @@ impl PeerIndex {
             for ip in &peer.ips {
                 *holders.entry(*ip).or_default() += 1;
             }
-            self.pods.insert(super::pod_key(peer), peer.ips.clone());
+            self.pods
+                .insert(super::pod_key(peer), Addresses::from_slice(&peer.ips));
         }
         self.shared = holders
             .into_iter()
@@ -237,10 +245,17 @@ impl PeerIndex {
             }
             changes.insert(*ip, number);
         }
-        if new_ips.is_empty() {
-            self.pods.remove(key);
-        } else {
-            self.pods.insert(key.clone(), new_ips);
+        match pod {
+            Some(pod) if !new_ips.is_empty() => {
+                let key = PodKey {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                };
+                self.pods.insert(key, Addresses::from_vec(new_ips));
+            }
+            _ => {
+                self.pods.remove(key);
+            }
         }
         Ok(())
     }
@@ -318,7 +333,7 @@ impl PeerIndex {
     }
 }
 
-fn add_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
+fn add_backends(backends: &mut HashMap<IpAddr, Uses>, view: &ServiceView) {
     for port in &view.ports {
         for (ip, target) in &port.backends {
             backends
@@ -329,7 +344,7 @@ fn add_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceVi
     }
 }
 
-fn remove_backends(backends: &mut HashMap<IpAddr, Vec<(u8, u16)>>, view: &ServiceView) {
+fn remove_backends(backends: &mut HashMap<IpAddr, Uses>, view: &ServiceView) {
     for port in &view.ports {
         let protocol = port.protocol.number();
         for (ip, target) in &port.backends {

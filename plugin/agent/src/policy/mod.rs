@@ -43,6 +43,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 pub use network_policy::NetworkPolicy;
@@ -60,11 +61,12 @@ use cluster::{Cluster, PodView};
 use flatnet_datapath::node::first_packet::Isolation;
 use rules::Policy;
 
-/// A pod, by namespace and name.
+/// A pod, by namespace and name (shared with the pod store's copy where
+/// there is one: the index holds one per pod of the cluster).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl fmt::Display for PodKey {
@@ -333,8 +335,8 @@ pub fn plan_indexed(
 
 pub(crate) fn pod_key(view: &PodView<'_>) -> PodKey {
     PodKey {
-        namespace: view.namespace.to_string(),
-        name: view.name.to_string(),
+        namespace: view.pod.namespace.clone(),
+        name: view.pod.name.clone(),
     }
 }
 

@@ -1,5 +1,5 @@
-//! The agent's own stores of the objects it keeps many of: pods and
-//! NetworkPolicies. kube's watcher feeds one as it would its reflector
+//! The agent's own stores of the objects it keeps many of: pods,
+//! NetworkPolicies, Services and EndpointSlices. kube's watcher feeds one as it would its reflector
 //! store (a re-list is gathered aside and replaces the store when
 //! complete; what it leaves out was deleted unseen), but it keeps the
 //! agent's slim object alone: kube's store keeps each object's `ObjectMeta`
@@ -18,6 +18,11 @@ pub trait Named {
     /// The change's trigger time, for kinds that carry one (the latency
     /// metrics read it).
     fn trigger_time(&self) -> Option<&str> {
+        None
+    }
+    /// The Service an EndpointSlice serves (its service-name label); None
+    /// for the other kinds.
+    fn serves(&self) -> Option<&str> {
         None
     }
 }

@@ -207,6 +207,7 @@ pub fn everywhere() -> impl Iterator<Item = IpNetwork> {
 mod tests {
     use super::super::ports::PortRange;
     use super::*;
+    use crate::policy::tests::rng::Rng;
     use crate::protocol::Protocol;
 
     fn net(s: &str) -> IpNetwork {
@@ -368,31 +369,10 @@ mod tests {
         assert!(flatten(&[many("a", 1000), many("b", 1001)]).is_ok());
     }
 
-    /// xorshift64: reproducible without a dependency.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-
-        fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-            items[self.below(items.len() as u64) as usize]
-        }
-    }
-
     /// A random prefix in a small corner of each family, so rules overlap.
     fn random_cidr(rng: &mut Rng, v6: bool) -> IpNetwork {
         if v6 {
-            let addr =
-                0xfd00u128 << 112 | u128::from(rng.below(4)) << 8 | u128::from(rng.below(256));
+            let addr = 0xfd00u128 << 112 | (rng.below(4) as u128) << 8 | rng.below(256) as u128;
             let prefix = rng.pick(&[0, 16, 64, 112, 118, 120, 124, 126, 128]);
             normalized(IpNetwork::new(IpAddr::V6(addr.into()), prefix).unwrap())
         } else {

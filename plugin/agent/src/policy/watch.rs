@@ -2,9 +2,9 @@
 //! and Namespace of the cluster (peers can be anywhere), and every Service
 //! and EndpointSlice (egress to a ClusterIP is judged by its backends),
 //! each kept by its own watcher (a re-list after a broken watch, backoff on
-//! errors, as for Nodes): pods and NetworkPolicies, the many, in slim
-//! stores of the agent's own (`object_store`), the others in kube
-//! reflector stores. Nothing is computed here: each event bumps a counter
+//! errors, as for Nodes): pods, NetworkPolicies, Services and
+//! EndpointSlices, the many, in slim stores of the agent's own
+//! (`object_store`), Namespaces in a kube reflector store. Nothing is computed here: each event bumps a counter
 //! the agent's loop waits on, once all five lists are in, and each change
 //! (not what a list brings) is stamped for the latency metrics
 //! (`metrics::latency`).
@@ -14,11 +14,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::services::{EndpointSlice, Service};
+use crate::services::{EndpointSlice, Service, WatchedEndpointSlice, WatchedService};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -31,7 +31,6 @@ use super::object_store::{Named, ObjectStore, Watched};
 use super::pod::{PodStore, WatchedPod};
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
-use crate::services::SERVICE_NAME_LABEL;
 
 /// A kind's name and the API version it is watched at.
 const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
@@ -45,8 +44,8 @@ const KINDS: [(&str, &str); 5] = [
     kind::<WatchedNetworkPolicy>(),
     kind::<WatchedPod>(),
     kind::<Namespace>(),
-    kind::<Service>(),
-    kind::<EndpointSlice>(),
+    kind::<WatchedService>(),
+    kind::<WatchedEndpointSlice>(),
 ];
 
 /// What the watches have seen so far.
@@ -55,8 +54,8 @@ pub struct PolicyObjects {
     policies: ObjectStore<NetworkPolicy>,
     pods: PodStore,
     namespaces: Store<Namespace>,
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
+    services: ObjectStore<Service>,
+    slices: ObjectStore<EndpointSlice>,
     health: Arc<Mutex<Health>>,
     stamps: ChangeStamps,
     changed: Arc<Mutex<Changed>>,
@@ -160,7 +159,7 @@ impl PolicyObjects {
 
     /// Service `namespace/name` as the store holds it now.
     pub fn service(&self, (namespace, name): &(String, String)) -> Option<Arc<Service>> {
-        self.services.get(&ObjectRef::new(name).within(namespace))
+        self.services.get(namespace, name)
     }
 
     /// The EndpointSlices serving `services` (namespace, name) now.
@@ -175,7 +174,7 @@ impl PolicyObjects {
                 let names: Vec<String> = index.slices_of(&key).cloned().collect();
                 names
                     .into_iter()
-                    .filter_map(|name| self.slices.get(&ObjectRef::new(&name).within(namespace)))
+                    .filter_map(|name| self.slices.get(namespace, &name))
             })
             .collect()
     }
@@ -239,9 +238,9 @@ pub fn spawn(
     let (policies, policy_events) = own::<WatchedNetworkPolicy>(&client, POLICY, log);
     let (pods, pod_events) = own::<WatchedPod>(&client, POD, log);
     let (namespaces, namespace_events) = reflected::<Namespace>(&client, NAMESPACE, log);
-    let (services, service_events) = reflected::<Service>(&client, SERVICE, log);
+    let (services, service_events) = own::<WatchedService>(&client, SERVICE, log);
     let log = (&stamps, &changed, Some(&slice_index));
-    let (slices, slice_events) = reflected::<EndpointSlice>(&client, ENDPOINT_SLICE, log);
+    let (slices, slice_events) = own::<WatchedEndpointSlice>(&client, ENDPOINT_SLICE, log);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
@@ -329,21 +328,16 @@ impl<K> Watchable for K where
 {
 }
 
-/// All objects of kind `K` in a store, and the stream of its events, each
-/// change stamped and logged (once the store holds it), slimmed first
-/// ([`slim_for_store`]).
-fn reflected<K>(
-    client: &Client,
-    kind: usize,
-    (stamps, changed, slice_index): Log<'_>,
-) -> (Store<K>, Events)
+/// All objects of kind `K` in a kube reflector store, and the stream of
+/// its events, each change stamped and logged (once the store holds it),
+/// slimmed first ([`slim_for_store`]).
+fn reflected<K>(client: &Client, kind: usize, (stamps, changed, _): Log<'_>) -> (Store<K>, Events)
 where
     K: Watchable,
 {
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
     let (stamps, changed) = (stamps.clone(), changed.clone());
-    let slice_index = slice_index.cloned();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(slim_for_store)
@@ -353,26 +347,11 @@ where
                 Ok(Event::Apply(object) | Event::Delete(object)) => {
                     let trigger = object.annotations().get(TRIGGER_TIME);
                     stamps.record(KINDS[kind].0, trigger.map(String::as_str));
-                    let deleted = matches!(event, Ok(Event::Delete(_)));
-                    Some(changed_keys(object, deleted, slice_index.as_ref()))
+                    Some(Some(vec![key_of(object)]))
                 }
                 // A (re-)list: what it leaves out was deleted unseen.
-                Ok(event @ (Event::Init | Event::InitDone)) => {
-                    if let Some(Ok(mut index)) = slice_index.as_ref().map(|i| i.lock()) {
-                        match event {
-                            Event::Init => index.relist_started(),
-                            _ => index.relist_done(),
-                        }
-                    }
-                    Some(None)
-                }
-                Ok(Event::InitApply(object)) => {
-                    if let Some(Ok(mut index)) = slice_index.as_ref().map(|i| i.lock()) {
-                        index.listed(key_of(object), object.labels().get(SERVICE_NAME_LABEL));
-                    }
-                    None
-                }
-                Err(_) => None,
+                Ok(Event::Init | Event::InitDone) => Some(None),
+                Ok(Event::InitApply(_)) | Err(_) => None,
             };
             if let Some(keys) = keys
                 && let Ok(mut changed) = changed.lock()
@@ -385,12 +364,14 @@ where
 }
 
 /// A watch of kind `kind` into a store of the agent's own
-/// (`object_store`), each change stamped and logged as [`reflected`] does
-/// for the other kinds.
+/// (`object_store`), each change stamped and logged once the store holds
+/// it; for EndpointSlices (`slice_index`), a change logs the Services the
+/// slice serves and served, and a (re-)list rebuilds the index beside the
+/// store.
 fn own<W>(
     client: &Client,
     kind: usize,
-    (stamps, changed, _): Log<'_>,
+    (stamps, changed, slice_index): Log<'_>,
 ) -> (ObjectStore<W::Object>, Events)
 where
     W: Watched + Watchable,
@@ -399,21 +380,42 @@ where
     let store = ObjectStore::default();
     let api: Api<W> = Api::all(client.clone());
     let (stamps, changed, kept) = (stamps.clone(), changed.clone(), store.clone());
+    let slice_index = slice_index.cloned();
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |event| {
+            let index = || slice_index.as_ref().and_then(|i| i.lock().ok());
             let keys = match &event {
                 Ok(Event::Apply(watched) | Event::Delete(watched)) => {
                     let object = watched.object();
                     stamps.record(KINDS[kind].0, object.trigger_time());
-                    Some(Some(vec![(
-                        object.namespace().to_string(),
-                        object.name().to_string(),
-                    )]))
+                    let key = (object.namespace().to_string(), object.name().to_string());
+                    let deleted = matches!(event, Ok(Event::Delete(_)));
+                    let serves = object.serves().map(str::to_string);
+                    Some(match slice_index {
+                        None => Some(vec![key]),
+                        Some(_) => index().map(|mut i| i.changed(key, serves.as_ref(), deleted)),
+                    })
                 }
                 // A (re-)list: what it leaves out was deleted unseen.
-                Ok(Event::Init | Event::InitDone) => Some(None),
-                Ok(Event::InitApply(_)) | Err(_) => None,
+                Ok(event @ (Event::Init | Event::InitDone)) => {
+                    if let Some(mut index) = index() {
+                        match event {
+                            Event::Init => index.relist_started(),
+                            _ => index.relist_done(),
+                        }
+                    }
+                    Some(None)
+                }
+                Ok(Event::InitApply(watched)) => {
+                    let object = watched.object();
+                    if let Some(mut index) = index() {
+                        let key = (object.namespace().to_string(), object.name().to_string());
+                        index.listed(key, object.serves().map(str::to_string).as_ref());
+                    }
+                    None
+                }
+                Err(_) => None,
             };
             let item = match event {
                 Ok(event) => {
@@ -459,22 +461,6 @@ fn key_of<K: Resource>(object: &K) -> Key {
     (object.namespace().unwrap_or_default(), object.name_any())
 }
 
-/// The keys `object`'s change changes: its own, or for an EndpointSlice
-/// the Services it serves and served (None: the index cannot say).
-fn changed_keys<K: Resource>(
-    object: &K,
-    deleted: bool,
-    slice_index: Option<&Arc<Mutex<SliceIndex>>>,
-) -> Option<Vec<Key>> {
-    let key = key_of(object);
-    let Some(index) = slice_index else {
-        return Some(vec![key]);
-    };
-    let service = object.labels().get(SERVICE_NAME_LABEL);
-    let mut index = index.lock().ok()?;
-    Some(index.changed(key, service, deleted))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,9 +497,9 @@ mod tests {
 
     #[test]
     fn a_stored_object_keeps_its_name_labels_and_trigger_time_only() {
-        let mut service: Service = serde_json::from_value(serde_json::json!({
+        let mut namespace: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": {
-                "name": "web", "namespace": "shop", "uid": "u", "resourceVersion": "9",
+                "name": "shop", "uid": "u", "resourceVersion": "9",
                 "labels": {"app": "web"}, "finalizers": ["x"],
                 "annotations": {TRIGGER_TIME: "2026-11-30T10:00:00Z",
                     "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
@@ -521,12 +507,9 @@ mod tests {
             }
         }))
         .unwrap();
-        slim_for_store(&mut service);
-        let meta = &service.metadata;
-        assert_eq!(
-            (meta.name.as_deref(), meta.namespace.as_deref()),
-            (Some("web"), Some("shop"))
-        );
+        slim_for_store(&mut namespace);
+        let meta = &namespace.metadata;
+        assert_eq!(meta.name.as_deref(), Some("shop"));
         assert_eq!(meta.labels.as_ref().unwrap()["app"], "web");
         let annotations: Vec<&String> = meta.annotations.iter().flatten().map(|(k, _)| k).collect();
         assert_eq!(annotations, [TRIGGER_TIME]);

@@ -63,8 +63,11 @@ impl Agent {
             let mut addresses = BTreeMap::new();
             for changed_pod in &changed.pods {
                 let pod = objects.pod(changed_pod);
-                let (namespace, name) = changed_pod.clone();
-                let key = PodKey { namespace, name };
+                let (namespace, name) = changed_pod;
+                let key = PodKey {
+                    namespace: namespace.as_str().into(),
+                    name: name.as_str().into(),
+                };
                 index.pod_changed(&key, pod.as_deref(), &mut addresses)?;
             }
             enforcer.sync.update_addresses(&addresses);

@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-pub use service::{Service, ServicePort, ServiceSpec, ServiceStatus};
-pub use slice::{Endpoint, EndpointSlice};
+pub use service::{Service, ServicePort, ServiceSpec, ServiceStatus, WatchedService};
+pub use slice::{Endpoint, EndpointSlice, WatchedEndpointSlice};
 
 use crate::protocol::Protocol;
 pub use topology::Here;
@@ -42,6 +42,11 @@ const NOT_FOR_THIS_PROXY: [&str; 2] = [
     "service.kubernetes.io/service-proxy-name",
     "service.kubernetes.io/headless",
 ];
+
+/// Whether an object with `labels` is not kube-proxy's to serve.
+fn not_for_this_proxy(labels: &BTreeMap<String, String>) -> bool {
+    NOT_FOR_THIS_PROXY.iter().any(|l| labels.contains_key(*l))
+}
 /// sessionAffinity ClientIP's default timeout (`timeoutSeconds`).
 const DEFAULT_AFFINITY_SECS: u64 = 10_800;
 
@@ -111,40 +116,25 @@ pub fn frontends<'a>(
     let node = here.node;
     let mut by_service: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in slices {
-        let labels = slice.metadata.labels.as_ref();
-        // kube-proxy's informers select slices with these labels away too
-        // (a slice labelled headless stops serving its Service).
-        if NOT_FOR_THIS_PROXY
-            .iter()
-            .any(|label| labels.is_some_and(|l| l.contains_key(*label)))
-        {
+        // kube-proxy's informers select slices labelled so away too (a
+        // slice labelled headless stops serving its Service).
+        if slice.not_for_this_proxy {
             continue;
         }
-        let (Some(namespace), Some(service)) = (
-            slice.metadata.namespace.as_deref(),
-            labels.and_then(|l| l.get(SERVICE_NAME_LABEL)),
-        ) else {
+        let Some(service) = slice.service_name.as_deref() else {
             continue;
         };
         by_service
-            .entry((namespace, service.as_str()))
+            .entry((&*slice.namespace, service))
             .or_default()
             .push(slice);
     }
     services
         .iter()
         .filter_map(|service| {
-            let namespace = service.metadata.namespace.as_deref()?;
-            let name = service.metadata.name.as_deref()?;
+            let (namespace, name) = (&*service.namespace, &*service.name);
             let spec = service.spec.as_ref()?;
-            if spec.type_.as_deref() == Some("ExternalName") {
-                return None;
-            }
-            let labels = service.metadata.labels.as_ref();
-            if NOT_FOR_THIS_PROXY
-                .iter()
-                .any(|label| labels.is_some_and(|l| l.contains_key(*label)))
-            {
+            if spec.type_.as_deref() == Some("ExternalName") || service.not_for_this_proxy {
                 return None;
             }
             let cluster_ips: Vec<IpAddr> = spec
@@ -543,8 +533,11 @@ mod tests {
         )];
         let slices: Vec<&EndpointSlice> = slices.iter().collect();
         for label in NOT_FOR_THIS_PROXY {
-            let mut labelled = service(json!({"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}));
-            labelled.metadata.labels = Some([(label.to_string(), "foo-bar".to_string())].into());
+            let labelled: Service = serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "web", "labels": {label: "foo-bar"}},
+                "spec": {"clusterIP": "10.96.0.7", "ports": [{"port": 80}]}
+            }))
+            .unwrap();
             assert!(
                 frontends(&[&labelled], &slices, here("n1")).is_empty(),
                 "{label}"
@@ -556,10 +549,14 @@ mod tests {
         // spec labels a Service's only slice headless and expects the
         // Service to stop answering.
         for label in NOT_FOR_THIS_PROXY {
-            let mut labelled = slices[0].clone();
-            if let Some(labels) = labelled.metadata.labels.as_mut() {
-                labels.insert(label.to_string(), String::new());
-            }
+            let labelled: EndpointSlice = serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": "web-1",
+                             "labels": {"kubernetes.io/service-name": "web", label: ""}},
+                "addressType": "IPv4", "ports": [{"port": 8080}],
+                "endpoints": [{"addresses": ["10.42.0.5"]}]
+            }))
+            .unwrap();
+            assert!(labelled.not_for_this_proxy);
             let web = &frontends(&[&plain], &[&labelled], here("n1"))[0];
             assert!(web.ports[0].backends.is_empty(), "{label}");
         }

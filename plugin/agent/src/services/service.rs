@@ -1,26 +1,97 @@
 //! A Service as the agent keeps it: what kube-proxy reads of one, decoded
 //! straight from the API server's JSON (the rest skipped, never held:
-//! selector, IP families, target ports, ...). k8s-openapi's Service held
-//! 1.8 KB each at the scale harness's xl size, 17 MB for 10,000. Field
-//! names and the small types (session affinity, load-balancer status) are
+//! selector, IP families, target ports, labels, ...), in a store of the
+//! agent's own (`policy::object_store`). k8s-openapi's Service held 1.8 KB
+//! each at the scale harness's xl size, 17 MB for 10,000. Field names and
+//! the small types (session affinity, load-balancer status) are
 //! k8s-openapi's, so code reads it alike.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, SessionAffinityConfig};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::slim::{kept_metadata, watched_as};
+use super::not_for_this_proxy;
+use crate::policy::object_store::{Named, Watched};
+use crate::slim::{ServedMetadata, watched_as};
 
 /// A Service (v1), slim.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(from = "Served")]
 pub struct Service {
-    /// Name, namespace, labels, resourceVersion (until the store), and of
-    /// the annotations only the change's trigger time.
-    #[serde(deserialize_with = "kept_metadata")]
-    pub metadata: ObjectMeta,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    /// Labelled headless or another proxy's: kube-proxy's informers select
+    /// it away, and so does flatnet.
+    pub not_for_this_proxy: bool,
     pub spec: Option<ServiceSpec>,
     pub status: Option<ServiceStatus>,
+}
+
+/// A Service as kube's watcher decodes it: the slim [`Service`], and the
+/// metadata the watcher reads (the resourceVersion it resumes from).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "Served")]
+pub struct WatchedService {
+    pub metadata: ObjectMeta,
+    pub service: Service,
+}
+
+/// A Service as served, with only the fields kept.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Served {
+    metadata: ServedMetadata,
+    spec: Option<ServiceSpec>,
+    status: Option<ServiceStatus>,
+}
+
+impl From<Served> for WatchedService {
+    fn from(mut served: Served) -> Self {
+        WatchedService {
+            metadata: served.metadata.for_watcher(),
+            service: Service::from(served),
+        }
+    }
+}
+
+impl From<Served> for Service {
+    fn from(served: Served) -> Self {
+        let mut meta = served.metadata;
+        let (namespace, name) = meta.key();
+        Service {
+            namespace,
+            name,
+            not_for_this_proxy: not_for_this_proxy(&meta.labels),
+            spec: served.spec,
+            status: served.status,
+        }
+    }
+}
+
+impl Named for Service {
+    fn namespace(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+}
+
+impl Watched for WatchedService {
+    type Object = Service;
+
+    fn object(&self) -> &Service {
+        &self.service
+    }
+}
+
+impl From<WatchedService> for Service {
+    fn from(watched: WatchedService) -> Self {
+        watched.service
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -57,7 +128,7 @@ pub struct ServiceStatus {
     pub load_balancer: Option<LoadBalancerStatus>,
 }
 
-watched_as!(Service, k8s_openapi::api::core::v1::Service);
+watched_as!(WatchedService, k8s_openapi::api::core::v1::Service);
 
 #[cfg(test)]
 mod tests {
@@ -90,14 +161,8 @@ mod tests {
             "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7", "ipMode": "VIP"}]}}
         }))
         .unwrap();
-        let meta = &service.metadata;
-        assert_eq!(
-            (meta.name.as_deref(), meta.namespace.as_deref()),
-            (Some("web"), Some("shop"))
-        );
-        let annotations: Vec<&String> = meta.annotations.iter().flatten().map(|(k, _)| k).collect();
-        assert_eq!(annotations, [TRIGGER_TIME]);
-        assert!(meta.uid.is_none() && meta.managed_fields.is_none());
+        assert_eq!((&*service.namespace, &*service.name), ("shop", "web"));
+        assert!(!service.not_for_this_proxy);
         let spec = service.spec.unwrap();
         assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
         assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.7"));

@@ -1,10 +1,14 @@
 //! An EndpointSlice as the agent keeps it: what kube-proxy reads of one,
 //! decoded straight from the API server's JSON (the rest skipped, never
-//! held). k8s-openapi's keeps each endpoint's `targetRef` (seven strings),
+//! held), in a store of the agent's own (`policy::object_store`).
+//! k8s-openapi's keeps each endpoint's `targetRef` (seven strings),
 //! hostname and deprecated topology besides: 6.3 KB a slice of ten
-//! endpoints at the scale harness's xl size, 63 MB in all. Field names and
-//! the small types (conditions, hints, ports) are k8s-openapi's, so code
-//! reads it alike; addresses are parsed, node names shared (`interned`).
+//! endpoints at the scale harness's xl size, 63 MB in all; with its
+//! metadata's label and annotation maps (a B-tree node each) and a kube
+//! reflector store's key, 3.2 KB. Of the metadata only what is read is
+//! kept: the Service it serves, whether it is another proxy's, the
+//! change's trigger time. The small types (conditions, hints, ports) are
+//! k8s-openapi's; addresses are parsed, names shared (`interned`).
 
 use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
@@ -13,20 +17,28 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, Endpoin
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
+use super::{SERVICE_NAME_LABEL, not_for_this_proxy};
 use crate::interned::Interner;
-use crate::slim::{kept_metadata, watched_as};
+use crate::policy::object_store::{Named, Watched};
+use crate::slim::{ServedMetadata, watched_as};
 
-static NODE_NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
+/// Node names, address types and Service names: one copy each.
+static TEXT: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 
 /// An EndpointSlice (discovery.k8s.io/v1), slim.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+#[serde(from = "Served")]
 pub struct EndpointSlice {
-    /// Name, namespace, labels, resourceVersion (until the store), and of
-    /// the annotations only the change's trigger time.
-    #[serde(deserialize_with = "kept_metadata")]
-    pub metadata: ObjectMeta,
-    pub address_type: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    /// Its `kubernetes.io/service-name` label: the Service it serves.
+    pub service_name: Option<Arc<str>>,
+    /// Labelled headless or another proxy's: kube-proxy's informers select
+    /// it away, and so does flatnet.
+    pub not_for_this_proxy: bool,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`.
+    pub trigger_time: Option<Box<str>>,
+    pub address_type: Arc<str>,
     pub endpoints: Option<Vec<Endpoint>>,
     pub ports: Option<Vec<EndpointPort>>,
 }
@@ -38,7 +50,9 @@ pub struct Endpoint {
     #[serde(deserialize_with = "parsed_addresses")]
     pub addresses: Vec<IpAddr>,
     pub conditions: Option<EndpointConditions>,
-    pub hints: Option<EndpointHints>,
+    /// Boxed: most endpoints have none, and the box is 40 bytes less
+    /// than the two lists inline, per endpoint.
+    pub hints: Option<Box<EndpointHints>>,
     #[serde(deserialize_with = "shared_node_name")]
     pub node_name: Option<Arc<str>>,
 }
@@ -50,11 +64,89 @@ fn parsed_addresses<'de, D: Deserializer<'de>>(decoder: D) -> Result<Vec<IpAddr>
 
 fn shared_node_name<'de, D: Deserializer<'de>>(decoder: D) -> Result<Option<Arc<str>>, D::Error> {
     let served = Option::<String>::deserialize(decoder)?;
-    Ok(served.map(|name| NODE_NAMES.text(&name)))
+    Ok(served.map(|name| TEXT.text(&name)))
+}
+
+/// An EndpointSlice as kube's watcher decodes it: the slim
+/// [`EndpointSlice`], and the metadata the watcher reads (the
+/// resourceVersion it resumes from).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "Served")]
+pub struct WatchedEndpointSlice {
+    pub metadata: ObjectMeta,
+    pub slice: EndpointSlice,
+}
+
+/// An EndpointSlice as served, with only the fields kept.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Served {
+    metadata: ServedMetadata,
+    address_type: String,
+    endpoints: Option<Vec<Endpoint>>,
+    ports: Option<Vec<EndpointPort>>,
+}
+
+impl From<Served> for WatchedEndpointSlice {
+    fn from(mut served: Served) -> Self {
+        WatchedEndpointSlice {
+            metadata: served.metadata.for_watcher(),
+            slice: EndpointSlice::from(served),
+        }
+    }
+}
+
+impl From<Served> for EndpointSlice {
+    fn from(served: Served) -> Self {
+        let mut meta = served.metadata;
+        let (namespace, name) = meta.key();
+        EndpointSlice {
+            namespace,
+            name,
+            service_name: meta.labels.get(SERVICE_NAME_LABEL).map(|s| TEXT.text(s)),
+            not_for_this_proxy: not_for_this_proxy(&meta.labels),
+            trigger_time: meta.trigger_time(),
+            address_type: TEXT.text(&served.address_type),
+            endpoints: served.endpoints,
+            ports: served.ports,
+        }
+    }
+}
+
+impl Named for EndpointSlice {
+    fn namespace(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn trigger_time(&self) -> Option<&str> {
+        self.trigger_time.as_deref()
+    }
+
+    fn serves(&self) -> Option<&str> {
+        self.service_name.as_deref()
+    }
+}
+
+impl Watched for WatchedEndpointSlice {
+    type Object = EndpointSlice;
+
+    fn object(&self) -> &EndpointSlice {
+        &self.slice
+    }
+}
+
+impl From<WatchedEndpointSlice> for EndpointSlice {
+    fn from(watched: WatchedEndpointSlice) -> Self {
+        watched.slice
+    }
 }
 
 watched_as!(
-    EndpointSlice,
+    WatchedEndpointSlice,
     k8s_openapi::api::discovery::v1::EndpointSlice
 );
 
@@ -91,18 +183,16 @@ mod tests {
 
     #[test]
     fn keeps_what_services_read_and_nothing_else() {
-        let slice: EndpointSlice = serde_json::from_value(served()).unwrap();
-        let meta = &slice.metadata;
-        assert_eq!(meta.name.as_deref(), Some("web-abc"));
-        assert_eq!(meta.namespace.as_deref(), Some("shop"));
-        assert_eq!(
-            meta.labels.as_ref().unwrap()["kubernetes.io/service-name"],
-            "web"
-        );
-        let annotations = meta.annotations.as_ref().unwrap();
-        assert_eq!(annotations.keys().collect::<Vec<_>>(), [TRIGGER_TIME]);
-        assert!(meta.owner_references.is_none() && meta.uid.is_none());
-        assert_eq!(slice.address_type, "IPv4");
+        let watched: WatchedEndpointSlice = serde_json::from_value(served()).unwrap();
+        let meta = &watched.metadata;
+        assert_eq!(meta.resource_version.as_deref(), Some("17"));
+        assert!(meta.labels.is_none() && meta.annotations.is_none() && meta.uid.is_none());
+        let slice = watched.slice;
+        assert_eq!((&*slice.namespace, &*slice.name), ("shop", "web-abc"));
+        assert_eq!(slice.service_name.as_deref(), Some("web"));
+        assert!(!slice.not_for_this_proxy);
+        assert_eq!(slice.trigger_time.as_deref(), Some("2026-11-30T10:00:00Z"));
+        assert_eq!(&*slice.address_type, "IPv4");
         let endpoints = slice.endpoints.as_ref().unwrap();
         assert_eq!(
             endpoints[0].addresses,
@@ -124,10 +214,13 @@ mod tests {
     #[test]
     fn is_watched_as_discovery_v1_endpoint_slices() {
         use kube::Resource;
-        assert_eq!(EndpointSlice::kind(&()), "EndpointSlice");
-        assert_eq!(EndpointSlice::api_version(&()), "discovery.k8s.io/v1");
+        assert_eq!(WatchedEndpointSlice::kind(&()), "EndpointSlice");
         assert_eq!(
-            EndpointSlice::url_path(&(), Some("ns")),
+            WatchedEndpointSlice::api_version(&()),
+            "discovery.k8s.io/v1"
+        );
+        assert_eq!(
+            WatchedEndpointSlice::url_path(&(), Some("ns")),
             "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
         );
     }

@@ -88,7 +88,7 @@ mod tests {
             ("a/new", pod("10.0.0.3", allowed)),
         ]);
         let ids = [ip("10.1.0.5"), ip("10.1.0.6"), ip("fd00::5")];
-        let counted = entries(&plan, |k| k.name == "web", ids.into_iter());
+        let counted = entries(&plan, |k| &*k.name == "web", ids.into_iter());
         assert_eq!(
             counted.map(|(map, n, _)| (map, n)),
             [

@@ -13,19 +13,8 @@ use serde_json::json;
 use super::services::{service, slice};
 use super::*;
 use crate::policy::incremental::PeerIndex;
+use crate::policy::tests::rng::Rng;
 use crate::services::{Here, frontends};
-
-/// A small xorshift generator: the same seed, the same changes.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
 
 const APPS: [&str; 4] = ["web", "api", "db", "cache"];
 const NAMESPACES: [&str; 3] = ["a", "b", "c"];
@@ -223,8 +212,8 @@ fn change(
         .collect();
     let pick = |rng: &mut Rng| remotes[rng.below(remotes.len())].clone();
     let pod_key = |(namespace, name): &(String, String)| PodKey {
-        namespace: namespace.clone(),
-        name: name.clone(),
+        namespace: namespace.as_str().into(),
+        name: name.as_str().into(),
     };
     let case = rng.below(9);
     let outcome = match case {

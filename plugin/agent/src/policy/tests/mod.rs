@@ -7,6 +7,7 @@ mod growth;
 mod incremental;
 mod model;
 mod named_ports;
+pub(crate) mod rng;
 mod scale;
 mod services;
 
