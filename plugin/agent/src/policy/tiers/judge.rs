@@ -191,7 +191,7 @@ fn rule_action(
     (peer_matches && ports_match).then_some(rule.action)
 }
 
-fn peer_has(peer: &Peer, remote: &Remote<'_>) -> bool {
+pub(super) fn peer_has(peer: &Peer, remote: &Remote<'_>) -> bool {
     match peer {
         Peer::Namespaces(namespaces) => remote
             .pod

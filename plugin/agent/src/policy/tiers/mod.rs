@@ -8,6 +8,7 @@
 
 pub mod cluster_network_policy;
 pub mod judge;
+pub mod paint;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 //! receiver's ingress), the table compared with the one expected.
 
 mod matching;
+mod paint;
 mod precedence;
 
 use std::collections::BTreeMap;
