@@ -65,6 +65,7 @@ fn rbac_grants_reading_nodes_and_policy_objects_and_nothing_more() {
         ("", "services"),
         ("networking.k8s.io", "networkpolicies"),
         ("discovery.k8s.io", "endpointslices"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies"),
     ]
     .iter()
     .map(|(g, r)| (g.to_string(), r.to_string()))

@@ -11,6 +11,7 @@ pub const POD: usize = 1;
 pub const NAMESPACE: usize = 2;
 pub const SERVICE: usize = 3;
 pub const ENDPOINT_SLICE: usize = 4;
+pub const CLUSTER_POLICY: usize = 5;
 
 /// Pods changed between two passes beyond which the next pass is a whole
 /// one anyway (it costs less than so many changes, and bounds the log).

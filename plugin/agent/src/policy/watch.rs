@@ -25,10 +25,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::Pod;
-use super::changes::{Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex};
+use super::changes::{
+    CLUSTER_POLICY, Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex,
+};
 use super::network_policy::{NetworkPolicy, WatchedNetworkPolicy};
 use super::object_store::{Named, ObjectStore, Watched};
 use super::pod::{PodStore, WatchedPod};
+use super::tiers::{ClusterNetworkPolicy, WatchedClusterNetworkPolicy};
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
 
@@ -37,16 +40,22 @@ const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
     (K::KIND, K::API_VERSION)
 }
 
-/// The kinds, for log lines and readiness: every one is served by each
-/// Kubernetes release flatnet supports (EndpointSlice v1 since 1.21,
-/// NetworkPolicy v1 since 1.7), none deprecated.
-const KINDS: [(&str, &str); 5] = [
+/// The kinds, for log lines and readiness: every one but the optional
+/// ones is served by each Kubernetes release flatnet supports
+/// (EndpointSlice v1 since 1.21, NetworkPolicy v1 since 1.7), none
+/// deprecated.
+const KINDS: [(&str, &str); 6] = [
     kind::<WatchedNetworkPolicy>(),
     kind::<WatchedPod>(),
     kind::<Namespace>(),
     kind::<WatchedService>(),
     kind::<WatchedEndpointSlice>(),
+    kind::<WatchedClusterNetworkPolicy>(),
 ];
+
+/// Kinds of CRDs a cluster may not have installed: an API server that
+/// does not serve them has none (listed, empty), which is not a problem.
+const OPTIONAL: [usize; 1] = [CLUSTER_POLICY];
 
 /// What the watches have seen so far.
 #[derive(Clone)]
@@ -56,6 +65,7 @@ pub struct PolicyObjects {
     namespaces: Store<Namespace>,
     services: ObjectStore<Service>,
     slices: ObjectStore<EndpointSlice>,
+    cluster_policies: ObjectStore<ClusterNetworkPolicy>,
     health: Arc<Mutex<Health>>,
     stamps: ChangeStamps,
     changed: Arc<Mutex<Changed>>,
@@ -89,19 +99,28 @@ impl Health {
     }
 }
 
-/// A watch's error as readiness and the log say it. A 404 for the kind's
-/// collection means the API server does not serve its API version
-/// (discovery.k8s.io/v1 before Kubernetes 1.21, say): that is said before
-/// the error itself.
-fn describe(kind: usize, error: &watcher::Error) -> String {
-    let status = match error {
+/// Whether `error` says the API server does not serve the kind's API
+/// version (a 404 for its collection).
+fn not_served(error: &watcher::Error) -> bool {
+    status_code(error) == Some(404)
+}
+
+fn status_code(error: &watcher::Error) -> Option<u16> {
+    match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
         | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
         watcher::Error::WatchError(status) => Some(status.code),
         _ => None,
-    };
-    match status {
+    }
+}
+
+/// A watch's error as readiness and the log say it. A 404 for the kind's
+/// collection means the API server does not serve its API version
+/// (discovery.k8s.io/v1 before Kubernetes 1.21, say): that is said before
+/// the error itself.
+fn describe(kind: usize, error: &watcher::Error) -> String {
+    match status_code(error) {
         Some(404) => {
             let api_version = KINDS[kind].1;
             format!(
@@ -119,6 +138,7 @@ pub struct Snapshot {
     pub namespaces: Vec<Arc<Namespace>>,
     pub services: Vec<Arc<Service>>,
     pub slices: Vec<Arc<EndpointSlice>>,
+    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
 }
 
 impl PolicyObjects {
@@ -192,6 +212,7 @@ impl PolicyObjects {
             namespaces: Vec::new(),
             services: self.services.state(),
             slices: self.slices.state(),
+            cluster_policies: Vec::new(),
         }
     }
 
@@ -202,6 +223,7 @@ impl PolicyObjects {
             namespaces: self.namespaces.state(),
             services: self.services.state(),
             slices: self.slices.state(),
+            cluster_policies: self.cluster_policies.state(),
         }
     }
 }
@@ -241,6 +263,9 @@ pub fn spawn(
     let (services, service_events) = own::<WatchedService>(&client, SERVICE, log);
     let log = (&stamps, &changed, Some(&slice_index));
     let (slices, slice_events) = own::<WatchedEndpointSlice>(&client, ENDPOINT_SLICE, log);
+    let log = (&stamps, &changed, None);
+    let (cluster_policies, cluster_policy_events) =
+        own::<WatchedClusterNetworkPolicy>(&client, CLUSTER_POLICY, log);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
@@ -248,6 +273,7 @@ pub fn spawn(
         namespace_events,
         service_events,
         slice_events,
+        cluster_policy_events,
     ]);
     let (changes, receiver) = watch::channel(0u64);
     let watched_health = health.clone();
@@ -293,6 +319,7 @@ pub fn spawn(
             namespaces,
             services,
             slices,
+            cluster_policies,
             health,
             stamps,
             changed,
@@ -381,9 +408,33 @@ where
     let api: Api<W> = Api::all(client.clone());
     let (stamps, changed, kept) = (stamps.clone(), changed.clone(), store.clone());
     let slice_index = slice_index.cloned();
+    // An optional kind's API not served: listed, and empty.
+    let mut absent = false;
     let events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |event| {
+            if OPTIONAL.contains(&kind) {
+                match &event {
+                    Err(error) if not_served(error) => {
+                        if std::mem::replace(&mut absent, true) {
+                            return None;
+                        }
+                        let (name, api_version) = KINDS[kind];
+                        tracing::info!(
+                            kind = name,
+                            "{api_version} is not served (its CRDs are not installed): none to enforce"
+                        );
+                        kept.apply(Event::<W>::Init);
+                        kept.apply(Event::<W>::InitDone);
+                        if let Ok(mut changed) = changed.lock() {
+                            changed.record(kind, None);
+                        }
+                        return Some(Ok((kind, true)));
+                    }
+                    Ok(_) => absent = false,
+                    Err(_) => {}
+                }
+            }
             let index = || slice_index.as_ref().and_then(|i| i.lock().ok());
             let keys = match &event {
                 Ok(Event::Apply(watched) | Event::Delete(watched)) => {
@@ -431,8 +482,9 @@ where
             {
                 changed.record(kind, keys);
             }
-            item
-        });
+            Some(item)
+        })
+        .filter_map(futures::future::ready);
     (store, Box::pin(events))
 }
 
@@ -477,7 +529,7 @@ mod tests {
     #[test]
     fn readiness_names_each_kind_not_listed_with_its_api_version() {
         let mut health = Health {
-            listed: [true, true, true, true, false],
+            listed: [true, true, true, true, false, true],
             ..Health::default()
         };
         assert_eq!(
@@ -542,6 +594,7 @@ mod tests {
                 ("Namespace", "v1"),
                 ("Service", "v1"),
                 ("EndpointSlice", "discovery.k8s.io/v1"),
+                ("ClusterNetworkPolicy", "policy.networking.k8s.io/v1beta1"),
             ]
         );
     }

@@ -9,13 +9,14 @@
 //! fails closed as the API asks: an `Accept` rule matches nothing, a `Deny`
 //! or `Pass` rule denies all the traffic of its direction.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use ipnetwork::IpNetwork;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use serde::Deserialize;
 
 use crate::policy::network_policy::{LabelSelector, shared_selector};
+use crate::policy::object_store::{Named, Watched};
 use crate::protocol::Protocol;
 
 /// Where a policy sits: before NetworkPolicy, or after it.
@@ -113,6 +114,80 @@ pub enum Ports {
     /// The destination pod's container port of this name.
     Named(Box<str>),
     Unsupported(Box<str>),
+}
+
+/// A ClusterNetworkPolicy as kube's watcher decodes it: the agent's form,
+/// and the metadata the watcher reads (the resourceVersion it resumes
+/// from).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "Served")]
+pub struct WatchedClusterNetworkPolicy {
+    pub metadata: meta::ObjectMeta,
+    pub policy: ClusterNetworkPolicy,
+}
+
+impl From<Served> for WatchedClusterNetworkPolicy {
+    fn from(mut served: Served) -> Self {
+        let metadata = meta::ObjectMeta {
+            name: served.metadata.name.clone(),
+            resource_version: served.metadata.resource_version.take(),
+            ..meta::ObjectMeta::default()
+        };
+        WatchedClusterNetworkPolicy {
+            metadata,
+            policy: served.into(),
+        }
+    }
+}
+
+impl From<WatchedClusterNetworkPolicy> for ClusterNetworkPolicy {
+    fn from(watched: WatchedClusterNetworkPolicy) -> Self {
+        watched.policy
+    }
+}
+
+impl Watched for WatchedClusterNetworkPolicy {
+    type Object = ClusterNetworkPolicy;
+
+    fn object(&self) -> &ClusterNetworkPolicy {
+        &self.policy
+    }
+}
+
+/// Cluster-scoped: the store keeps every policy under one empty namespace.
+static NO_NAMESPACE: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+
+impl Named for ClusterNetworkPolicy {
+    fn namespace(&self) -> &Arc<str> {
+        &NO_NAMESPACE
+    }
+
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+}
+
+/// The CRD's storage version (`v1alpha2` is served too, with the same
+/// schema; either reads the same objects).
+impl k8s_openapi::Resource for WatchedClusterNetworkPolicy {
+    const API_VERSION: &'static str = "policy.networking.k8s.io/v1beta1";
+    const GROUP: &'static str = "policy.networking.k8s.io";
+    const KIND: &'static str = "ClusterNetworkPolicy";
+    const VERSION: &'static str = "v1beta1";
+    const URL_PATH_SEGMENT: &'static str = "clusternetworkpolicies";
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::Metadata for WatchedClusterNetworkPolicy {
+    type Ty = meta::ObjectMeta;
+
+    fn metadata(&self) -> &meta::ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut meta::ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 // What the API serves, under its names.

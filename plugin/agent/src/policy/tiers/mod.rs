@@ -15,5 +15,6 @@ mod tests;
 
 pub use cluster_network_policy::{
     Action, ClusterNetworkPolicy, NamespacedPods, Peer, Ports, Rule, Subject, Tier,
+    WatchedClusterNetworkPolicy,
 };
 pub use judge::{DecidedBy, Decision, Remote, Traffic, Workload, judge};
