@@ -93,6 +93,8 @@ struct ApiState {
     /// EndpointSlices not served at all (an API server without
     /// discovery.k8s.io/v1, as before Kubernetes 1.21).
     no_slices: bool,
+    /// Requests for paths it does not serve (CRDs not installed), by path.
+    not_served: HashMap<String, usize>,
 }
 
 /// The stub's objects; cheap to clone (shared).
@@ -228,8 +230,33 @@ impl ApiStub {
                 ),
             );
         }
-        router.with_state(self.clone())
+        router
+            .fallback(
+                |State(stub): State<ApiStub>, uri: axum::http::Uri| async move {
+                    *stub
+                        .lock()
+                        .not_served
+                        .entry(uri.path().to_string())
+                        .or_default() += 1;
+                    not_found()
+                },
+            )
+            .with_state(self.clone())
     }
+
+    /// How many requests came for `path`, which it does not serve.
+    pub fn not_served_requests(&self, path: &str) -> usize {
+        self.lock().not_served.get(path).copied().unwrap_or(0)
+    }
+}
+
+/// What kube-apiserver answers for an API it does not serve.
+fn not_found() -> Response {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "message": "the server could not find the requested resource",
+                        "reason": "NotFound", "details": {}, "code": 404});
+    let json_type = [(header::CONTENT_TYPE, "application/json")];
+    (StatusCode::NOT_FOUND, json_type, status.to_string()).into_response()
 }
 
 /// A list of `kind`, or with `watch=true` its events after the asked
@@ -240,11 +267,7 @@ async fn collection(kind: Kind, stub: ApiStub, raw: Option<String>) -> Response 
     let query: HashMap<&str, &str> = raw.split('&').filter_map(|p| p.split_once('=')).collect();
     let json_type = [(header::CONTENT_TYPE, "application/json")];
     if kind == Kind::EndpointSlice && stub.lock().no_slices {
-        // What kube-apiserver answers for an API it does not serve.
-        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                            "status": "Failure", "message": "the server could not find the requested resource",
-                            "reason": "NotFound", "details": {}, "code": 404});
-        return (StatusCode::NOT_FOUND, json_type, status.to_string()).into_response();
+        return not_found();
     }
     if !matches!(query.get("watch"), Some(&("true" | "1"))) {
         let mut state = stub.lock();

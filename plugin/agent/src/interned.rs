@@ -11,7 +11,7 @@
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// A table of shared values of type `T`.
 pub struct Interner<T: ?Sized> {
@@ -78,6 +78,15 @@ impl Interner<str> {
     pub fn text(&self, text: &str) -> Arc<str> {
         self.get(text, || Arc::from(text))
     }
+}
+
+/// Names that many objects repeat: namespaces, nodes, phases, the Services
+/// EndpointSlices serve, address types.
+static NAMES: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
+
+/// The shared copy of a name that many objects repeat.
+pub fn name(text: &str) -> Arc<str> {
+    NAMES.text(text)
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ impl ServedMetadata {
     pub fn key(&mut self) -> (Arc<str>, Arc<str>) {
         let namespace = self.namespace.as_deref().unwrap_or_default();
         (
-            crate::policy::pod::namespace_name(namespace),
+            crate::interned::name(namespace),
             Arc::from(self.name.take().unwrap_or_default()),
         )
     }

@@ -27,6 +27,7 @@ mod cluster;
 pub mod identity;
 pub mod incremental;
 mod isolation;
+mod kind_watch;
 pub mod network_policy;
 pub mod object_store;
 pub mod pod;

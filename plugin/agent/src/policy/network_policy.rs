@@ -128,7 +128,7 @@ impl From<api::NetworkPolicy> for NetworkPolicy {
             .and_then(|mut a| a.remove(TRIGGER_TIME))
             .map(String::into_boxed_str);
         NetworkPolicy {
-            namespace: super::pod::namespace_name(meta.namespace.as_deref().unwrap_or_default()),
+            namespace: crate::interned::name(meta.namespace.as_deref().unwrap_or_default()),
             name: Arc::from(meta.name.unwrap_or_default()),
             trigger_time,
             spec: served.spec.map(spec),

@@ -27,7 +27,6 @@ pub type Labels = Arc<BTreeMap<String, String>>;
 
 static LABELS: LazyLock<Interner<BTreeMap<String, String>>> = LazyLock::new(Interner::new);
 static CONTAINERS: LazyLock<Interner<[Container]>> = LazyLock::new(Interner::new);
-static TEXT: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 
 /// The shared copy of a label set.
 pub fn labels(labels: BTreeMap<String, String>) -> Labels {
@@ -136,15 +135,15 @@ impl From<Served> for Pod {
     fn from(served: Served) -> Self {
         let (meta, spec, status) = (served.metadata, served.spec, served.status);
         Pod {
-            namespace: TEXT.text(meta.namespace.as_deref().unwrap_or_default()),
+            namespace: crate::interned::name(meta.namespace.as_deref().unwrap_or_default()),
             name: Arc::from(meta.name.unwrap_or_default()),
             labels: labels(meta.labels.unwrap_or_default()),
-            node_name: spec.node_name.as_deref().map(|n| TEXT.text(n)),
+            node_name: spec.node_name.as_deref().map(crate::interned::name),
             host_network: spec.host_network == Some(true),
             containers: CONTAINERS.get(spec.containers.as_slice(), || {
                 spec.containers.clone().into()
             }),
-            phase: status.phase.as_deref().map(|p| TEXT.text(p)),
+            phase: status.phase.as_deref().map(crate::interned::name),
             ips: addresses(status.pod_ips, status.pod_ip),
         }
     }
@@ -159,11 +158,6 @@ fn addresses(listed: Option<Vec<PodIp>>, single: Option<String>) -> Box<[IpAddr]
     ips.sort();
     ips.dedup();
     ips.into()
-}
-
-/// A namespace name, shared with every pod of that namespace.
-pub fn namespace_name(namespace: &str) -> Arc<str> {
-    TEXT.text(namespace)
 }
 
 /// The agent's pods.

@@ -1,39 +1,38 @@
 //! What NetworkPolicy needs from the API server: every NetworkPolicy, Pod
-//! and Namespace of the cluster (peers can be anywhere), and every Service
-//! and EndpointSlice (egress to a ClusterIP is judged by its backends),
-//! each kept by its own watcher (a re-list after a broken watch, backoff on
-//! errors, as for Nodes): pods, NetworkPolicies, Services and
-//! EndpointSlices, the many, in slim stores of the agent's own
-//! (`object_store`), Namespaces in a kube reflector store. Nothing is computed here: each event bumps a counter
-//! the agent's loop waits on, once all five lists are in, and each change
-//! (not what a list brings) is stamped for the latency metrics
+//! and Namespace of the cluster (peers can be anywhere), every Service and
+//! EndpointSlice (egress to a ClusterIP is judged by its backends), and the
+//! ClusterNetworkPolicies where their CRDs are installed, each kept by its
+//! own watcher (`kind_watch`: a re-list after a broken watch, backoff on
+//! errors, as for Nodes): all but Namespaces in slim stores of the agent's
+//! own (`object_store`). Nothing is computed here: each event bumps a
+//! counter the agent's loop waits on, once every kind is listed, and each
+//! change (not what a list brings) is stamped for the latency metrics
 //! (`metrics::latency`).
 
 use std::collections::BTreeSet;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::services::{EndpointSlice, Service, WatchedEndpointSlice, WatchedService};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::Client;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use super::Pod;
 use super::changes::{
     CLUSTER_POLICY, Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex,
 };
+pub use super::kind_watch::slim_for_store;
+use super::kind_watch::{WatchedKind, own, reflected, status_code};
 use super::network_policy::{NetworkPolicy, WatchedNetworkPolicy};
-use super::object_store::{Named, ObjectStore, Watched};
+use super::object_store::ObjectStore;
 use super::pod::{PodStore, WatchedPod};
 use super::tiers::{ClusterNetworkPolicy, WatchedClusterNetworkPolicy};
 use crate::metrics::AgentMetrics;
-use crate::metrics::latency::{ChangeStamps, TRIGGER_TIME, Taken};
+use crate::metrics::latency::{ChangeStamps, Taken};
 
 /// A kind's name and the API version it is watched at.
 const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
@@ -56,6 +55,17 @@ const KINDS: [(&str, &str); 6] = [
 /// Kinds of CRDs a cluster may not have installed: an API server that
 /// does not serve them has none (listed, empty), which is not a problem.
 const OPTIONAL: [usize; 1] = [CLUSTER_POLICY];
+
+/// Kind `index` as its watch knows it.
+fn watched(index: usize) -> WatchedKind {
+    let (name, api_version) = KINDS[index];
+    WatchedKind {
+        index,
+        name,
+        api_version,
+        optional: OPTIONAL.contains(&index),
+    }
+}
 
 /// What the watches have seen so far.
 #[derive(Clone)]
@@ -96,22 +106,6 @@ impl Health {
             })
             .collect();
         (!missing.is_empty()).then(|| missing.join("; "))
-    }
-}
-
-/// Whether `error` says the API server does not serve the kind's API
-/// version (a 404 for its collection).
-fn not_served(error: &watcher::Error) -> bool {
-    status_code(error) == Some(404)
-}
-
-fn status_code(error: &watcher::Error) -> Option<u16> {
-    match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
-        watcher::Error::WatchError(status) => Some(status.code),
-        _ => None,
     }
 }
 
@@ -228,20 +222,6 @@ impl PolicyObjects {
     }
 }
 
-/// One item of the merged streams: which kind, and whether it completed a
-/// (re-)list; or which kind's watch failed, and how.
-type Item = Result<(usize, bool), (usize, watcher::Error)>;
-
-/// A kind's watch events, as the merged stream carries them.
-type Events = Pin<Box<dyn Stream<Item = Item> + Send>>;
-
-/// A watch event of `kind` as the merged stream carries it.
-fn item<K>(kind: usize, event: Result<Event<K>, watcher::Error>) -> Item {
-    event
-        .map(|e| (kind, matches!(e, Event::InitDone)))
-        .map_err(|e| (kind, e))
-}
-
 /// Starts the watches. The receiver's value changes after every
 /// event once all five kinds have been listed (never before: a plan from
 /// a partial view would isolate pods from peers not seen yet); its sender
@@ -257,15 +237,15 @@ pub fn spawn(
     }));
     let slice_index = Arc::new(Mutex::new(SliceIndex::default()));
     let log = (&stamps, &changed, None);
-    let (policies, policy_events) = own::<WatchedNetworkPolicy>(&client, POLICY, log);
-    let (pods, pod_events) = own::<WatchedPod>(&client, POD, log);
-    let (namespaces, namespace_events) = reflected::<Namespace>(&client, NAMESPACE, log);
-    let (services, service_events) = own::<WatchedService>(&client, SERVICE, log);
+    let (policies, policy_events) = own::<WatchedNetworkPolicy>(&client, watched(POLICY), log);
+    let (pods, pod_events) = own::<WatchedPod>(&client, watched(POD), log);
+    let (namespaces, namespace_events) = reflected::<Namespace>(&client, watched(NAMESPACE), log);
+    let (services, service_events) = own::<WatchedService>(&client, watched(SERVICE), log);
     let log = (&stamps, &changed, Some(&slice_index));
-    let (slices, slice_events) = own::<WatchedEndpointSlice>(&client, ENDPOINT_SLICE, log);
+    let (slices, slice_events) = own::<WatchedEndpointSlice>(&client, watched(ENDPOINT_SLICE), log);
     let log = (&stamps, &changed, None);
     let (cluster_policies, cluster_policy_events) =
-        own::<WatchedClusterNetworkPolicy>(&client, CLUSTER_POLICY, log);
+        own::<WatchedClusterNetworkPolicy>(&client, watched(CLUSTER_POLICY), log);
     let health = Arc::new(Mutex::new(Health::default()));
     let mut events = futures::stream::select_all([
         policy_events,
@@ -330,189 +310,6 @@ pub fn spawn(
     )
 }
 
-/// Where a watch logs its changes: the stamps, the change log, and for
-/// EndpointSlices the index of the Services they serve.
-type Log<'a> = (
-    &'a ChangeStamps,
-    &'a Arc<Mutex<Changed>>,
-    Option<&'a Arc<Mutex<SliceIndex>>>,
-);
-
-/// What kube's watcher can watch and the merged stream can carry.
-trait Watchable:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
-{
-}
-
-impl<K> Watchable for K where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static
-{
-}
-
-/// All objects of kind `K` in a kube reflector store, and the stream of
-/// its events, each change stamped and logged (once the store holds it),
-/// slimmed first ([`slim_for_store`]).
-fn reflected<K>(client: &Client, kind: usize, (stamps, changed, _): Log<'_>) -> (Store<K>, Events)
-where
-    K: Watchable,
-{
-    let (store, writer) = reflector::store();
-    let api: Api<K> = Api::all(client.clone());
-    let (stamps, changed) = (stamps.clone(), changed.clone());
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(slim_for_store)
-        .reflect(writer)
-        .map(move |event| {
-            let keys = match &event {
-                Ok(Event::Apply(object) | Event::Delete(object)) => {
-                    let trigger = object.annotations().get(TRIGGER_TIME);
-                    stamps.record(KINDS[kind].0, trigger.map(String::as_str));
-                    Some(Some(vec![key_of(object)]))
-                }
-                // A (re-)list: what it leaves out was deleted unseen.
-                Ok(Event::Init | Event::InitDone) => Some(None),
-                Ok(Event::InitApply(_)) | Err(_) => None,
-            };
-            if let Some(keys) = keys
-                && let Ok(mut changed) = changed.lock()
-            {
-                changed.record(kind, keys);
-            }
-            item(kind, event)
-        });
-    (store, Box::pin(events))
-}
-
-/// A watch of kind `kind` into a store of the agent's own
-/// (`object_store`), each change stamped and logged once the store holds
-/// it; for EndpointSlices (`slice_index`), a change logs the Services the
-/// slice serves and served, and a (re-)list rebuilds the index beside the
-/// store.
-fn own<W>(
-    client: &Client,
-    kind: usize,
-    (stamps, changed, slice_index): Log<'_>,
-) -> (ObjectStore<W::Object>, Events)
-where
-    W: Watched + Watchable,
-    W::Object: Send + Sync + 'static,
-{
-    let store = ObjectStore::default();
-    let api: Api<W> = Api::all(client.clone());
-    let (stamps, changed, kept) = (stamps.clone(), changed.clone(), store.clone());
-    let slice_index = slice_index.cloned();
-    // An optional kind's API not served: listed, and empty.
-    let mut absent = false;
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map(move |event| {
-            if OPTIONAL.contains(&kind) {
-                match &event {
-                    Err(error) if not_served(error) => {
-                        if std::mem::replace(&mut absent, true) {
-                            return None;
-                        }
-                        let (name, api_version) = KINDS[kind];
-                        tracing::info!(
-                            kind = name,
-                            "{api_version} is not served (its CRDs are not installed): none to enforce"
-                        );
-                        kept.apply(Event::<W>::Init);
-                        kept.apply(Event::<W>::InitDone);
-                        if let Ok(mut changed) = changed.lock() {
-                            changed.record(kind, None);
-                        }
-                        return Some(Ok((kind, true)));
-                    }
-                    Ok(_) => absent = false,
-                    Err(_) => {}
-                }
-            }
-            let index = || slice_index.as_ref().and_then(|i| i.lock().ok());
-            let keys = match &event {
-                Ok(Event::Apply(watched) | Event::Delete(watched)) => {
-                    let object = watched.object();
-                    stamps.record(KINDS[kind].0, object.trigger_time());
-                    let key = (object.namespace().to_string(), object.name().to_string());
-                    let deleted = matches!(event, Ok(Event::Delete(_)));
-                    let serves = object.serves().map(str::to_string);
-                    Some(match slice_index {
-                        None => Some(vec![key]),
-                        Some(_) => index().map(|mut i| i.changed(key, serves.as_ref(), deleted)),
-                    })
-                }
-                // A (re-)list: what it leaves out was deleted unseen.
-                Ok(event @ (Event::Init | Event::InitDone)) => {
-                    if let Some(mut index) = index() {
-                        match event {
-                            Event::Init => index.relist_started(),
-                            _ => index.relist_done(),
-                        }
-                    }
-                    Some(None)
-                }
-                Ok(Event::InitApply(watched)) => {
-                    let object = watched.object();
-                    if let Some(mut index) = index() {
-                        let key = (object.namespace().to_string(), object.name().to_string());
-                        index.listed(key, object.serves().map(str::to_string).as_ref());
-                    }
-                    None
-                }
-                Err(_) => None,
-            };
-            let item = match event {
-                Ok(event) => {
-                    let done = matches!(event, Event::InitDone);
-                    kept.apply(event);
-                    Ok((kind, done))
-                }
-                Err(error) => Err((kind, error)),
-            };
-            // Logged once the store holds it.
-            if let Some(keys) = keys
-                && let Ok(mut changed) = changed.lock()
-            {
-                changed.record(kind, keys);
-            }
-            Some(item)
-        })
-        .filter_map(futures::future::ready);
-    (store, Box::pin(events))
-}
-
-/// What an object keeps in the store: its name, namespace, labels and, of
-/// its annotations, the change's trigger time (the latency metrics read
-/// it). The rest of its metadata is none of the agent's business: a
-/// kubectl-applied object's last-applied annotation alone is as big as
-/// the object again. resourceVersion the watcher has read already (it
-/// resumes from the last one); the store and its key kept two copies.
-pub fn slim_for_store<K: Resource>(object: &mut K) {
-    let meta = std::mem::take(object.meta_mut());
-    let trigger = meta
-        .annotations
-        .and_then(|mut a| a.remove_entry(TRIGGER_TIME))
-        .map(|entry| std::collections::BTreeMap::from([entry]));
-    *object.meta_mut() = kube::api::ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        labels: meta.labels,
-        annotations: trigger,
-        ..Default::default()
-    };
-}
-
-fn key_of<K: Resource>(object: &K) -> Key {
-    (object.namespace().unwrap_or_default(), object.name_any())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,28 +342,6 @@ mod tests {
         );
         health.listed = [true; KINDS.len()];
         assert_eq!(health.problem(), None);
-    }
-
-    #[test]
-    fn a_stored_object_keeps_its_name_labels_and_trigger_time_only() {
-        let mut namespace: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "shop", "uid": "u", "resourceVersion": "9",
-                "labels": {"app": "web"}, "finalizers": ["x"],
-                "annotations": {TRIGGER_TIME: "2026-11-30T10:00:00Z",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
-                "managedFields": [{"manager": "kubectl"}]
-            }
-        }))
-        .unwrap();
-        slim_for_store(&mut namespace);
-        let meta = &namespace.metadata;
-        assert_eq!(meta.name.as_deref(), Some("shop"));
-        assert_eq!(meta.labels.as_ref().unwrap()["app"], "web");
-        let annotations: Vec<&String> = meta.annotations.iter().flatten().map(|(k, _)| k).collect();
-        assert_eq!(annotations, [TRIGGER_TIME]);
-        assert!(meta.uid.is_none() && meta.resource_version.is_none());
-        assert!(meta.finalizers.is_none() && meta.managed_fields.is_none());
     }
 
     #[test]

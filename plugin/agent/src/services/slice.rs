@@ -11,19 +11,15 @@
 //! k8s-openapi's; addresses are parsed, names shared (`interned`).
 
 use std::net::IpAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointHints, EndpointPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 use super::{SERVICE_NAME_LABEL, not_for_this_proxy};
-use crate::interned::Interner;
 use crate::policy::object_store::{Named, Watched};
 use crate::slim::{ServedMetadata, watched_as};
-
-/// Node names, address types and Service names: one copy each.
-static TEXT: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 
 /// An EndpointSlice (discovery.k8s.io/v1), slim.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -64,7 +60,7 @@ fn parsed_addresses<'de, D: Deserializer<'de>>(decoder: D) -> Result<Vec<IpAddr>
 
 fn shared_node_name<'de, D: Deserializer<'de>>(decoder: D) -> Result<Option<Arc<str>>, D::Error> {
     let served = Option::<String>::deserialize(decoder)?;
-    Ok(served.map(|name| TEXT.text(&name)))
+    Ok(served.map(|name| crate::interned::name(&name)))
 }
 
 /// An EndpointSlice as kube's watcher decodes it: the slim
@@ -103,10 +99,13 @@ impl From<Served> for EndpointSlice {
         EndpointSlice {
             namespace,
             name,
-            service_name: meta.labels.get(SERVICE_NAME_LABEL).map(|s| TEXT.text(s)),
+            service_name: meta
+                .labels
+                .get(SERVICE_NAME_LABEL)
+                .map(|s| crate::interned::name(s)),
             not_for_this_proxy: not_for_this_proxy(&meta.labels),
             trigger_time: meta.trigger_time(),
-            address_type: TEXT.text(&served.address_type),
+            address_type: crate::interned::name(&served.address_type),
             endpoints: served.endpoints,
             ports: served.ports,
         }

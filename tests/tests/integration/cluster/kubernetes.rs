@@ -145,6 +145,7 @@ fn http_pod(namespace: &str, name: &str, node: &str, ip: IpAddr, labels: Value) 
 
 #[flatnet_test(root)]
 fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
+    let began = std::time::Instant::now();
     let cluster = Cluster::new(&specs(&[("cp-1", 1, Some("10.244.0.0/24"))]));
     let node = cluster.node("cp-1");
     let served = ServedStub::start_in(&node.netns);
@@ -296,7 +297,18 @@ fn the_agent_computes_and_writes_network_policy_from_the_kubernetes_api() {
     wait_until("web's policy taken away", SETTLE, || {
         isolated("ingress") == Some(0.0) && written(slot) == (0, vec![])
     });
+    // Long enough for kube's own backoff, reset by each try's Init, to
+    // have asked four times more.
+    std::thread::sleep(std::time::Duration::from_secs(4));
     node.stop_agent();
+    // No ClusterNetworkPolicy CRDs here: the agent asked for them once,
+    // then once a minute.
+    let asked = stub.not_served_requests(CLUSTER_NETWORK_POLICIES);
+    let minutes = began.elapsed().as_secs() as usize / 60;
+    assert!((1..=1 + minutes).contains(&asked), "asked {asked} times");
     drop((web, client));
     drop(served);
 }
+
+const CLUSTER_NETWORK_POLICIES: &str =
+    "/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies";
