@@ -33,6 +33,7 @@ pub mod reclaim;
 pub mod run;
 pub mod services;
 mod slim;
+mod watch_backoff;
 
 pub use install::uninstall::uninstall;
 pub use run::run;

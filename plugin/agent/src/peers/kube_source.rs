@@ -10,7 +10,6 @@ use std::pin::Pin;
 use futures::{Stream, StreamExt};
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 
@@ -35,7 +34,10 @@ impl KubeSource {
     /// Watches every Node with `client` (only get/list/watch on nodes needed).
     pub fn new(client: Client) -> Self {
         let api: Api<KubeNode> = Api::all(client);
-        let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        let events = crate::watch_backoff::backed_off(
+            watcher::watcher(api, watcher::Config::default()),
+            false,
+        );
         KubeSource {
             events: Box::pin(events),
             nodes: BTreeMap::new(),

@@ -26,13 +26,14 @@ use super::changes::{
     CLUSTER_POLICY, Changed, ENDPOINT_SLICE, Key, NAMESPACE, POD, POLICY, SERVICE, SliceIndex,
 };
 pub use super::kind_watch::slim_for_store;
-use super::kind_watch::{WatchedKind, own, reflected, status_code};
+use super::kind_watch::{WatchedKind, own, reflected};
 use super::network_policy::{NetworkPolicy, WatchedNetworkPolicy};
 use super::object_store::ObjectStore;
 use super::pod::{PodStore, WatchedPod};
 use super::tiers::{ClusterNetworkPolicy, WatchedClusterNetworkPolicy};
 use crate::metrics::AgentMetrics;
 use crate::metrics::latency::{ChangeStamps, Taken};
+use crate::watch_backoff::status_code;
 
 /// A kind's name and the API version it is watched at.
 const fn kind<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
